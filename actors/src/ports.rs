@@ -1,0 +1,251 @@
+//! The two ports the actors speak through, and the types that cross them.
+//!
+//! Every decision the actors make (buffer, flush, bisect, park, back off) is taken
+//! against these traits, never against ClickHouse or JetStream directly, so each
+//! decision is unit-testable with a scripted `Inserter` and a recording `Delivery`.
+//! The real implementations live in the `sluice` crate: the ClickHouse HTTP client
+//! (`src/clickhouse/`) and the JetStream message (`src/nats/`).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+// === Class ===
+
+/// What a failed insert says about the rows it carried.
+///
+/// The line is drawn at the exception code: a code means ClickHouse read the request
+/// and judged it, so any code that is not known to mean "cannot take it now" or "the
+/// connection is misconfigured" is a verdict on the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// The rows are at fault: isolate them and park the ones rejected alone.
+    Rejected,
+    /// ClickHouse cannot take them now: keep them queued and back off.
+    Unavailable,
+    /// The connection's configuration (user, password, grants): back off, never park.
+    Denied,
+    /// Nothing says a row was judged: back off, never park.
+    Unknown,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Rejected => "rejected",
+            Class::Unavailable => "unavailable",
+            Class::Denied => "denied",
+            Class::Unknown => "unknown",
+        }
+    }
+
+    /// An outage of the pool (or, when table-scoped, of one table): the rows are kept.
+    pub fn is_outage(self) -> bool {
+        !matches!(self, Class::Rejected)
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Class::Rejected => "Rejected",
+            Class::Unavailable => "Unavailable",
+            Class::Denied => "Denied",
+            Class::Unknown => "Unknown",
+        };
+        f.write_str(name)
+    }
+}
+
+// === InsertError ===
+
+/// A classified failure of one insert request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InsertError {
+    pub class: Class,
+    /// ClickHouse's exception code, from the `X-ClickHouse-Exception-Code` header or the
+    /// body's leading `Code: NNN`; `None` for transport failures and codeless answers.
+    pub code: Option<u32>,
+    /// Backs off the one table, not the whole pool (read-only table, missing grant...).
+    pub table_scoped: bool,
+    /// A multi-row batch may succeed when split (too many parts, memory limit).
+    pub splittable: bool,
+    /// The HTTP status, when an answer came back at all.
+    pub status: Option<u16>,
+    /// ClickHouse's message (or the transport error), already capped by the adapter.
+    pub message: String,
+}
+
+impl InsertError {
+    /// The label used for `reason` in metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        self.class.as_str()
+    }
+}
+
+impl fmt::Display for InsertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.code {
+            Some(code) => write!(f, "{} (code {code}): {}", self.class, self.message),
+            None => write!(f, "{}: {}", self.class, self.message),
+        }
+    }
+}
+
+impl std::error::Error for InsertError {}
+
+// === TableKey ===
+
+/// One ingest table as Sluice routes it: the tenant (which picks the ClickHouse
+/// target) and the table name inside that target's database. Both are validated
+/// identifiers before a `TableKey` is made; cloning is cheap.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct TableKey {
+    pub tenant: Arc<str>,
+    pub table: Arc<str>,
+}
+
+impl TableKey {
+    pub fn new(tenant: &str, table: &str) -> Self {
+        Self {
+            tenant: Arc::from(tenant),
+            table: Arc::from(table),
+        }
+    }
+}
+
+impl fmt::Display for TableKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.tenant, self.table)
+    }
+}
+
+// === Inserter ===
+
+/// One insert request: NDJSON rows for one table of the inserter's target.
+#[derive(Clone, Debug)]
+pub struct InsertRequest {
+    pub table: TableKey,
+    /// The rows as they came, each followed by `\n` (JSONEachRow).
+    pub body: Bytes,
+    pub rows: usize,
+    /// Skip fields the table does not have instead of rejecting the row (per-table option).
+    pub skip_unknown_fields: bool,
+}
+
+/// What a successful probe learnt about the server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ServerInfo {
+    pub version: String,
+}
+
+/// Inserts rows into one ClickHouse target (URL + user + database).
+///
+/// The real implementation is the HTTP client; every failure comes back classified.
+pub trait Inserter: Send + Sync + 'static {
+    fn insert(&self, request: InsertRequest)
+        -> impl Future<Output = Result<(), InsertError>> + Send;
+
+    /// A cheap request proving the target answers (used for readiness).
+    fn probe(&self) -> impl Future<Output = Result<ServerInfo, InsertError>> + Send;
+}
+
+// === Delivery ===
+
+/// Where a delivered row came from, for the DLQ headers and the logs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeliveryMeta {
+    pub subject: String,
+    pub stream_sequence: u64,
+    /// How many times JetStream has delivered this row (1 on the first delivery).
+    pub deliveries: u64,
+}
+
+/// Why a row is parked on the dead-letter stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Parking {
+    pub table: TableKey,
+    pub class: Class,
+    pub code: Option<u32>,
+    /// ClickHouse's message; the adapter keeps the first 1 KiB in the header.
+    pub error: String,
+}
+
+impl Parking {
+    pub fn from_error(table: &TableKey, error: &InsertError) -> Self {
+        Self {
+            table: table.clone(),
+            class: error.class,
+            code: error.code,
+            error: error.message.clone(),
+        }
+    }
+}
+
+/// Why settling a delivery failed (connection lost, DLQ full...).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SettleError(pub String);
+
+/// One delivered row and the ways it can leave the actors.
+///
+/// Dropping a delivery that was never settled must hand it back for redelivery (a nak
+/// without delay where the connection allows), so that a crashed actor never strands
+/// the rows it held until `ack_wait` runs out.
+pub trait Delivery: Send + 'static {
+    /// The row as published: one JSON object.
+    fn payload(&self) -> &Bytes;
+
+    fn meta(&self) -> DeliveryMeta;
+
+    /// The row is in ClickHouse: remove it from the queue.
+    fn ack(self) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Tell the queue the row is still being worked on, so `ack_wait` does not run out
+    /// and redeliver it while a long flush (a bisection, a slow insert) still holds it.
+    fn progress(&self) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Hand the row back to be delivered again after `delay`.
+    fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Publish the row to the dead-letter stream, then ack it. When the DLQ publish
+    /// fails the row is not acked and comes back with the error, for the caller to nak.
+    fn park(self, parking: &Parking)
+        -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
+    where
+        Self: Sized;
+}
+
+// === Source ===
+
+/// Why pulling from the queue failed; the consumer reconnects with backoff.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SourceError(pub String);
+
+/// The durable consumer the ConsumerActor pulls from.
+pub trait Source: Send + 'static {
+    type Delivery: Delivery;
+
+    /// Wait for deliveries and return the ones ready, at most `max`. May return an
+    /// empty batch when nothing arrived for a while, so the caller can look around.
+    fn pull(
+        &mut self,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Delivery>, SourceError>> + Send;
+
+    /// Rows in the stream not yet delivered to the consumer (the lag), when known.
+    fn pending(&mut self) -> impl Future<Output = Option<u64>> + Send;
+}
+
+/// Opens a `Source`; called again after a source fails, with backoff.
+pub trait SourceFactory: Send + Sync + 'static {
+    type Source: Source;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Source, SourceError>> + Send;
+}

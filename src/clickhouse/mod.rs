@@ -1,0 +1,4 @@
+//! Everything that speaks to ClickHouse: the error classifier, the insert client and
+//! the query gateway.
+
+pub mod classify;

@@ -1,0 +1,4 @@
+//! Sluice: moves JSON rows from NATS JetStream into ClickHouse and never loses one,
+//! plus a query gateway that cannot turn a ClickHouse overload into a retry storm.
+
+pub mod clickhouse;
