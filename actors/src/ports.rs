@@ -148,8 +148,10 @@ pub struct ServerInfo {
 ///
 /// The real implementation is the HTTP client; every failure comes back classified.
 pub trait Inserter: Send + Sync + 'static {
-    fn insert(&self, request: InsertRequest)
-        -> impl Future<Output = Result<(), InsertError>> + Send;
+    fn insert(
+        &self,
+        request: InsertRequest,
+    ) -> impl Future<Output = Result<(), InsertError>> + Send;
 
     /// A cheap request proving the target answers (used for readiness).
     fn probe(&self) -> impl Future<Output = Result<ServerInfo, InsertError>> + Send;
@@ -215,8 +217,10 @@ pub trait Delivery: Send + 'static {
 
     /// Publish the row to the dead-letter stream, then ack it. When the DLQ publish
     /// fails the row is not acked and comes back with the error, for the caller to nak.
-    fn park(self, parking: &Parking)
-        -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
+    fn park(
+        self,
+        parking: &Parking,
+    ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
     where
         Self: Sized;
 }

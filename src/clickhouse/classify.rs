@@ -198,7 +198,11 @@ mod tests {
             assert!(!UNAVAILABLE_CODES.contains(code), "{code} in both lists");
         }
         for code in SPLITTABLE_CODES {
-            assert_eq!(class_of_code(*code), Class::Unavailable, "splittable {code}");
+            assert_eq!(
+                class_of_code(*code),
+                Class::Unavailable,
+                "splittable {code}"
+            );
         }
         for code in TABLE_SCOPED_CODES {
             assert!(class_of_code(*code).is_outage(), "table-scoped {code}");
@@ -221,7 +225,11 @@ mod tests {
                 [242, 252, 692, 774].contains(&code),
                 "table_scoped {code}"
             );
-            assert_eq!(e.splittable, [241, 252].contains(&code), "splittable {code}");
+            assert_eq!(
+                e.splittable,
+                [241, 252].contains(&code),
+                "splittable {code}"
+            );
         }
     }
 
@@ -237,7 +245,9 @@ mod tests {
 
     #[test]
     fn any_other_code_is_rejected() {
-        for code in [0, 1, 6, 26, 27, 60, 62, 81, 115, 117, 12345, 1001, 4294967295] {
+        for code in [
+            0, 1, 6, 26, 27, 60, 62, 81, 115, 117, 12345, 1001, 4294967295,
+        ] {
             let e = from_code(code, None, String::new());
             assert_eq!(e.class, Class::Rejected, "code {code}");
             assert!(!e.table_scoped && !e.splittable, "flags {code}");
@@ -293,7 +303,11 @@ mod tests {
             let e = from_response(404, None, body);
             assert_eq!((e.class, e.code), (Class::Rejected, Some(60)), "{body}");
         }
-        let e = from_response(500, None, "Code: 27, e.displayText() = DB::Exception: Cannot parse input");
+        let e = from_response(
+            500,
+            None,
+            "Code: 27, e.displayText() = DB::Exception: Cannot parse input",
+        );
         assert_eq!((e.class, e.code), (Class::Rejected, Some(27)));
         let e = from_response(401, None, "Code: 193, e.displayText() = DB::Exception: Wrong password for user writer, e.what() = DB::Exception");
         assert_eq!((e.class, e.code), (Class::Denied, Some(193)));
@@ -301,7 +315,10 @@ mod tests {
 
     #[test]
     fn code_must_lead_the_body() {
-        assert_eq!(code_in_body("  \nCode: 159. DB::Exception: Timeout"), Some(159));
+        assert_eq!(
+            code_in_body("  \nCode: 159. DB::Exception: Timeout"),
+            Some(159)
+        );
         assert_eq!(code_in_body("error: Code: 159"), None);
         assert_eq!(code_in_body("Code: x"), None);
         assert_eq!(code_in_body("Code:"), None);
@@ -313,7 +330,10 @@ mod tests {
     #[test]
     fn transport_failures_are_unavailable() {
         let e = transport("connection refused");
-        assert_eq!((e.class, e.code, e.status), (Class::Unavailable, None, None));
+        assert_eq!(
+            (e.class, e.code, e.status),
+            (Class::Unavailable, None, None)
+        );
     }
 
     #[test]
@@ -327,15 +347,20 @@ mod tests {
             from_text("Code: 516. DB::Exception: x").map(|e| e.class),
             Some(Class::Denied)
         );
-        assert_eq!(from_text("status:503").map(|e| e.class), Some(Class::Unavailable));
-        assert_eq!(from_text("status:500").map(|e| e.class), Some(Class::Unknown));
+        assert_eq!(
+            from_text("status:503").map(|e| e.class),
+            Some(Class::Unavailable)
+        );
+        assert_eq!(
+            from_text("status:500").map(|e| e.class),
+            Some(Class::Unknown)
+        );
         assert_eq!(
             from_text("X-ClickHouse-Exception-Code: 745").map(|e| e.code),
             Some(Some(745))
         );
         assert_eq!(
-            from_text("error sending request: Connection refused (os error 111)")
-                .map(|e| e.class),
+            from_text("error sending request: Connection refused (os error 111)").map(|e| e.class),
             Some(Class::Unavailable)
         );
         assert_eq!(from_text("something odd"), None);
