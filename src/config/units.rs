@@ -64,7 +64,12 @@ impl FromStr for Size {
 
 impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
         for (name, size) in UNITS {
             if self.0 >= size && self.0 % size == 0 {
                 return write!(f, "{}{name}", self.0 / size);
@@ -173,7 +178,10 @@ mod tests {
     #[test]
     fn spans() {
         assert_eq!("60s".parse::<Span>(), Ok(Span(Duration::from_secs(60))));
-        assert_eq!("500ms".parse::<Span>(), Ok(Span(Duration::from_millis(500))));
+        assert_eq!(
+            "500ms".parse::<Span>(),
+            Ok(Span(Duration::from_millis(500)))
+        );
         assert_eq!("5m".parse::<Span>(), Ok(Span(Duration::from_secs(300))));
         assert!("30".parse::<Span>().unwrap_err().contains("needs a unit"));
         assert!("soon".parse::<Span>().is_err());

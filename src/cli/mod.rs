@@ -1,0 +1,45 @@
+//! The command line: `sluice run | dev | classify | check-config`.
+
+mod check_config;
+mod classify;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Moves JSON rows from NATS JetStream into ClickHouse and never loses one."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a configuration without starting anything; prints a summary or every problem.
+    CheckConfig {
+        /// The configuration file; without one, the configuration comes from SLUICE_* variables.
+        #[arg(long, short, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Tell what Sluice does with a ClickHouse failure: a code (`252`), an error text
+    /// (`"Code: 516. DB::Exception: ..."`) or a codeless HTTP status (`status:503`).
+    Classify {
+        /// The code, error text or `status:NNN`.
+        #[arg(required = true, num_args = 1..)]
+        what: Vec<String>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => check_config::run(config.as_deref()),
+        Command::Classify { what } => classify::run(&what.join(" ")),
+    }
+}

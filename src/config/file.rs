@@ -1,0 +1,345 @@
+//! The shape of `config.toml`, exactly as operators write it.
+//!
+//! Every struct denies unknown fields, so a misspelt key is an error that names it and
+//! its line instead of a setting silently ignored. Defaults live here, next to the key.
+//! Secrets never appear in this file: a `*_env` key names the environment variable
+//! that holds them.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::units::{Size, Span};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub nats: NatsFile,
+    #[serde(default)]
+    pub clickhouse: ClickHouseFile,
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantFile>,
+    #[serde(default)]
+    pub ingest: IngestFile,
+    /// Per-table overrides of `[ingest]`, keyed `"tenant.table"`.
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableFile>,
+    #[serde(default)]
+    pub pipeline: PipelineFile,
+    #[serde(default)]
+    pub api: ApiFile,
+    #[serde(default)]
+    pub admin: AdminFile,
+    #[serde(default)]
+    pub query: QueryFile,
+    #[serde(default)]
+    pub log: LogFile,
+}
+
+// === [nats] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsFile {
+    pub url: String,
+    /// The work-queue stream; subjects `<subject_prefix>.<tenant>.<table>`.
+    pub stream: String,
+    pub subject_prefix: String,
+    /// The durable pull consumer shared by every Sluice instance.
+    pub consumer: String,
+    pub dlq_stream: String,
+    pub dlq_subject_prefix: String,
+    /// The ingest stream's budget: when full, publishes are refused (503), not dropped.
+    pub max_bytes: Size,
+    /// The DLQ's budget: when full, parking fails and the rows stay unacked.
+    pub dlq_max_bytes: Size,
+    /// How long JetStream remembers a message id (`Idempotency-Key`).
+    pub duplicate_window: Span,
+    pub ack_wait: Span,
+    pub max_ack_pending: i64,
+    /// Optional credentials: a user with a password from the environment, a token from
+    /// the environment, or a `.creds` file.
+    pub user: Option<String>,
+    pub password_env: Option<String>,
+    pub token_env: Option<String>,
+    pub creds_file: Option<String>,
+    /// Single-node servers take 1; a cluster can keep 3.
+    pub replicas: usize,
+}
+
+impl Default for NatsFile {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            stream: "INGEST".into(),
+            subject_prefix: "ingest".into(),
+            consumer: "sluice".into(),
+            dlq_stream: "DLQ".into(),
+            dlq_subject_prefix: "dlq".into(),
+            max_bytes: Size(1 << 30),
+            dlq_max_bytes: Size(1 << 30),
+            duplicate_window: Span(std::time::Duration::from_secs(120)),
+            ack_wait: Span(std::time::Duration::from_secs(60)),
+            max_ack_pending: 20_000,
+            user: None,
+            password_env: None,
+            token_env: None,
+            creds_file: None,
+            replicas: 1,
+        }
+    }
+}
+
+// === [clickhouse] ===
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClickHouseFile {
+    #[serde(default)]
+    pub targets: BTreeMap<String, TargetFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetFile {
+    pub url: String,
+    pub user: String,
+    pub password_env: Option<String>,
+    pub database: String,
+    pub insert_timeout: Span,
+    pub connect_timeout: Span,
+    /// Insert requests in flight to this target at once (the ingest workload class).
+    pub insert_concurrency: usize,
+    /// Idle keep-alive connections are dropped after this; keep it below the server's
+    /// `keep_alive_timeout` (3 s by default) so a request never lands on a closing socket.
+    pub pool_idle_timeout: Span,
+}
+
+impl Default for TargetFile {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:8123".into(),
+            user: "default".into(),
+            password_env: None,
+            database: "default".into(),
+            insert_timeout: Span(std::time::Duration::from_secs(30)),
+            connect_timeout: Span(std::time::Duration::from_secs(5)),
+            insert_concurrency: 8,
+            pool_idle_timeout: Span(std::time::Duration::from_secs(2)),
+        }
+    }
+}
+
+// === [tenants.<name>] ===
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantFile {
+    /// The ClickHouse target this tenant's rows go to. A tenant without one has its
+    /// rows parked on the DLQ.
+    pub target: Option<String>,
+    /// The environment variable holding this tenant's bearer token for the HTTP API.
+    pub token_env: Option<String>,
+}
+
+// === [ingest] and [tables."tenant.table"] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestFile {
+    pub batch_rows: usize,
+    pub batch_bytes: Size,
+    pub batch_age: Span,
+    pub dlq: bool,
+    pub skip_unknown_fields: bool,
+}
+
+impl Default for IngestFile {
+    fn default() -> Self {
+        Self {
+            batch_rows: 10_000,
+            batch_bytes: Size(8 << 20),
+            batch_age: Span(std::time::Duration::from_secs(1)),
+            dlq: true,
+            skip_unknown_fields: false,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableFile {
+    pub batch_rows: Option<usize>,
+    pub batch_bytes: Option<Size>,
+    pub batch_age: Option<Span>,
+    pub dlq: Option<bool>,
+    pub skip_unknown_fields: Option<bool>,
+}
+
+// === [pipeline] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineFile {
+    /// Rows pulled from the consumer per round.
+    pub pull_batch: usize,
+    /// Flushes of one table in flight at once.
+    pub max_inflight_flushes: usize,
+    /// A table actor with nothing buffered for this long is stopped.
+    pub idle_table_after: Span,
+    /// On SIGTERM/SIGINT, buffers are flushed within this deadline; the rest is handed back.
+    pub shutdown_deadline: Span,
+    /// The outage backoff: the first delay, doubled on every failed probe up to the cap.
+    pub backoff_initial: Span,
+    pub backoff_max: Span,
+}
+
+impl Default for PipelineFile {
+    fn default() -> Self {
+        Self {
+            pull_batch: 1000,
+            max_inflight_flushes: 2,
+            idle_table_after: Span(std::time::Duration::from_secs(300)),
+            shutdown_deadline: Span(std::time::Duration::from_secs(20)),
+            backoff_initial: Span(std::time::Duration::from_secs(1)),
+            backoff_max: Span(std::time::Duration::from_secs(30)),
+        }
+    }
+}
+
+// === [api] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiFile {
+    pub listen: String,
+    /// `token`: the tenant comes from `Authorization: Bearer`, tokens mapped to tenants
+    /// through `[tenants.<name>] token_env`. `none`: the tenant comes from `X-Tenant`.
+    pub auth: AuthMode,
+    pub max_request_bytes: Size,
+    pub max_row_bytes: Size,
+    /// Answer 503 with this `Retry-After` when the queue is full or unreachable.
+    pub retry_after: Span,
+}
+
+impl Default for ApiFile {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            auth: AuthMode::Token,
+            max_request_bytes: Size(10 << 20),
+            max_row_bytes: Size(1 << 20),
+            retry_after: Span(std::time::Duration::from_secs(5)),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    Token,
+    None,
+}
+
+// === [admin] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminFile {
+    pub listen: String,
+    /// The environment variable holding the admin bearer token. Without a token the
+    /// admin endpoint listens on loopback only.
+    pub token_env: Option<String>,
+    /// Lets `POST /admin/debug/panic/...` inject an actor panic (chaos tests). Off in
+    /// production.
+    pub fault_injection: bool,
+}
+
+impl Default for AdminFile {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9090".into(),
+            token_env: Some("SLUICE_ADMIN_TOKEN".into()),
+            fault_injection: false,
+        }
+    }
+}
+
+// === [query] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueryFile {
+    /// The target whose URL and database queries go to; `None` disables `/v1/query`.
+    pub target: Option<String>,
+    /// Queries run as their own ClickHouse user, apart from ingest.
+    pub user: Option<String>,
+    pub password_env: Option<String>,
+    pub default_timeout: Span,
+    pub max_timeout: Span,
+    /// ClickHouse's `max_execution_time` is the client deadline minus this margin, so
+    /// the server normally stops the query first.
+    pub server_margin: Span,
+    pub kill_timeout: Span,
+    pub max_result_rows: u64,
+    pub max_result_bytes: Size,
+    /// Queries in flight at once (the query workload class), and per tenant.
+    pub concurrency: usize,
+    pub tenant_concurrency: usize,
+    pub max_attempts: u32,
+    pub backoff_base: Span,
+    pub backoff_max: Span,
+    /// The global retry budget: a token bucket every retry must take from.
+    pub retry_budget: f64,
+    pub retry_refill_per_sec: f64,
+}
+
+impl Default for QueryFile {
+    fn default() -> Self {
+        Self {
+            target: None,
+            user: None,
+            password_env: None,
+            default_timeout: Span(std::time::Duration::from_secs(10)),
+            max_timeout: Span(std::time::Duration::from_secs(60)),
+            server_margin: Span(std::time::Duration::from_millis(500)),
+            kill_timeout: Span(std::time::Duration::from_secs(2)),
+            max_result_rows: 100_000,
+            max_result_bytes: Size(16 << 20),
+            concurrency: 8,
+            tenant_concurrency: 4,
+            max_attempts: 3,
+            backoff_base: Span(std::time::Duration::from_millis(100)),
+            backoff_max: Span(std::time::Duration::from_secs(2)),
+            retry_budget: 10.0,
+            retry_refill_per_sec: 1.0,
+        }
+    }
+}
+
+// === [log] ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogFile {
+    pub format: LogFormat,
+    /// A `tracing` filter, e.g. `info` or `info,sluice_actors=debug`.
+    pub level: String,
+}
+
+impl Default for LogFile {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}

@@ -1,0 +1,311 @@
+//! Configuration: `config.toml`, strict, with environment overrides and secrets read
+//! from the environment.
+//!
+//! Loading happens in three steps, each with its own kind of error:
+//! 1. the file is parsed strictly (`file.rs`): an unknown key, a wrong type, a size or
+//!    duration without a unit is an error naming the key and its line;
+//! 2. `SLUICE_<SECTION>_<KEY>` variables are applied (`env.rs`);
+//! 3. the whole is checked (`validate.rs`): every problem is collected, so an operator
+//!    fixes them all in one pass.
+
+mod env;
+mod file;
+mod secret;
+pub mod units;
+mod validate;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use file::{AuthMode, LogFormat};
+pub use secret::Secret;
+
+/// Why a configuration cannot be used: every problem found, each on its own line.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub source_name: String,
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        writeln!(
+            f,
+            "{}: {n} problem{}",
+            self.source_name,
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            for (i, line) in p.lines().enumerate() {
+                if i == 0 {
+                    writeln!(f, "  - {line}")?;
+                } else {
+                    writeln!(f, "    {line}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The validated configuration Sluice runs with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where it came from, for messages.
+    pub source_name: String,
+    pub nats: NatsConfig,
+    pub targets: BTreeMap<String, TargetConfig>,
+    pub tenants: BTreeMap<String, TenantConfig>,
+    pub ingest: TableSettings,
+    /// Per-table settings that differ from `[ingest]`, keyed by (tenant, table).
+    pub tables: BTreeMap<(String, String), TableSettings>,
+    pub pipeline: PipelineConfig,
+    pub api: ApiConfig,
+    pub admin: AdminConfig,
+    pub query: Option<QueryConfig>,
+    pub log: LogConfig,
+    /// Things that work but are probably not what was meant.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    pub url: String,
+    pub stream: String,
+    pub subject_prefix: String,
+    pub consumer: String,
+    pub dlq_stream: String,
+    pub dlq_subject_prefix: String,
+    pub max_bytes: u64,
+    pub dlq_max_bytes: u64,
+    pub duplicate_window: Duration,
+    pub ack_wait: Duration,
+    pub max_ack_pending: i64,
+    pub auth: NatsAuth,
+    pub replicas: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum NatsAuth {
+    None,
+    UserPassword { user: String, password: Secret },
+    Token(Secret),
+    CredsFile(PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    pub name: String,
+    /// `http://host:port` or `https://...`, without credentials.
+    pub url: String,
+    pub user: String,
+    pub password: Option<Secret>,
+    pub database: String,
+    pub insert_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub insert_concurrency: usize,
+    pub pool_idle_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct TenantConfig {
+    pub name: String,
+    pub target: Option<String>,
+    pub token: Option<Secret>,
+}
+
+/// How one table is batched, after `[ingest]` defaults and `[tables]` overrides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSettings {
+    pub batch_rows: usize,
+    pub batch_bytes: usize,
+    pub batch_age: Duration,
+    pub dlq: bool,
+    pub skip_unknown_fields: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    pub pull_batch: usize,
+    pub max_inflight_flushes: usize,
+    pub idle_table_after: Duration,
+    pub shutdown_deadline: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    pub auth: AuthMode,
+    pub max_request_bytes: usize,
+    pub max_row_bytes: usize,
+    pub retry_after: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// `None`: no token configured, so the admin endpoint is bound to loopback only.
+    pub token: Option<Secret>,
+    pub fault_injection: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct QueryConfig {
+    pub target: String,
+    pub url: String,
+    pub database: String,
+    pub user: String,
+    pub password: Option<Secret>,
+    pub connect_timeout: Duration,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub server_margin: Duration,
+    pub kill_timeout: Duration,
+    pub max_result_rows: u64,
+    pub max_result_bytes: u64,
+    pub concurrency: usize,
+    pub tenant_concurrency: usize,
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub retry_budget: f64,
+    pub retry_refill_per_sec: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Load from a file (or from the environment alone when `path` is `None`), with
+    /// the process environment for overrides and secrets.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let vars: BTreeMap<String, String> = std::env::vars().collect();
+        match path {
+            Some(path) => {
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+                    source_name: name.clone(),
+                    problems: vec![format!("cannot read the file: {e}")],
+                })?;
+                Self::from_parts(&name, &text, &vars)
+            }
+            None => Self::from_parts("environment (no config file)", "", &vars),
+        }
+    }
+
+    /// Load from text and a given environment: what `load` does, testable.
+    pub fn from_parts(
+        source_name: &str,
+        text: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let fail = |problems: Vec<String>| ConfigError {
+            source_name: source_name.to_string(),
+            problems,
+        };
+        // 1. The file alone, strictly: errors carry the key and its line.
+        let parsed: file::FileConfig =
+            toml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
+
+        // 2. Overrides from the environment. Secret variables are never overrides.
+        let secrets = secret_vars(&parsed);
+        let (overrides, mut problems, warnings) = env::overrides(vars, &secrets);
+        let parsed = if overrides.is_empty() {
+            parsed
+        } else {
+            let mut doc: toml::Table =
+                toml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
+            env::apply(&mut doc, &overrides);
+            let names: Vec<_> = overrides.iter().map(|o| o.var.as_str()).collect();
+            match toml::Value::Table(doc).try_into::<file::FileConfig>() {
+                Ok(merged) => merged,
+                Err(e) => {
+                    problems.push(format!(
+                        "after the environment overrides ({}): {}",
+                        names.join(", "),
+                        e.to_string().trim()
+                    ));
+                    return Err(fail(problems));
+                }
+            }
+        };
+        if !problems.is_empty() {
+            return Err(fail(problems));
+        }
+
+        // 3. The whole, every problem collected.
+        validate::validate(source_name, parsed, vars, warnings).map_err(fail)
+    }
+
+    /// The settings of one table: `[ingest]` with its `[tables."tenant.table"]` overrides.
+    pub fn table_settings(&self, tenant: &str, table: &str) -> &TableSettings {
+        self.tables
+            .get(&(tenant.to_string(), table.to_string()))
+            .unwrap_or(&self.ingest)
+    }
+
+    /// The tenant whose bearer token this is, compared in constant time.
+    pub fn tenant_for_token(&self, token: &str) -> Option<&TenantConfig> {
+        self.tenants
+            .values()
+            .find(|t| t.token.as_ref().is_some_and(|s| s.matches(token)))
+    }
+
+    /// A short human summary for `sluice check-config` (no secrets).
+    pub fn summary(&self) -> String {
+        validate::summary(self)
+    }
+}
+
+/// Every variable a `*_env` key names: they hold secrets, never overrides.
+fn secret_vars(parsed: &file::FileConfig) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut add = |v: &Option<String>| {
+        if let Some(v) = v {
+            names.insert(v.clone());
+        }
+    };
+    add(&parsed.nats.password_env);
+    add(&parsed.nats.token_env);
+    for t in parsed.clickhouse.targets.values() {
+        add(&t.password_env);
+    }
+    for t in parsed.tenants.values() {
+        add(&t.token_env);
+    }
+    add(&parsed.admin.token_env);
+    add(&parsed.query.password_env);
+    names
+}
+
+/// Identifiers Sluice splices into subjects, URLs and SQL: nothing else gets through.
+pub fn is_table_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 128
+}
+
+/// Tenant names may also carry `-`.
+pub fn is_tenant_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && s.len() <= 128
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn problems(text: &str, vars: &[(&str, &str)]) -> Vec<String> {
+    match Config::from_parts("test.toml", text, &env(vars)) {
+        Ok(_) => panic!("expected problems"),
+        Err(e) => e.problems,
+    }
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../config.toml");
+    let config = Config::from_parts("config.toml", text, &env(&[])).expect("example config");
+    assert_eq!(config.nats.stream, "INGEST");
+    assert_eq!(config.nats.max_bytes, 1 << 30);
+    assert_eq!(config.nats.ack_wait, Duration::from_secs(60));
+    assert_eq!(
+        config.targets["main"].insert_timeout,
+        Duration::from_secs(30)
+    );
+    assert_eq!(config.tenants["acme"].target.as_deref(), Some("main"));
+    assert_eq!(config.table_settings("acme", "events").batch_rows, 500);
+    assert_eq!(config.table_settings("acme", "clicks").batch_rows, 10_000);
+    assert_eq!(config.table_settings("acme", "clicks").batch_bytes, 8 << 20);
+    let summary = config.summary();
+    assert!(summary.contains("main: http://127.0.0.1:8123"), "{summary}");
+    assert!(summary.contains("acme.events: batch_rows 500"), "{summary}");
+}
+
+#[test]
+fn an_empty_file_has_defaults() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(config.nats.url, "nats://127.0.0.1:4222");
+    assert_eq!(config.ingest.batch_rows, 10_000);
+    assert!(config.targets.is_empty());
+    assert!(config.query.is_none());
+}
+
+#[test]
+fn unknown_key_names_the_key_and_its_line() {
+    let p = problems(
+        "[nats]\nurl = \"nats://x:4222\"\nmax_byte = \"1GiB\"\n",
+        &[],
+    );
+    assert_eq!(p.len(), 1);
+    assert!(p[0].contains("max_byte"), "{}", p[0]);
+    assert!(p[0].contains("line 3"), "{}", p[0]);
+}
+
+#[test]
+fn unknown_section_is_refused() {
+    let p = problems("[natz]\nurl = \"x\"\n", &[]);
+    assert!(p[0].contains("natz") && p[0].contains("line 1"), "{}", p[0]);
+}
+
+#[test]
+fn sizes_and_durations_need_units() {
+    let p = problems("[ingest]\nbatch_bytes = 8000000\n", &[]);
+    assert!(
+        p[0].contains("needs a unit") && p[0].contains("line 2"),
+        "{}",
+        p[0]
+    );
+    let p = problems("[nats]\nack_wait = \"60\"\n", &[]);
+    assert!(p[0].contains("needs a unit"), "{}", p[0]);
+    let p = problems("[nats]\nmax_bytes = \"1Gb\"\n", &[]);
+    assert!(p[0].contains("unknown unit"), "{}", p[0]);
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = r#"
+[clickhouse.targets.main]
+url = "ftp://x"
+database = "no-dashes"
+
+[tenants.acme]
+target = "missing"
+
+[tenants."bad name"]
+target = "main"
+
+[tables."acme"]
+batch_rows = 5
+
+[api]
+listen = "nowhere"
+auth = "none"
+"#;
+    let p = problems(text, &[]);
+    let all = p.join("\n");
+    assert!(all.contains("scheme must be http or https"), "{all}");
+    assert!(all.contains("database = \"no-dashes\""), "{all}");
+    assert!(all.contains("target = \"missing\""), "{all}");
+    assert!(
+        all.contains("\"bad name\" is not a valid tenant name"),
+        "{all}"
+    );
+    assert!(all.contains("must be \"tenant.table\""), "{all}");
+    assert!(all.contains("[api] listen = \"nowhere\""), "{all}");
+    assert!(p.len() >= 6, "{all}");
+}
+
+#[test]
+fn secrets_come_from_the_environment_and_never_print() {
+    let text = r#"
+[clickhouse.targets.main]
+url = "http://127.0.0.1:8123"
+password_env = "CH_PW"
+[tenants.acme]
+target = "main"
+token_env = "ACME_TOKEN"
+"#;
+    let p = problems(text, &[]);
+    let all = p.join("\n");
+    assert!(all.contains("CH_PW is not set"), "{all}");
+    assert!(all.contains("ACME_TOKEN is not set"), "{all}");
+
+    let config = Config::from_parts(
+        "t",
+        text,
+        &env(&[("CH_PW", "pw-123"), ("ACME_TOKEN", "tok-456")]),
+    )
+    .expect("config");
+    assert_eq!(
+        config.targets["main"].password.as_ref().map(|s| s.expose()),
+        Some("pw-123")
+    );
+    assert_eq!(
+        config.tenant_for_token("tok-456").map(|t| t.name.as_str()),
+        Some("acme")
+    );
+    assert!(config.tenant_for_token("tok-45").is_none());
+    let printed = format!("{config:?}\n{}", config.summary());
+    assert!(!printed.contains("pw-123") && !printed.contains("tok-456"));
+}
+
+#[test]
+fn credentials_in_a_url_are_refused() {
+    let p = problems(
+        "[clickhouse.targets.main]\nurl = \"http://u:p@127.0.0.1:8123\"\n",
+        &[],
+    );
+    assert!(p[0].contains("carries credentials"), "{}", p[0]);
+}
+
+#[test]
+fn environment_overrides_every_section() {
+    let config = Config::from_parts(
+        "env",
+        "",
+        &env(&[
+            ("SLUICE_NATS_URL", "nats://10.0.0.1:4222"),
+            ("SLUICE_NATS_MAX_BYTES", "2GiB"),
+            ("SLUICE_CLICKHOUSE_TARGETS_MAIN_URL", "http://ch:8123"),
+            ("SLUICE_CLICKHOUSE_TARGETS_MAIN_PASSWORD_ENV", "CH_PW"),
+            ("CH_PW", "x"),
+            ("SLUICE_TENANTS_ACME_TARGET", "main"),
+            ("SLUICE_TABLES_ACME__EVENTS_BATCH_ROWS", "250"),
+            ("SLUICE_INGEST_DLQ", "false"),
+            ("SLUICE_API_AUTH", "none"),
+            ("SLUICE_API_LISTEN", "0.0.0.0:8080"),
+            ("SLUICE_LOG_FORMAT", "json"),
+        ]),
+    )
+    .expect("env-only config");
+    assert_eq!(config.nats.url, "nats://10.0.0.1:4222");
+    assert_eq!(config.nats.max_bytes, 2 << 30);
+    assert_eq!(config.targets["main"].url, "http://ch:8123");
+    assert!(config.targets["main"].password.is_some());
+    assert_eq!(config.tenants["acme"].target.as_deref(), Some("main"));
+    assert_eq!(config.table_settings("acme", "events").batch_rows, 250);
+    assert!(!config.table_settings("acme", "events").dlq);
+    assert!(!config.ingest.dlq);
+    assert_eq!(config.api.listen.port(), 8080);
+    assert_eq!(config.log.format, LogFormat::Json);
+}
+
+#[test]
+fn a_bad_override_names_the_variable() {
+    let p = problems("", &[("SLUICE_NATS_MAX_ACK_PENDING", "lots")]);
+    assert!(p[0].contains("SLUICE_NATS_MAX_ACK_PENDING"), "{}", p[0]);
+    let p = problems("", &[("SLUICE_NATS_ACK_WAIT", "60")]);
+    assert!(
+        p[0].contains("SLUICE_NATS_ACK_WAIT") && p[0].contains("needs a unit"),
+        "{}",
+        p[0]
+    );
+}
+
+#[test]
+fn admin_without_token_is_loopback_only() {
+    let config =
+        Config::from_parts("t", "[admin]\nlisten = \"0.0.0.0:9090\"\n", &env(&[])).expect("config");
+    assert!(config.admin.listen.ip().is_loopback());
+    assert_eq!(config.admin.listen.port(), 9090);
+    assert!(config.warnings.iter().any(|w| w.contains("loopback only")));
+    let config = Config::from_parts(
+        "t",
+        "[admin]\nlisten = \"0.0.0.0:9090\"\n",
+        &env(&[("SLUICE_ADMIN_TOKEN", "adm")]),
+    )
+    .expect("config");
+    assert!(!config.admin.listen.ip().is_loopback());
+    assert!(config.admin.token.is_some());
+}
+
+#[test]
+fn token_auth_needs_tokens() {
+    let p = problems(
+        "[clickhouse.targets.main]\n[tenants.acme]\ntarget = \"main\"\n",
+        &[],
+    );
+    assert!(p[0].contains("no tenant has a token"), "{}", p[0]);
+}
+
+#[test]
+fn query_section_resolves_its_target() {
+    let text = r#"
+[clickhouse.targets.main]
+url = "http://127.0.0.1:8123"
+[query]
+target = "main"
+user = "reader"
+password_env = "Q_PW"
+"#;
+    let config = Config::from_parts("t", text, &env(&[("Q_PW", "r")])).expect("config");
+    let q = config.query.expect("query on");
+    assert_eq!(q.url, "http://127.0.0.1:8123");
+    assert_eq!(q.user, "reader");
+    let p = problems("[query]\ntarget = \"nope\"\n", &[]);
+    assert!(p[0].contains("target = \"nope\""), "{}", p[0]);
+}
+
+#[test]
+fn identifiers() {
+    assert!(is_table_name("events_2024"));
+    assert!(is_table_name("_x"));
+    assert!(!is_table_name("2events"));
+    assert!(!is_table_name("ev-ents"));
+    assert!(!is_table_name("ev.ents"));
+    assert!(!is_table_name(""));
+    assert!(!is_table_name("a;DROP TABLE x"));
+    assert!(is_tenant_name("acme-eu"));
+    assert!(!is_tenant_name("-acme"));
+    assert!(!is_tenant_name("acme eu"));
+}
