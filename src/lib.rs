@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod clickhouse;
 pub mod config;
+pub mod nats;
