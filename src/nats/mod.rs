@@ -5,12 +5,14 @@
 mod budget;
 mod connect;
 mod delivery;
+mod dlq;
 mod publish;
 mod setup;
 mod source;
 
 pub use connect::connect;
 pub use delivery::{DlqWriter, JsDelivery};
+pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
 pub use publish::{PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};

@@ -72,6 +72,8 @@ pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyh
         max_bytes: bytes_i64(server_max_bytes(s.dlq_max_bytes, exact)),
         // A row parked twice (the ack after a park lost) is parked once.
         duplicate_window: Duration::from_secs(120),
+        // The admin endpoint peeks parked rows with direct gets: nothing is consumed.
+        allow_direct: true,
         num_replicas: s.replicas,
         ..Default::default()
     };
@@ -131,7 +133,8 @@ async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> an
                 && current.discard == config.discard
                 && current.max_bytes == config.max_bytes
                 && current.duplicate_window == config.duplicate_window
-                && current.storage == config.storage;
+                && current.storage == config.storage
+                && current.allow_direct == config.allow_direct;
             if !same {
                 js.update_stream(config)
                     .await
