@@ -1,0 +1,3 @@
+//! The HTTP surfaces clients use: ingest and query.
+
+pub mod ingest;
