@@ -6,3 +6,4 @@ pub mod cli;
 pub mod clickhouse;
 pub mod config;
 pub mod nats;
+pub mod telemetry;
