@@ -79,13 +79,15 @@ impl fmt::Display for TenantError {
             TenantError::MissingToken => {
                 write!(f, "missing credentials: send Authorization: Bearer <token>")
             }
-            TenantError::MalformedAuthorization => write!(
-                f,
-                "the Authorization header must be \"Bearer <token>\""
-            ),
+            TenantError::MalformedAuthorization => {
+                write!(f, "the Authorization header must be \"Bearer <token>\"")
+            }
             TenantError::UnknownToken => write!(f, "the bearer token belongs to no tenant"),
             TenantError::MissingTenantHeader => {
-                write!(f, "missing X-Tenant header: name the tenant the request is for")
+                write!(
+                    f,
+                    "missing X-Tenant header: name the tenant the request is for"
+                )
             }
             TenantError::InvalidTenantName(shown) => write!(
                 f,
@@ -109,9 +111,10 @@ impl IntoResponse for TenantError {
         });
         let mut response = (self.status(), axum::Json(body)).into_response();
         if let Some(challenge) = self.www_authenticate() {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         response
     }
@@ -234,32 +237,48 @@ token_env = "GLOBEX_TOKEN"
 
     #[test]
     fn token_mode() {
-        let r = resolver(TOKEN_CONFIG, &[("ACME_TOKEN", "t-acme"), ("GLOBEX_TOKEN", "t-globex")]);
+        let r = resolver(
+            TOKEN_CONFIG,
+            &[("ACME_TOKEN", "t-acme"), ("GLOBEX_TOKEN", "t-globex")],
+        );
         assert_eq!(r.auth(), AuthMode::Token);
         let t = r
             .resolve(&headers(&[("authorization", "Bearer t-acme")]))
             .expect("acme");
-        assert_eq!((t.name.as_str(), t.target.as_deref()), ("acme", Some("main")));
+        assert_eq!(
+            (t.name.as_str(), t.target.as_deref()),
+            ("acme", Some("main"))
+        );
         let t = r
             .resolve(&headers(&[("authorization", "bearer  t-globex ")]))
             .expect("globex");
         assert_eq!(t.name, "globex");
 
         let e = r.resolve(&headers(&[])).expect_err("missing");
-        assert_eq!((e.clone(), e.status()), (TenantError::MissingToken, StatusCode::UNAUTHORIZED));
+        assert_eq!(
+            (e.clone(), e.status()),
+            (TenantError::MissingToken, StatusCode::UNAUTHORIZED)
+        );
         assert_eq!(e.www_authenticate(), Some("Bearer"));
         for bad in ["Basic dXNlcjpwYXNz", "Bearer", "Bearer   ", "t-acme"] {
-            let e = r.resolve(&headers(&[("authorization", bad)])).expect_err(bad);
+            let e = r
+                .resolve(&headers(&[("authorization", bad)]))
+                .expect_err(bad);
             assert_eq!(e, TenantError::MalformedAuthorization, "{bad}");
             assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
         }
         let e = r
             .resolve(&headers(&[("authorization", "Bearer t-acmE")]))
             .expect_err("unknown");
-        assert_eq!((e.clone(), e.status()), (TenantError::UnknownToken, StatusCode::FORBIDDEN));
+        assert_eq!(
+            (e.clone(), e.status()),
+            (TenantError::UnknownToken, StatusCode::FORBIDDEN)
+        );
         assert_eq!(e.www_authenticate(), None);
         // X-Tenant is not a credential in token mode.
-        let e = r.resolve(&headers(&[("x-tenant", "acme")])).expect_err("no token");
+        let e = r
+            .resolve(&headers(&[("x-tenant", "acme")]))
+            .expect_err("no token");
         assert_eq!(e, TenantError::MissingToken);
     }
 
@@ -269,19 +288,34 @@ token_env = "GLOBEX_TOKEN"
             "[api]\nauth = \"none\"\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\n[tenants.acme-eu]\ntarget = \"main\"\n",
             &[],
         );
-        let t = r.resolve(&headers(&[("x-tenant", "acme-eu")])).expect("tenant");
+        let t = r
+            .resolve(&headers(&[("x-tenant", "acme-eu")]))
+            .expect("tenant");
         assert_eq!(t.name, "acme-eu");
         let e = r.resolve(&headers(&[])).expect_err("missing");
-        assert_eq!((e.clone(), e.status()), (TenantError::MissingTenantHeader, StatusCode::BAD_REQUEST));
+        assert_eq!(
+            (e.clone(), e.status()),
+            (TenantError::MissingTenantHeader, StatusCode::BAD_REQUEST)
+        );
         let e = r
             .resolve(&headers(&[("x-tenant", "acme'; DROP TABLE x")]))
             .expect_err("invalid");
         assert!(matches!(e, TenantError::InvalidTenantName(_)));
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
-        let e = r.resolve(&headers(&[("x-tenant", "globex")])).expect_err("unknown");
-        assert_eq!((e.clone(), e.status()), (TenantError::UnknownTenant("globex".into()), StatusCode::NOT_FOUND));
+        let e = r
+            .resolve(&headers(&[("x-tenant", "globex")]))
+            .expect_err("unknown");
+        assert_eq!(
+            (e.clone(), e.status()),
+            (
+                TenantError::UnknownTenant("globex".into()),
+                StatusCode::NOT_FOUND
+            )
+        );
         let long = "a".repeat(300);
-        let e = r.resolve(&headers(&[("x-tenant", &long)])).expect_err("too long");
+        let e = r
+            .resolve(&headers(&[("x-tenant", &long)]))
+            .expect_err("too long");
         assert!(e.to_string().len() < 200, "{e}");
     }
 
@@ -290,7 +324,10 @@ token_env = "GLOBEX_TOKEN"
         let response = TenantError::MissingToken.into_response();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(
-            response.headers().get(header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()),
+            response
+                .headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok()),
             Some("Bearer")
         );
     }

@@ -111,7 +111,9 @@ async fn handle(
         Ok(p) => p,
         Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
     };
-    let single = framing == Framing::Json && parsed.total() == 1 && !body.trim_ascii_start().starts_with(b"[");
+    let single = framing == Framing::Json
+        && parsed.total() == 1
+        && !body.trim_ascii_start().starts_with(b"[");
 
     let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
     let mut reply = IngestReply {
@@ -157,7 +159,10 @@ async fn handle(
         }
     }
     reply.not_stored = parsed.rows.len() - reply.accepted;
-    let labels = [("tenant", tenant.name.clone()), ("table", table.to_string())];
+    let labels = [
+        ("tenant", tenant.name.clone()),
+        ("table", table.to_string()),
+    ];
     metrics::counter!(m::INGEST_ROWS, &labels).increment(reply.accepted as u64);
     if reply.rejected > 0 {
         metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
@@ -190,7 +195,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
         .to_str()
         .map_err(|_| "Idempotency-Key must be visible ASCII".to_string())?
         .trim();
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || !key.chars().all(|c| c.is_ascii_graphic()) {
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.chars().all(|c| c.is_ascii_graphic())
+    {
         return Err(format!(
             "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
         ));
