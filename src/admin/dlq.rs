@@ -32,8 +32,8 @@ pub async fn peek(
     Path((tenant, table)): Path<(String, String)>,
     Query(params): Query<PeekParams>,
 ) -> Response {
-    if let Err(r) = names(&tenant, &table) {
-        return r;
+    if let Some(refusal) = bad_names(&tenant, &table) {
+        return refusal;
     }
     let limit = params.limit.unwrap_or(20).min(MAX_LIMIT);
     match state.dlq.peek(&tenant, &table, limit).await {
@@ -68,8 +68,8 @@ pub async fn replay(
             )
         }
     };
-    if let Err(r) = names(&request.tenant, &request.table) {
-        return r;
+    if let Some(refusal) = bad_names(&request.tenant, &request.table) {
+        return refusal;
     }
     let limit = request.limit.unwrap_or(1000).min(MAX_LIMIT);
     match state
@@ -94,8 +94,8 @@ pub async fn purge(
     Path((tenant, table)): Path<(String, String)>,
     Query(params): Query<PurgeParams>,
 ) -> Response {
-    if let Err(r) = names(&tenant, &table) {
-        return r;
+    if let Some(refusal) = bad_names(&tenant, &table) {
+        return refusal;
     }
     let expected = format!("{tenant}.{table}");
     if params.confirm.as_deref() != Some(expected.as_str()) {
@@ -112,11 +112,12 @@ pub async fn purge(
     }
 }
 
-fn names(tenant: &str, table: &str) -> Result<(), Response> {
+/// A refusal of names that are not identifiers; `None` when both are fine.
+fn bad_names(tenant: &str, table: &str) -> Option<Response> {
     if is_tenant_name(tenant) && is_table_name(table) {
-        Ok(())
+        None
     } else {
-        Err(error(
+        Some(error(
             StatusCode::BAD_REQUEST,
             "tenant and table must be names ([A-Za-z_][A-Za-z0-9_-]* and [A-Za-z_][A-Za-z0-9_]*)",
         ))
