@@ -110,6 +110,10 @@ impl Delivery for JsDelivery {
         self.message.as_ref().map(|m| &m.payload).unwrap_or(&EMPTY)
     }
 
+    fn subject(&self) -> &str {
+        self.message.as_ref().map(|m| m.subject.as_str()).unwrap_or("")
+    }
+
     fn meta(&self) -> DeliveryMeta {
         let Some(message) = self.message.as_ref() else {
             return DeliveryMeta {
