@@ -7,4 +7,5 @@ pub mod cli;
 pub mod clickhouse;
 pub mod config;
 pub mod nats;
+pub mod server;
 pub mod telemetry;

@@ -280,7 +280,7 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
 
     /// Graceful shutdown: stop pulling, flush every buffer now, wait for the flights up
     /// to the deadline, hand back whatever is left (at once), stop the tree.
-    pub async fn shutdown(self) -> ShutdownSummary {
+    pub async fn shutdown(&self) -> ShutdownSummary {
         let started = Instant::now();
         let before = self.stats();
         let deadline = started + self.common.settings.shutdown_deadline;

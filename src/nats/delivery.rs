@@ -111,7 +111,10 @@ impl Delivery for JsDelivery {
     }
 
     fn subject(&self) -> &str {
-        self.message.as_ref().map(|m| m.subject.as_str()).unwrap_or("")
+        self.message
+            .as_ref()
+            .map(|m| m.subject.as_str())
+            .unwrap_or("")
     }
 
     fn meta(&self) -> DeliveryMeta {

@@ -2,3 +2,4 @@
 
 pub mod logging;
 pub mod metrics;
+pub mod prometheus;
