@@ -49,6 +49,7 @@ pub struct TableState<I, D> {
     last_activity: Instant,
     idle_reported: bool,
     publisher: Publisher,
+    publish_armed: bool,
     last_heartbeat: Instant,
 }
 
@@ -66,6 +67,18 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             rows_handed_back: self.handed_back,
             dlq_failures: self.dlq_failures,
             last_error: self.last_error.clone(),
+        }
+    }
+
+    /// Publish now if due; if something changed but it is too soon, arm one publication
+    /// for when it is due (so a burst followed by silence is still shown).
+    fn publish_or_arm(&mut self, myself: &ActorRef<TableMsg<D>>) {
+        self.publish(false);
+        if self.publisher.dirty && !self.publish_armed {
+            self.publish_armed = true;
+            myself.send_after(self.ctx.common.settings.snapshot_every, || {
+                TableMsg::Publish
+            });
         }
     }
 
@@ -106,7 +119,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             // A window is open or a probe is out: nothing is buffered.
             self.hand_back(rows, d);
             self.publisher.dirty = true;
-            self.publish(false);
+            self.publish_or_arm(myself);
             return;
         }
         let bytes = row_bytes(&rows);
@@ -125,7 +138,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
         self.pump(myself);
         self.publisher.dirty = true;
-        self.publish(false);
+        self.publish_or_arm(myself);
     }
 
     /// Start every flush that is due and allowed.
@@ -224,6 +237,7 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             last_activity: now,
             idle_reported: false,
             publisher: Publisher::new(every),
+            publish_armed: false,
             last_heartbeat: now,
         })
     }
@@ -246,11 +260,15 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             TableMsg::Rows(rows) => state.on_rows(&myself, rows),
+            TableMsg::Publish => {
+                state.publish_armed = false;
+                state.publish_or_arm(&myself);
+            }
             TableMsg::AgeDue(gen) => {
                 if gen == state.age_gen {
                     state.age_armed = None;
                     state.pump(&myself);
-                    state.publish(false);
+                    state.publish_or_arm(&myself);
                 }
             }
             TableMsg::FlightDone(out) => {
