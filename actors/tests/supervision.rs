@@ -140,6 +140,14 @@ async fn a_source_failure_reconnects_and_resumes() {
             .await
     );
     assert_eq!(r.queue.connects.load(Ordering::Relaxed), 4);
+    // The lag is polled every few seconds.
+    r.queue.pending.store(42, Ordering::Relaxed);
+    assert!(
+        r.until(Duration::from_secs(10), |r| r
+            .node("consumer", "INGEST")
+            .is_some_and(|c| c["state"]["pending"] == 42))
+            .await
+    );
     r.push(SUBJ, 5, &[]);
     r.settled(5).await;
     assert_eq!(r.ledger.acked(), 5);
