@@ -477,3 +477,33 @@ async fn rows_held_past_half_the_ack_wait_get_progress() {
     }
     r.handle.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn rows_buffered_past_half_the_ack_wait_get_progress_too() {
+    let mut s = settings();
+    s.ack_wait = Duration::from_secs(4);
+    let t = tables(100).with_override(
+        "acme.slow",
+        TableOverrides {
+            batch_age: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, s).await;
+    let seqs = r.push("ingest.acme.slow", 2, &[]);
+    r.settled(2).await;
+    for s in seqs {
+        let ev: Vec<Event> = r
+            .ledger
+            .events()
+            .into_iter()
+            .filter(|(q, _)| *q == s)
+            .map(|(_, e)| e)
+            .collect();
+        assert!(
+            ev.len() >= 2 && ev[0] == Event::Progress && *ev.last().unwrap() == Event::Acked,
+            "row {s}: {ev:?}"
+        );
+    }
+    r.handle.shutdown().await;
+}

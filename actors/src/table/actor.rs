@@ -51,6 +51,9 @@ pub struct TableState<I, D> {
     publisher: Publisher,
     publish_armed: bool,
     last_heartbeat: Instant,
+    /// When the buffered rows last got `progress()` (rows buffered past `ack_wait / 2`,
+    /// e.g. with a long `batch_age` or while the flights are full).
+    last_progress: Option<Instant>,
 }
 
 impl<I: Inserter, D: Delivery> TableState<I, D> {
@@ -239,6 +242,7 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             publisher: Publisher::new(every),
             publish_armed: false,
             last_heartbeat: now,
+            last_progress: None,
         })
     }
 
@@ -288,6 +292,16 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             TableMsg::Tick => {
                 let now = Instant::now();
                 state.pump(&myself);
+                let half = state.ctx.common.settings.ack_wait / 2;
+                if let Some(oldest) = state.buffer.oldest() {
+                    let since = state.last_progress.map_or(oldest, |p| p.max(oldest));
+                    if now.saturating_duration_since(since) >= half {
+                        for d in state.buffer.iter() {
+                            let _ = d.progress().await;
+                        }
+                        state.last_progress = Some(now);
+                    }
+                }
                 let heartbeat =
                     now.saturating_duration_since(state.last_heartbeat) >= Duration::from_secs(1);
                 state.publish(heartbeat);
