@@ -279,12 +279,25 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
     }
 
     /// Graceful shutdown: stop pulling, flush every buffer now, wait for the flights up
-    /// to the deadline, hand back whatever is left (at once), stop the tree.
+    /// to the deadline, hand back whatever is left (at once), stop the tree. A second
+    /// call only waits for the tree to be stopped.
     pub async fn shutdown(&self) -> ShutdownSummary {
         let started = Instant::now();
         let before = self.stats();
         let deadline = started + self.common.settings.shutdown_deadline;
-        self.stopping.store(true, Ordering::SeqCst);
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            let mut done = self.root_done.clone();
+            let _ =
+                tokio::time::timeout_at(deadline + Duration::from_secs(10), done.wait_for(|d| *d))
+                    .await;
+            return ShutdownSummary {
+                rows_flushed: 0,
+                rows_parked: 0,
+                rows_handed_back: 0,
+                deadline_hit: false,
+                took_ms: started.elapsed().as_millis() as u64,
+            };
+        }
         tracing::info!("shutdown: stop pulling, flush every buffer");
         let step = Some(Duration::from_secs(5));
         let _ = self.root.call(RootMsg::Stopping, step).await;

@@ -49,7 +49,11 @@ pub struct TableState<I, D> {
     last_activity: Instant,
     idle_reported: bool,
     publisher: Publisher,
+    publish_armed: bool,
     last_heartbeat: Instant,
+    /// When the buffered rows last got `progress()` (rows buffered past `ack_wait / 2`,
+    /// e.g. with a long `batch_age` or while the flights are full).
+    last_progress: Option<Instant>,
 }
 
 impl<I: Inserter, D: Delivery> TableState<I, D> {
@@ -66,6 +70,18 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             rows_handed_back: self.handed_back,
             dlq_failures: self.dlq_failures,
             last_error: self.last_error.clone(),
+        }
+    }
+
+    /// Publish now if due; if something changed but it is too soon, arm one publication
+    /// for when it is due (so a burst followed by silence is still shown).
+    fn publish_or_arm(&mut self, myself: &ActorRef<TableMsg<D>>) {
+        self.publish(false);
+        if self.publisher.dirty && !self.publish_armed {
+            self.publish_armed = true;
+            myself.send_after(self.ctx.common.settings.snapshot_every, || {
+                TableMsg::Publish
+            });
         }
     }
 
@@ -106,7 +122,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             // A window is open or a probe is out: nothing is buffered.
             self.hand_back(rows, d);
             self.publisher.dirty = true;
-            self.publish(false);
+            self.publish_or_arm(myself);
             return;
         }
         let bytes = row_bytes(&rows);
@@ -125,7 +141,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
         self.pump(myself);
         self.publisher.dirty = true;
-        self.publish(false);
+        self.publish_or_arm(myself);
     }
 
     /// Start every flush that is due and allowed.
@@ -224,7 +240,9 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             last_activity: now,
             idle_reported: false,
             publisher: Publisher::new(every),
+            publish_armed: false,
             last_heartbeat: now,
+            last_progress: None,
         })
     }
 
@@ -246,11 +264,15 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             TableMsg::Rows(rows) => state.on_rows(&myself, rows),
+            TableMsg::Publish => {
+                state.publish_armed = false;
+                state.publish_or_arm(&myself);
+            }
             TableMsg::AgeDue(gen) => {
                 if gen == state.age_gen {
                     state.age_armed = None;
                     state.pump(&myself);
-                    state.publish(false);
+                    state.publish_or_arm(&myself);
                 }
             }
             TableMsg::FlightDone(out) => {
@@ -270,6 +292,16 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             TableMsg::Tick => {
                 let now = Instant::now();
                 state.pump(&myself);
+                let half = state.ctx.common.settings.ack_wait / 2;
+                if let Some(oldest) = state.buffer.oldest() {
+                    let since = state.last_progress.map_or(oldest, |p| p.max(oldest));
+                    if now.saturating_duration_since(since) >= half {
+                        for d in state.buffer.iter() {
+                            let _ = d.progress().await;
+                        }
+                        state.last_progress = Some(now);
+                    }
+                }
                 let heartbeat =
                     now.saturating_duration_since(state.last_heartbeat) >= Duration::from_secs(1);
                 state.publish(heartbeat);

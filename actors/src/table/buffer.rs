@@ -115,6 +115,10 @@ impl<D: Delivery> Buffer<D> {
         (batch, bytes, held_since)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = &D> {
+        self.rows.iter()
+    }
+
     pub fn take_all(&mut self) -> Vec<D> {
         self.bytes = 0;
         self.oldest = None;

@@ -13,6 +13,8 @@ pub enum TableMsg<D> {
     FlightDone(FlightOutcome),
     /// Heartbeat: snapshot, age check, idleness.
     Tick,
+    /// A snapshot publication that was too soon when the state changed.
+    Publish,
     /// Shutdown: flush everything now, ignoring age and the in-flight limit.
     FlushAll(RpcReplyPort<()>),
     /// Shutdown, past the deadline: hand back whatever is still buffered, at once.
