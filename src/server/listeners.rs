@@ -58,6 +58,7 @@ pub async fn start(
     let tenants = TenantResolver::new(config.clone());
     let ingest_state = Arc::new(IngestState {
         tenants,
+        publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
         publisher,
         subject_prefix: config.nats.subject_prefix.clone(),
         max_row_bytes: config.api.max_row_bytes,

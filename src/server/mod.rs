@@ -39,7 +39,12 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     } else {
         tracing::warn!(url = %config.nats.url, "NATS is not reachable yet; retrying in the background (not ready until it is)");
     }
-    let ingest_publisher = Publisher::new(js.clone(), &streams.stream, streams.max_bytes);
+    // The ingest API's own context: enough ack permits for every publishing request's
+    // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
+    let ingest_js = async_nats::jetstream::ContextBuilder::new()
+        .max_ack_inflight(crate::api::ingest::MAX_PUBLISHING * crate::api::ingest::PIPELINE_WINDOW + 1024)
+        .build(client.clone());
+    let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
 
     let pipeline = pipeline::start(&config, js.clone(), streams.clone()).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));

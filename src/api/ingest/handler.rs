@@ -6,6 +6,7 @@
 //! acked stay accepted, the answer is 503 with `Retry-After`, and a client retrying
 //! with the same `Idempotency-Key` does not store the accepted ones twice.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,13 +24,22 @@ use crate::config::is_table_name;
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
 
+/// Publishes in flight per request. JetStream's client lends a fixed number of ack
+/// permits and takes one back only when its ack is awaited, so requests that each hold
+/// some while waiting for more could starve one another: each request keeps at most
+/// this many, and at most `MAX_PUBLISHING` requests publish at once, within the permits
+/// of the ingest publisher's context (see `server::listeners`).
+pub const PIPELINE_WINDOW: usize = 512;
+pub const MAX_PUBLISHING: usize = 64;
+
 /// The longest `Idempotency-Key` taken (it becomes a JetStream message id).
 const MAX_IDEMPOTENCY_KEY: usize = 128;
 
 /// What the ingest endpoint needs.
-#[derive(Clone)]
 pub struct IngestState {
     pub tenants: TenantResolver,
+    /// `MAX_PUBLISHING` permits: requests publishing at once.
+    pub publishing: tokio::sync::Semaphore,
     pub publisher: Publisher,
     pub subject_prefix: String,
     pub max_row_bytes: usize,
@@ -116,14 +126,25 @@ async fn handle(
         && !body.trim_ascii_start().starts_with(b"[");
 
     let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
+    let Ok(_publishing) = state.publishing.acquire().await else {
+        return failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
+    };
     let mut reply = IngestReply {
         rejected: parsed.errors.len(),
         errors: parsed.errors,
         ..Default::default()
     };
     let mut stop: Option<PublishError> = None;
-    let mut pending = Vec::with_capacity(parsed.rows.len());
+    let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
     for (index, row) in &parsed.rows {
+        if pending.len() >= PIPELINE_WINDOW {
+            if let Some(ack) = pending.pop_front() {
+                confirm(ack, &mut reply, &mut stop).await;
+            }
+        }
+        if stop.is_some() {
+            break;
+        }
         let id = key.as_ref().map(|k| {
             if single {
                 k.clone()
@@ -136,7 +157,7 @@ async fn handle(
             .send(subject.clone(), row.clone(), None, id.as_deref())
             .await
         {
-            Ok(ack) => pending.push(ack),
+            Ok(ack) => pending.push_back(ack),
             Err(e) => {
                 stop = Some(e);
                 break;
@@ -144,19 +165,7 @@ async fn handle(
         }
     }
     for ack in pending {
-        match Publisher::confirm(ack).await {
-            Ok(published) => {
-                reply.accepted += 1;
-                if published.duplicate {
-                    reply.duplicates += 1;
-                }
-            }
-            Err(e) => {
-                if stop.is_none() {
-                    stop = Some(e);
-                }
-            }
-        }
+        confirm(ack, &mut reply, &mut stop).await;
     }
     reply.not_stored = parsed.rows.len() - reply.accepted;
     let labels = [
@@ -184,6 +193,26 @@ async fn handle(
         }
         _ if reply.rejected > 0 => (StatusCode::BAD_REQUEST, Json(reply)).into_response(),
         _ => (StatusCode::ACCEPTED, Json(reply)).into_response(),
+    }
+}
+
+async fn confirm(
+    ack: async_nats::jetstream::context::PublishAckFuture,
+    reply: &mut IngestReply,
+    stop: &mut Option<PublishError>,
+) {
+    match Publisher::confirm(ack).await {
+        Ok(published) => {
+            reply.accepted += 1;
+            if published.duplicate {
+                reply.duplicates += 1;
+            }
+        }
+        Err(e) => {
+            if stop.is_none() {
+                *stop = Some(e);
+            }
+        }
     }
 }
 

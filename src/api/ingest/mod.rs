@@ -3,4 +3,4 @@
 mod handler;
 pub mod parse;
 
-pub use handler::{ingest, IngestReply, IngestState};
+pub use handler::{ingest, IngestReply, IngestState, MAX_PUBLISHING, PIPELINE_WINDOW};
