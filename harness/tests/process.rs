@@ -95,7 +95,7 @@ async fn start_again_runs_the_same_command_and_appends_to_the_logs() -> Result<(
 
 #[tokio::test]
 async fn start_again_refuses_while_running() -> Result<()> {
-    let mut child = sh("sleep 30")?;
+    let mut child = sh("exec sleep 30")?;
     let error = child.start_again().err().context("started twice")?;
     assert!(error.to_string().contains("still running"), "{error}");
     Ok(())
@@ -113,11 +113,33 @@ async fn a_missing_program_fails_clearly() -> Result<()> {
 
 #[tokio::test]
 async fn dropping_a_child_kills_and_reaps_it() -> Result<()> {
-    let child = sh("sleep 30")?;
+    let child = sh("exec sleep 30")?;
     let pid = child.pid().context("a running child has a pid")?;
     assert!(process_exists(pid));
     drop(child);
     assert!(!process_exists(pid), "pid {pid} survived the drop");
+    Ok(())
+}
+
+#[tokio::test]
+async fn dropping_a_child_kills_what_it_forked() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pid_file = dir.path().join("grandchild.pid");
+    let child = sh(&format!(
+        "sleep 30 & echo $! > {}; wait",
+        pid_file.display()
+    ))?;
+    let grandchild: u32 = wait_for("the grandchild's pid", DEADLINE, POLL, || {
+        let pid_file = pid_file.clone();
+        async move { Ok(std::fs::read_to_string(&pid_file)?.trim().parse()?) }
+    })
+    .await?;
+    assert!(process_exists(grandchild));
+    drop(child);
+    wait_until("the grandchild to die", DEADLINE, POLL, || async move {
+        !process_exists(grandchild)
+    })
+    .await?;
     Ok(())
 }
 
@@ -185,7 +207,7 @@ async fn orphan_helper() -> Result<()> {
     let Some(pid_file) = std::env::var_os(HELPER_ENV).map(PathBuf::from) else {
         return Ok(());
     };
-    let child = sh("sleep 60")?;
+    let child = sh("exec sleep 60")?;
     let pid = child.pid().context("the child has a pid")?;
     let partial = pid_file.with_extension("partial");
     std::fs::write(&partial, pid.to_string())?;

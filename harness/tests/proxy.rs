@@ -562,3 +562,31 @@ async fn an_unreachable_upstream_resets_the_client() -> Result<()> {
     assert_eq!(proxy.requests_forwarded(), 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_can_end_in_refusal() -> Result<()> {
+    let proxy = proxy_to_nowhere().await?;
+    proxy
+        .script([Respond::status_only(503)], Mode::Refuse)
+        .await?;
+    let client = client(DEADLINE)?;
+    // The queued answer is delivered even though taking it closes the port.
+    assert_eq!(post(&client, &proxy, "SELECT 1").await?.0, 503);
+    let addr = proxy.addr();
+    wait_until("the port to refuse", DEADLINE, POLL, || async move {
+        TcpStream::connect(addr).is_err_and(|e| e.kind() == ErrorKind::ConnectionRefused)
+    })
+    .await?;
+    let error = post(&client, &proxy, "SELECT 1")
+        .await
+        .err()
+        .context("a refusing proxy answered")?;
+    assert!(!error.is_timeout(), "{error:?}");
+
+    proxy.set_mode(Respond::ok("1\n")).await?;
+    assert_eq!(
+        post(&client, &proxy, "SELECT 1").await?,
+        (200, "1\n".to_owned())
+    );
+    Ok(())
+}

@@ -143,23 +143,29 @@ impl ManagedProcess {
     /// Sends `signal` to the running child. Never signals a pid that was reaped (it
     /// might belong to someone else by now).
     pub fn signal(&mut self, signal: i32) -> Result<()> {
+        let pid = self.live_pid()?;
+        send(pid, signal).with_context(|| format!("sending signal {signal} to {}", self.spec.name))
+    }
+
+    /// Sends `signal` to the child's whole process group: the child and anything it
+    /// forked (each child leads a group of its own). Kills and freezes go this way, so
+    /// a shell's or server's own children are not left behind.
+    pub fn signal_group(&mut self, signal: i32) -> Result<()> {
+        let pid = self.live_pid()?;
+        send(-pid, signal)
+            .with_context(|| format!("sending signal {signal} to {}'s group", self.spec.name))
+    }
+
+    /// The pid of the running (or exited but unreaped) child: while it is unreaped,
+    /// neither its pid nor its process group id can be reused.
+    fn live_pid(&mut self) -> Result<libc::pid_t> {
         if !self.is_running() {
-            bail!(
-                "{} is not running; cannot send signal {signal}",
-                self.spec.name
-            );
+            bail!("{} is not running", self.spec.name);
         }
         let pid = self
             .pid()
             .ok_or_else(|| anyhow!("{} has no pid", self.spec.name))?;
-        let pid = libc::pid_t::try_from(pid).context("pid out of range")?;
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own unreaped
-        // child, so it cannot have been recycled.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("sending signal {signal} to {}", self.spec.name));
-        }
-        Ok(())
+        libc::pid_t::try_from(pid).context("pid out of range")
     }
 
     /// Asks the child to shut down (SIGTERM) without waiting.
@@ -172,14 +178,14 @@ impl ManagedProcess {
     /// moment could otherwise still answer a request. Sockets stay open, nothing
     /// answers.
     pub async fn sigstop(&mut self) -> Result<()> {
-        self.signal(libc::SIGSTOP)?;
+        self.signal_group(libc::SIGSTOP)?;
         self.wait_for_threads("stop", |state| matches!(state, 'T' | 't' | 'Z'))
             .await
     }
 
     /// Thaws a frozen child (SIGCONT) and returns once none of its threads is stopped.
     pub async fn sigcont(&mut self) -> Result<()> {
-        self.signal(libc::SIGCONT)?;
+        self.signal_group(libc::SIGCONT)?;
         self.wait_for_threads("continue", |state| state != 'T')
             .await
     }
@@ -240,7 +246,7 @@ impl ManagedProcess {
         }
         self.sigterm()?;
         // A stopped process keeps SIGTERM pending until it is continued.
-        let _ = self.signal(libc::SIGCONT);
+        let _ = self.signal_group(libc::SIGCONT);
         match self.wait_exit(grace).await {
             Ok(status) => Ok(status),
             Err(_) => {
@@ -250,12 +256,13 @@ impl ManagedProcess {
         }
     }
 
-    /// Kills the child with SIGKILL and reaps it. A no-op if already exited.
+    /// Kills the child (and its process group) with SIGKILL and reaps it. A no-op if
+    /// already exited.
     pub async fn kill9(&mut self) -> Result<ExitStatus> {
         if !self.is_running() {
             return self.already_exited();
         }
-        self.signal(libc::SIGKILL)?;
+        self.signal_group(libc::SIGKILL)?;
         // SIGKILL cannot be caught; the bound only guards against a kernel stuck in
         // uninterruptible I/O.
         self.wait_exit(Duration::from_secs(30)).await
@@ -326,11 +333,25 @@ impl Drop for ManagedProcess {
         if let Some(mut child) = self.child.take() {
             if let Ok(None) = child.try_wait() {
                 // Blocking here is fine: SIGKILL is not catchable, the wait is short.
+                // The group first (the unreaped child keeps its id from being reused).
+                if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                    let _ = send(-pid, libc::SIGKILL);
+                }
                 let _ = child.kill();
                 let _ = child.wait();
             }
         }
     }
+}
+
+/// `kill(pid, signal)`; a negative pid names a process group.
+fn send(pid: libc::pid_t, signal: i32) -> Result<()> {
+    // SAFETY: kill has no memory-safety preconditions; callers only pass our own
+    // unreaped child's pid (or its group), which cannot have been recycled.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
 }
 
 /// The state letter (`R`, `S`, `T`, `Z`...) of each thread of process `pid`.

@@ -1,5 +1,10 @@
 //! Forking children that die with the test process.
 //!
+//! Each child also leads a process group of its own, so the harness can kill or freeze
+//! it together with anything it forks. The death signal covers the child itself only
+//! (the kernel clears it on fork), so a grandchild outlives a test process that was
+//! itself killed; the servers run here do not fork.
+//!
 //! On Linux each child asks the kernel for `SIGKILL` when its parent dies
 //! (`PR_SET_PDEATHSIG`), so a test process that panics, aborts or is killed by the
 //! runner leaves no nats-server or clickhouse-server behind. The "parent" the kernel
@@ -42,6 +47,11 @@ fn spawner() -> Result<&'static Mutex<mpsc::Sender<(Command, Reply)>>> {
 /// Spawns `command` from the long-lived spawner thread, with the parent-death signal
 /// armed on Linux.
 pub(crate) fn spawn(mut command: Command) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+
+    // A process group of its own, so killing the group also kills whatever the child
+    // forks (the death signal is not inherited across fork).
+    command.process_group(0);
     arm_parent_death_signal(&mut command);
     let (reply, answer) = mpsc::channel();
     spawner()?
@@ -62,7 +72,7 @@ fn arm_parent_death_signal(command: &mut Command) {
     // SAFETY: getpid is async-signal-safe and has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs between fork and exec; it only calls the
-    // async-signal-safe prctl and getppid and builds an io::Error without allocating.
+    // async-signal-safe prctl and getppid and builds io::Errors without allocating.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {

@@ -97,7 +97,6 @@ async fn serve_one(
         return Ok(Next::End(End::Close));
     };
     let head = http::parse_request(raw)?;
-    let seq = Shared::bump(&shared.seen);
     let query = head.uri.split_once('?').map(|(_, query)| query.to_owned());
 
     let mut body = if shared.needs_body() {
@@ -114,7 +113,7 @@ async fn serve_one(
         None => decision.mode.describe(),
     };
     let record = |body: &[u8]| RequestRecord {
-        seq,
+        seq: 0, // numbered by Shared::record
         connection: id,
         method: head.method.clone(),
         uri: head.uri.clone(),

@@ -73,11 +73,12 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Changes the script, then opens or closes the port to match it.
+    /// Changes the script, then opens or closes the port to match it. Closing it
+    /// (switching to `Refuse`) also resets every open connection: the server is gone.
     pub fn edit<T>(&self, change: impl FnOnce(&mut Script) -> T) -> T {
         let mut script = self.script();
         let out = change(&mut script);
-        self.sync_port(&script);
+        self.sync_port(&script, true);
         out
     }
 
@@ -88,14 +89,14 @@ impl Shared {
 
     /// The port is closed only while refusing is the steady mode: an empty queue and a
     /// `Refuse` fallback.
-    fn sync_port(&self, script: &Script) {
+    fn sync_port(&self, script: &Script, reset_connections: bool) {
         let open = !(script.queue.is_empty() && script.fallback == Mode::Refuse);
         let closing = self.want_open.send_if_modified(|current| {
             let changed = *current != open;
             *current = open;
             changed
         }) && !open;
-        if closing {
+        if closing && reset_connections {
             self.reset_all.send_modify(|generation| *generation += 1);
         }
     }
@@ -107,32 +108,46 @@ impl Shared {
 
     /// Decides what to do with one request: the first matching rule (counting down its
     /// uses), else the next queued mode, else the fallback.
+    ///
+    /// When this takes the last queued mode before a `Refuse` fallback, the port closes
+    /// but open connections are left alone, so this request still gets its mode (the
+    /// last 503 of "503, then refuse" is answered); their next requests are reset.
     pub fn decide(&self, query: Option<&str>, body: Option<&[u8]>) -> Decision {
-        self.edit(|script| {
-            if let Some(index) = script.rules.iter().position(|r| r.matches(query, body)) {
-                let rule = &mut script.rules[index];
-                let mode = rule.mode.clone();
-                if let Some(remaining) = &mut rule.remaining {
-                    *remaining = remaining.saturating_sub(1);
-                    if *remaining == 0 {
-                        script.rules.remove(index);
-                    }
-                }
-                return Decision {
-                    mode,
-                    rule: Some(index),
-                };
-            }
-            let mode = script
-                .queue
-                .pop_front()
-                .unwrap_or_else(|| script.fallback.clone());
-            Decision { mode, rule: None }
-        })
+        let mut script = self.script();
+        let decision = Self::choose(&mut script, query, body);
+        self.sync_port(&script, false);
+        decision
     }
 
-    pub fn record(&self, record: RequestRecord) {
-        self.log().push(record);
+    fn choose(script: &mut Script, query: Option<&str>, body: Option<&[u8]>) -> Decision {
+        if let Some(index) = script.rules.iter().position(|r| r.matches(query, body)) {
+            let rule = &mut script.rules[index];
+            let mode = rule.mode.clone();
+            if let Some(remaining) = &mut rule.remaining {
+                *remaining = remaining.saturating_sub(1);
+                if *remaining == 0 {
+                    script.rules.remove(index);
+                }
+            }
+            return Decision {
+                mode,
+                rule: Some(index),
+            };
+        }
+        let mode = script
+            .queue
+            .pop_front()
+            .unwrap_or_else(|| script.fallback.clone());
+        Decision { mode, rule: None }
+    }
+
+    /// Counts a request and logs it, numbering it in log order. Done once the proxy
+    /// has decided and read what it reads, so a count a test waited for always has its
+    /// record.
+    pub fn record(&self, mut record: RequestRecord) {
+        let mut log = self.log();
+        record.seq = Self::bump(&self.seen);
+        log.push(record);
     }
 
     pub fn records(&self) -> Vec<RequestRecord> {

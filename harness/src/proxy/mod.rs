@@ -151,7 +151,8 @@ impl FaultProxy {
         self.shared.read(|script| script.queue.len())
     }
 
-    /// Requests received (whatever was done with them).
+    /// Requests received (whatever was done with them), counted once the proxy has
+    /// acted on them: a request whose client vanished halfway through is not counted.
     pub fn requests_seen(&self) -> u64 {
         Shared::count(&self.shared.seen)
     }
