@@ -21,6 +21,7 @@ pub mod process;
 pub mod proxy;
 mod skip;
 mod sluice;
+mod stack;
 mod wait;
 
 pub use clickhouse::{
@@ -33,4 +34,5 @@ pub use process::{process_exists, ManagedProcess, ProcessSpec};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;
+pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
 pub use wait::{wait_for, wait_until};

@@ -42,7 +42,9 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     // The ingest API's own context: enough ack permits for every publishing request's
     // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
     let ingest_js = async_nats::jetstream::ContextBuilder::new()
-        .max_ack_inflight(crate::api::ingest::MAX_PUBLISHING * crate::api::ingest::PIPELINE_WINDOW + 1024)
+        .max_ack_inflight(
+            crate::api::ingest::MAX_PUBLISHING * crate::api::ingest::PIPELINE_WINDOW + 1024,
+        )
         .build(client.clone());
     let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
 
