@@ -32,21 +32,12 @@ pub const TENANT: &str = "acme";
 pub const ADMIN_TOKEN: &str = "admin-secret";
 
 /// How to build a stack.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct StackOptions {
     /// Put a [`FaultProxy`] between Sluice and ClickHouse.
     pub proxy: bool,
     /// Which nats-server; `None` reads `SLUICE_TEST_NATS`.
     pub nats: Option<NatsFlavor>,
-}
-
-impl Default for StackOptions {
-    fn default() -> Self {
-        Self {
-            proxy: false,
-            nats: None,
-        }
-    }
 }
 
 impl StackOptions {
