@@ -127,13 +127,36 @@ fn classify(e: async_nats::jetstream::context::PublishError) -> PublishError {
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
             PublishError::Unavailable(text)
         }
-        PublishErrorKind::StreamNotFound => {
-            PublishError::Refused(format!("{text}: no stream takes this subject"))
-        }
+        // "No responders": nothing listens on the subject right now. Sluice creates the
+        // stream itself (at start, and again whenever its consumer connects), so this is
+        // JetStream not ready yet (Sluice started before NATS, nats-server restarting) or
+        // the stream being recreated: transient. A 400 here would tell the client to drop
+        // its rows; a 503 tells it to come back.
+        PublishErrorKind::StreamNotFound => PublishError::Unavailable(format!(
+            "{text} (no responders: the stream is not set up yet or JetStream is restarting)"
+        )),
         PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(text),
         _ => match code {
             Some(_) => PublishError::Refused(text),
             None => PublishError::Unavailable(text),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::PublishError as JsPublishError;
+
+    #[test]
+    fn no_responders_is_retryable_not_a_refusal() {
+        // What the client reports when nothing listens on the subject (the stream not
+        // created yet, JetStream restarting): the API must answer 503, not 400.
+        let e = classify(JsPublishError::new(PublishErrorKind::StreamNotFound));
+        assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
+        let e = classify(JsPublishError::new(PublishErrorKind::TimedOut));
+        assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
+        let e = classify(JsPublishError::new(PublishErrorKind::MaxPayloadExceeded));
+        assert!(matches!(e, PublishError::Refused(_)), "{e:?}");
     }
 }
