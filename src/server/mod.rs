@@ -22,6 +22,9 @@ use crate::telemetry;
 
 pub use pipeline::PipelineAdapter;
 
+/// How long `run` waits for the first NATS connection before going on without it.
+const INITIAL_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config);
     for warning in &config.warnings {
@@ -30,6 +33,11 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let metrics = telemetry::prometheus::install()?;
 
     let client = nats::connect(&config.nats, true).await?;
+    // With `retry_on_initial_connect` the client connects in the background and
+    // `connect` returns before it has: wait for the first connection (a flush needs
+    // one) for a moment, so that with NATS up the streams exist before the ingest API
+    // listens, and only a NATS that is really down is reported as such.
+    let _ = tokio::time::timeout(INITIAL_CONNECT_WAIT, client.flush()).await;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
     if client.connection_state() == async_nats::connection::State::Connected {
