@@ -10,9 +10,13 @@
 //!   stopped, killed with SIGKILL, frozen with SIGSTOP, continued and started again
 //!   with the same ports and data; it dies with the test process and is reaped on drop.
 //! - [`wait_until`] / [`wait_for`]: poll a condition with a deadline instead of sleeping.
+//! - [`Stack`]: a whole deployment (servers, proxy, generated config, sluice processes).
+//! - [`chaos`]: known rows, feeds under fault, quiescence and the exact reckoning of the
+//!   chaos suite (`tests/chaos.rs`).
 //!
 //! Everything listens on 127.0.0.1 only.
 
+pub mod chaos;
 pub mod clickhouse;
 mod http;
 pub mod nats;

@@ -244,6 +244,19 @@ impl Stack {
         Ok((self.api_port, self.admin_port))
     }
 
+    /// The admin URL of sluice process `index` (`http://127.0.0.1:PORT`).
+    pub fn admin_url_of(&self, index: usize) -> Result<String> {
+        Ok(format!("http://127.0.0.1:{}", self.admin_port_of(index)?))
+    }
+
+    /// The API URL of sluice process `index`.
+    pub fn api_url_of(&self, index: usize) -> Result<String> {
+        self.sluice_ports
+            .get(index)
+            .map(|(api, _)| format!("http://127.0.0.1:{api}"))
+            .ok_or_else(|| anyhow!("no sluice process {index}"))
+    }
+
     pub fn api_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.api_port)
     }
@@ -308,11 +321,35 @@ impl Stack {
         Ok((status, json))
     }
 
+    /// GET an admin path of sluice process `index` (see [`Stack::admin_get`]).
+    pub async fn admin_get_of(&self, index: usize, path: &str) -> Result<(u16, Value)> {
+        let url = format!("{}{path}", self.admin_url_of(index)?);
+        admin_answer(self.http.get(url).bearer_auth(ADMIN_TOKEN), "GET", path).await
+    }
+
+    /// POST an admin path (no body) with the admin token, e.g. fault injection's
+    /// `/admin/debug/panic/acme/events`; returns the status and the body as JSON.
+    pub async fn admin_post(&self, path: &str) -> Result<(u16, Value)> {
+        let url = format!("{}{path}", self.admin_url());
+        admin_answer(self.http.post(url).bearer_auth(ADMIN_TOKEN), "POST", path).await
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String> {
         let response = self
             .http
             .get(format!("{}/metrics", self.admin_url()))
+            .send()
+            .await
+            .context("GET /metrics")?;
+        Ok(response.text().await?)
+    }
+
+    /// The Prometheus text of `/metrics` of sluice process `index`.
+    pub async fn metrics_of(&self, index: usize) -> Result<String> {
+        let response = self
+            .http
+            .get(format!("{}/metrics", self.admin_url_of(index)?))
             .send()
             .await
             .context("GET /metrics")?;
@@ -357,6 +394,21 @@ impl Stack {
             .cloned()
             .unwrap_or_default())
     }
+}
+
+async fn admin_answer(
+    request: reqwest::RequestBuilder,
+    method: &str,
+    path: &str,
+) -> Result<(u16, Value)> {
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("{method} {path}"))?;
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, json))
 }
 
 fn base_config(

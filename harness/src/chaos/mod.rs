@@ -1,0 +1,359 @@
+//! The chaos toolkit: known rows in, a fault while they flow, a heal, then an exact
+//! reckoning of where every row went.
+//!
+//! The suite itself is `tests/chaos.rs`; run one scenario by name with
+//! `cargo nextest run --test chaos clickhouse_kill9` (a substring of the test name
+//! selects it; add `--no-capture` to see its line as it prints, and
+//! `SLUICE_TEST_NATS=current` for the current nats-server).
+//!
+//! A scenario, with the pieces here:
+//!
+//! 1. [`Scenario::start`]: nats-server, clickhouse-server (and optionally the fault
+//!    proxy) on loopback, with a configuration tuned for quick recovery
+//!    ([`Scenario::CHAOS_CONFIG`]: short `ack_wait`, `backoff_max`, `batch_age`,
+//!    `insert_timeout`), and a JetStream client of the test's own ([`JetStreamView`]).
+//! 2. [`RowSet`]: rows with unique ids, some of them bad (rejected by ClickHouse), so
+//!    the DLQ's content can be judged by id alone.
+//! 3. [`Feed`]: publishes the rows at a steady [`Pace`] in the background, through the
+//!    ingest API (retrying 503s with their `Retry-After`, idempotently) or straight to
+//!    JetStream, while the scenario injects its fault (stop / kill -9 / SIGSTOP a
+//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it.
+//! 4. [`Scenario::finish`]: waits for quiescence (the durable consumer with nothing
+//!    pending or unacked, nothing buffered or in flight in any live Sluice,
+//!    ClickHouse's counts stable), then counts ([`Tally`]): ClickHouse's
+//!    `count()` and `uniqExact(id)` and the ids it holds, the DLQ read straight from
+//!    JetStream. It prints one line
+//!
+//!    `chaos: clickhouse_kill9 published=20000 inserted_distinct=20000 duplicates=312 parked=0 lost=0`
+//!
+//!    and fails if a row is lost, a good row parked, a row parked twice, or the
+//!    pipeline never went quiet. Duplicates are counted, not failed: after an ambiguous
+//!    failure (a killed server, a timed-out insert) delivery is at-least-once. Extra
+//!    fields appear only when they say something: `settled_in=` (how long the healed
+//!    pipeline took to go quiet), `stranded_in_stream=` (acked messages a crashed
+//!    nats-server 2.9 kept in the work queue, see [`Backlog::stranded`]).
+//!
+//! Every wait polls with a deadline; a fault may last a fixed time by a timer, but
+//! readiness and quiescence are always observed.
+
+mod feed;
+mod observe;
+mod rows;
+mod tally;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tokio::time::Instant;
+
+pub use feed::{Feed, Pace, Progress, Published, Route};
+pub use observe::{
+    held_in_tree, metric_value, Backlog, Held, JetStreamView, ParkedRow, CONSUMER, DLQ_STREAM,
+    INGEST_STREAM,
+};
+pub use rows::{create_table_sql, id_of, RowSet};
+pub use tally::{counts, ids_in, Tally, REPORT_ENV};
+
+use crate::nats::NatsFlavor;
+use crate::skip::available;
+use crate::stack::{Stack, StackOptions};
+
+/// How long a feed may take to get all its rows accepted.
+pub const FEED_DEADLINE: Duration = Duration::from_secs(90);
+/// How long a healed pipeline may take to go quiet.
+pub const QUIESCE_DEADLINE: Duration = Duration::from_secs(90);
+/// Between two looks at the pipeline while waiting for quiescence.
+const QUIESCE_POLL: Duration = Duration::from_millis(400);
+/// When set, [`Scenario::finish`] prints the sluice logs of passing scenarios too.
+pub const VERBOSE_ENV: &str = "SLUICE_TEST_CHAOS_VERBOSE";
+/// Log lines of each sluice process in a failure message.
+const LOG_LINES: usize = 80;
+/// Consecutive quiet looks needed.
+const QUIET_LOOKS: u32 = 3;
+
+/// A scenario's stack, the test's JetStream client, and the sluice binary.
+pub struct Scenario {
+    pub name: String,
+    pub stack: Stack,
+    pub jet: JetStreamView,
+    binary: PathBuf,
+}
+
+/// What the pipeline looked like at one moment of [`Scenario::quiesce`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Look {
+    pub backlog: Option<Backlog>,
+    /// Per live sluice process: what it holds (None: its admin endpoint did not answer).
+    pub held: Vec<Option<Held>>,
+    /// `count()` per table.
+    pub counts: Vec<Option<u64>>,
+}
+
+impl Look {
+    fn idle(&self) -> bool {
+        // The consumer's state, not the stream's message count: see `Backlog::stranded`.
+        let backlog_empty = self.backlog.is_some_and(|b| b.consumer_done());
+        let nothing_held = self
+            .held
+            .iter()
+            .all(|h| h.is_some_and(|h| h.buffered_rows == 0 && h.flights == 0));
+        backlog_empty && nothing_held && self.counts.iter().all(Option::is_some)
+    }
+}
+
+// === impl Scenario ===
+
+impl Scenario {
+    /// The configuration every chaos stack starts from (over [`Stack`]'s base): quick
+    /// redelivery and recovery, so a scenario's fault heals within seconds.
+    pub const CHAOS_CONFIG: &'static [(&'static str, &'static str)] = &[
+        ("nats.ack_wait", "5s"),
+        ("ingest.batch_age", "100ms"),
+        ("pipeline.backoff_initial", "200ms"),
+        ("pipeline.backoff_max", "2s"),
+        ("pipeline.shutdown_deadline", "5s"),
+        ("clickhouse.targets.main.insert_timeout", "3s"),
+        ("api.retry_after", "1s"),
+    ];
+
+    /// Starts the servers for scenario `name` (`None`, with a notice, when a server is
+    /// not installed and `SLUICE_TEST_REQUIRE_SERVERS` is not set). `binary` is the
+    /// sluice binary (`env!("CARGO_BIN_EXE_sluice")`).
+    pub async fn start(
+        name: &str,
+        binary: impl Into<PathBuf>,
+        options: StackOptions,
+    ) -> Result<Option<Self>> {
+        if available(name, crate::clickhouse::binary())?.is_none() {
+            return Ok(None);
+        }
+        let flavor = match &options.nats {
+            Some(f) => f.clone(),
+            None => NatsFlavor::from_env()?,
+        };
+        if available(name, flavor.binary())?.is_none() {
+            return Ok(None);
+        }
+        let mut stack = Stack::start(options).await?;
+        stack.set("ingest.batch_rows", 1000);
+        for (key, value) in Self::CHAOS_CONFIG {
+            stack.set(key, *value);
+        }
+        // An injected panic prints one line, not a backtrace that fills the log tails.
+        stack.env.push(("RUST_BACKTRACE".into(), "0".into()));
+        let jet = JetStreamView::connect(&stack.nats.url()).await?;
+        Ok(Some(Self {
+            name: name.to_owned(),
+            stack,
+            jet,
+            binary: binary.into(),
+        }))
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Creates the scenario tables ([`create_table_sql`]).
+    pub async fn create_tables(&self, tables: &[&str]) -> Result<()> {
+        for table in tables {
+            self.stack.clickhouse.exec(&create_table_sql(table)).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a sluice process and waits until it is ready; returns its index.
+    pub async fn start_sluice(&mut self) -> Result<usize> {
+        let binary = self.binary.clone();
+        self.stack.start_sluice(binary).await
+    }
+
+    /// Starts a sluice process without waiting for readiness.
+    pub fn spawn_sluice(&mut self) -> Result<usize> {
+        let binary = self.binary.clone();
+        self.stack.spawn_sluice(binary)
+    }
+
+    /// Feeds `rows` to `table` through the ingest API of the newest sluice process.
+    pub fn feed_api(&self, table: &str, rows: RowSet, pace: Pace) -> Result<Feed> {
+        let route = Route::api(self.stack.api_url())?;
+        Ok(Feed::start(route, table, rows, pace, FEED_DEADLINE))
+    }
+
+    /// Feeds `rows` to `table` through the ingest API of sluice process `index`.
+    pub fn feed_api_of(&self, index: usize, table: &str, rows: RowSet, pace: Pace) -> Result<Feed> {
+        let route = Route::api(self.stack.api_url_of(index)?)?;
+        Ok(Feed::start(route, table, rows, pace, FEED_DEADLINE))
+    }
+
+    /// Feeds `rows` to `table` straight to JetStream (the streams must exist: start a
+    /// sluice first).
+    pub fn feed_jetstream(&self, table: &str, rows: RowSet, pace: Pace) -> Feed {
+        let route = Route::jetstream(self.jet.context().clone());
+        Feed::start(route, table, rows, pace, FEED_DEADLINE)
+    }
+
+    /// Waits for a feed to end (within [`FEED_DEADLINE`]); a failure carries the sluice
+    /// logs.
+    pub async fn published(&self, feed: Feed) -> Result<Published> {
+        feed.finish(FEED_DEADLINE)
+            .await
+            .with_context(|| self.logs())
+    }
+
+    /// Asserts that nothing is parked for `tables` during the whole `window`, looking
+    /// at the DLQ every half second.
+    pub async fn expect_nothing_parked_for(&self, tables: &[&str], window: Duration) -> Result<()> {
+        let end = Instant::now() + window;
+        loop {
+            for table in tables {
+                let parked = self.jet.parked(table).await?;
+                if !parked.is_empty() {
+                    bail!(
+                        "{} rows of {table} parked during the fault (first: {:?} {:?})\n{}",
+                        parked.len(),
+                        parked[0].payload,
+                        parked[0].headers,
+                        self.logs()
+                    );
+                }
+            }
+            if Instant::now() >= end {
+                return Ok(());
+            }
+            tokio::time::sleep_until((Instant::now() + Duration::from_millis(500)).min(end)).await;
+        }
+    }
+
+    /// One look at the pipeline.
+    pub async fn look(&mut self, tables: &[&str]) -> Look {
+        let backlog = self.jet.backlog().await.ok();
+        let mut held = Vec::new();
+        let live: Vec<usize> = self
+            .stack
+            .sluice
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, p)| p.is_running().then_some(i))
+            .collect();
+        for i in live {
+            let tree = self.stack.admin_get_of(i, "/admin/actors").await;
+            held.push(match tree {
+                Ok((200, tree)) => Some(held_in_tree(&tree)),
+                _ => None,
+            });
+        }
+        let mut counts = Vec::new();
+        for table in tables {
+            counts.push(self.stack.clickhouse.count(table).await.ok());
+        }
+        Look {
+            backlog,
+            held,
+            counts,
+        }
+    }
+
+    /// Waits until the pipeline is idle: the ingest stream empty with nothing pending or
+    /// unacked, no live sluice holding rows or flushing, and the tables' counts the same
+    /// over [`QUIET_LOOKS`] consecutive looks.
+    pub async fn quiesce(&mut self, tables: &[&str], deadline: Duration) -> Result<()> {
+        let end = Instant::now() + deadline;
+        let mut previous: Option<Look> = None;
+        let mut quiet = 0;
+        loop {
+            let look = self.look(tables).await;
+            let same_counts = previous.as_ref().is_some_and(|p| p.counts == look.counts);
+            if look.idle() && same_counts {
+                quiet += 1;
+                if quiet >= QUIET_LOOKS {
+                    return Ok(());
+                }
+            } else {
+                quiet = 0;
+            }
+            if Instant::now() >= end {
+                bail!("not quiet after {deadline:?}; last look: {look:?}");
+            }
+            previous = Some(look);
+            tokio::time::sleep_until((Instant::now() + QUIESCE_POLL).min(end)).await;
+        }
+    }
+
+    /// Waits for quiescence, counts everything, prints the scenario's line, and fails
+    /// (with the sluice logs) if a row was lost or a good row parked. Returns the
+    /// tally for scenario-specific checks.
+    pub async fn finish(&mut self, published: &[Published]) -> Result<Tally> {
+        let tables: Vec<String> = published.iter().map(|p| p.table.clone()).collect();
+        let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+        let healing = Instant::now();
+        let quiet = self.quiesce(&tables, QUIESCE_DEADLINE).await;
+        let mut tally = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, published)
+            .await
+            .context("counting rows")?;
+        tally.settled_in = Some(healing.elapsed());
+        if let Ok(backlog) = self.jet.backlog().await {
+            tally.stranded = backlog.stranded();
+            if tally.stranded > 0 {
+                eprintln!(
+                    "note: {} messages stranded in {INGEST_STREAM} with the consumer done: {backlog:?}",
+                    tally.stranded
+                );
+            }
+        }
+        tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
+        tally.print();
+        if std::env::var_os(VERBOSE_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+            eprintln!("{}", self.logs());
+        }
+        if let Err(e) = tally.check() {
+            bail!("{e:#}\n{}", self.logs());
+        }
+        Ok(tally)
+    }
+
+    /// A metric's value on sluice process `index` (summed over matching series).
+    pub async fn metric(&self, index: usize, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        let text = self.stack.metrics_of(index).await?;
+        Ok(metric_value(&text, name, labels))
+    }
+
+    /// Waits until a metric of sluice process `index` reaches `at_least`.
+    pub async fn wait_metric(
+        &self,
+        index: usize,
+        name: &str,
+        labels: &[(&str, &str)],
+        at_least: f64,
+        deadline: Duration,
+    ) -> Result<f64> {
+        crate::wait_for(
+            &format!("{name}{labels:?} >= {at_least}"),
+            deadline,
+            Duration::from_millis(100),
+            || async move {
+                let v = self.metric(index, name, labels).await?;
+                if v >= at_least {
+                    Ok(v)
+                } else {
+                    Err(anyhow!("{v} so far"))
+                }
+            },
+        )
+        .await
+        .with_context(|| self.logs())
+    }
+
+    /// The last lines of every sluice process's logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for (i, p) in self.stack.sluice.iter().enumerate() {
+            text.push_str(&format!(
+                "--- sluice #{i} log tail ---\n{}\n",
+                p.log_tail(LOG_LINES)
+            ));
+        }
+        text
+    }
+}

@@ -1,0 +1,287 @@
+//! Looking at the pipeline from outside: the ingest stream's backlog and the DLQ read
+//! straight from JetStream (independent of Sluice, which may be dead), and each live
+//! Sluice's own view from `/admin/actors`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
+use serde_json::Value;
+
+use super::rows::id_of;
+use crate::stack::TENANT;
+
+/// Names of the stack's streams and consumer (Sluice's defaults).
+pub const INGEST_STREAM: &str = "INGEST";
+pub const DLQ_STREAM: &str = "DLQ";
+pub const CONSUMER: &str = "sluice";
+pub const DLQ_PREFIX: &str = "dlq";
+
+/// JetStream error code for "no message found".
+const NO_MESSAGE_FOUND: u64 = 10037;
+
+/// A JetStream client of the test itself.
+#[derive(Clone)]
+pub struct JetStreamView {
+    js: jetstream::Context,
+}
+
+/// The ingest stream as JetStream sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages still in the (work-queue) stream: normally the rows not yet acked.
+    pub messages: u64,
+    /// The stream's first and last sequence.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Not yet delivered to the consumer.
+    pub pending: u64,
+    /// Delivered and not yet acked.
+    pub ack_pending: u64,
+    /// Delivered more than once so far.
+    pub redelivered: u64,
+    /// The consumer's ack floor (stream sequence): everything up to it is acked.
+    pub ack_floor: u64,
+}
+
+impl Backlog {
+    /// The consumer has nothing left: every row delivered and acked (or parked).
+    pub fn consumer_done(&self) -> bool {
+        self.pending == 0 && self.ack_pending == 0
+    }
+
+    /// Messages still stored although the consumer has acked everything: a nats-server
+    /// that crashed (kill -9) can recover a work-queue stream with acked messages it
+    /// had not yet removed. They are never delivered again (their rows were inserted)
+    /// but they take room in the stream's `max_bytes`.
+    pub fn stranded(&self) -> u64 {
+        if self.consumer_done() {
+            self.messages
+        } else {
+            0
+        }
+    }
+}
+
+/// One row on the DLQ.
+#[derive(Clone, Debug)]
+pub struct ParkedRow {
+    pub sequence: u64,
+    pub subject: String,
+    /// The row's id, when the payload is a scenario's row.
+    pub id: Option<u64>,
+    pub headers: BTreeMap<String, String>,
+    pub payload: String,
+}
+
+// === impl JetStreamView ===
+
+impl JetStreamView {
+    /// Connects to `url`; the client reconnects by itself across server restarts.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let client = async_nats::ConnectOptions::new()
+            .name("sluice-chaos")
+            .connection_timeout(Duration::from_secs(5))
+            .request_timeout(Some(Duration::from_secs(5)))
+            .max_reconnects(None)
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis(50u64 << attempts.min(4)).min(Duration::from_secs(1))
+            })
+            .connect(url)
+            .await
+            .with_context(|| format!("connecting to NATS at {url}"))?;
+        Ok(Self {
+            js: jetstream::new(client),
+        })
+    }
+
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The ingest stream's messages and its consumer's counts.
+    pub async fn backlog(&self) -> Result<Backlog> {
+        let mut stream = self
+            .js
+            .get_stream(INGEST_STREAM)
+            .await
+            .map_err(|e| anyhow!("reading stream {INGEST_STREAM}: {e}"))?;
+        let state = stream
+            .info()
+            .await
+            .map_err(|e| anyhow!("reading stream {INGEST_STREAM}: {e}"))?
+            .state
+            .clone();
+        let consumer = stream
+            .consumer_info(CONSUMER)
+            .await
+            .map_err(|e| anyhow!("reading consumer {CONSUMER}: {e}"))?;
+        Ok(Backlog {
+            messages: state.messages,
+            first_seq: state.first_sequence,
+            last_seq: state.last_sequence,
+            pending: consumer.num_pending,
+            ack_pending: consumer.num_ack_pending as u64,
+            redelivered: consumer.num_redelivered as u64,
+            ack_floor: consumer.ack_floor.stream_sequence,
+        })
+    }
+
+    /// Every row parked for `table` (tenant [`TENANT`]), oldest first, read without
+    /// consuming anything. An absent DLQ stream means nothing is parked.
+    pub async fn parked(&self, table: &str) -> Result<Vec<ParkedRow>> {
+        let mut stream = match self.js.get_stream(DLQ_STREAM).await {
+            Ok(s) => s,
+            Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
+            Err(e) => return Err(anyhow!("reading stream {DLQ_STREAM}: {e}")),
+        };
+        let last = stream
+            .info()
+            .await
+            .map_err(|e| anyhow!("reading stream {DLQ_STREAM}: {e}"))?
+            .state
+            .last_sequence;
+        let subject = format!("{DLQ_PREFIX}.{TENANT}.{table}");
+        let mut rows = Vec::new();
+        let mut next = 1u64;
+        // Bounded: each step moves past one stored message.
+        while next <= last {
+            let message = match stream
+                .get_first_raw_message_by_subject(&subject, next)
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if no_message(&e) => break,
+                Err(e) => return Err(anyhow!("reading the DLQ at {next}: {e}")),
+            };
+            next = message.sequence + 1;
+            let payload = String::from_utf8_lossy(&message.payload).into_owned();
+            let id = serde_json::from_str::<Value>(&payload)
+                .ok()
+                .as_ref()
+                .and_then(id_of);
+            let headers = message
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    let value = v.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(",");
+                    (k.to_string(), value)
+                })
+                .collect();
+            rows.push(ParkedRow {
+                sequence: message.sequence,
+                subject: message.subject.to_string(),
+                id,
+                headers,
+                payload,
+            });
+        }
+        Ok(rows)
+    }
+}
+
+fn no_message(e: &async_nats::jetstream::stream::LastRawMessageError) -> bool {
+    match e.kind() {
+        LastRawMessageErrorKind::NoMessageFound => true,
+        LastRawMessageErrorKind::JetStream(j) => j.error_code().0 == NO_MESSAGE_FOUND,
+        _ => e.to_string().contains("no message found"),
+    }
+}
+
+/// What a live Sluice holds, from its `/admin/actors` tree: rows buffered in table
+/// actors and flushes in flight, summed over the tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub buffered_rows: u64,
+    pub flights: u64,
+}
+
+/// Sums the table nodes of an `/admin/actors` answer.
+pub fn held_in_tree(tree: &Value) -> Held {
+    let mut held = Held::default();
+    let mut stack = vec![tree];
+    // Bounded by the tree's size: each node is visited once.
+    while let Some(node) = stack.pop() {
+        if node.get("kind").and_then(Value::as_str) == Some("table") {
+            let state = &node["state"];
+            held.buffered_rows += state["buffered_rows"].as_u64().unwrap_or(0);
+            held.flights += state["flights"].as_u64().unwrap_or(0);
+        }
+        if let Some(children) = node.get("children").and_then(Value::as_array) {
+            stack.extend(children.iter());
+        }
+    }
+    held
+}
+
+/// The value of a Prometheus sample: the sum of every series of `name` whose labels
+/// include all of `labels` (e.g. `&[("kind", "table")]`); 0 when there is none.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (label_text, value) = match rest.chars().next() {
+            Some('{') => match rest.split_once('}') {
+                Some((l, v)) => (&l[1..], v),
+                None => continue,
+            },
+            Some(' ') => ("", rest),
+            _ => continue,
+        };
+        let matches = labels
+            .iter()
+            .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+        if matches {
+            total += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_prometheus_samples() {
+        let text = "# TYPE sluice_actor_restarts_total counter\n\
+                    sluice_actor_restarts_total{kind=\"table\"} 3\n\
+                    sluice_actor_restarts_total{kind=\"pool\"} 1\n\
+                    sluice_retries_total{table=\"a\",reason=\"denied\"} 10\n\
+                    sluice_retries_total{table=\"b\",reason=\"denied\"} 5\n\
+                    sluice_retries_total_other 7\n\
+                    sluice_buffered_rows 2\n";
+        assert_eq!(
+            metric_value(text, "sluice_actor_restarts_total", &[("kind", "table")]),
+            3.0
+        );
+        assert_eq!(
+            metric_value(text, "sluice_retries_total", &[("reason", "denied")]),
+            15.0
+        );
+        assert_eq!(metric_value(text, "sluice_buffered_rows", &[]), 2.0);
+        assert_eq!(metric_value(text, "sluice_missing", &[]), 0.0);
+    }
+
+    #[test]
+    fn sums_table_nodes() {
+        let tree = serde_json::json!({
+            "kind": "root", "state": {}, "children": [
+                {"kind": "pool", "state": {}, "children": [
+                    {"kind": "table", "state": {"buffered_rows": 5, "flights": 1}, "children": []},
+                    {"kind": "table", "state": {"buffered_rows": 2, "flights": 0}, "children": []}
+                ]}
+            ]
+        });
+        assert_eq!(
+            held_in_tree(&tree),
+            Held {
+                buffered_rows: 7,
+                flights: 1
+            }
+        );
+    }
+}

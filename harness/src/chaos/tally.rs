@@ -1,0 +1,270 @@
+//! The reckoning at the end of a scenario: what was published, what ClickHouse holds,
+//! what the DLQ holds, and what is nowhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::feed::Published;
+use super::observe::{JetStreamView, ParkedRow};
+use crate::clickhouse::ClickHouseServer;
+
+/// Appends every scenario's line to this file when set (the test command prints the
+/// collected lines in its summary).
+pub const REPORT_ENV: &str = "SLUICE_TEST_CHAOS_REPORT";
+
+/// How many ids an error message lists.
+const SHOWN_IDS: usize = 20;
+
+/// The counts of one scenario, over all its tables.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub scenario: String,
+    /// Rows accepted by the ingest API or JetStream (good and bad).
+    pub published: u64,
+    /// Published good rows found in ClickHouse (each counted once).
+    pub inserted_distinct: u64,
+    /// Rows in ClickHouse beyond the first copy of each id.
+    pub duplicates: u64,
+    /// Rows on the DLQ for the scenario's tables.
+    pub parked: u64,
+    /// Published rows neither in ClickHouse nor on the DLQ.
+    pub lost: u64,
+    /// Bad rows published (they belong on the DLQ).
+    pub bad_published: u64,
+    /// Good rows found on the DLQ: never acceptable.
+    pub good_parked: Vec<u64>,
+    /// Bad rows found in ClickHouse (the schema should make that impossible).
+    pub bad_inserted: Vec<u64>,
+    pub lost_ids: Vec<u64>,
+    /// Rows on the DLQ more than once (a park repeated after its ack was lost must be
+    /// stored once: the DLQ's duplicate window).
+    pub parked_twice: u64,
+    /// Ids whose publishing was never confirmed (left out of every count).
+    pub unconfirmed: u64,
+    /// Why the pipeline never went quiet, when it did not.
+    pub not_quiet: Option<String>,
+    /// The parked rows, for scenario-specific checks (headers).
+    pub parked_rows: Vec<ParkedRow>,
+    /// How long the healed pipeline took to go quiet (from the end of publishing).
+    pub settled_in: Option<Duration>,
+    /// Messages left in the ingest stream although the consumer acked everything (see
+    /// `Backlog::stranded`): reported, not failed, as their rows are accounted for.
+    pub stranded: u64,
+}
+
+// === impl Tally ===
+
+impl Tally {
+    /// Counts `published` against ClickHouse and the DLQ.
+    pub async fn count(
+        scenario: &str,
+        clickhouse: &ClickHouseServer,
+        jet: &JetStreamView,
+        published: &[Published],
+    ) -> Result<Self> {
+        let mut tally = Tally {
+            scenario: scenario.to_owned(),
+            ..Default::default()
+        };
+        for p in published {
+            let stored = ids_in(clickhouse, &p.table).await?;
+            let parked = jet
+                .parked(&p.table)
+                .await
+                .with_context(|| format!("reading the DLQ of {}", p.table))?;
+            let parked_ids: BTreeSet<u64> = parked.iter().filter_map(|r| r.id).collect();
+            tally.parked_twice +=
+                (parked.iter().filter(|r| r.id.is_some()).count() - parked_ids.len()) as u64;
+            tally.published += p.accepted.len() as u64;
+            tally.unconfirmed += p.unconfirmed.len() as u64;
+            tally.parked += parked.len() as u64;
+            // What a user would check: count() against uniqExact(id).
+            let (total, distinct) = counts(clickhouse, &p.table).await?;
+            tally.duplicates += total.saturating_sub(distinct);
+            for id in stored.keys() {
+                if p.rows.is_bad(*id) {
+                    tally.bad_inserted.push(*id);
+                }
+            }
+            for id in &p.accepted {
+                let bad = p.rows.is_bad(*id);
+                if bad {
+                    tally.bad_published += 1;
+                } else if stored.contains_key(id) {
+                    tally.inserted_distinct += 1;
+                }
+                if !stored.contains_key(id) && !parked_ids.contains(id) {
+                    tally.lost += 1;
+                    tally.lost_ids.push(*id);
+                }
+            }
+            for row in &parked {
+                match row.id {
+                    Some(id) if p.rows.is_bad(id) => {}
+                    Some(id) => tally.good_parked.push(id),
+                    // Not a row of ours: treat it as good (it should not be there).
+                    None => tally.good_parked.push(u64::MAX),
+                }
+            }
+            tally.parked_rows.extend(parked);
+        }
+        Ok(tally)
+    }
+
+    /// The one line a scenario prints.
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "chaos: {} published={} inserted_distinct={} duplicates={} parked={} lost={}",
+            self.scenario,
+            self.published,
+            self.inserted_distinct,
+            self.duplicates,
+            self.parked,
+            self.lost
+        );
+        if !self.good_parked.is_empty() {
+            line.push_str(&format!(" GOOD_PARKED={}", self.good_parked.len()));
+        }
+        if !self.bad_inserted.is_empty() {
+            line.push_str(&format!(" BAD_INSERTED={}", self.bad_inserted.len()));
+        }
+        if self.parked_twice > 0 {
+            line.push_str(&format!(" PARKED_TWICE={}", self.parked_twice));
+        }
+        if self.unconfirmed > 0 {
+            line.push_str(&format!(" unconfirmed={}", self.unconfirmed));
+        }
+        if self.not_quiet.is_some() {
+            line.push_str(" NOT_QUIESCENT");
+        }
+        if self.stranded > 0 {
+            line.push_str(&format!(" stranded_in_stream={}", self.stranded));
+        }
+        if let Some(took) = self.settled_in {
+            line.push_str(&format!(" settled_in={:.1}s", took.as_secs_f64()));
+        }
+        line
+    }
+
+    /// Prints the line (and appends it to `$SLUICE_TEST_CHAOS_REPORT` when set).
+    pub fn print(&self) {
+        let line = self.line();
+        println!("{line}");
+        if let Some(path) = std::env::var_os(REPORT_ENV).filter(|p| !p.is_empty()) {
+            let appended = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| writeln!(f, "{line}"));
+            if let Err(e) = appended {
+                eprintln!("cannot append to {REPORT_ENV}={path:?}: {e}");
+            }
+        }
+    }
+
+    /// Fails if a row was lost, a good row parked, a bad row inserted, a publish left
+    /// unconfirmed, or the pipeline never went quiet.
+    pub fn check(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.lost > 0 {
+            problems.push(format!(
+                "{} rows lost (ids {})",
+                self.lost,
+                shown(&self.lost_ids)
+            ));
+        }
+        if !self.good_parked.is_empty() {
+            problems.push(format!(
+                "{} good rows parked (ids {})",
+                self.good_parked.len(),
+                shown(&self.good_parked)
+            ));
+        }
+        if !self.bad_inserted.is_empty() {
+            problems.push(format!(
+                "{} bad rows in ClickHouse (ids {})",
+                self.bad_inserted.len(),
+                shown(&self.bad_inserted)
+            ));
+        }
+        if self.parked_twice > 0 {
+            problems.push(format!("{} rows parked twice", self.parked_twice));
+        }
+        if self.unconfirmed > 0 {
+            problems.push(format!(
+                "{} rows were never accepted before the feed's deadline",
+                self.unconfirmed
+            ));
+        }
+        if let Some(why) = &self.not_quiet {
+            problems.push(format!("the pipeline never went quiet: {why}"));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}: {}", self.line(), problems.join("; "))
+        }
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
+fn shown(ids: &[u64]) -> String {
+    let mut text = ids
+        .iter()
+        .take(SHOWN_IDS)
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if ids.len() > SHOWN_IDS {
+        text.push_str(",…");
+    }
+    text
+}
+
+/// Every id in `table` with its number of copies.
+pub async fn ids_in(clickhouse: &ClickHouseServer, table: &str) -> Result<BTreeMap<u64, u64>> {
+    let text = clickhouse
+        .exec(&format!(
+            "SELECT id, count() FROM {table} GROUP BY id FORMAT TabSeparated"
+        ))
+        .await?;
+    let mut ids = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let (id, copies) = line
+            .split_once('\t')
+            .with_context(|| format!("unexpected line from ClickHouse: {line:?}"))?;
+        ids.insert(
+            id.parse().with_context(|| format!("bad id {id:?}"))?,
+            copies
+                .parse()
+                .with_context(|| format!("bad count {copies:?}"))?,
+        );
+    }
+    Ok(ids)
+}
+
+/// `count()` and `uniqExact(id)` of `table`: what a user would check.
+pub async fn counts(clickhouse: &ClickHouseServer, table: &str) -> Result<(u64, u64)> {
+    let text = clickhouse
+        .exec(&format!(
+            "SELECT count(), uniqExact(id) FROM {table} FORMAT TabSeparated"
+        ))
+        .await?;
+    let (total, distinct) = text
+        .trim()
+        .split_once('\t')
+        .with_context(|| format!("unexpected answer from ClickHouse: {text:?}"))?;
+    Ok((
+        total.parse().context("count()")?,
+        distinct.parse().context("uniqExact(id)")?,
+    ))
+}

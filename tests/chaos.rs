@@ -1,0 +1,797 @@
+//! The chaos suite: known rows published while a fault happens, then an exact count of
+//! where each one went. Nothing may be lost; no good row may be parked, no row parked
+//! twice. Most scenarios mix bad rows (rejected by ClickHouse, known by id) into their
+//! load, so parking is exercised under every fault too.
+//!
+//! Run everything, or one scenario by name (a substring of the test name):
+//!
+//! ```text
+//! cargo nextest run --test chaos                       # the whole suite
+//! cargo nextest run --test chaos clickhouse_kill9 --no-capture
+//! SLUICE_TEST_NATS=current cargo nextest run --test chaos nats::   # NATS scenarios, current server
+//! ```
+//!
+//! Each scenario prints one line, e.g.
+//! `chaos: clickhouse_kill9 published=20000 inserted_distinct=20000 duplicates=312 parked=0 lost=0`
+//! (nextest shows it with `--no-capture` or `--success-output final`; `scripts/test`
+//! collects the lines in its summary through `SLUICE_TEST_CHAOS_REPORT`). Duplicates are
+//! counted, never failed: after an ambiguous failure delivery is at-least-once.
+//!
+//! | scenario                         | fault                                                   | issue |
+//! |----------------------------------|---------------------------------------------------------|-------|
+//! | `clickhouse_stopped`             | ClickHouse stopped, nothing parked for 12 s, started    | 3 (a) |
+//! | `clickhouse_down_at_start`       | ClickHouse down when Sluice starts, started later       | 3     |
+//! | `bad_rows_parked`                | 7 bad rows among 10,000: exactly they are parked        | 3 (b) |
+//! | `bad_rows_under_load`            | bad rows spread through two tables fed at once          | 3 (b) |
+//! | `clickhouse_kill9`               | ClickHouse kill -9 mid-insert, started again            | 3 (c) |
+//! | `clickhouse_sigstop`             | ClickHouse frozen past the insert timeout, continued    | 3 (c) |
+//! | `wrong_password`                 | Denied: backs off, lands after the fix and a restart    | 3 (d) |
+//! | `proxy_503_codeless`             | the proxy answers 503 with no code, then heals          | 3 (e) |
+//! | `proxy_745_overloaded`           | 745 SERVER_OVERLOADED with the modern header            | 3 (e) |
+//! | `proxy_252_too_many_parts`       | 252 on INSERTs (table-scoped, splittable)               | 3 (e) |
+//! | `proxy_502_codeless`             | a codeless 502                                          | 3 (e) |
+//! | `proxy_401_denied`               | a codeless 401                                          | 3 (e) |
+//! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
+//! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
+//! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
+//! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
+//! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
+//! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
+//! | `nats::nats_server_kill9`        | nats-server kill -9 under load, started again           | 6     |
+//! | `nats::nats_server_sigstop`      | nats-server frozen past heartbeat and ack_wait          | 6     |
+//! | `nats::nats_down_at_start`       | nats-server down when Sluice starts, started later      | 3     |
+//! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
+//! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
+//!
+//! The scenarios in `mod nats` are the ones where NATS itself is under stress; the test
+//! command runs them again against the current nats-server. Everything they need is in
+//! `sluice_harness::chaos`.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use sluice_harness::chaos::{Pace, RowSet, Scenario};
+use sluice_harness::{wait_until, Respond, Rule, StackOptions};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Waits until `table` holds at least `n` rows (rows are landing).
+async fn landing(s: &Scenario, table: &str, n: u64) -> Result<()> {
+    s.stack
+        .wait_for_count(table, n, secs(30))
+        .await
+        .map(|_| ())
+        .with_context(|| s.logs())
+}
+
+/// 3 (a): ClickHouse stopped under a running pipeline while rows are published: none
+/// is parked for 12 s; once it is started again every row lands, none parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_stopped() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("clickhouse_stopped", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api("events", RowSet::good(0..3000), Pace::new(100, ms(50)))?;
+    landing(&s, "events", 100).await?;
+    s.stack.clickhouse.stop().await?;
+    let published = s.published(feed).await?;
+    s.expect_nothing_parked_for(&["events"], secs(12)).await?;
+    s.stack.clickhouse.start_again().await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// ClickHouse down when Sluice starts: Sluice is up but not ready, takes rows, parks
+/// none; once ClickHouse starts they all land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_down_at_start() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("clickhouse_down_at_start", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.stack.clickhouse.stop().await?;
+    let first = s.spawn_sluice()?;
+    let feed = s.feed_api("events", RowSet::good(0..3000), Pace::new(250, ms(100)))?;
+    let published = s.published(feed).await?;
+    s.expect_nothing_parked_for(&["events"], secs(3)).await?;
+    let (status, _) = s.stack.admin_get_of(first, "/readyz").await?;
+    ensure!(
+        status == 503,
+        "ready without ClickHouse: /readyz answered {status}"
+    );
+    s.stack.clickhouse.start_again().await?;
+    s.stack.wait_ready(first, secs(30)).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// 3 (b): 10,000 good rows with 7 bad ones spread through them: exactly the 7 are
+/// parked, with every DLQ header; every good row is in ClickHouse exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rows_parked() -> Result<()> {
+    let Some(mut s) = Scenario::start("bad_rows_parked", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let rows = RowSet::good(0..10_007).with_bad_spread(7);
+    let bad = rows.bad().clone();
+    let feed = s.feed_api("events", rows, Pace::burst(1000))?;
+    let published = s.published(feed).await?;
+    let tally = s.finish(&[published]).await?;
+
+    ensure!(
+        tally.parked == 7,
+        "{tally}: expected exactly the 7 bad rows parked"
+    );
+    ensure!(tally.inserted_distinct == 10_000, "{tally}");
+    ensure!(tally.duplicates == 0, "{tally}: no fault, so no duplicate");
+    let parked: std::collections::BTreeSet<u64> =
+        tally.parked_rows.iter().filter_map(|r| r.id).collect();
+    ensure!(parked == bad, "parked {parked:?}, bad {bad:?}");
+    for row in &tally.parked_rows {
+        let h = |name: &str| row.headers.get(name).cloned().unwrap_or_default();
+        ensure!(h("Sluice-Tenant") == "acme", "{:?}", row.headers);
+        ensure!(h("Sluice-Table") == "events", "{:?}", row.headers);
+        ensure!(h("Sluice-Error-Class") == "Rejected", "{:?}", row.headers);
+        ensure!(
+            h("Sluice-Error-Code").parse::<u32>().is_ok(),
+            "code: {:?}",
+            row.headers
+        );
+        ensure!(!h("Sluice-Error").is_empty(), "{:?}", row.headers);
+        ensure!(
+            h("Sluice-Original-Subject") == "ingest.acme.events",
+            "{:?}",
+            row.headers
+        );
+        ensure!(
+            h("Sluice-Original-Sequence")
+                .parse::<u64>()
+                .is_ok_and(|n| n > 0),
+            "{:?}",
+            row.headers
+        );
+        ensure!(
+            h("Sluice-Deliveries").parse::<u64>().is_ok_and(|n| n >= 1),
+            "{:?}",
+            row.headers
+        );
+        ensure!(is_rfc3339(&h("Sluice-Parked-At")), "{:?}", row.headers);
+    }
+    // What an operator sees through the admin endpoint.
+    let via_admin = s.stack.dlq_rows("events").await?;
+    ensure!(via_admin.len() == 7, "/admin/dlq shows {}", via_admin.len());
+    Ok(())
+}
+
+/// `2024-05-01T12:00:00.123Z`-like.
+fn is_rfc3339(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() >= 20
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && (text.ends_with('Z') || text.contains('+'))
+}
+
+/// 3 (b) under load: two tables fed at once with small batches, bad rows spread
+/// through both: only the bad rows are parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rows_under_load() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("bad_rows_under_load", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("ingest.batch_rows", 500);
+    s.create_tables(&["clicks", "views"]).await?;
+    s.start_sluice().await?;
+    let clicks = RowSet::good(0..10_000).with_bad_spread(20);
+    let views = RowSet::good(100_000..110_000).with_bad_spread(20);
+    let a = s.feed_api("clicks", clicks, Pace::new(250, ms(50)))?;
+    let b = s.feed_api("views", views, Pace::new(250, ms(50)))?;
+    let published = [s.published(a).await?, s.published(b).await?];
+    let tally = s.finish(&published).await?;
+    ensure!(
+        tally.parked == 40,
+        "{tally}: expected the 40 bad rows parked"
+    );
+    ensure!(tally.inserted_distinct == 19_960, "{tally}");
+    Ok(())
+}
+
+/// 3 (c): ClickHouse killed with -9 in the middle of inserts, then started again:
+/// nothing lost (an insert it took before dying may come again: a duplicate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_kill9() -> Result<()> {
+    let Some(mut s) = Scenario::start("clickhouse_kill9", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..20_000).with_bad_spread(20),
+        Pace::new(500, ms(100)),
+    )?;
+    landing(&s, "events", 1000).await?;
+    s.stack.clickhouse.kill9().await?;
+    tokio::time::sleep(secs(3)).await; // the outage
+    s.stack.clickhouse.start_again().await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// 3 (c): ClickHouse frozen (SIGSTOP) past the insert timeout while rows flow, then
+/// resumed: nothing lost; the timed-out inserts it finishes afterwards are duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_sigstop() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("clickhouse_sigstop", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..15_000).with_bad_spread(15),
+        Pace::new(500, ms(100)),
+    )?;
+    landing(&s, "events", 1000).await?;
+    s.stack.clickhouse.sigstop().await?;
+    tokio::time::sleep(secs(6)).await; // twice the 3 s insert timeout
+    s.stack.clickhouse.sigcont().await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// 3 (d): a target with a wrong password backs off (Denied: nothing parked, the
+/// denied retries rise); once the password is corrected and Sluice restarted, its
+/// rows land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password() -> Result<()> {
+    let Some(mut s) = Scenario::start("wrong_password", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    const PASSWORD_ENV: &str = "SLUICE_CHAOS_CH_PASSWORD";
+    s.stack
+        .set("clickhouse.targets.main.user", sluice_harness::INGEST_USER);
+    s.stack
+        .set("clickhouse.targets.main.password_env", PASSWORD_ENV);
+    s.stack
+        .env
+        .push((PASSWORD_ENV.into(), "not-the-password".into()));
+    s.create_tables(&["events"]).await?;
+    // Not ready (its target never answered a probe), but it takes rows.
+    let first = s.spawn_sluice()?;
+    let feed = s.feed_api("events", RowSet::good(0..2000), Pace::burst(500))?;
+    let published = s.published(feed).await?;
+    let denied = [("reason", "denied")];
+    let before = s
+        .wait_metric(first, "sluice_retries_total", &denied, 1.0, secs(30))
+        .await?;
+    s.expect_nothing_parked_for(&["events"], secs(5)).await?;
+    let after = s.metric(first, "sluice_retries_total", &denied).await?;
+    ensure!(
+        after > before,
+        "sluice_retries_total{{reason=\"denied\"}} did not rise: {before} then {after}"
+    );
+    ensure!(
+        s.stack.count("events").await? == 0,
+        "rows landed with a wrong password"
+    );
+
+    s.stack.sluice[first].stop(secs(10)).await?;
+    s.stack.env.retain(|(k, _)| k != PASSWORD_ENV);
+    s.stack
+        .env
+        .push((PASSWORD_ENV.into(), sluice_harness::INGEST_PASSWORD.into()));
+    s.start_sluice().await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// A fault the proxy applies: to every request, or by a rule to INSERTs only.
+enum ProxyFault {
+    Every(Respond),
+    Inserts(Respond),
+}
+
+/// 3 (e) / issue 6: the proxy answers `fault` for 5 s while rows flow, then heals:
+/// nothing parked meanwhile, everything lands after.
+async fn proxy_fault(name: &str, fault: ProxyFault) -> Result<()> {
+    let Some(mut s) = Scenario::start(name, SLUICE, StackOptions::default().with_proxy()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api("events", RowSet::good(0..8000), Pace::new(200, ms(100)))?;
+    landing(&s, "events", 200).await?;
+    ensure!(
+        !feed.is_finished(),
+        "the feed ended before the fault: rows must flow while it lasts"
+    );
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_requests();
+    match fault {
+        ProxyFault::Every(respond) => proxy.set_mode(respond).await?,
+        ProxyFault::Inserts(respond) => {
+            proxy.add_rule(Rule::query_contains("INSERT", respond));
+        }
+    }
+    s.expect_nothing_parked_for(&["events"], secs(5)).await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    let faulted = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.action.contains("respond"))
+        .count();
+    ensure!(faulted > 0, "no request met the fault");
+    proxy.clear_rules();
+    proxy.set_mode(sluice_harness::Mode::PassThrough).await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_503_codeless() -> Result<()> {
+    proxy_fault(
+        "proxy_503_codeless",
+        ProxyFault::Every(Respond::status_only(503)),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_745_overloaded() -> Result<()> {
+    proxy_fault(
+        "proxy_745_overloaded",
+        ProxyFault::Every(Respond::clickhouse_modern(
+            745,
+            "SERVER_OVERLOADED",
+            "The server is overloaded: CPU usage is above the limit",
+        )),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_252_too_many_parts() -> Result<()> {
+    proxy_fault(
+        "proxy_252_too_many_parts",
+        ProxyFault::Inserts(Respond::clickhouse_modern(
+            252,
+            "TOO_MANY_PARTS",
+            "Too many parts (300). Merges are processing significantly slower than inserts",
+        )),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_502_codeless() -> Result<()> {
+    proxy_fault(
+        "proxy_502_codeless",
+        ProxyFault::Every(Respond::status_only(502)),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_401_denied() -> Result<()> {
+    proxy_fault(
+        "proxy_401_denied",
+        ProxyFault::Every(Respond::status_only(401)),
+    )
+    .await
+}
+
+/// Issue 6: one table read-only (242 on its INSERTs) beside a healthy one: the
+/// healthy table's rows land during the fault while the other backs off; after
+/// healing the other drains. Nothing parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_table() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "read_only_table",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["frozen", "healthy"]).await?;
+    s.start_sluice().await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.add_rule(Rule::query_contains(
+        "`frozen`",
+        Respond::clickhouse_modern(242, "TABLE_IS_READ_ONLY", "Table is in readonly mode"),
+    ));
+    let frozen = s.feed_api("frozen", RowSet::good(0..3000), Pace::new(200, ms(100)))?;
+    let healthy = s.feed_api(
+        "healthy",
+        RowSet::good(100_000..103_000),
+        Pace::new(200, ms(100)),
+    )?;
+    let published_healthy = s.published(healthy).await?;
+    // Every healthy row lands while the fault lasts.
+    landing(&s, "healthy", 3000).await?;
+    ensure!(
+        s.stack.count("frozen").await? == 0,
+        "the read-only table took rows"
+    );
+    s.expect_nothing_parked_for(&["frozen", "healthy"], secs(1))
+        .await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    let refused = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.action.contains("respond"))
+        .count();
+    ensure!(
+        refused > 0,
+        "no INSERT into the read-only table was refused"
+    );
+    proxy.clear_rules();
+    let published_frozen = s.published(frozen).await?;
+    s.finish(&[published_frozen, published_healthy]).await?;
+    Ok(())
+}
+
+/// 3 (g): a TableActor panic injected three times under load: nothing lost, nothing
+/// parked, the restarts counted in `sluice_actor_restarts_total{kind="table"}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_panic() -> Result<()> {
+    let Some(mut s) = Scenario::start("table_panic", SLUICE, StackOptions::default()).await? else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..12_000).with_bad_spread(12),
+        Pace::new(300, ms(100)),
+    )?;
+    landing(&s, "events", 300).await?;
+    let restarts = [("kind", "table")];
+    let before = s
+        .metric(0, "sluice_actor_restarts_total", &restarts)
+        .await?;
+    for k in 1..=3u32 {
+        // The table actor is back (a restarting one answers 409).
+        let stack = &s.stack;
+        wait_until(
+            "the table actor to take an injected panic",
+            secs(20),
+            ms(100),
+            || async move {
+                matches!(
+                    stack.admin_post("/admin/debug/panic/acme/events").await,
+                    Ok((200, _))
+                )
+            },
+        )
+        .await
+        .with_context(|| s.logs())?;
+        s.wait_metric(
+            0,
+            "sluice_actor_restarts_total",
+            &restarts,
+            before + f64::from(k),
+            secs(20),
+        )
+        .await?;
+    }
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// Issue 3 (item 3): the PoolActor panics under load (twice): its tables and their
+/// buffered rows are handed back and respawned; nothing lost, nothing parked, the
+/// restarts counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_panic() -> Result<()> {
+    let Some(mut s) = Scenario::start("pool_panic", SLUICE, StackOptions::default()).await? else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..10_000).with_bad_spread(10),
+        Pace::new(300, ms(100)),
+    )?;
+    landing(&s, "events", 300).await?;
+    let restarts = [("kind", "pool")];
+    let before = s
+        .metric(0, "sluice_actor_restarts_total", &restarts)
+        .await?;
+    for k in 1..=2u32 {
+        let stack = &s.stack;
+        wait_until(
+            "the pool actor to take an injected panic",
+            secs(20),
+            ms(100),
+            || async move {
+                matches!(
+                    stack.admin_post("/admin/debug/panic-pool/main").await,
+                    Ok((200, _))
+                )
+            },
+        )
+        .await
+        .with_context(|| s.logs())?;
+        s.wait_metric(
+            0,
+            "sluice_actor_restarts_total",
+            &restarts,
+            before + f64::from(k),
+            secs(20),
+        )
+        .await?;
+    }
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// Issue 3 (item 4): SIGTERM under load (rows keep arriving on JetStream): Sluice
+/// flushes what it holds, settles its acks and exits 0; restarted, it takes the rest.
+/// Nothing lost, and no duplicate: a graceful stop leaves nothing ambiguous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_sigterm() -> Result<()> {
+    let Some(mut s) = Scenario::start("sluice_sigterm", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    let first = s.start_sluice().await?;
+    let feed = s.feed_jetstream(
+        "events",
+        RowSet::good(0..15_000).with_bad_spread(15),
+        Pace::new(500, ms(100)),
+    );
+    landing(&s, "events", 2000).await?;
+    s.stack.sluice[first].sigterm()?;
+    let status = s.stack.sluice[first].wait_exit(secs(20)).await?;
+    ensure!(
+        status.code() == Some(0),
+        "sluice exited with {status} after SIGTERM\n{}",
+        s.logs()
+    );
+    s.stack.restart_sluice(first).await?;
+    let published = s.published(feed).await?;
+    let tally = s.finish(&[published]).await?;
+    ensure!(
+        tally.duplicates == 0,
+        "{tally}: a graceful stop must not double rows"
+    );
+    Ok(())
+}
+
+/// The scenarios where NATS itself is under stress: the test command runs these
+/// against both nats-server versions.
+mod nats {
+    use super::*;
+
+    /// 3 (f): Sluice killed with -9 under load (rows keep arriving straight on
+    /// JetStream) and restarted: every row in ClickHouse at least once; the duplicates
+    /// (inserted, not acked before the kill) are counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sluice_kill9() -> Result<()> {
+        let Some(mut s) = Scenario::start("sluice_kill9", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        let first = s.start_sluice().await?;
+        let feed = s.feed_jetstream(
+            "events",
+            RowSet::good(0..20_000).with_bad_spread(20),
+            Pace::new(500, ms(100)),
+        );
+        landing(&s, "events", 2000).await?;
+        s.stack.sluice[first].kill9().await?;
+        tokio::time::sleep(secs(2)).await; // down while rows keep coming
+        s.stack.restart_sluice(first).await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// nats-server stopped under load and started again on the same store: clients
+    /// get 503s (or no answer) meanwhile and retry; nothing accepted is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_server_restart() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("nats_server_restart", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let feed = s.feed_api(
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            Pace::new(250, ms(100)),
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.stop().await?;
+        tokio::time::sleep(secs(3)).await; // the outage
+        s.stack.nats.start_again().await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// nats-server killed with -9 under load and started again on its store: nothing
+    /// accepted is lost (JetStream acknowledged it, so it is in the store).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_server_kill9() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("nats_server_kill9", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let feed = s.feed_api(
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            Pace::new(250, ms(100)),
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.kill9().await?;
+        tokio::time::sleep(secs(2)).await; // the outage
+        s.stack.nats.start_again().await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// nats-server frozen (SIGSTOP) under load for longer than the pull heartbeat and
+    /// `ack_wait`, then continued: the consumer notices, reconnects and resumes;
+    /// nothing lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_server_sigstop() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("nats_server_sigstop", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let feed = s.feed_api(
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            Pace::new(250, ms(100)),
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.sigstop().await?;
+        tokio::time::sleep(secs(12)).await; // past the 5 s heartbeat and ack_wait
+        s.stack.nats.sigcont().await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// nats-server down when Sluice starts: Sluice is up but not ready; once NATS
+    /// starts it sets up the streams, becomes ready and moves rows; nothing lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_down_at_start() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("nats_down_at_start", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        s.stack.nats.stop().await?;
+        let first = s.spawn_sluice()?;
+        let stack = &s.stack;
+        wait_until(
+            "sluice /readyz answers 503",
+            secs(30),
+            ms(100),
+            || async move { matches!(stack.admin_get_of(first, "/readyz").await, Ok((503, _))) },
+        )
+        .await
+        .with_context(|| s.logs())?;
+        let feed = s.feed_api(
+            "events",
+            RowSet::good(0..5000).with_bad_spread(5),
+            Pace::new(250, ms(100)),
+        )?;
+        tokio::time::sleep(secs(2)).await; // clients meet a Sluice without NATS
+        s.stack.nats.start_again().await?;
+        s.stack.wait_ready(first, secs(30)).await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// The ingest stream filled to a 1 MiB `max_bytes` while ClickHouse is down:
+    /// clients get 503 with `Retry-After` and retry until accepted once ClickHouse is
+    /// back and the queue drains; nothing accepted is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stream_full() -> Result<()> {
+        let Some(mut s) = Scenario::start("stream_full", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("nats.max_bytes", "1MiB");
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        s.stack.clickhouse.stop().await?;
+        // 3,000 rows of 1 KB: three times the stream's budget.
+        let rows = RowSet::good(0..3000).padded(1000);
+        let feed = s.feed_api("events", rows, Pace::new(100, ms(20)))?;
+        feed.wait_unavailable(3, secs(30)).await?;
+        let retry_after = sluice_harness::chaos::Progress::get(&feed.progress().retry_after);
+        ensure!(retry_after > 0, "503 without Retry-After");
+        s.expect_nothing_parked_for(&["events"], secs(1)).await?;
+        s.stack.clickhouse.start_again().await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// Two Sluice instances on the same durable consumer share the work; one is
+    /// killed with -9 under load: the survivor takes over (its rows and, after
+    /// `ack_wait`, the dead one's unacked rows), nothing lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_instances_kill9() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("two_instances_kill9", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        let first = s.start_sluice().await?;
+        s.stack.fresh_ports()?;
+        let second = s.start_sluice().await?;
+        let feed = s.feed_jetstream(
+            "events",
+            RowSet::good(0..20_000).with_bad_spread(20),
+            Pace::new(400, ms(100)),
+        );
+        let inserted = "sluice_rows_inserted_total";
+        // Both take a share.
+        s.wait_metric(first, inserted, &[], 1.0, secs(30)).await?;
+        s.wait_metric(second, inserted, &[], 1.0, secs(30)).await?;
+        s.stack.sluice[first].kill9().await?;
+        let survivor_before = s.metric(second, inserted, &[]).await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        let survivor_after = s.metric(second, inserted, &[]).await?;
+        ensure!(
+            survivor_after > survivor_before,
+            "the survivor inserted nothing after the kill ({survivor_before} then {survivor_after})"
+        );
+        Ok(())
+    }
+}
