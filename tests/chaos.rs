@@ -23,6 +23,7 @@
 //! | `clickhouse_down_at_start`       | ClickHouse down when Sluice starts, started later       | 3     |
 //! | `bad_rows_parked`                | 7 bad rows among 10,000: exactly they are parked        | 3 (b) |
 //! | `bad_rows_under_load`            | bad rows spread through two tables fed at once          | 3 (b) |
+//! | `dlq_full`                       | DLQ at its budget: bad rows wait in the queue, then park | -     |
 //! | `clickhouse_kill9`               | ClickHouse kill -9 mid-insert, started again            | 3 (c) |
 //! | `clickhouse_sigstop`             | ClickHouse frozen past the insert timeout, continued    | 3 (c) |
 //! | `wrong_password`                 | Denied: backs off, lands after the fix and a restart    | 3 (d) |
@@ -32,6 +33,7 @@
 //! | `proxy_502_codeless`             | a codeless 502                                          | 3 (e) |
 //! | `proxy_401_denied`               | a codeless 401                                          | 3 (e) |
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
+//! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
@@ -42,6 +44,7 @@
 //! | `nats::nats_down_at_start`       | nats-server down when Sluice starts, started later      | 3     |
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
+//! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
 //!
 //! The scenarios in `mod nats` are the ones where NATS itself is under stress; the test
 //! command runs them again against the current nats-server. Everything they need is in
@@ -189,6 +192,47 @@ fn is_rfc3339(text: &str) -> bool {
         && b[10] == b'T'
         && b[13] == b':'
         && (text.ends_with('Z') || text.contains('+'))
+}
+
+/// The DLQ full (a tiny `dlq_max_bytes`): parking fails, so the bad rows stay in the
+/// queue (never dropped) and `sluice_dlq_publish_failures_total` rises, while every
+/// good row still lands; with room on the DLQ (Sluice restarted with a larger budget)
+/// the bad rows are parked, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_full() -> Result<()> {
+    let Some(mut s) = Scenario::start("dlq_full", SLUICE, StackOptions::default()).await? else {
+        return Ok(());
+    };
+    s.stack.set("nats.dlq_max_bytes", "4KiB");
+    s.create_tables(&["events"]).await?;
+    let first = s.start_sluice().await?;
+    let rows = RowSet::good(0..3000).with_bad_spread(30);
+    let feed = s.feed_api("events", rows, Pace::new(250, ms(100)))?;
+    let published = s.published(feed).await?;
+    s.wait_metric(
+        first,
+        "sluice_dlq_publish_failures_total",
+        &[],
+        1.0,
+        secs(30),
+    )
+    .await?;
+    // The good rows are not held up by the bad ones waiting for room.
+    landing(&s, "events", 2970).await?;
+    let parked_meanwhile = s.jet.parked("events").await?.len();
+    ensure!(
+        parked_meanwhile < 30,
+        "all {parked_meanwhile} bad rows fit in a 4 KiB DLQ: the test needs a smaller one"
+    );
+    s.stack.sluice[first].stop(secs(10)).await?;
+    s.stack.set("nats.dlq_max_bytes", "64MiB");
+    s.start_sluice().await?;
+    let tally = s.finish(&[published]).await?;
+    ensure!(
+        tally.parked == 30,
+        "{tally}: expected the 30 bad rows parked"
+    );
+    Ok(())
 }
 
 /// 3 (b) under load: two tables fed at once with small batches, bad rows spread
@@ -408,6 +452,42 @@ async fn proxy_401_denied() -> Result<()> {
         ProxyFault::Every(Respond::status_only(401)),
     )
     .await
+}
+
+/// ClickHouse answering every INSERT after 7 s (the proxy delays them) with a 5 s
+/// `ack_wait`: Sluice keeps the rows it holds alive with in-progress signals, so
+/// nothing is redelivered while its insert runs: nothing lost and no duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_inserts_past_ack_wait() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "slow_inserts_past_ack_wait",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("clickhouse.targets.main.insert_timeout", "20s");
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.add_rule(Rule::query_contains(
+        "INSERT",
+        sluice_harness::Mode::Delay(secs(7)),
+    ));
+    let rows = RowSet::good(0..4000).with_bad_spread(4);
+    let feed = s.feed_api("events", rows, Pace::new(200, ms(100)))?;
+    let published = s.published(feed).await?;
+    // Every row is held past ack_wait at least once while the delay lasts.
+    tokio::time::sleep(secs(8)).await;
+    s.stack.proxy.as_ref().context("no proxy")?.clear_rules();
+    let tally = s.finish(&[published]).await?;
+    ensure!(
+        tally.duplicates == 0,
+        "{tally}: rows were redelivered while their insert ran (no in-progress signal?)"
+    );
+    Ok(())
 }
 
 /// Issue 6: one table read-only (242 on its INSERTs) beside a healthy one: the
@@ -729,6 +809,33 @@ mod nats {
         tokio::time::sleep(secs(2)).await; // clients meet a Sluice without NATS
         s.stack.nats.start_again().await?;
         s.stack.wait_ready(first, secs(30)).await?;
+        let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// Two Sluice instances share the consumer; one is frozen (SIGSTOP) for longer
+    /// than `ack_wait` under load, then continued: JetStream redelivers what it held to
+    /// the other, the frozen one wakes up with stale rows; nothing lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_instances_sigstop() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("two_instances_sigstop", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.create_tables(&["events"]).await?;
+        let first = s.start_sluice().await?;
+        s.stack.fresh_ports()?;
+        let second = s.start_sluice().await?;
+        let rows = RowSet::good(0..20_000).with_bad_spread(20);
+        let feed = s.feed_jetstream("events", rows, Pace::new(400, ms(100)));
+        let inserted = "sluice_rows_inserted_total";
+        s.wait_metric(first, inserted, &[], 1.0, secs(30)).await?;
+        s.wait_metric(second, inserted, &[], 1.0, secs(30)).await?;
+        s.stack.sluice[first].sigstop().await?;
+        tokio::time::sleep(secs(8)).await; // past the 5 s ack_wait
+        s.stack.sluice[first].sigcont().await?;
         let published = s.published(feed).await?;
         s.finish(&[published]).await?;
         Ok(())
