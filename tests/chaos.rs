@@ -24,6 +24,7 @@
 //! | `bad_rows_parked`                | 7 bad rows among 10,000: exactly they are parked        | 3 (b) |
 //! | `bad_rows_under_load`            | bad rows spread through two tables fed at once          | 3 (b) |
 //! | `dlq_full`                       | DLQ at its budget: bad rows wait in the queue, then park | -     |
+//! | `table_reaping_churn`            | tables reaped and respawned between bursts of rows      | -     |
 //! | `clickhouse_kill9`               | ClickHouse kill -9 mid-insert, started again            | 3 (c) |
 //! | `clickhouse_sigstop`             | ClickHouse frozen past the insert timeout, continued    | 3 (c) |
 //! | `wrong_password`                 | Denied: backs off, lands after the fix and a restart    | 3 (d) |
@@ -37,6 +38,7 @@
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
+//! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0        | 3     |
 //! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
 //! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
 //! | `nats::nats_server_kill9`        | nats-server kill -9 under load, started again           | 6     |
@@ -258,6 +260,35 @@ async fn bad_rows_under_load() -> Result<()> {
         "{tally}: expected the 40 bad rows parked"
     );
     ensure!(tally.inserted_distinct == 19_960, "{tally}");
+    Ok(())
+}
+
+/// Table actors reaped and respawned over and over while rows keep arriving: three
+/// tables fed in bursts with gaps longer than `idle_table_after` (300 ms), so each
+/// table goes idle, is retired and comes back for the next burst. Nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_reaping_churn() -> Result<()> {
+    let Some(mut s) = Scenario::start("table_reaping_churn", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("pipeline.idle_table_after", "300ms");
+    let tables = ["t1", "t2", "t3"];
+    s.create_tables(&tables).await?;
+    s.start_sluice().await?;
+    let mut feeds = Vec::new();
+    for (i, table) in tables.iter().enumerate() {
+        let base = i as u64 * 100_000;
+        let rows = RowSet::good(base..base + 2000).with_bad_spread(4);
+        // Staggered, so one table's burst arrives while another retires.
+        let every = ms(1100 + 200 * i as u64);
+        feeds.push(s.feed_api(table, rows, Pace::new(200, every))?);
+    }
+    let mut published = Vec::new();
+    for feed in feeds {
+        published.push(s.published(feed).await?);
+    }
+    s.finish(&published).await?;
     Ok(())
 }
 
@@ -671,6 +702,52 @@ async fn sluice_sigterm() -> Result<()> {
         tally.duplicates == 0,
         "{tally}: a graceful stop must not double rows"
     );
+    Ok(())
+}
+
+/// SIGTERM while ClickHouse is frozen mid-insert (insert timeout 10 s, shutdown
+/// deadline 3 s): Sluice gives up on the flights at the deadline, hands their rows
+/// back, exits 0 in time; restarted with ClickHouse continued, nothing is lost (the
+/// frozen inserts ClickHouse finishes afterwards are duplicates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_sigterm_clickhouse_frozen() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "sluice_sigterm_clickhouse_frozen",
+        SLUICE,
+        StackOptions::default(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("clickhouse.targets.main.insert_timeout", "10s");
+    s.stack.set("nats.ack_wait", "15s");
+    s.stack.set("pipeline.shutdown_deadline", "3s");
+    s.create_tables(&["events"]).await?;
+    let first = s.start_sluice().await?;
+    let rows = RowSet::good(0..8000).with_bad_spread(8);
+    let feed = s.feed_jetstream("events", rows, Pace::new(400, ms(100)));
+    landing(&s, "events", 1000).await?;
+    s.stack.clickhouse.sigstop().await?;
+    tokio::time::sleep(secs(1)).await; // flights start and hang
+    let asked = tokio::time::Instant::now();
+    s.stack.sluice[first].sigterm()?;
+    let status = s.stack.sluice[first].wait_exit(secs(20)).await?;
+    let took = asked.elapsed();
+    s.stack.clickhouse.sigcont().await?;
+    ensure!(
+        status.code() == Some(0),
+        "sluice exited with {status} after SIGTERM\n{}",
+        s.logs()
+    );
+    ensure!(
+        took < secs(12),
+        "sluice took {took:?} to stop with a 3 s shutdown deadline\n{}",
+        s.logs()
+    );
+    s.stack.restart_sluice(first).await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
     Ok(())
 }
 

@@ -65,8 +65,13 @@ pub const FEED_DEADLINE: Duration = Duration::from_secs(90);
 pub const QUIESCE_DEADLINE: Duration = Duration::from_secs(90);
 /// Between two looks at the pipeline while waiting for quiescence.
 const QUIESCE_POLL: Duration = Duration::from_millis(400);
-/// When set, [`Scenario::finish`] prints the sluice logs of passing scenarios too.
+/// When set, [`Scenario::finish`] prints each change seen while waiting for
+/// quiescence, and the sluice logs of passing scenarios too.
 pub const VERBOSE_ENV: &str = "SLUICE_TEST_CHAOS_VERBOSE";
+fn verbose() -> bool {
+    std::env::var_os(VERBOSE_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Log lines of each sluice process in a failure message.
 const LOG_LINES: usize = 80;
 /// Consecutive quiet looks needed.
@@ -264,6 +269,10 @@ impl Scenario {
         let mut quiet = 0;
         loop {
             let look = self.look(tables).await;
+            if verbose() && previous.as_ref() != Some(&look) {
+                let at = deadline.saturating_sub(end.saturating_duration_since(Instant::now()));
+                eprintln!("quiesce +{at:.1?}: {look:?}");
+            }
             let same_counts = previous.as_ref().is_some_and(|p| p.counts == look.counts);
             if look.idle() && same_counts {
                 quiet += 1;
@@ -304,7 +313,7 @@ impl Scenario {
         }
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
-        if std::env::var_os(VERBOSE_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+        if verbose() {
             eprintln!("{}", self.logs());
         }
         if let Err(e) = tally.check() {
