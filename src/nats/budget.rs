@@ -10,6 +10,8 @@
 //! budget itself, before publishing: a full queue still answers `QueueFull`, and the
 //! server's own limit is never reached.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -49,26 +51,66 @@ pub fn stored_size(subject: &str, payload: usize, headers: usize) -> u64 {
 }
 
 /// Enforces a stream's byte budget on the publishing side.
+///
+/// The estimate of what the stream holds is: its stored bytes at the last refresh,
+/// plus the bytes this process had confirmed stored since, plus every publish admitted
+/// and not yet answered (whether or not the refresh already saw it: counted twice is
+/// safe, forgotten is not). A publish JetStream answers as a duplicate (a client
+/// retrying with the same `Idempotency-Key`, as the API advises) or does not store
+/// gives its bytes back: otherwise clients retrying big requests against a nearly full
+/// stream spend the whole budget on rows already stored and are refused for ever,
+/// even with the stream empty.
 pub struct BudgetGuard {
     js: jetstream::Context,
     stream: String,
     budget: u64,
     /// Whether the server enforces the budget exactly itself, once its version is known.
     exact: std::sync::OnceLock<bool>,
+    /// Serializes admissions (and the refresh they may do).
     state: Mutex<GuardState>,
+    /// Bytes admitted whose publish has not been answered yet.
+    in_flight: AtomicU64,
+    /// Bytes confirmed stored since the last refresh.
+    stored_since: AtomicU64,
 }
 
 struct GuardState {
     /// The stream's stored bytes at the last refresh.
     stored: u64,
     refreshed: Option<Instant>,
-    /// Bytes this process published since that refresh.
-    since: u64,
 }
 
 /// The stream is at its budget.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OverBudget;
+
+/// An admitted publish's bytes, held against the budget until its answer is known.
+/// Dropped without [`BudgetPermit::stored`], the bytes go back to the budget.
+pub struct BudgetPermit {
+    guard: Arc<BudgetGuard>,
+    bytes: u64,
+}
+
+impl BudgetPermit {
+    /// JetStream stored the message (not a duplicate): its bytes now count as stored.
+    pub fn stored(self) {
+        self.guard
+            .stored_since
+            .fetch_add(self.bytes, Ordering::SeqCst);
+        // `Drop` gives back the in-flight count.
+    }
+}
+
+impl Drop for BudgetPermit {
+    fn drop(&mut self) {
+        let _ = self
+            .guard
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_sub(self.bytes))
+            });
+    }
+}
 
 // === impl BudgetGuard ===
 
@@ -82,34 +124,49 @@ impl BudgetGuard {
             state: Mutex::new(GuardState {
                 stored: 0,
                 refreshed: None,
-                since: 0,
             }),
+            in_flight: AtomicU64::new(0),
+            stored_since: AtomicU64::new(0),
         }
     }
 
-    /// Admit `bytes` more into the stream, counting them as published; refuse when the
-    /// budget would be exceeded. A stream whose size cannot be read is admitted: the
+    /// Admit `bytes` more into the stream; refuse when the budget would be exceeded.
+    /// The permit (none where the server enforces the budget itself) is settled with
+    /// the publish's answer. A stream whose size cannot be read is admitted: the
     /// publish itself will then fail or succeed on its own.
-    pub async fn admit(&self, bytes: u64) -> Result<(), OverBudget> {
+    pub async fn admit(self: &Arc<Self>, bytes: u64) -> Result<Option<BudgetPermit>, OverBudget> {
         if self.server_is_exact() {
-            return Ok(());
+            return Ok(None);
         }
         let mut state = self.state.lock().await;
         let stale = state
             .refreshed
             .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
         if stale {
-            if let Ok(stream) = self.js.get_stream(&self.stream).await {
-                state.stored = stream.cached_info().state.bytes;
-                state.since = 0;
-                state.refreshed = Some(Instant::now());
+            // Zeroed before asking: a publish confirmed meanwhile is counted twice (in
+            // the answer and here), never forgotten.
+            let since = self.stored_since.swap(0, Ordering::SeqCst);
+            match self.js.get_stream(&self.stream).await {
+                Ok(stream) => {
+                    state.stored = stream.cached_info().state.bytes;
+                    state.refreshed = Some(Instant::now());
+                }
+                Err(_) => {
+                    self.stored_since.fetch_add(since, Ordering::SeqCst);
+                }
             }
         }
-        if state.stored + state.since + bytes > self.budget {
+        let estimate = state.stored
+            + self.stored_since.load(Ordering::SeqCst)
+            + self.in_flight.load(Ordering::SeqCst);
+        if estimate + bytes > self.budget {
             return Err(OverBudget);
         }
-        state.since += bytes;
-        Ok(())
+        self.in_flight.fetch_add(bytes, Ordering::SeqCst);
+        Ok(Some(BudgetPermit {
+            guard: Arc::clone(self),
+            bytes,
+        }))
     }
 
     fn server_is_exact(&self) -> bool {

@@ -13,6 +13,6 @@ mod source;
 pub use connect::connect;
 pub use delivery::{DlqWriter, JsDelivery};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
-pub use publish::{PublishError, Publisher};
+pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};

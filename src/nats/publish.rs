@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
-use super::budget::{stored_size, BudgetGuard};
+use super::budget::{stored_size, BudgetGuard, BudgetPermit};
 
 /// JetStream's code for a publish refused by a stream's limits with discard-new:
 /// `maximum bytes exceeded` (and `maximum messages exceeded`) arrive with it.
@@ -27,6 +27,13 @@ pub enum PublishError {
     /// Anything else JetStream refused (a message too large, no stream for the subject).
     #[error("JetStream refused the row: {0}")]
     Refused(String),
+}
+
+/// A sent row waiting for the stream's ack (see [`Publisher::confirm`]); it holds its
+/// bytes against the stream's budget until then.
+pub struct PendingPublish {
+    ack: PublishAckFuture,
+    permit: Option<BudgetPermit>,
 }
 
 /// What a publish ack said.
@@ -57,15 +64,15 @@ impl Publisher {
         &self.js
     }
 
-    /// Send one row; the returned future resolves to the stream's ack. Sending many and
-    /// then awaiting their acks pipelines a request instead of one round trip per row.
+    /// Send one row; [`Publisher::confirm`] then waits for the stream's ack. Sending many
+    /// and then confirming them pipelines a request instead of one round trip per row.
     pub async fn send(
         &self,
         subject: String,
         payload: Bytes,
         headers: Option<HeaderMap>,
         message_id: Option<&str>,
-    ) -> Result<PublishAckFuture, PublishError> {
+    ) -> Result<PendingPublish, PublishError> {
         let mut headers = headers.unwrap_or_default();
         if let Some(id) = message_id {
             headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
@@ -77,23 +84,33 @@ impl Publisher {
                     + v.iter().map(|v| v.as_str().len() + 4).sum::<usize>()
             })
             .sum();
-        self.budget
+        let permit = self
+            .budget
             .admit(stored_size(&subject, payload.len(), header_bytes))
             .await
             .map_err(|_| PublishError::QueueFull)?;
-        self.js
+        let ack = self
+            .js
             .publish_with_headers(subject, headers, payload)
             .await
-            .map_err(classify)
+            .map_err(classify)?;
+        Ok(PendingPublish { ack, permit })
     }
 
-    /// Wait for the stream's ack of a sent row.
-    pub async fn confirm(ack: PublishAckFuture) -> Result<Published, PublishError> {
+    /// Wait for the stream's ack of a sent row. A duplicate (or a failure) gives its
+    /// bytes back to the budget; a stored row keeps them.
+    pub async fn confirm(pending: PendingPublish) -> Result<Published, PublishError> {
+        let PendingPublish { ack, permit } = pending;
         match ack.await {
-            Ok(ack) => Ok(Published {
-                sequence: ack.sequence,
-                duplicate: ack.duplicate,
-            }),
+            Ok(ack) => {
+                if let (false, Some(permit)) = (ack.duplicate, permit) {
+                    permit.stored();
+                }
+                Ok(Published {
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                })
+            }
             Err(e) => Err(classify(e)),
         }
     }

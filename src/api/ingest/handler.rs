@@ -197,7 +197,7 @@ async fn handle(
 }
 
 async fn confirm(
-    ack: async_nats::jetstream::context::PublishAckFuture,
+    ack: crate::nats::PendingPublish,
     reply: &mut IngestReply,
     stop: &mut Option<PublishError>,
 ) {
