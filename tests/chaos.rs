@@ -44,6 +44,7 @@
 //! | `nats::nats_server_kill9`        | nats-server kill -9 under load, started again           | 6     |
 //! | `nats::nats_server_sigstop`      | nats-server frozen past heartbeat and ack_wait          | 6     |
 //! | `nats::nats_down_at_start`       | nats-server down when Sluice starts, started later      | 3     |
+//! | `nats::stream_full_concurrent_clients` | 8 clients retrying big requests at a full stream | 6     |
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
@@ -268,7 +269,8 @@ async fn bad_rows_under_load() -> Result<()> {
 /// table goes idle, is retired and comes back for the next burst. Nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_reaping_churn() -> Result<()> {
-    let Some(mut s) = Scenario::start("table_reaping_churn", SLUICE, StackOptions::default()).await?
+    let Some(mut s) =
+        Scenario::start("table_reaping_churn", SLUICE, StackOptions::default()).await?
     else {
         return Ok(());
     };
@@ -888,6 +890,47 @@ mod nats {
         s.stack.wait_ready(first, secs(30)).await?;
         let published = s.published(feed).await?;
         s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// The ingest stream at a 1 MiB `max_bytes` with ClickHouse down, eight clients
+    /// sending 250 KB requests at once: each gets 503s and retries its request with the
+    /// same `Idempotency-Key` (the rows already stored come back as duplicates); once
+    /// ClickHouse is back and the queue drains, every client gets all its rows in, and
+    /// nothing accepted is lost (a publish admitted over the budget must never make a
+    /// 2.9 server drop older rows).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stream_full_concurrent_clients() -> Result<()> {
+        let Some(mut s) = Scenario::start(
+            "stream_full_concurrent_clients",
+            SLUICE,
+            StackOptions::default(),
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("nats.max_bytes", "1MiB");
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        s.stack.clickhouse.stop().await?;
+        let mut feeds = Vec::new();
+        for client in 0..8u64 {
+            let base = client * 100_000;
+            let rows = RowSet::good(base..base + 1000).padded(1000);
+            feeds.push(s.feed_api("events", rows, Pace::burst(250))?);
+        }
+        for feed in &feeds {
+            feed.wait_unavailable(1, secs(30)).await?;
+        }
+        // Let the clients retry against the full stream for a while.
+        tokio::time::sleep(secs(3)).await;
+        s.stack.clickhouse.start_again().await?;
+        let mut published = Vec::new();
+        for feed in feeds {
+            published.push(s.published(feed).await?);
+        }
+        s.finish(&published).await?;
         Ok(())
     }
 

@@ -103,9 +103,23 @@ pub struct Progress {
     pub retry_after: AtomicU64,
     /// Requests or publishes that failed without an answer.
     pub transport_errors: AtomicU64,
+    /// The last refusal or failure seen, for diagnostics.
+    last_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl Progress {
+    /// The last refusal (a 503's body) or transport error the feed saw.
+    pub fn last_failure(&self) -> Option<String> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn failed(&self, what: String) {
+        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(what);
+    }
+
     fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
@@ -126,6 +140,8 @@ pub struct Published {
     /// Ids whose chunk was never confirmed before the deadline: they may or may not be
     /// stored, so they are left out of the reckoning (a passing run has none).
     pub unconfirmed: BTreeSet<u64>,
+    /// The last refusal or failure the feed saw (why rows are unconfirmed).
+    pub last_failure: Option<String>,
 }
 
 /// A running feed.
@@ -254,6 +270,7 @@ async fn run(
         rows,
         accepted,
         unconfirmed,
+        last_failure: progress.last_failure(),
     })
 }
 
@@ -290,8 +307,9 @@ async fn send_api(
             .await;
         let response = match sent {
             Ok(r) => r,
-            Err(_) => {
+            Err(e) => {
                 Progress::add(&progress.transport_errors, 1);
+                progress.failed(format!("POST /v1/ingest/{table}: {e}"));
                 tokio::time::sleep_until((Instant::now() + TRANSPORT_RETRY).min(end)).await;
                 continue;
             }
@@ -311,7 +329,8 @@ async fn send_api(
                     }
                     None => Duration::from_secs(1),
                 };
-                let _ = response.bytes().await;
+                let text = response.text().await.unwrap_or_default();
+                progress.failed(format!("503: {text}"));
                 tokio::time::sleep_until((Instant::now() + wait).min(end)).await;
             }
             _ => {
@@ -361,7 +380,10 @@ async fn send_jetstream(
                 .await
             {
                 Ok(ack) => acks.push((*id, ack)),
-                Err(_) => failed.push(*id),
+                Err(e) => {
+                    progress.failed(format!("publishing: {e}"));
+                    failed.push(*id);
+                }
             }
         }
         for (id, ack) in acks {
@@ -369,7 +391,10 @@ async fn send_jetstream(
                 Ok(_) => {
                     done.insert(id);
                 }
-                Err(_) => failed.push(id),
+                Err(e) => {
+                    progress.failed(format!("publish ack: {e}"));
+                    failed.push(id);
+                }
             }
         }
         Progress::add(&progress.accepted, (todo.len() - failed.len()) as u64);

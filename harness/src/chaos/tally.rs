@@ -45,6 +45,8 @@ pub struct Tally {
     pub parked_twice: u64,
     /// Ids whose publishing was never confirmed (left out of every count).
     pub unconfirmed: u64,
+    /// The last refusal a feed with unconfirmed rows saw.
+    pub feed_failure: Option<String>,
     /// Why the pipeline never went quiet, when it did not.
     pub not_quiet: Option<String>,
     /// The parked rows, for scenario-specific checks (headers).
@@ -81,6 +83,9 @@ impl Tally {
                 (parked.iter().filter(|r| r.id.is_some()).count() - parked_ids.len()) as u64;
             tally.published += p.accepted.len() as u64;
             tally.unconfirmed += p.unconfirmed.len() as u64;
+            if !p.unconfirmed.is_empty() {
+                tally.feed_failure = p.last_failure.clone();
+            }
             tally.parked += parked.len() as u64;
             // What a user would check: count() against uniqExact(id).
             let (total, distinct) = counts(clickhouse, &p.table).await?;
@@ -196,8 +201,9 @@ impl Tally {
         }
         if self.unconfirmed > 0 {
             problems.push(format!(
-                "{} rows were never accepted before the feed's deadline",
-                self.unconfirmed
+                "{} rows were never accepted before the feed's deadline (last refusal: {})",
+                self.unconfirmed,
+                self.feed_failure.as_deref().unwrap_or("none")
             ));
         }
         if let Some(why) = &self.not_quiet {
