@@ -45,6 +45,7 @@
 //! | `nats::nats_server_sigstop`      | nats-server frozen past heartbeat and ack_wait          | 6     |
 //! | `nats::nats_down_at_start`       | nats-server down when Sluice starts, started later      | 3     |
 //! | `nats::stream_full_concurrent_clients` | 8 clients retrying big requests at a full stream | 6     |
+//! | `nats::stream_full_two_instances` | two instances taking ingest at a full stream           | 6     |
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
@@ -924,6 +925,43 @@ mod nats {
             feed.wait_unavailable(1, secs(30)).await?;
         }
         // Let the clients retry against the full stream for a while.
+        tokio::time::sleep(secs(3)).await;
+        s.stack.clickhouse.start_again().await?;
+        let mut published = Vec::new();
+        for feed in feeds {
+            published.push(s.published(feed).await?);
+        }
+        s.finish(&published).await?;
+        Ok(())
+    }
+
+    /// Two Sluice instances take ingest traffic against a full 1 MiB stream with
+    /// ClickHouse down (four clients on each): each instance keeps the budget with
+    /// what it sees, and together they must not push the server past its own limit
+    /// (where a 2.9 server drops the oldest, already accepted rows). Nothing lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stream_full_two_instances() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("stream_full_two_instances", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("nats.max_bytes", "1MiB");
+        s.create_tables(&["events"]).await?;
+        let first = s.start_sluice().await?;
+        s.stack.fresh_ports()?;
+        let second = s.start_sluice().await?;
+        s.stack.clickhouse.stop().await?;
+        let mut feeds = Vec::new();
+        for client in 0..8u64 {
+            let base = client * 100_000;
+            let rows = RowSet::good(base..base + 1000).padded(1000);
+            let instance = if client % 2 == 0 { first } else { second };
+            feeds.push(s.feed_api_of(instance, "events", rows, Pace::burst(250))?);
+        }
+        for feed in &feeds {
+            feed.wait_unavailable(1, secs(30)).await?;
+        }
         tokio::time::sleep(secs(3)).await;
         s.stack.clickhouse.start_again().await?;
         let mut published = Vec::new();
