@@ -43,6 +43,7 @@
 //! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
 //! | `nats::nats_server_kill9`        | nats-server kill -9 under load, started again           | 6     |
 //! | `nats::nats_server_sigstop`      | nats-server frozen past heartbeat and ack_wait          | 6     |
+//! | `nats::sluice_sigterm_nats_down` | SIGTERM with NATS down: exit 0 in time, nothing lost   | 3     |
 //! | `nats::nats_down_at_start`       | nats-server down when Sluice starts, started later      | 3     |
 //! | `nats::stream_full_concurrent_clients` | 8 clients retrying big requests at a full stream | 6     |
 //! | `nats::stream_full_two_instances` | two instances taking ingest at a full stream           | 6     |
@@ -406,8 +407,13 @@ async fn proxy_fault(name: &str, fault: ProxyFault) -> Result<()> {
     };
     s.create_tables(&["events"]).await?;
     s.start_sluice().await?;
-    let feed = s.feed_api("events", RowSet::good(0..8000), Pace::new(200, ms(100)))?;
-    landing(&s, "events", 200).await?;
+    // Rows land before the fault; then the main feed starts and the fault comes while
+    // it runs (4 s of rows).
+    let warmup = s.feed_api("events", RowSet::good(0..500), Pace::burst(500))?;
+    let warmup = s.published(warmup).await?;
+    landing(&s, "events", 500).await?;
+    let feed = s.feed_api("events", RowSet::good(500..8500), Pace::new(200, ms(100)))?;
+    feed.wait_accepted(200, secs(30)).await?;
     ensure!(
         !feed.is_finished(),
         "the feed ended before the fault: rows must flow while it lasts"
@@ -431,7 +437,7 @@ async fn proxy_fault(name: &str, fault: ProxyFault) -> Result<()> {
     proxy.clear_rules();
     proxy.set_mode(sluice_harness::Mode::PassThrough).await?;
     let published = s.published(feed).await?;
-    s.finish(&[published]).await?;
+    s.finish(&[warmup, published]).await?;
     Ok(())
 }
 
@@ -995,6 +1001,44 @@ mod nats {
         tokio::time::sleep(secs(8)).await; // past the 5 s ack_wait
         s.stack.sluice[first].sigcont().await?;
         let published = s.published(feed).await?;
+        s.finish(&[published]).await?;
+        Ok(())
+    }
+
+    /// SIGTERM while nats-server is down (rows buffered, acks and naks unsendable):
+    /// Sluice still exits 0 in bounded time; with NATS back and Sluice restarted,
+    /// nothing is lost (what it could not settle is redelivered).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sluice_sigterm_nats_down() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("sluice_sigterm_nats_down", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("ingest.batch_age", "2s"); // rows are buffered when NATS goes
+        s.create_tables(&["events"]).await?;
+        let first = s.start_sluice().await?;
+        let rows = RowSet::good(0..6000).with_bad_spread(6);
+        let feed = s.feed_jetstream("events", rows, Pace::burst(500));
+        let published = s.published(feed).await?;
+        landing(&s, "events", 500).await?;
+        s.stack.nats.stop().await?;
+        let asked = tokio::time::Instant::now();
+        s.stack.sluice[first].sigterm()?;
+        let status = s.stack.sluice[first].wait_exit(secs(30)).await?;
+        let took = asked.elapsed();
+        ensure!(
+            status.code() == Some(0),
+            "sluice exited with {status} after SIGTERM\n{}",
+            s.logs()
+        );
+        ensure!(
+            took < secs(15),
+            "sluice took {took:?} to stop with NATS down\n{}",
+            s.logs()
+        );
+        s.stack.nats.start_again().await?;
+        s.stack.restart_sluice(first).await?;
         s.finish(&[published]).await?;
         Ok(())
     }

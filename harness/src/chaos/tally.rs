@@ -61,7 +61,8 @@ pub struct Tally {
 // === impl Tally ===
 
 impl Tally {
-    /// Counts `published` against ClickHouse and the DLQ.
+    /// Counts `published` against ClickHouse and the DLQ. Several feeds may share a
+    /// table (give them disjoint ids); each table is counted once.
     pub async fn count(
         scenario: &str,
         clickhouse: &ClickHouseServer,
@@ -72,44 +73,48 @@ impl Tally {
             scenario: scenario.to_owned(),
             ..Default::default()
         };
-        for p in published {
-            let stored = ids_in(clickhouse, &p.table).await?;
+        let mut tables: Vec<&str> = published.iter().map(|p| p.table.as_str()).collect();
+        tables.sort_unstable();
+        tables.dedup();
+        for table in tables {
+            let feeds: Vec<&Published> = published.iter().filter(|p| p.table == table).collect();
+            let is_bad = |id: u64| feeds.iter().any(|p| p.rows.is_bad(id));
+            let stored = ids_in(clickhouse, table).await?;
             let parked = jet
-                .parked(&p.table)
+                .parked(table)
                 .await
-                .with_context(|| format!("reading the DLQ of {}", p.table))?;
+                .with_context(|| format!("reading the DLQ of {table}"))?;
             let parked_ids: BTreeSet<u64> = parked.iter().filter_map(|r| r.id).collect();
             tally.parked_twice +=
                 (parked.iter().filter(|r| r.id.is_some()).count() - parked_ids.len()) as u64;
-            tally.published += p.accepted.len() as u64;
-            tally.unconfirmed += p.unconfirmed.len() as u64;
-            if !p.unconfirmed.is_empty() {
-                tally.feed_failure = p.last_failure.clone();
-            }
             tally.parked += parked.len() as u64;
             // What a user would check: count() against uniqExact(id).
-            let (total, distinct) = counts(clickhouse, &p.table).await?;
+            let (total, distinct) = counts(clickhouse, table).await?;
             tally.duplicates += total.saturating_sub(distinct);
-            for id in stored.keys() {
-                if p.rows.is_bad(*id) {
-                    tally.bad_inserted.push(*id);
+            tally
+                .bad_inserted
+                .extend(stored.keys().copied().filter(|id| is_bad(*id)));
+            for p in &feeds {
+                tally.published += p.accepted.len() as u64;
+                tally.unconfirmed += p.unconfirmed.len() as u64;
+                if !p.unconfirmed.is_empty() {
+                    tally.feed_failure = p.last_failure.clone();
                 }
-            }
-            for id in &p.accepted {
-                let bad = p.rows.is_bad(*id);
-                if bad {
-                    tally.bad_published += 1;
-                } else if stored.contains_key(id) {
-                    tally.inserted_distinct += 1;
-                }
-                if !stored.contains_key(id) && !parked_ids.contains(id) {
-                    tally.lost += 1;
-                    tally.lost_ids.push(*id);
+                for id in &p.accepted {
+                    if is_bad(*id) {
+                        tally.bad_published += 1;
+                    } else if stored.contains_key(id) {
+                        tally.inserted_distinct += 1;
+                    }
+                    if !stored.contains_key(id) && !parked_ids.contains(id) {
+                        tally.lost += 1;
+                        tally.lost_ids.push(*id);
+                    }
                 }
             }
             for row in &parked {
                 match row.id {
-                    Some(id) if p.rows.is_bad(id) => {}
+                    Some(id) if is_bad(id) => {}
                     Some(id) => tally.good_parked.push(id),
                     // Not a row of ours: treat it as good (it should not be there).
                     None => tally.good_parked.push(u64::MAX),
