@@ -308,6 +308,61 @@ impl Stack {
         Ok((status, json))
     }
 
+    /// Any admin request: `token` is sent as `Authorization: Bearer` when given, `body`
+    /// as JSON. Returns the status, the response headers and the body as JSON (or as a
+    /// JSON string when it is not JSON).
+    pub async fn admin_request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.admin_url()));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, headers, json))
+    }
+
+    /// The parsed `/metrics` page.
+    pub async fn metrics_parsed(&self) -> Result<crate::prom::Metrics> {
+        crate::prom::Metrics::parse(&self.metrics().await?)
+    }
+
+    /// Everything sluice process `index` wrote to stdout and stderr so far (the
+    /// harness's `=== start #N ===` markers included).
+    pub fn sluice_output(&self, index: usize) -> Result<String> {
+        let process = self
+            .sluice
+            .get(index)
+            .ok_or_else(|| anyhow!("no sluice process {index}"))?;
+        let mut out = String::new();
+        for path in [process.stdout_path(), process.stderr_path()] {
+            match std::fs::read_to_string(path) {
+                Ok(text) => out.push_str(&text),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            }
+        }
+        Ok(out)
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String> {
         let response = self
