@@ -135,6 +135,15 @@ async fn handle(
         ..Default::default()
     };
     let mut stop: Option<PublishError> = None;
+    // Without a connection every publish would wait out its ack timeout (and the byte
+    // budget's stream lookup) before failing: tell the client at once instead.
+    if state.publisher.context().client().connection_state()
+        != async_nats::connection::State::Connected
+    {
+        stop = Some(PublishError::Unavailable(
+            "not connected to NATS right now".into(),
+        ));
+    }
     let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
     for (index, row) in &parsed.rows {
         if pending.len() >= PIPELINE_WINDOW {
