@@ -98,7 +98,7 @@ impl HttpInserter {
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
         };
-        tracing::info!(target = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
+        tracing::info!(pool = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
         Ok(features)
     }
 

@@ -186,7 +186,8 @@ impl Delivery for JsDelivery {
                 // Parked. Should the ack be lost, the row comes back, is parked again
                 // under the same id, and the DLQ keeps one copy.
                 if let Err(e) = self.settle(AckKind::Ack).await {
-                    tracing::warn!(error = %e, "row parked but its ack failed; it will be redelivered and parked once more");
+                    tracing::warn!(tenant = %parking.table.tenant, table = %parking.table.table, error = %e,
+                        "row parked but its ack failed; it will be redelivered and parked once more");
                 }
                 Ok(())
             }
