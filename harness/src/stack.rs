@@ -38,11 +38,23 @@ pub struct StackOptions {
     pub proxy: bool,
     /// Which nats-server; `None` reads `SLUICE_TEST_NATS`.
     pub nats: Option<NatsFlavor>,
+    /// Extra nats-server arguments (e.g. `--auth <token>`; set the matching `[nats]`
+    /// keys with [`Stack::set`]).
+    pub nats_args: Vec<String>,
 }
 
 impl StackOptions {
     pub fn with_proxy(mut self) -> Self {
         self.proxy = true;
+        self
+    }
+
+    pub fn with_nats_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.nats_args.extend(args.into_iter().map(Into::into));
         self
     }
 }
@@ -74,8 +86,10 @@ impl Stack {
             Some(f) => f,
             None => NatsFlavor::from_env()?,
         };
-        let (nats, clickhouse) =
-            tokio::try_join!(NatsServer::start(flavor), ClickHouseServer::start())?;
+        let (nats, clickhouse) = tokio::try_join!(
+            NatsServer::start_with_args(flavor, options.nats_args.clone()),
+            ClickHouseServer::start()
+        )?;
         let proxy = if options.proxy {
             Some(FaultProxy::start(clickhouse.http_addr()).await?)
         } else {
