@@ -689,6 +689,13 @@ async fn nats_unreachable_answers_503_with_retry_after() -> Result<()> {
         "{r}"
     );
 
+    // Not ready while NATS is away, and it says why.
+    let (status, _, body) = stack
+        .admin_request(reqwest::Method::GET, "/readyz", None, None)
+        .await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["reasons"].to_string().contains("NATS"), "{body}");
+
     // NATS returns: the client's retry (same key) is taken and the row lands once,
     // whether or not the first attempt reached the stream after all.
     stack.nats.start_again().await?;
@@ -775,6 +782,51 @@ async fn concurrent_large_requests_all_complete() -> Result<()> {
     assert_eq!(
         stack.count("SELECT count(DISTINCT id) FROM events").await?,
         REQUESTS * ROWS
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_over_the_nats_payload_limit_is_refused_alone() -> Result<()> {
+    // The default max_row_bytes (1 MiB) is also nats-server's default max_payload, and a
+    // message's headers count against it: a row just under max_row_bytes must be
+    // refused by index like any oversized row, not stop the rows after it.
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = loopback_client(Duration::from_secs(60))?;
+    let big = json!({"id": 2, "name": "x".repeat((1 << 20) - 30)});
+    let body = format!(
+        "{}\n{big}\n{}\n",
+        json!({"id": 1, "name": "small"}),
+        json!({"id": 3, "name": "small"})
+    );
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        body,
+        &[AS_TENANT, NDJSON, ("Idempotency-Key", "big-1")],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert_eq!(
+        (r.n("accepted"), r.n("rejected"), r.n("not_stored")),
+        (2, 1, 0),
+        "{r}"
+    );
+    assert_eq!(r.body["errors"][0]["index"], 1, "{r}");
+    assert_eq!(r.body["errors"][0]["line"], 2, "{r}");
+    assert!(
+        r.body["errors"][0]["reason"]
+            .as_str()
+            .is_some_and(|e| e.contains("over the limit")),
+        "{r}"
+    );
+    wait_exactly(&stack, "SELECT count() FROM events", 2).await?;
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE id IN (1, 3)")
+            .await?,
+        2
     );
     Ok(())
 }
