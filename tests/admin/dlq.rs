@@ -238,6 +238,14 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
     assert_eq!(stack.dlq_rows("strict").await?, Vec::<Value>::new());
     assert_eq!(stack.count("strict").await?, 0);
 
+    // A limit that is not a number: a JSON refusal.
+    let (status, body) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=all")).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("limit")),
+        "{body}"
+    );
+
     // Names that are not names are refused, never spliced into a subject.
     for path in [
         format!("/admin/dlq/{TENANT}/a.b"),
