@@ -263,3 +263,43 @@ async fn every_design_metric_appears_with_its_labels() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_pending_is_the_lag() -> Result<()> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    // The consumer holds at most 10 rows: with ClickHouse down the rest wait in the
+    // stream, undelivered.
+    stack.set("nats.max_ack_pending", 10);
+    stack.set("pipeline.backoff_initial", "300ms");
+    stack.set("pipeline.backoff_max", "1s");
+    stack.start_sluice(SLUICE).await?;
+    stack.clickhouse.stop().await?;
+    let rows: Vec<_> = (0..100)
+        .map(|id| json!({"id": id, "name": "lag"}))
+        .collect();
+    ingest_ok(&stack, "events", &rows).await?;
+
+    let lag = wait_for("a lag of at least 80 rows", DEADLINE, POLL, || {
+        lagging(&stack, 80.0, 100.0)
+    })
+    .await?;
+    assert!(lag <= 90.0, "the consumer holds only 10: {lag}");
+
+    stack.clickhouse.start_again().await?;
+    wait_count(&stack, "SELECT count() FROM events", 100).await?;
+    wait_for("no lag", DEADLINE, POLL, || lagging(&stack, 0.0, 0.0)).await?;
+    Ok(())
+}
+
+/// The lag per `/metrics`, when it is in `low..=high` and the tree shows the same.
+async fn lagging(stack: &Stack, low: f64, high: f64) -> Result<f64> {
+    let m = stack.metrics_parsed().await?;
+    let pending = m.value("sluice_consumer_pending", &[("stream", "INGEST")]);
+    let tree = tree(stack).await?;
+    let shown = find_node(&tree, "consumer", "INGEST").map(|c| c["state"]["pending"].clone());
+    match pending {
+        Some(p) if p >= low && p <= high && shown == Some(json!(p as u64)) => Ok(p),
+        _ => bail!("sluice_consumer_pending = {pending:?}, the tree shows {shown:?}"),
+    }
+}
