@@ -1,6 +1,8 @@
 //! Sluice: moves JSON rows from NATS JetStream into ClickHouse and never loses one,
 //! plus a query gateway that cannot turn a ClickHouse overload into a retry storm.
 
+pub mod api;
 pub mod cli;
 pub mod clickhouse;
 pub mod config;
+pub mod query;
