@@ -35,7 +35,10 @@ impl Endpoint {
         ensure_crypto_provider();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
+            // Below ClickHouse's own `keep_alive_timeout` (3 s by default, 18.16 too):
+            // a pooled connection the server is about to close would fail a request
+            // with a transport error that looks like an outage.
+            .pool_idle_timeout(Duration::from_secs(2))
             // An HTTP proxy from the environment must not sit between Sluice and
             // ClickHouse unannounced: KILL QUERY has to reach the same server.
             .no_proxy();

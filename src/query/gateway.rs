@@ -23,13 +23,13 @@
 
 use std::time::Duration;
 
-use sluice_actors::{Class, InsertError};
+use sluice_actors::InsertError;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::budget::RetryBudget;
 use super::endpoint::{self, Endpoint};
-use super::errors::{QueryError, StoppedBy, TIMEOUT_EXCEEDED};
+use super::errors::{map_clickhouse, QueryError, StoppedBy, TIMEOUT_EXCEEDED};
 use super::id::QueryId;
 use super::kill::Killer;
 use super::limits::Limits;
@@ -114,9 +114,11 @@ impl Gateway {
         }
     }
 
-    /// The byte cap on a relayed result.
-    pub fn result_cap(&self) -> u64 {
-        self.config.max_result_bytes
+    /// The byte cap on a relayed result; `None` when `max_result_bytes = 0`, which
+    /// ClickHouse reads as "no limit" and so does the relay (it still streams, so
+    /// memory stays bounded by the window).
+    pub fn result_cap(&self) -> Option<u64> {
+        (self.config.max_result_bytes > 0).then_some(self.config.max_result_bytes)
     }
 
     /// Run `query` until it succeeds, fails for good, or `deadline` passes.
@@ -160,7 +162,7 @@ impl Gateway {
                 attempts,
                 retry_after: self.retry_after,
             };
-            if error.class != Class::Unavailable || attempts >= self.config.max_attempts {
+            if !worth_retrying(&error) || attempts >= self.config.max_attempts {
                 return Err(give_up(error));
             }
             let pause = self.backoff.delay(attempts - 1);
@@ -266,7 +268,8 @@ impl Gateway {
                 maybe_running,
             });
         }
-        match response::read_window(response, self.config.max_result_bytes).await {
+        let cap = self.result_cap().unwrap_or(u64::MAX);
+        match response::read_window(response, cap).await {
             Ok(relay) if is_json(relay.content_type()) => Ok(relay),
             Ok(relay) => Err(AttemptFailure::Final(QueryError::NotJson {
                 content_type: relay.content_type().to_string(),
@@ -319,6 +322,13 @@ impl Gateway {
     }
 }
 
+/// Whether a failure may be retried at all: Unavailable as the query path reads it.
+/// 164 (readonly) is Unavailable to the classifier but a refused write here, and 159
+/// is ClickHouse's own time limit: neither is worth a retry.
+pub fn worth_retrying(error: &InsertError) -> bool {
+    map_clickhouse(error.class, error.code).2
+}
+
 /// ClickHouse's `max_execution_time` for an attempt: the time left before `deadline`
 /// less `margin`, in whole seconds rounded down, never below 1 (0 means no limit).
 pub fn server_limit(deadline: Instant, margin: Duration) -> Duration {
@@ -354,6 +364,21 @@ mod tests {
         assert_eq!(server_limit_for(ms(1_200), m), Duration::from_secs(1));
         assert_eq!(server_limit_for(ms(800), m), Duration::from_secs(1));
         assert_eq!(server_limit_for(Duration::ZERO, m), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_unavailable_failures_are_worth_a_retry() {
+        use crate::clickhouse::classify;
+        let retry = |e: InsertError| worth_retrying(&e);
+        assert!(retry(classify::from_code(745, Some(500), String::new())));
+        assert!(retry(classify::from_code(394, Some(500), String::new())));
+        assert!(retry(classify::from_response(503, None, "")));
+        assert!(retry(classify::transport("connection refused")));
+        assert!(!retry(classify::from_code(159, Some(500), String::new())));
+        assert!(!retry(classify::from_code(164, Some(500), String::new())));
+        assert!(!retry(classify::from_code(60, Some(404), String::new())));
+        assert!(!retry(classify::from_code(193, Some(401), String::new())));
+        assert!(!retry(classify::from_response(500, None, "<html>")));
     }
 
     #[test]

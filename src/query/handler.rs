@@ -16,7 +16,7 @@ use super::errors::QueryError;
 use super::id::QueryId;
 use super::request::{self, RequestError};
 use super::response::{self, RESULT_CAP_HEADER};
-use super::{metrics, QueryState, QUERY_ID_HEADER};
+use super::{metrics, QueryState, ATTEMPTS_HEADER, QUERY_ID_HEADER};
 
 /// What the log line of a finished query says beside its status.
 #[derive(Default)]
@@ -99,6 +99,7 @@ async fn run(
     tracing::debug!(query_id = %id, tenant = %tenant.name, timeout_ms = query.timeout.as_millis() as u64, "query admitted");
     let success = gateway.execute(&query, id, deadline).await?;
     trace.attempts = success.attempts;
+    let attempts = success.attempts;
 
     let content_type = HeaderValue::from_str(success.relay.content_type())
         .unwrap_or_else(|_| HeaderValue::from_static("application/json"));
@@ -109,6 +110,9 @@ async fn run(
     if let Ok(v) = HeaderValue::from_str(id.as_str()) {
         h.insert(QUERY_ID_HEADER, v);
     }
-    h.insert(RESULT_CAP_HEADER, HeaderValue::from(gateway.result_cap()));
+    h.insert(ATTEMPTS_HEADER, HeaderValue::from(attempts));
+    if let Some(cap) = gateway.result_cap() {
+        h.insert(RESULT_CAP_HEADER, HeaderValue::from(cap));
+    }
     Ok(response)
 }

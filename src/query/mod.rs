@@ -65,6 +65,10 @@ use crate::config::Config;
 /// The header every answer carries the query's id in.
 pub const QUERY_ID_HEADER: &str = "x-sluice-query-id";
 
+/// The header a successful answer carries the number of attempts it took in (errors
+/// carry `attempts` in their body).
+pub const ATTEMPTS_HEADER: &str = "x-sluice-attempts";
+
 /// The largest request body accepted (the SQL and its parameters).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 
