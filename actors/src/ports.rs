@@ -199,9 +199,16 @@ pub struct SettleError(pub String);
 /// Dropping a delivery that was never settled must hand it back for redelivery (a nak
 /// without delay where the connection allows), so that a crashed actor never strands
 /// the rows it held until `ack_wait` runs out.
-pub trait Delivery: Send + 'static {
+///
+/// `Sync`: a flush task keeps `&D` across awaits (`progress()` on rows still held
+/// during a long insert), and `progress(&self)`'s `Send` future needs it anyway.
+pub trait Delivery: Send + Sync + 'static {
     /// The row as published: one JSON object.
     fn payload(&self) -> &Bytes;
+
+    /// The subject the row was published on (`<prefix>.<tenant>.<table>`), borrowed:
+    /// the consumer routes every row by it, so it must not allocate (`meta()` does).
+    fn subject(&self) -> &str;
 
     fn meta(&self) -> DeliveryMeta;
 

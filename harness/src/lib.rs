@@ -1,1 +1,38 @@
+//! Real servers for Sluice's tests, and faults to inject between them.
+//!
+//! - [`NatsServer`]: `nats-server -js` (Debian's 2.9.10 or a current one, see
+//!   [`NatsFlavor`]) on free loopback ports, its store in a temp dir.
+//! - [`ClickHouseServer`]: `clickhouse-server` with users `default`, `ingest` and
+//!   `query` (read-only), on free loopback ports, its data in a temp dir.
+//! - [`FaultProxy`]: an HTTP proxy between Sluice and ClickHouse that passes through,
+//!   refuses, resets, stalls or answers anything, per request and scriptable.
+//! - [`SluiceProcess`] / [`ManagedProcess`]: any child (servers included) that can be
+//!   stopped, killed with SIGKILL, frozen with SIGSTOP, continued and started again
+//!   with the same ports and data; it dies with the test process and is reaped on drop.
+//! - [`wait_until`] / [`wait_for`]: poll a condition with a deadline instead of sleeping.
+//!
+//! Everything listens on 127.0.0.1 only.
 
+pub mod clickhouse;
+mod http;
+pub mod nats;
+pub mod ports;
+pub mod process;
+pub mod proxy;
+mod skip;
+mod sluice;
+mod stack;
+mod wait;
+
+pub use clickhouse::{
+    ClickHouseServer, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+};
+pub use http::{http_client_builder, loopback_client};
+pub use nats::{NatsFlavor, NatsServer};
+pub use ports::{free_addr, free_port};
+pub use process::{process_exists, ManagedProcess, ProcessSpec};
+pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
+pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
+pub use sluice::SluiceProcess;
+pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
+pub use wait::{wait_for, wait_until};

@@ -1,6 +1,7 @@
-//! The public HTTP API (the ingest and query listener): what is shared by its surfaces.
+//! The HTTP surfaces clients use: ingest and query.
 //!
-//! The query surface lives in `crate::query` and is mounted with `query::router`; the
-//! ingest surface will join it here.
+//! The query surface lives in `crate::query` and is mounted with `query::router`;
+//! what the surfaces share (tenant resolution) lives here.
 
+pub mod ingest;
 pub mod tenant;

@@ -2,6 +2,7 @@
 
 mod check_config;
 mod classify;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,6 +22,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run Sluice: pull rows from JetStream into ClickHouse, serve the ingest, query and
+    /// admin endpoints. SIGTERM or SIGINT stops it gracefully.
+    Run {
+        /// The configuration file; without one, the configuration comes from SLUICE_* variables.
+        #[arg(long, short, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration without starting anything; prints a summary or every problem.
     CheckConfig {
         /// The configuration file; without one, the configuration comes from SLUICE_* variables.
@@ -39,6 +47,7 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run { config } => run::run(config.as_deref()),
         Command::CheckConfig { config } => check_config::run(config.as_deref()),
         Command::Classify { what } => classify::run(&what.join(" ")),
     }

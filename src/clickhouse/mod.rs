@@ -2,3 +2,5 @@
 //! the query gateway.
 
 pub mod classify;
+pub mod http;
+pub mod insert;

@@ -127,11 +127,11 @@ pub(super) fn validate(
         .map(|t| t.insert_timeout)
         .max()
         .unwrap_or_default();
-    if nats.ack_wait < ingest.batch_age + slowest_insert * 2 {
+    if nats.ack_wait <= ingest.batch_age + slowest_insert {
         c.warn(format!(
-            "[nats] ack_wait = {} is short next to batch_age + 2 × insert_timeout ({}); rows may be redelivered while a slow insert still holds them (Sluice sends in-progress signals, but a longer ack_wait is safer)",
+            "[nats] ack_wait = {} is not longer than batch_age + insert_timeout ({}): a row could be redelivered while one slow insert still holds it (Sluice sends in-progress signals, but a longer ack_wait is safer)",
             humantime::format_duration(nats.ack_wait),
-            humantime::format_duration(ingest.batch_age + slowest_insert * 2)
+            humantime::format_duration(ingest.batch_age + slowest_insert)
         ));
     }
     if (nats.max_ack_pending as u64) < ingest.batch_rows as u64 {

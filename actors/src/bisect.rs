@@ -1,0 +1,455 @@
+//! Isolation of the rows ClickHouse refuses, by bisection.
+//!
+//! A batch answered Rejected (or Splittable, when it has several rows) is split in
+//! halves; a half that inserts is acked; a failing half is split again; a single row
+//! rejected again is parked on the DLQ (or, with the table's DLQ off, naked with the cap
+//! delay — "left unacked"). One bad row among 10,000 costs at most ~2·log2(n) requests;
+//! k bad rows about 2·k·log2(n).
+//!
+//! - When a range failed and its left half inserted, the right half must fail too: it is
+//!   split without being tried whole (a single row is always tried: its own answer is
+//!   the verdict, and the Parking carries it).
+//! - Splittable (too many parts/partitions, memory limit) on a multi-row batch: the first
+//!   row is tried alone before the bisection; when it fails the same way the server is
+//!   the problem after all, and isolation stops there (two requests in all).
+//! - Any answer that is not Rejected (and not Splittable on several rows) stops the
+//!   isolation: inserted rows stay acked, parked rows stay parked, every row not yet
+//!   settled (the failing range and all untried ones) is left in place for the caller to
+//!   nak under the breaker.
+//!
+//! The algorithm is a plain async fn over an [`Inserter`] and the rows; the body is built
+//! once and every sub-request is a zero-copy slice of it.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use crate::keepalive::Keepalive;
+use crate::metrics::TargetMetrics;
+use crate::ports::{Class, Delivery, InsertError, InsertRequest, Inserter, Parking, TableKey};
+
+/// The rows of a batch joined as JSONEachRow (each followed by `\n`), and where each
+/// row starts (`offsets[n]` is the body's length).
+pub fn build_body<D: Delivery>(rows: &[Option<D>]) -> (Bytes, Vec<usize>) {
+    let len: usize = rows.iter().flatten().map(|d| d.payload().len() + 1).sum();
+    let mut body = BytesMut::with_capacity(len);
+    let mut offsets = Vec::with_capacity(rows.len() + 1);
+    for d in rows.iter().flatten() {
+        offsets.push(body.len());
+        body.extend_from_slice(d.payload());
+        body.extend_from_slice(b"\n");
+    }
+    offsets.push(body.len());
+    (body.freeze(), offsets)
+}
+
+/// Everything an isolation needs besides the rows.
+pub struct Isolation<'a, I> {
+    pub inserter: &'a I,
+    pub table: &'a TableKey,
+    pub skip_unknown_fields: bool,
+    /// Park rows rejected alone (else nak them with `cap_delay`).
+    pub dlq: bool,
+    pub cap_delay: Duration,
+    pub metrics: Option<&'a TargetMetrics>,
+    pub keepalive: Keepalive,
+}
+
+/// What an isolation did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BisectReport {
+    pub requests: usize,
+    pub inserted: usize,
+    pub parked: usize,
+    /// Rejected alone but left unacked (DLQ off, or the DLQ publish failed): naked with
+    /// the cap delay.
+    pub left_unacked: usize,
+    pub dlq_failures: usize,
+    /// Rows still held (not settled), for the caller to nak under the breaker.
+    pub unsettled: usize,
+    /// The outage that stopped the isolation.
+    pub stopped_by: Option<InsertError>,
+    /// At least one answer was not an outage (the server judged something).
+    pub answered: bool,
+    /// The last rejection seen (for the table's last error).
+    pub last_rejection: Option<InsertError>,
+}
+
+impl<I: Inserter> Isolation<'_, I> {
+    /// Send rows `lo..hi` as one request.
+    pub async fn insert<D: Delivery>(
+        &mut self,
+        rows: &[Option<D>],
+        body: &Bytes,
+        offsets: &[usize],
+        lo: usize,
+        hi: usize,
+    ) -> Result<(), InsertError> {
+        let request = InsertRequest {
+            table: self.table.clone(),
+            body: body.slice(offsets[lo]..offsets[hi]),
+            rows: hi - lo,
+            skip_unknown_fields: self.skip_unknown_fields,
+        };
+        let started = Instant::now();
+        let out = self
+            .keepalive
+            .run(self.inserter.insert(request), rows)
+            .await;
+        if let Some(m) = self.metrics {
+            m.request(
+                out.as_ref().err().map(|e| e.class),
+                started.elapsed().as_secs_f64(),
+            );
+        }
+        out
+    }
+}
+
+async fn ack_range<D: Delivery>(rows: &mut [Option<D>], lo: usize, hi: usize) -> usize {
+    let mut n = 0;
+    for slot in &mut rows[lo..hi] {
+        if let Some(d) = slot.take() {
+            n += 1;
+            if let Err(e) = d.ack().await {
+                tracing::debug!(error = %e, "ack after insert failed; the row may be delivered again");
+            }
+        }
+    }
+    n
+}
+
+#[derive(Debug)]
+struct Range {
+    lo: usize,
+    hi: usize,
+    /// Known to fail with this (not tried whole).
+    known: Option<InsertError>,
+    /// A right half: if its left sibling inserts, it inherits the parent's failure.
+    inherit: Option<InsertError>,
+    left: bool,
+}
+
+/// Isolate the rows of `rows` (all `Some` on entry) after the whole batch failed with
+/// `first`. Settles what it can (acks, parks); what is left `Some` is unsettled.
+pub async fn bisect<I: Inserter, D: Delivery>(
+    iso: &mut Isolation<'_, I>,
+    rows: &mut [Option<D>],
+    body: &Bytes,
+    offsets: &[usize],
+    first: InsertError,
+) -> BisectReport {
+    let n = rows.len();
+    let mut report = BisectReport::default();
+    if first.class == Class::Rejected {
+        report.answered = true;
+        report.last_rejection = Some(first.clone());
+    }
+    let mut stack: Vec<Range> = Vec::with_capacity(64);
+    if first.class != Class::Rejected && n > 1 {
+        // Splittable: is it the batch's size, or the server? Ask with one row.
+        report.requests += 1;
+        match iso.insert(rows, body, offsets, 0, 1).await {
+            Ok(()) => {
+                report.answered = true;
+                report.inserted += ack_range(rows, 0, 1).await;
+            }
+            Err(e) if e.class == Class::Rejected => {
+                report.answered = true;
+                settle_rejected(iso, rows, 0, &e, &mut report).await;
+                report.last_rejection = Some(e);
+            }
+            Err(e) => {
+                report.stopped_by = Some(e);
+                report.unsettled = rows.iter().flatten().count();
+                return report;
+            }
+        }
+        stack.push(Range {
+            lo: 1,
+            hi: n,
+            known: Some(first),
+            inherit: None,
+            left: false,
+        });
+    } else {
+        stack.push(Range {
+            lo: 0,
+            hi: n,
+            known: Some(first),
+            inherit: None,
+            left: false,
+        });
+    }
+
+    while let Some(r) = stack.pop() {
+        iso.keepalive.tick(rows).await;
+        let size = r.hi - r.lo;
+        let err = match r.known {
+            Some(e) if size >= 2 => e,
+            _ => {
+                report.requests += 1;
+                match iso.insert(rows, body, offsets, r.lo, r.hi).await {
+                    Ok(()) => {
+                        report.answered = true;
+                        report.inserted += ack_range(rows, r.lo, r.hi).await;
+                        if r.left {
+                            if let Some(sibling) = stack.last_mut() {
+                                if sibling.lo == r.hi && sibling.known.is_none() {
+                                    sibling.known = sibling.inherit.take();
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            }
+        };
+        let rejected = err.class == Class::Rejected;
+        if rejected || (err.splittable && size >= 2) {
+            report.answered = true;
+            if size == 1 {
+                settle_rejected(iso, rows, r.lo, &err, &mut report).await;
+                report.last_rejection = Some(err);
+            } else {
+                if rejected {
+                    report.last_rejection = Some(err.clone());
+                }
+                let mid = r.lo + size / 2;
+                stack.push(Range {
+                    lo: mid,
+                    hi: r.hi,
+                    known: None,
+                    inherit: Some(err),
+                    left: false,
+                });
+                stack.push(Range {
+                    lo: r.lo,
+                    hi: mid,
+                    known: None,
+                    inherit: None,
+                    left: true,
+                });
+            }
+        } else {
+            report.stopped_by = Some(err);
+            break;
+        }
+    }
+    report.unsettled = rows.iter().flatten().count();
+    report
+}
+
+async fn settle_rejected<I, D: Delivery>(
+    iso: &Isolation<'_, I>,
+    rows: &mut [Option<D>],
+    i: usize,
+    err: &InsertError,
+    report: &mut BisectReport,
+) {
+    let Some(d) = rows[i].take() else { return };
+    if !iso.dlq {
+        report.left_unacked += 1;
+        let _ = d.nak(iso.cap_delay).await;
+        return;
+    }
+    match d.park(&Parking::from_error(iso.table, err)).await {
+        Ok(()) => report.parked += 1,
+        Err((d, e)) => {
+            tracing::warn!(
+                tenant = %iso.table.tenant, table = %iso.table.table, error = %e,
+                "DLQ publish failed: the rejected row stays unacked"
+            );
+            report.dlq_failures += 1;
+            report.left_unacked += 1;
+            let _ = d.nak(iso.cap_delay).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{code, transport, Event, Ledger, ScriptedInserter};
+    use std::sync::Arc;
+
+    const CAP: Duration = Duration::from_secs(30);
+
+    async fn run(
+        ins: &ScriptedInserter,
+        ledger: &Arc<Ledger>,
+        n: usize,
+        bad: &[usize],
+        dlq: bool,
+    ) -> (BisectReport, Vec<Option<crate::testkit::FakeDelivery>>) {
+        let subject: Arc<str> = Arc::from("ingest.acme.events");
+        let mut rows: Vec<_> = (0..n)
+            .map(|i| {
+                let p = if bad.contains(&i) {
+                    format!("{{\"bad\":{i}}}")
+                } else {
+                    format!("{{\"n\":{i}}}")
+                };
+                Some(ledger.delivery(&subject, p))
+            })
+            .collect();
+        let (body, offsets) = build_body(&rows);
+        let key = TableKey::new("acme", "events");
+        let first = ins
+            .insert(InsertRequest {
+                table: key.clone(),
+                body: body.clone(),
+                rows: n,
+                skip_unknown_fields: false,
+            })
+            .await
+            .unwrap_err();
+        let mut iso = Isolation {
+            inserter: ins,
+            table: &key,
+            skip_unknown_fields: false,
+            dlq,
+            cap_delay: CAP,
+            metrics: None,
+            keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
+        };
+        let report = bisect(&mut iso, &mut rows, &body, &offsets, first).await;
+        (report, rows)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_bad_row_among_ten_thousand_costs_at_most_forty_requests() {
+        for bad in [0usize, 1, 4999, 5000, 7777, 9999] {
+            let ins = ScriptedInserter::new();
+            ins.reject_containing("bad");
+            let ledger = Ledger::new();
+            let (r, rows) = run(&ins, &ledger, 10_000, &[bad], true).await;
+            assert_eq!(r.parked, 1);
+            assert_eq!(r.inserted, 9_999);
+            assert!(rows.iter().all(Option::is_none));
+            let total = ins.request_count();
+            assert!(total <= 40, "bad row {bad}: {total} requests");
+            assert_eq!(ledger.parkings()[0].0, bad as u64 + 1);
+            assert!(ledger.not_settled_once().is_empty());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn k_bad_rows_cost_about_two_k_log_n() {
+        let n = 10_000usize;
+        for k in [2usize, 5, 10, 25] {
+            let bad: Vec<usize> = (0..k).map(|i| (i * 7919 + 13) % n).collect();
+            let ins = ScriptedInserter::new();
+            ins.reject_containing("bad");
+            let ledger = Ledger::new();
+            let (r, _) = run(&ins, &ledger, n, &bad, true).await;
+            assert_eq!(r.parked, k);
+            assert_eq!(r.inserted, n - k);
+            let bound = (2.0 * k as f64 * (n as f64).log2()).ceil() as usize + 1;
+            assert!(
+                ins.request_count() <= bound,
+                "k={k}: {} > {bound}",
+                ins.request_count()
+            );
+            assert!(ledger.not_settled_once().is_empty());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_parked_row_carries_class_code_and_error() {
+        let ins = ScriptedInserter::new();
+        ins.rule(|r| {
+            let s = String::from_utf8_lossy(&r.body);
+            s.contains("bad").then(|| Err(code(6)))
+        });
+        let ledger = Ledger::new();
+        let (r, _) = run(&ins, &ledger, 8, &[3], true).await;
+        assert_eq!(r.parked, 1);
+        let (seq, p) = &ledger.parkings()[0];
+        assert_eq!(*seq, 4);
+        assert_eq!(p.class, Class::Rejected);
+        assert_eq!(p.code, Some(6));
+        assert!(p.error.contains("Code: 6"));
+        assert_eq!(p.table, TableKey::new("acme", "events"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dlq_off_naks_the_rejected_row_with_the_cap() {
+        let ins = ScriptedInserter::new();
+        ins.reject_containing("bad");
+        let ledger = Ledger::new();
+        let (r, _) = run(&ins, &ledger, 4, &[2], false).await;
+        assert_eq!((r.parked, r.left_unacked, r.inserted), (0, 1, 3));
+        assert_eq!(ledger.nak_delays(), vec![(3, CAP)]);
+        assert_eq!(ledger.parked(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dlq_publish_failure_naks_and_counts() {
+        let ins = ScriptedInserter::new();
+        ins.reject_containing("bad");
+        let ledger = Ledger::new();
+        ledger
+            .dlq_fails
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let (r, _) = run(&ins, &ledger, 4, &[1], true).await;
+        assert_eq!((r.parked, r.dlq_failures, r.left_unacked), (0, 1, 1));
+        assert_eq!(ledger.terminal(2), vec![Event::Naked(CAP)]);
+        assert!(ledger.not_settled_once().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_mid_isolation_stops_it_and_leaves_exactly_the_untried_rows() {
+        let ins = ScriptedInserter::new();
+        // Whole batch rejected; then: left half [0,4) rejected, [0,2) ok, [2,3) ok,
+        // [3,4) rejected alone -> parked; then the server goes away.
+        ins.script([
+            Err(code(27)),
+            Err(code(27)),
+            Ok(()),
+            Ok(()),
+            Err(code(27)),
+            Err(transport("connection reset by peer")),
+        ]);
+        let ledger = Ledger::new();
+        let (r, rows) = run(&ins, &ledger, 8, &[], true).await;
+        assert_eq!(r.inserted, 3);
+        assert_eq!(r.parked, 1);
+        assert_eq!(r.unsettled, 4);
+        assert_eq!(
+            r.stopped_by.as_ref().map(|e| e.class),
+            Some(Class::Unavailable)
+        );
+        let left: Vec<u64> = rows.iter().flatten().map(|d| d.seq).collect();
+        assert_eq!(left, vec![5, 6, 7, 8]);
+        assert_eq!(ledger.acked(), 3);
+        assert_eq!(ledger.parked(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn splittable_batch_is_split_and_every_row_lands() {
+        // Too many partitions: any request with more than 3 rows fails with 252.
+        let ins = ScriptedInserter::new();
+        ins.rule(|r| (r.rows > 3).then(|| Err(code(252))));
+        let ledger = Ledger::new();
+        let (r, rows) = run(&ins, &ledger, 50, &[], true).await;
+        assert_eq!(r.inserted, 50);
+        assert!(r.stopped_by.is_none() && r.answered);
+        assert!(rows.iter().all(Option::is_none));
+        assert_eq!(ledger.acked(), 50);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn splittable_that_fails_on_one_row_is_an_outage_after_two_requests() {
+        let ins = ScriptedInserter::new();
+        ins.set_default(Some(code(241)));
+        let ledger = Ledger::new();
+        let (r, rows) = run(&ins, &ledger, 100, &[], true).await;
+        assert_eq!(ins.request_count(), 2);
+        assert_eq!(r.stopped_by.as_ref().and_then(|e| e.code), Some(241));
+        assert_eq!(rows.iter().flatten().count(), 100);
+        assert_eq!(ledger.settled(), 0);
+    }
+}

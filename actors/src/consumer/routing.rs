@@ -1,0 +1,161 @@
+//! Subjects to tables to pools: `<prefix>.<tenant>.<table>` with identifier tokens
+//! (tenant `[A-Za-z_][A-Za-z0-9_-]*`, table `[A-Za-z_][A-Za-z0-9_]*`). A tenant with no
+//! ClickHouse target, or a subject that does not parse, is parked with a clear error.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use ractor::ActorRef;
+
+use crate::metrics::TableMetrics;
+use crate::pool::PoolMsg;
+use crate::ports::TableKey;
+use crate::settings::TableSettingsResolver;
+
+/// Where the rows of one subject go.
+#[derive(Clone)]
+pub enum Route {
+    /// A table of pool number `pool`.
+    Table {
+        key: TableKey,
+        pool: usize,
+        metrics: TableMetrics,
+    },
+    /// Parked whole (or naked with the cap delay, when the table's DLQ is off).
+    Park {
+        key: TableKey,
+        error: Arc<str>,
+        dlq: bool,
+        reason: ParkReason,
+        metrics: TableMetrics,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParkReason {
+    NoTarget,
+    InvalidSubject,
+}
+
+pub fn is_tenant(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+}
+
+pub fn is_table(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// `(tenant, table)` of a subject, or `None` when it is not `<prefix>.<tenant>.<table>`.
+pub fn parse_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, &'a str)> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let (tenant, table) = rest.split_once('.')?;
+    (is_tenant(tenant) && is_table(table)).then_some((tenant, table))
+}
+
+/// The tenant → target map and the live pool actors (replaced when one restarts).
+pub struct Router<D> {
+    pub prefix: String,
+    tenants: HashMap<String, usize>,
+    pub targets: Vec<Arc<str>>,
+    pools: Vec<RwLock<Option<ActorRef<PoolMsg<D>>>>>,
+}
+
+impl<D> Router<D> {
+    pub fn new(prefix: &str, targets: Vec<Arc<str>>, tenants: HashMap<String, usize>) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            pools: targets.iter().map(|_| RwLock::new(None)).collect(),
+            tenants,
+            targets,
+        }
+    }
+
+    pub fn pool(&self, idx: usize) -> Option<ActorRef<PoolMsg<D>>> {
+        self.pools
+            .get(idx)?
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_pool(&self, idx: usize, actor: Option<ActorRef<PoolMsg<D>>>) {
+        if let Some(slot) = self.pools.get(idx) {
+            *slot.write().unwrap_or_else(|e| e.into_inner()) = actor;
+        }
+    }
+
+    pub fn pool_of_tenant(&self, tenant: &str) -> Option<usize> {
+        self.tenants.get(tenant).copied()
+    }
+
+    pub fn pool_index(&self, target: &str) -> Option<usize> {
+        self.targets.iter().position(|t| &**t == target)
+    }
+
+    pub fn route(&self, subject: &str, tables: &TableSettingsResolver) -> Route {
+        match parse_subject(&self.prefix, subject) {
+            Some((tenant, table)) => {
+                let key = TableKey::new(tenant, table);
+                let metrics = TableMetrics::new(&key);
+                match self.tenants.get(tenant) {
+                    Some(&pool) => Route::Table { key, pool, metrics },
+                    None => Route::Park {
+                        error: Arc::from(format!("tenant {tenant} has no ClickHouse target")),
+                        dlq: tables.resolve(&key).dlq,
+                        reason: ParkReason::NoTarget,
+                        key,
+                        metrics,
+                    },
+                }
+            }
+            None => {
+                let key = TableKey::new("_invalid", "subject");
+                Route::Park {
+                    error: Arc::from(format!(
+                        "invalid subject {subject:?}: expected {}.<tenant>.<table> with tenant \
+                         [A-Za-z_][A-Za-z0-9_-]* and table [A-Za-z_][A-Za-z0-9_]*",
+                        self.prefix
+                    )),
+                    dlq: tables.resolve(&key).dlq,
+                    reason: ParkReason::InvalidSubject,
+                    metrics: TableMetrics::new(&key),
+                    key,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_parse_only_with_identifier_tokens() {
+        assert_eq!(
+            parse_subject("ingest", "ingest.acme.events"),
+            Some(("acme", "events"))
+        );
+        assert_eq!(
+            parse_subject("ingest", "ingest.a-b_1.t_2"),
+            Some(("a-b_1", "t_2"))
+        );
+        for bad in [
+            "ingest.acme",
+            "ingest.acme.events.x",
+            "other.acme.events",
+            "ingestx.acme.events",
+            "ingest.1acme.events",
+            "ingest.acme.ev-ents",
+            "ingest..events",
+            "ingest.acme.",
+            "ingest.ac me.events",
+        ] {
+            assert_eq!(parse_subject("ingest", bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Every metric name of DESIGN.md "Metrics", in one place, with `describe_all()` and
+//! the per-table / per-target handle caches the actors use (labels are built once per
+//! table or target, never per row).
+//!
+//! Label conventions (consistent everywhere):
+//! - `tenant` is the tenant, `table` is the bare table name (never `tenant.table`).
+//! - Where DESIGN lists `{tenant,table}` both are set; where it lists `{table}` only the
+//!   table is set — except on the two per-table *gauges* (`sluice_buffered_rows`,
+//!   `sluice_table_backoff`), which also carry `tenant`: two tenants may each have a
+//!   table `events`, and a gauge without the tenant would be overwritten by the other's
+//!   value (sum by `table` gives the DESIGN view).
+//! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`.
+//! - `reason` on `sluice_retries_total`: `unavailable`, `denied`, `unknown` (the class of
+//!   the outage that sent rows back) or `backoff` (rows handed back because a window was
+//!   open, a probe was out, or a table was busy/restarting).
+//! - `reason` on `sluice_rows_parked_total`: `rejected` (ClickHouse judged the row),
+//!   `no_target` (tenant without a ClickHouse target), `invalid_subject`.
+//! - `outcome` on `sluice_insert_requests_total`: `ok`, `rejected`, `unavailable`,
+//!   `denied`, `unknown`.
+//! - `kind` on `sluice_actor_restarts_total`: `consumer`, `pool`, `table`.
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Unit,
+};
+
+use crate::ports::{Class, TableKey};
+
+pub const ROWS_RECEIVED: &str = "sluice_rows_received_total";
+pub const ROWS_INSERTED: &str = "sluice_rows_inserted_total";
+pub const ROWS_PARKED: &str = "sluice_rows_parked_total";
+pub const RETRIES: &str = "sluice_retries_total";
+pub const INSERT_REQUESTS: &str = "sluice_insert_requests_total";
+pub const INSERT_DURATION: &str = "sluice_insert_duration_seconds";
+pub const BATCH_ROWS: &str = "sluice_batch_rows";
+pub const BREAKER_STATE: &str = "sluice_breaker_state";
+pub const TABLE_BACKOFF: &str = "sluice_table_backoff";
+pub const BUFFERED_ROWS: &str = "sluice_buffered_rows";
+pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
+pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
+/// Not in DESIGN's list, needed by its "a full DLQ makes parking fail ... an alert
+/// metric rises": rows whose DLQ publish failed (they stay unacked).
+pub const DLQ_PUBLISH_FAILURES: &str = "sluice_dlq_publish_failures_total";
+// The query gateway's (written in the `sluice` crate; named here so every name lives
+// in one place).
+pub const QUERY_TOTAL: &str = "sluice_query_total";
+pub const QUERY_RETRIES: &str = "sluice_query_retries_total";
+pub const QUERY_KILLED: &str = "sluice_query_killed_total";
+pub const RETRY_BUDGET_TOKENS: &str = "sluice_retry_budget_tokens";
+pub const QUERY_DURATION: &str = "sluice_query_duration_seconds";
+
+/// Every name above, for tests and the `/metrics` acceptance check.
+pub const ALL: &[&str] = &[
+    ROWS_RECEIVED,
+    ROWS_INSERTED,
+    ROWS_PARKED,
+    RETRIES,
+    INSERT_REQUESTS,
+    INSERT_DURATION,
+    BATCH_ROWS,
+    BREAKER_STATE,
+    TABLE_BACKOFF,
+    BUFFERED_ROWS,
+    CONSUMER_PENDING,
+    ACTOR_RESTARTS,
+    DLQ_PUBLISH_FAILURES,
+    QUERY_TOTAL,
+    QUERY_RETRIES,
+    QUERY_KILLED,
+    RETRY_BUDGET_TOKENS,
+    QUERY_DURATION,
+];
+
+/// Register descriptions (and units) with the installed recorder. Call once at start.
+pub fn describe_all() {
+    describe_counter!(
+        ROWS_RECEIVED,
+        Unit::Count,
+        "Rows pulled from the ingest stream, by tenant and table."
+    );
+    describe_counter!(
+        ROWS_INSERTED,
+        Unit::Count,
+        "Rows inserted into ClickHouse (and acked), by tenant and table."
+    );
+    describe_counter!(
+        ROWS_PARKED,
+        Unit::Count,
+        "Rows parked on the dead-letter stream, by tenant, table and reason."
+    );
+    describe_counter!(RETRIES, Unit::Count, "Rows handed back for redelivery with a delay, by table and reason (unavailable, denied, unknown, backoff).");
+    describe_counter!(
+        INSERT_REQUESTS,
+        Unit::Count,
+        "Insert requests sent to ClickHouse, by target and outcome."
+    );
+    describe_histogram!(
+        INSERT_DURATION,
+        Unit::Seconds,
+        "Duration of one insert request, by target."
+    );
+    describe_histogram!(BATCH_ROWS, Unit::Count, "Rows per flushed batch, by table.");
+    describe_gauge!(
+        BREAKER_STATE,
+        "The pool's outage breaker: 0 closed, 1 open, 2 probing."
+    );
+    describe_gauge!(
+        TABLE_BACKOFF,
+        "A table's own backoff (table-scoped failures): 0 closed, 1 open, 2 probing."
+    );
+    describe_gauge!(
+        BUFFERED_ROWS,
+        Unit::Count,
+        "Rows buffered in a table actor, not yet flushed."
+    );
+    describe_gauge!(
+        CONSUMER_PENDING,
+        Unit::Count,
+        "Messages in the stream not yet delivered to the consumer (the lag)."
+    );
+    describe_counter!(
+        ACTOR_RESTARTS,
+        Unit::Count,
+        "Actors respawned after a failure, by kind."
+    );
+    describe_counter!(
+        DLQ_PUBLISH_FAILURES,
+        Unit::Count,
+        "Rows whose DLQ publish failed; they stay unacked (alert on this)."
+    );
+    describe_counter!(
+        QUERY_TOTAL,
+        Unit::Count,
+        "Queries through the gateway, by status."
+    );
+    describe_counter!(
+        QUERY_RETRIES,
+        Unit::Count,
+        "Query retries spent from the retry budget."
+    );
+    describe_counter!(
+        QUERY_KILLED,
+        Unit::Count,
+        "Queries killed with KILL QUERY after a client timeout."
+    );
+    describe_gauge!(
+        RETRY_BUDGET_TOKENS,
+        "Tokens left in the query retry budget."
+    );
+    describe_histogram!(
+        QUERY_DURATION,
+        Unit::Seconds,
+        "Duration of one gateway query."
+    );
+}
+
+/// The reason label for rows sent back after an outage answer of this class.
+pub fn retry_reason(class: Class) -> &'static str {
+    match class {
+        Class::Unavailable => "unavailable",
+        Class::Denied => "denied",
+        Class::Unknown => "unknown",
+        // A rejected row is never retried by class; it is left unacked (DLQ off or
+        // failing), which is closest to a backoff.
+        Class::Rejected => "backoff",
+    }
+}
+
+/// One table's handles.
+#[derive(Clone)]
+pub struct TableMetrics {
+    pub received: Counter,
+    pub inserted: Counter,
+    pub parked_rejected: Counter,
+    pub parked_no_target: Counter,
+    pub parked_invalid: Counter,
+    pub retries_unavailable: Counter,
+    pub retries_denied: Counter,
+    pub retries_unknown: Counter,
+    pub retries_backoff: Counter,
+    pub dlq_failures: Counter,
+    pub batch_rows: Histogram,
+    pub buffered: Gauge,
+    pub backoff: Gauge,
+}
+
+impl TableMetrics {
+    pub fn new(key: &TableKey) -> Self {
+        let tenant = key.tenant.to_string();
+        let table = key.table.to_string();
+        let tt = |name: &'static str| counter!(name, "tenant" => tenant.clone(), "table" => table.clone());
+        let parked = |reason: &'static str| counter!(ROWS_PARKED, "tenant" => tenant.clone(), "table" => table.clone(), "reason" => reason);
+        let retries =
+            |reason: &'static str| counter!(RETRIES, "table" => table.clone(), "reason" => reason);
+        Self {
+            received: tt(ROWS_RECEIVED),
+            inserted: tt(ROWS_INSERTED),
+            parked_rejected: parked("rejected"),
+            parked_no_target: parked("no_target"),
+            parked_invalid: parked("invalid_subject"),
+            retries_unavailable: retries("unavailable"),
+            retries_denied: retries("denied"),
+            retries_unknown: retries("unknown"),
+            retries_backoff: retries("backoff"),
+            dlq_failures: tt(DLQ_PUBLISH_FAILURES),
+            batch_rows: histogram!(BATCH_ROWS, "table" => table.clone()),
+            buffered: gauge!(BUFFERED_ROWS, "tenant" => tenant.clone(), "table" => table.clone()),
+            backoff: gauge!(TABLE_BACKOFF, "tenant" => tenant.clone(), "table" => table.clone()),
+        }
+    }
+
+    pub fn retries(&self, reason: &str) -> &Counter {
+        match reason {
+            "unavailable" => &self.retries_unavailable,
+            "denied" => &self.retries_denied,
+            "unknown" => &self.retries_unknown,
+            _ => &self.retries_backoff,
+        }
+    }
+}
+
+/// One ClickHouse target's handles.
+#[derive(Clone)]
+pub struct TargetMetrics {
+    pub ok: Counter,
+    pub rejected: Counter,
+    pub unavailable: Counter,
+    pub denied: Counter,
+    pub unknown: Counter,
+    pub duration: Histogram,
+    pub breaker: Gauge,
+}
+
+impl TargetMetrics {
+    pub fn new(target: &str) -> Self {
+        let req = |outcome: &'static str| counter!(INSERT_REQUESTS, "target" => target.to_owned(), "outcome" => outcome);
+        Self {
+            ok: req("ok"),
+            rejected: req("rejected"),
+            unavailable: req("unavailable"),
+            denied: req("denied"),
+            unknown: req("unknown"),
+            duration: histogram!(INSERT_DURATION, "target" => target.to_owned()),
+            breaker: gauge!(BREAKER_STATE, "target" => target.to_owned()),
+        }
+    }
+
+    pub fn request(&self, outcome: Option<Class>, seconds: f64) {
+        let c = match outcome {
+            None => &self.ok,
+            Some(Class::Rejected) => &self.rejected,
+            Some(Class::Unavailable) => &self.unavailable,
+            Some(Class::Denied) => &self.denied,
+            Some(Class::Unknown) => &self.unknown,
+        };
+        c.increment(1);
+        self.duration.record(seconds);
+    }
+}
+
+pub fn restarts(kind: &'static str) -> Counter {
+    counter!(ACTOR_RESTARTS, "kind" => kind)
+}
+
+pub fn consumer_pending(stream: &str) -> Gauge {
+    gauge!(CONSUMER_PENDING, "stream" => stream.to_owned())
+}

@@ -1,0 +1,381 @@
+//! The live actor tree for `GET /admin/actors` and `/readyz` (quickwit's observe
+//! pattern): each actor publishes a serializable snapshot of its state into this shared
+//! registry when it changes (after a batch, a flush, a breaker transition; at most every
+//! ~200 ms), and an observer reads the registry without messaging or waiting on any
+//! actor. A snapshot older than `stale_after` is reported stale, with its age.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::gate::GateSnapshot;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    Root,
+    Consumer,
+    Pool,
+    Table,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    Starting,
+    Running,
+    Stopping,
+    Failed,
+    Restarting,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ConsumerSnapshot {
+    pub connected: bool,
+    pub pulled_total: u64,
+    /// The stream's pending count (lag), when the source knows it.
+    pub pending: Option<u64>,
+    pub reconnects: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PoolSnapshot {
+    pub target: String,
+    pub breaker: GateSnapshot,
+    /// The target answered one probe (readiness).
+    pub probed_ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    pub tables: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_probe_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TableSnapshot {
+    pub tenant: String,
+    pub table: String,
+    pub buffered_rows: usize,
+    pub buffered_bytes: usize,
+    pub flights: usize,
+    pub backoff: GateSnapshot,
+    pub rows_inserted: u64,
+    pub rows_parked: u64,
+    /// Rows handed back (naked with a delay) by this table.
+    pub rows_handed_back: u64,
+    pub dlq_failures: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A node's kind-specific state.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum NodeState {
+    None {},
+    Consumer(ConsumerSnapshot),
+    Pool(PoolSnapshot),
+    Table(TableSnapshot),
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    kind: NodeKind,
+    name: String,
+    parent: Option<String>,
+    status: NodeStatus,
+    restarts: u64,
+    last_error: Option<String>,
+    state: NodeState,
+    updated: Instant,
+}
+
+/// One node of the tree as the admin endpoint shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TreeNode {
+    pub kind: NodeKind,
+    pub name: String,
+    pub status: NodeStatus,
+    pub restarts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// How old the snapshot is.
+    pub snapshot_age_ms: u64,
+    /// True when the snapshot is older than the stale threshold.
+    pub stale: bool,
+    pub state: NodeState,
+    pub children: Vec<TreeNode>,
+}
+
+/// Node ids: `root`, `consumer`, `pool/<target>`, `pool/<target>/table/<tenant>.<table>`.
+pub type NodeId = String;
+
+pub fn pool_id(target: &str) -> NodeId {
+    format!("pool/{target}")
+}
+
+pub fn table_id(target: &str, key: &crate::ports::TableKey) -> NodeId {
+    format!("pool/{target}/table/{key}")
+}
+
+pub const ROOT_ID: &str = "root";
+pub const CONSUMER_ID: &str = "consumer";
+
+#[derive(Debug)]
+pub struct Registry {
+    nodes: Mutex<BTreeMap<NodeId, Node>>,
+    stale_after: Duration,
+}
+
+impl Registry {
+    pub fn new(stale_after: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            nodes: Mutex::new(BTreeMap::new()),
+            stale_after,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Node>> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Make sure a node exists (status `starting` when new).
+    pub fn register(&self, id: &str, kind: NodeKind, name: &str, parent: Option<&str>) {
+        let mut nodes = self.lock();
+        nodes.entry(id.to_owned()).or_insert_with(|| Node {
+            kind,
+            name: name.to_owned(),
+            parent: parent.map(str::to_owned),
+            status: NodeStatus::Starting,
+            restarts: 0,
+            last_error: None,
+            state: NodeState::None {},
+            updated: Instant::now(),
+        });
+    }
+
+    pub fn set_status(&self, id: &str, status: NodeStatus) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.status = status;
+            n.updated = Instant::now();
+        }
+    }
+
+    /// A failure seen by the supervisor: status, error and the restart count.
+    pub fn failed(&self, id: &str, error: &str, restarting: bool) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.status = if restarting {
+                NodeStatus::Restarting
+            } else {
+                NodeStatus::Failed
+            };
+            n.last_error = Some(error.to_owned());
+            n.updated = Instant::now();
+        }
+    }
+
+    pub fn count_restart(&self, id: &str) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.restarts += 1;
+        }
+    }
+
+    pub fn restarts(&self, id: &str) -> u64 {
+        self.lock().get(id).map(|n| n.restarts).unwrap_or(0)
+    }
+
+    pub fn status(&self, id: &str) -> Option<NodeStatus> {
+        self.lock().get(id).map(|n| n.status)
+    }
+
+    /// Publish an actor's state; a starting or restarting node becomes running.
+    pub fn publish(&self, id: &str, state: NodeState) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.state = state;
+            n.updated = Instant::now();
+            if matches!(n.status, NodeStatus::Starting | NodeStatus::Restarting) {
+                n.status = NodeStatus::Running;
+            }
+        }
+    }
+
+    pub fn state(&self, id: &str) -> Option<NodeState> {
+        self.lock().get(id).map(|n| n.state.clone())
+    }
+
+    pub fn remove(&self, id: &str) {
+        let mut nodes = self.lock();
+        nodes.remove(id);
+        let prefix = format!("{id}/");
+        nodes.retain(|k, _| !k.starts_with(&prefix));
+    }
+
+    /// The whole tree, rooted at `root`.
+    pub fn tree(&self) -> Option<TreeNode> {
+        let nodes = self.lock();
+        let now = Instant::now();
+        let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (id, n) in nodes.iter() {
+            if let Some(p) = &n.parent {
+                children.entry(p.as_str()).or_default().push(id.as_str());
+            }
+        }
+        fn build(
+            id: &str,
+            nodes: &BTreeMap<NodeId, Node>,
+            children: &BTreeMap<&str, Vec<&str>>,
+            now: Instant,
+            stale_after: Duration,
+        ) -> Option<TreeNode> {
+            let n = nodes.get(id)?;
+            let age = now.saturating_duration_since(n.updated);
+            Some(TreeNode {
+                kind: n.kind,
+                name: n.name.clone(),
+                status: n.status,
+                restarts: n.restarts,
+                last_error: n.last_error.clone(),
+                snapshot_age_ms: age.as_millis() as u64,
+                stale: age > stale_after,
+                state: n.state.clone(),
+                children: children
+                    .get(id)
+                    .map(|c| {
+                        c.iter()
+                            .filter_map(|c| build(c, nodes, children, now, stale_after))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+        }
+        build(ROOT_ID, &nodes, &children, now, self.stale_after)
+    }
+
+    pub fn tree_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.tree()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Ready when the consumer is connected and running and every pool's target answered
+    /// one probe. `Err` lists every reason it is not.
+    pub fn readiness(&self) -> Result<(), Vec<String>> {
+        let nodes = self.lock();
+        let mut reasons = vec![];
+        match nodes.get(CONSUMER_ID) {
+            None => reasons.push("consumer: not started".to_owned()),
+            Some(n) => {
+                if n.status != NodeStatus::Running {
+                    reasons.push(format!("consumer: {}", status_word(n.status)));
+                }
+                match &n.state {
+                    NodeState::Consumer(c) if c.connected => {}
+                    NodeState::Consumer(c) => reasons.push(match &c.last_error {
+                        Some(e) => format!("consumer: not connected to the stream ({e})"),
+                        None => "consumer: not connected to the stream".to_owned(),
+                    }),
+                    _ => reasons.push("consumer: not connected to the stream".to_owned()),
+                }
+            }
+        }
+        let mut pools = 0;
+        for n in nodes.values().filter(|n| n.kind == NodeKind::Pool) {
+            pools += 1;
+            match &n.state {
+                NodeState::Pool(p) if p.probed_ok => {}
+                NodeState::Pool(p) => reasons.push(match &p.last_probe_error {
+                    Some(e) => format!("target {}: not probed yet ({e})", n.name),
+                    None => format!("target {}: not probed yet", n.name),
+                }),
+                _ => reasons.push(format!("target {}: not probed yet", n.name)),
+            }
+        }
+        let _ = pools;
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    }
+}
+
+fn status_word(s: NodeStatus) -> &'static str {
+    match s {
+        NodeStatus::Starting => "starting",
+        NodeStatus::Running => "running",
+        NodeStatus::Stopping => "stopping",
+        NodeStatus::Failed => "failed",
+        NodeStatus::Restarting => "restarting",
+    }
+}
+
+/// Rate-limits snapshot publication: publish when something changed and at least
+/// `every` passed, or at once for transitions (`force`).
+#[derive(Debug)]
+pub struct Publisher {
+    every: Duration,
+    last: Option<Instant>,
+    pub dirty: bool,
+}
+
+impl Publisher {
+    pub fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            dirty: true,
+        }
+    }
+
+    /// Should the actor publish now?
+    pub fn due(&mut self, force: bool) -> bool {
+        let now = Instant::now();
+        let due = force
+            || (self.dirty
+                && self
+                    .last
+                    .is_none_or(|l| now.saturating_duration_since(l) >= self.every));
+        if due {
+            self.last = Some(now);
+            self.dirty = false;
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn tree_nests_and_marks_stale_snapshots() {
+        let r = Registry::new(Duration::from_secs(5));
+        r.register(ROOT_ID, NodeKind::Root, "root", None);
+        r.register(CONSUMER_ID, NodeKind::Consumer, "INGEST", Some(ROOT_ID));
+        r.register("pool/main", NodeKind::Pool, "main", Some(ROOT_ID));
+        r.publish(ROOT_ID, NodeState::None {});
+        r.publish(
+            CONSUMER_ID,
+            NodeState::Consumer(ConsumerSnapshot {
+                connected: true,
+                ..Default::default()
+            }),
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        r.publish(ROOT_ID, NodeState::None {});
+        let t = r.tree().unwrap();
+        assert_eq!(t.children.len(), 2);
+        let consumer = t
+            .children
+            .iter()
+            .find(|c| c.kind == NodeKind::Consumer)
+            .unwrap();
+        assert!(consumer.stale);
+        assert_eq!(consumer.snapshot_age_ms, 6000);
+        assert!(!t.stale);
+        let reasons = r.readiness().unwrap_err();
+        assert_eq!(reasons, vec!["target main: not probed yet".to_owned()]);
+    }
+}

@@ -1,0 +1,353 @@
+//! The public face: start the tree, get a [`PipelineHandle`].
+//!
+//! ```ignore
+//! let handle = sluice_actors::start(PipelineConfig {
+//!     source: my_source_factory,
+//!     targets: vec![Target::new("main", Arc::new(my_clickhouse_inserter))],
+//!     tenants: [("acme".into(), "main".into())].into(),
+//!     tables: TableSettingsResolver::new(TableSettings::default()),
+//!     settings: PipelineSettings::default(),
+//! }).await?;
+//! tokio::select! {
+//!     why = handle.fatal() => { eprintln!("{why}"); std::process::exit(1) }
+//!     _ = sigterm() => { let summary = handle.shutdown().await; }
+//! }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::consumer::{ConsumerMsg, Router};
+use crate::context::{Common, Faults, Stats};
+use crate::observe::{self, NodeKind, Registry, TreeNode, CONSUMER_ID, ROOT_ID};
+use crate::pool::{PoolMsg, PoolShared};
+use crate::ports::{Inserter, Source, SourceFactory, TableKey};
+use crate::settings::{PipelineSettings, TableSettingsResolver};
+use crate::supervisor::{RootArgs, RootMsg, RootSupervisor};
+
+type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
+
+/// One ClickHouse target (URL + user + database) and its inserter.
+pub struct Target<I> {
+    pub name: String,
+    pub inserter: Arc<I>,
+}
+
+impl<I> Target<I> {
+    pub fn new(name: &str, inserter: Arc<I>) -> Self {
+        Self {
+            name: name.to_owned(),
+            inserter,
+        }
+    }
+}
+
+pub struct PipelineConfig<F, I> {
+    /// Opens the durable consumer (again after a failure).
+    pub source: F,
+    /// One PoolActor per target.
+    pub targets: Vec<Target<I>>,
+    /// tenant → target name.
+    pub tenants: HashMap<String, String>,
+    pub tables: TableSettingsResolver,
+    pub settings: PipelineSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("tenant {tenant} names target {target}, which is not configured")]
+    UnknownTarget { tenant: String, target: String },
+    #[error("target {0} is configured twice")]
+    DuplicateTarget(String),
+    #[error("the root supervisor could not start: {0}")]
+    Spawn(String),
+}
+
+/// Totals since the pipeline started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    pub received: u64,
+    pub inserted: u64,
+    pub parked: u64,
+    pub handed_back: u64,
+    pub dlq_failures: u64,
+}
+
+/// What a graceful shutdown did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ShutdownSummary {
+    /// Rows inserted (and acked) during the shutdown.
+    pub rows_flushed: u64,
+    pub rows_parked: u64,
+    /// Rows naked for redelivery during the shutdown.
+    pub rows_handed_back: u64,
+    /// The deadline passed with flights still running (their rows were handed back).
+    pub deadline_hit: bool,
+    pub took_ms: u64,
+}
+
+pub struct PipelineHandle<D> {
+    common: Arc<Common>,
+    router: Arc<Router<D>>,
+    consumer: Arc<RwLock<Option<ActorRef<ConsumerMsg>>>>,
+    root: ActorRef<RootMsg>,
+    root_done: tokio::sync::watch::Receiver<bool>,
+    stopping: Arc<AtomicBool>,
+}
+
+/// Start the actor tree.
+pub async fn start<F, I>(
+    cfg: PipelineConfig<F, I>,
+) -> Result<PipelineHandle<DeliveryOf<F>>, StartError>
+where
+    F: SourceFactory,
+    I: Inserter,
+{
+    let mut names: Vec<Arc<str>> = Vec::new();
+    for t in &cfg.targets {
+        if names.iter().any(|n| **n == *t.name) {
+            return Err(StartError::DuplicateTarget(t.name.clone()));
+        }
+        names.push(Arc::from(t.name.as_str()));
+    }
+    let mut tenants = HashMap::new();
+    for (tenant, target) in &cfg.tenants {
+        let idx = names.iter().position(|n| **n == **target).ok_or_else(|| {
+            StartError::UnknownTarget {
+                tenant: tenant.clone(),
+                target: target.clone(),
+            }
+        })?;
+        tenants.insert(tenant.clone(), idx);
+    }
+    let registry = Registry::new(cfg.settings.stale_after);
+    let common = Common::new(cfg.settings, cfg.tables, registry.clone());
+    registry.register(ROOT_ID, NodeKind::Root, "sluice", None);
+    registry.register(
+        CONSUMER_ID,
+        NodeKind::Consumer,
+        &common.settings.stream,
+        Some(ROOT_ID),
+    );
+    let pools: Vec<Arc<PoolShared<I>>> = cfg
+        .targets
+        .into_iter()
+        .map(|t| {
+            registry.register(
+                &observe::pool_id(&t.name),
+                NodeKind::Pool,
+                &t.name,
+                Some(ROOT_ID),
+            );
+            PoolShared::new(&t.name, t.inserter, common.clone())
+        })
+        .collect();
+    let router = Arc::new(Router::new(&common.settings.subject_prefix, names, tenants));
+    let consumer = Arc::new(RwLock::new(None));
+    let args = RootArgs {
+        common: common.clone(),
+        factory: Arc::new(cfg.source),
+        router: router.clone(),
+        pools,
+        consumer_slot: consumer.clone(),
+    };
+    let (root, join) = Actor::spawn(None, RootSupervisor::<F, I>::default(), args)
+        .await
+        .map_err(|e| StartError::Spawn(e.to_string()))?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (done_tx, root_done) = tokio::sync::watch::channel(false);
+    {
+        let common = common.clone();
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            let _ = join.await;
+            let _ = done_tx.send(true);
+            if !stopping.load(Ordering::SeqCst) {
+                common.set_fatal("the root supervisor stopped".into());
+            }
+        });
+    }
+    Ok(PipelineHandle {
+        common,
+        router,
+        consumer,
+        root,
+        root_done,
+        stopping,
+    })
+}
+
+impl<D: crate::ports::Delivery> PipelineHandle<D> {
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.common.registry
+    }
+
+    /// The live actor tree (never waits on an actor).
+    pub fn tree(&self) -> Option<TreeNode> {
+        self.common.registry.tree()
+    }
+
+    pub fn tree_json(&self) -> serde_json::Value {
+        self.common.registry.tree_json()
+    }
+
+    /// `/readyz`: consumer connected and running, every target probed once.
+    pub fn readiness(&self) -> Result<(), Vec<String>> {
+        self.common.registry.readiness()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.common.stats;
+        StatsSnapshot {
+            received: Stats::get(&s.received),
+            inserted: Stats::get(&s.inserted),
+            parked: Stats::get(&s.parked),
+            handed_back: Stats::get(&s.handed_back),
+            dlq_failures: Stats::get(&s.dlq_failures),
+        }
+    }
+
+    /// Resolves when the pipeline cannot go on (a core actor cannot be respawned, the
+    /// root stopped): the process must exit non-zero.
+    pub async fn fatal(&self) -> String {
+        let mut rx = self.common.fatal.subscribe();
+        let why = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone().unwrap_or_default(),
+            Err(_) => "the pipeline is gone".into(),
+        };
+        why
+    }
+
+    pub fn fatal_reason(&self) -> Option<String> {
+        self.common.fatal.borrow().clone()
+    }
+
+    /// Debug hook: panic inside the TableActor of `key` (if it runs).
+    pub async fn inject_panic(&self, key: &TableKey) -> Result<(), String> {
+        let idx = self
+            .router
+            .pool_of_tenant(&key.tenant)
+            .ok_or_else(|| format!("tenant {} has no target", key.tenant))?;
+        let pool = self.router.pool(idx).ok_or("the pool is restarting")?;
+        match pool
+            .call(
+                |tx| PoolMsg::PanicTable(key.clone(), tx),
+                Some(Duration::from_secs(5)),
+            )
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(true)) => Ok(()),
+            Ok(ractor::rpc::CallResult::Success(false)) => {
+                Err(format!("no table actor runs for {key}"))
+            }
+            _ => Err("the pool did not answer".into()),
+        }
+    }
+
+    /// Debug hook: panic inside the PoolActor of `target`.
+    pub fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
+        let idx = self
+            .router
+            .pool_index(target)
+            .ok_or_else(|| format!("no target {target}"))?;
+        let pool = self.router.pool(idx).ok_or("the pool is restarting")?;
+        pool.cast(PoolMsg::Panic)
+            .map_err(|_| "the pool is gone".to_string())
+    }
+
+    /// Debug hook: panic inside the ConsumerActor.
+    pub fn inject_consumer_panic(&self) -> Result<(), String> {
+        let c = self
+            .consumer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        c.ok_or("the consumer is restarting")?
+            .cast(ConsumerMsg::Panic)
+            .map_err(|_| "the consumer is gone".to_string())
+    }
+
+    #[doc(hidden)]
+    pub fn faults(&self) -> &Faults {
+        &self.common.faults
+    }
+
+    /// Graceful shutdown: stop pulling, flush every buffer now, wait for the flights up
+    /// to the deadline, hand back whatever is left (at once), stop the tree. A second
+    /// call only waits for the tree to be stopped.
+    pub async fn shutdown(&self) -> ShutdownSummary {
+        let started = Instant::now();
+        let before = self.stats();
+        let deadline = started + self.common.settings.shutdown_deadline;
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            let mut done = self.root_done.clone();
+            let _ =
+                tokio::time::timeout_at(deadline + Duration::from_secs(10), done.wait_for(|d| *d))
+                    .await;
+            return ShutdownSummary {
+                rows_flushed: 0,
+                rows_parked: 0,
+                rows_handed_back: 0,
+                deadline_hit: false,
+                took_ms: started.elapsed().as_millis() as u64,
+            };
+        }
+        tracing::info!("shutdown: stop pulling, flush every buffer");
+        let step = Some(Duration::from_secs(5));
+        let _ = self.root.call(RootMsg::Stopping, step).await;
+        self.common.stop_pulling.trigger();
+        let consumer = self
+            .consumer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(c) = consumer {
+            let _ = c.call(ConsumerMsg::StopPulling, step).await;
+        }
+        let pools: Vec<_> = (0..self.router.targets.len())
+            .filter_map(|i| self.router.pool(i))
+            .collect();
+        for p in &pools {
+            let _ = p.call(PoolMsg::FlushAll, step).await;
+        }
+        let tracker = self.common.tracker.clone();
+        let deadline_hit = tokio::time::timeout_at(deadline, tracker.idle())
+            .await
+            .is_err();
+        if deadline_hit {
+            tracing::warn!(
+                flights = tracker.active(),
+                "shutdown deadline: handing back what is still in flight"
+            );
+            self.common.cancel_flights.trigger();
+        }
+        for p in &pools {
+            let _ = p.call(PoolMsg::HandBackAll, step).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.idle()).await;
+        self.root.stop(Some("shutdown".into()));
+        let mut done = self.root_done.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), done.wait_for(|d| *d)).await;
+        let after = self.stats();
+        let summary = ShutdownSummary {
+            rows_flushed: after.inserted - before.inserted,
+            rows_parked: after.parked - before.parked,
+            rows_handed_back: after.handed_back - before.handed_back,
+            deadline_hit,
+            took_ms: started.elapsed().as_millis() as u64,
+        };
+        tracing::info!(
+            flushed = summary.rows_flushed,
+            handed_back = summary.rows_handed_back,
+            deadline_hit,
+            "shutdown complete"
+        );
+        summary
+    }
+}

@@ -1,0 +1,233 @@
+//! Every knob of the actor tree, with the defaults DESIGN.md gives, and the resolver of
+//! per-table overrides (`[tables."tenant.table"]` in `config.toml`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::ports::TableKey;
+
+/// How one table is batched and what happens to its rejected rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSettings {
+    /// Flush when this many rows are buffered.
+    pub batch_rows: usize,
+    /// Flush when the buffered rows (each with its `\n`) reach this many bytes.
+    pub batch_bytes: usize,
+    /// Flush when the oldest buffered row is this old.
+    pub batch_age: Duration,
+    /// Park rows ClickHouse rejects alone on the DLQ; when off they stay unacked
+    /// (naked with the cap delay) and come back.
+    pub dlq: bool,
+    /// Ask ClickHouse to skip fields the table does not have.
+    pub skip_unknown_fields: bool,
+}
+
+impl Default for TableSettings {
+    fn default() -> Self {
+        Self {
+            batch_rows: 10_000,
+            batch_bytes: 8 * 1024 * 1024,
+            batch_age: Duration::from_secs(1),
+            dlq: true,
+            skip_unknown_fields: false,
+        }
+    }
+}
+
+/// One table's overrides; `None` keeps the default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableOverrides {
+    pub batch_rows: Option<usize>,
+    pub batch_bytes: Option<usize>,
+    pub batch_age: Option<Duration>,
+    pub dlq: Option<bool>,
+    pub skip_unknown_fields: Option<bool>,
+}
+
+impl TableOverrides {
+    fn apply(&self, base: &TableSettings) -> TableSettings {
+        TableSettings {
+            batch_rows: self.batch_rows.unwrap_or(base.batch_rows).max(1),
+            batch_bytes: self.batch_bytes.unwrap_or(base.batch_bytes).max(1),
+            batch_age: self.batch_age.unwrap_or(base.batch_age),
+            dlq: self.dlq.unwrap_or(base.dlq),
+            skip_unknown_fields: self.skip_unknown_fields.unwrap_or(base.skip_unknown_fields),
+        }
+    }
+}
+
+/// Resolves a table's settings: its override (keyed `tenant.table`) over the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct TableSettingsResolver {
+    pub defaults: TableSettings,
+    /// Keyed by `tenant.table`, exactly as `[tables."acme.events"]` names it.
+    pub overrides: HashMap<String, TableOverrides>,
+}
+
+impl TableSettingsResolver {
+    pub fn new(defaults: TableSettings) -> Self {
+        Self {
+            defaults,
+            overrides: HashMap::new(),
+        }
+    }
+
+    pub fn with_override(mut self, tenant_table: &str, o: TableOverrides) -> Self {
+        self.overrides.insert(tenant_table.to_owned(), o);
+        self
+    }
+
+    pub fn resolve(&self, key: &TableKey) -> TableSettings {
+        if self.overrides.is_empty() {
+            return self.defaults.clone();
+        }
+        match self.overrides.get(&format!("{}.{}", key.tenant, key.table)) {
+            Some(o) => o.apply(&self.defaults),
+            None => self.defaults.clone(),
+        }
+    }
+}
+
+/// Delay escalation for an outage window (the pool's breaker, a table's backoff).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackoffPolicy {
+    /// The first window (before jitter).
+    pub initial: Duration,
+    /// Windows double up to this cap (before jitter). Also the delay a row left
+    /// unacked is naked with (DLQ off, DLQ publish failed, tenant without target).
+    pub max: Duration,
+    /// While a probe is out, arrivals are handed back with at least this delay.
+    pub probe_handback_min: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            probe_handback_min: Duration::from_millis(500),
+        }
+    }
+}
+
+/// How supervisors respawn a failed child: `initial` doubling to `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartPolicy {
+    pub initial: Duration,
+    pub max: Duration,
+    /// A core actor (consumer, pool) whose spawn fails this many times in a row makes
+    /// the pipeline fatal: the process must exit non-zero.
+    pub max_spawn_failures: u32,
+    /// A child that ran this long without failing starts again from `initial`.
+    pub reset_after: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            max_spawn_failures: 5,
+            reset_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The pipeline's settings (everything but the per-table ones).
+#[derive(Clone, Debug)]
+pub struct PipelineSettings {
+    /// Subjects are `<subject_prefix>.<tenant>.<table>`.
+    pub subject_prefix: String,
+    /// The stream's name, for the `stream` label of `sluice_consumer_pending`.
+    pub stream: String,
+    /// Deliveries asked for per pull.
+    pub pull_batch: usize,
+    /// Flush tasks in flight per table.
+    pub max_inflight_flushes: usize,
+    /// A table actor with an empty buffer, no flight and no backoff for this long is
+    /// stopped (and spawned again on its next row).
+    pub idle_table_after: Duration,
+    /// Graceful shutdown: how long flights may run before what is left is naked.
+    pub shutdown_deadline: Duration,
+    /// JetStream's ack wait: rows held longer than half of it get `progress()`.
+    pub ack_wait: Duration,
+    /// While an outage lasts, a WARN at most this often.
+    pub log_every: Duration,
+    /// Actors publish their snapshot at most this often (and on every state change
+    /// that matters: a flush, a breaker transition).
+    pub snapshot_every: Duration,
+    /// A snapshot older than this is reported stale (with its age).
+    pub stale_after: Duration,
+    /// How often the consumer asks the source for its pending count.
+    pub pending_every: Duration,
+    /// A table refuses to buffer beyond `buffer_cap_batches × batch_rows` rows (or the
+    /// same multiple of `batch_bytes`); rows beyond are handed back (memory bound).
+    pub buffer_cap_batches: usize,
+    /// The pool's breaker.
+    pub pool_backoff: BackoffPolicy,
+    /// A table's own backoff (table-scoped failures).
+    pub table_backoff: BackoffPolicy,
+    /// The consumer's reconnect backoff and the pool's readiness probe retry.
+    pub reconnect: BackoffPolicy,
+    /// How supervisors respawn failed children.
+    pub restart: RestartPolicy,
+    /// When a window has ended and no flush came to probe, the pool probes the target
+    /// itself after this long (so an idle pool's breaker closes too).
+    pub idle_probe_after: Duration,
+    /// Seed for the jitter (tests); `None` seeds from the OS.
+    pub jitter_seed: Option<u64>,
+}
+
+impl Default for PipelineSettings {
+    fn default() -> Self {
+        Self {
+            subject_prefix: "ingest".into(),
+            stream: "INGEST".into(),
+            pull_batch: 1000,
+            max_inflight_flushes: 2,
+            idle_table_after: Duration::from_secs(300),
+            shutdown_deadline: Duration::from_secs(20),
+            ack_wait: Duration::from_secs(60),
+            log_every: Duration::from_secs(30),
+            snapshot_every: Duration::from_millis(200),
+            stale_after: Duration::from_secs(5),
+            pending_every: Duration::from_secs(5),
+            buffer_cap_batches: 4,
+            pool_backoff: BackoffPolicy::default(),
+            table_backoff: BackoffPolicy::default(),
+            reconnect: BackoffPolicy {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(10),
+                probe_handback_min: Duration::from_millis(500),
+            },
+            restart: RestartPolicy::default(),
+            idle_probe_after: Duration::from_secs(1),
+            jitter_seed: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_wins_per_field() {
+        let r = TableSettingsResolver::default().with_override(
+            "acme.events",
+            TableOverrides {
+                batch_rows: Some(500),
+                dlq: Some(false),
+                ..Default::default()
+            },
+        );
+        let s = r.resolve(&TableKey::new("acme", "events"));
+        assert_eq!(s.batch_rows, 500);
+        assert!(!s.dlq);
+        assert_eq!(s.batch_bytes, TableSettings::default().batch_bytes);
+        assert_eq!(
+            r.resolve(&TableKey::new("acme", "clicks")),
+            TableSettings::default()
+        );
+    }
+}

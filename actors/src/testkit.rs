@@ -1,0 +1,560 @@
+//! Fakes for the ports: a recording [`FakeDelivery`] (with its [`Ledger`]), a scripted
+//! [`ScriptedInserter`] and an in-memory [`FakeSource`]. Used by this crate's tests and
+//! the throughput example; public so the binary's tests can drive the tree too.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::ports::*;
+
+// === Delivery ===
+
+/// What happened to one delivery.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Acked,
+    Naked(Duration),
+    Parked(Parking),
+    /// The DLQ publish failed; the delivery came back to the caller.
+    ParkFailed(Parking),
+    Progress,
+    /// Dropped without being settled (the real adapter naks it at once).
+    DroppedUnsettled,
+}
+
+impl Event {
+    fn terminal(&self) -> bool {
+        !matches!(self, Event::Progress | Event::ParkFailed(_))
+    }
+}
+
+/// Records what happened to every [`FakeDelivery`] it made.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    record: bool,
+    events: Mutex<Vec<(u64, Event)>>,
+    next_seq: AtomicU64,
+    pub dlq_fails: AtomicBool,
+    acks: AtomicU64,
+    naks: AtomicU64,
+    parks: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl Ledger {
+    /// Records every event (tests).
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            record: true,
+            ..Default::default()
+        })
+    }
+
+    /// Counts only (throughput runs).
+    pub fn counting() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn delivery(
+        self: &Arc<Self>,
+        subject: &Arc<str>,
+        payload: impl Into<Bytes>,
+    ) -> FakeDelivery {
+        FakeDelivery {
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed) + 1,
+            subject: subject.clone(),
+            payload: payload.into(),
+            ledger: self.clone(),
+            settled: false,
+        }
+    }
+
+    /// `n` rows `{"n":i}` on `subject`.
+    pub fn rows(self: &Arc<Self>, subject: &str, n: usize) -> Vec<FakeDelivery> {
+        let s: Arc<str> = Arc::from(subject);
+        (0..n)
+            .map(|i| self.delivery(&s, format!("{{\"n\":{i}}}")))
+            .collect()
+    }
+
+    fn push(&self, seq: u64, e: Event) {
+        match e {
+            Event::Acked => &self.acks,
+            Event::Naked(_) => &self.naks,
+            Event::Parked(_) => &self.parks,
+            Event::DroppedUnsettled => &self.dropped,
+            _ => {
+                if self.record {
+                    self.events.lock().unwrap().push((seq, e));
+                }
+                return;
+            }
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        if self.record {
+            self.events.lock().unwrap().push((seq, e));
+        }
+    }
+
+    pub fn events(&self) -> Vec<(u64, Event)> {
+        self.events.lock().unwrap().clone()
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acks.load(Ordering::Relaxed)
+    }
+    pub fn naked(&self) -> u64 {
+        self.naks.load(Ordering::Relaxed)
+    }
+    pub fn parked(&self) -> u64 {
+        self.parks.load(Ordering::Relaxed)
+    }
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+    /// Rows settled one way or another (acked, naked, parked, dropped).
+    pub fn settled(&self) -> u64 {
+        self.acked() + self.naked() + self.parked() + self.dropped()
+    }
+
+    pub fn nak_delays(&self) -> Vec<(u64, Duration)> {
+        self.events()
+            .into_iter()
+            .filter_map(|(s, e)| match e {
+                Event::Naked(d) => Some((s, d)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn parkings(&self) -> Vec<(u64, Parking)> {
+        self.events()
+            .into_iter()
+            .filter_map(|(s, e)| match e {
+                Event::Parked(p) => Some((s, p)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn seqs_where(&self, f: impl Fn(&Event) -> bool) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .events()
+            .into_iter()
+            .filter(|(_, e)| f(e))
+            .map(|(s, _)| s)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The terminal events of one delivery.
+    pub fn terminal(&self, seq: u64) -> Vec<Event> {
+        self.events()
+            .into_iter()
+            .filter(|(s, e)| *s == seq && e.terminal())
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// Every delivery made so far was settled exactly once. Returns the offenders.
+    pub fn not_settled_once(&self) -> Vec<(u64, usize)> {
+        let made = self.next_seq.load(Ordering::Relaxed);
+        let mut counts = vec![0usize; made as usize + 1];
+        for (s, e) in self.events() {
+            if e.terminal() {
+                counts[s as usize] += 1;
+            }
+        }
+        counts
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, c)| **c != 1)
+            .map(|(s, c)| (s as u64, *c))
+            .collect()
+    }
+}
+
+/// A recording delivery. Dropped unsettled, it records `DroppedUnsettled` (where the
+/// real adapter naks it).
+#[derive(Debug)]
+pub struct FakeDelivery {
+    pub seq: u64,
+    subject: Arc<str>,
+    payload: Bytes,
+    ledger: Arc<Ledger>,
+    settled: bool,
+}
+
+impl FakeDelivery {
+    fn settle(mut self, e: Event) {
+        self.settled = true;
+        self.ledger.push(self.seq, e);
+    }
+}
+
+impl Drop for FakeDelivery {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.ledger.push(self.seq, Event::DroppedUnsettled);
+        }
+    }
+}
+
+impl Delivery for FakeDelivery {
+    fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    fn meta(&self) -> DeliveryMeta {
+        DeliveryMeta {
+            subject: self.subject.to_string(),
+            stream_sequence: self.seq,
+            deliveries: 1,
+        }
+    }
+
+    async fn ack(self) -> Result<(), SettleError> {
+        self.settle(Event::Acked);
+        Ok(())
+    }
+
+    async fn progress(&self) -> Result<(), SettleError> {
+        self.ledger.push(self.seq, Event::Progress);
+        Ok(())
+    }
+
+    async fn nak(self, delay: Duration) -> Result<(), SettleError> {
+        self.settle(Event::Naked(delay));
+        Ok(())
+    }
+
+    async fn park(self, parking: &Parking) -> Result<(), (Self, SettleError)> {
+        if self.ledger.dlq_fails.load(Ordering::Relaxed) {
+            self.ledger
+                .push(self.seq, Event::ParkFailed(parking.clone()));
+            return Err((self, SettleError("DLQ full".into())));
+        }
+        self.settle(Event::Parked(parking.clone()));
+        Ok(())
+    }
+}
+
+// === Errors ===
+
+const UNAVAILABLE: &[u32] = &[
+    95, 96, 159, 160, 164, 173, 201, 202, 203, 209, 210, 225, 236, 241, 242, 243, 244, 252, 254,
+    265, 279, 285, 286, 289, 297, 319, 364, 369, 394, 415, 425, 439, 499, 574, 692, 700, 735, 745,
+    749, 762, 774, 776, 777, 778, 904, 999, 1000,
+];
+const DENIED: &[u32] = &[192, 193, 194, 195, 291, 497, 516, 720];
+
+/// An answer with ClickHouse exception code `code`, classified as DESIGN says.
+pub fn code(code: u32) -> InsertError {
+    let class = if UNAVAILABLE.contains(&code) {
+        Class::Unavailable
+    } else if DENIED.contains(&code) {
+        Class::Denied
+    } else {
+        Class::Rejected
+    };
+    InsertError {
+        class,
+        code: Some(code),
+        table_scoped: [242, 252, 497, 692, 774].contains(&code),
+        splittable: [241, 252].contains(&code),
+        status: Some(500),
+        message: format!("Code: {code}. DB::Exception: scripted"),
+    }
+}
+
+/// A codeless HTTP answer.
+pub fn status(status: u16) -> InsertError {
+    let class = match status {
+        408 | 429 | 502 | 503 | 504 => Class::Unavailable,
+        401 | 403 | 407 => Class::Denied,
+        413 => Class::Rejected,
+        _ => Class::Unknown,
+    };
+    InsertError {
+        class,
+        code: None,
+        table_scoped: false,
+        splittable: false,
+        status: Some(status),
+        message: format!("HTTP {status}"),
+    }
+}
+
+/// A transport failure (refused, reset, timeout...).
+pub fn transport(what: &str) -> InsertError {
+    InsertError {
+        class: Class::Unavailable,
+        code: None,
+        table_scoped: false,
+        splittable: false,
+        status: None,
+        message: what.to_owned(),
+    }
+}
+
+// === Inserter ===
+
+pub type Answer = Result<(), InsertError>;
+type Rule = Box<dyn Fn(&InsertRequest) -> Option<Answer> + Send + Sync>;
+
+/// One recorded insert request.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub table: TableKey,
+    pub rows: usize,
+    pub body: Bytes,
+    pub answer: Answer,
+}
+
+impl Recorded {
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Answers each insert from a queue of scripted answers, then from rules (first match),
+/// then the default. Records every request.
+#[derive(Default)]
+pub struct ScriptedInserter {
+    queue: Mutex<VecDeque<Answer>>,
+    rules: Mutex<Vec<Rule>>,
+    default: Mutex<Option<InsertError>>,
+    probe: Mutex<Option<InsertError>>,
+    latency: Mutex<Duration>,
+    record: bool,
+    requests: Mutex<Vec<Recorded>>,
+    count: AtomicUsize,
+    rows_ok: AtomicUsize,
+    probes: AtomicU32,
+}
+
+impl ScriptedInserter {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            record: true,
+            ..Default::default()
+        })
+    }
+
+    /// Answers Ok to everything and records only counts (throughput runs).
+    pub fn instant() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The next inserts answer these, in order.
+    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.queue.lock().unwrap().extend(answers);
+    }
+
+    pub fn rule(&self, f: impl Fn(&InsertRequest) -> Option<Answer> + Send + Sync + 'static) {
+        self.rules.lock().unwrap().push(Box::new(f));
+    }
+
+    pub fn clear_rules(&self) {
+        self.rules.lock().unwrap().clear();
+    }
+
+    /// Reject (code 27, CANNOT_PARSE_INPUT) every request whose body contains `needle`.
+    pub fn reject_containing(&self, needle: &'static str) {
+        self.rule(move |r| {
+            let hay = &r.body[..];
+            hay.windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+                .then(|| Err(code(27)))
+        });
+    }
+
+    /// What every insert answers when nothing else matched (`None`: Ok).
+    pub fn set_default(&self, e: Option<InsertError>) {
+        *self.default.lock().unwrap() = e;
+    }
+
+    /// What `probe()` answers (`None`: Ok).
+    pub fn set_probe(&self, e: Option<InsertError>) {
+        *self.probe.lock().unwrap() = e;
+    }
+
+    /// Every insert takes this long (paused time makes it free).
+    pub fn set_latency(&self, d: Duration) {
+        *self.latency.lock().unwrap() = d;
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    pub fn request_count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn rows_inserted(&self) -> usize {
+        self.rows_ok.load(Ordering::Relaxed)
+    }
+
+    pub fn probe_count(&self) -> u32 {
+        self.probes.load(Ordering::Relaxed)
+    }
+
+    fn answer(&self, r: &InsertRequest) -> Answer {
+        if let Some(a) = self.queue.lock().unwrap().pop_front() {
+            return a;
+        }
+        for rule in self.rules.lock().unwrap().iter() {
+            if let Some(a) = rule(r) {
+                return a;
+            }
+        }
+        match &*self.default.lock().unwrap() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Inserter for ScriptedInserter {
+    async fn insert(&self, request: InsertRequest) -> Result<(), InsertError> {
+        let latency = *self.latency.lock().unwrap();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let a = self.answer(&request);
+        if a.is_ok() {
+            self.rows_ok.fetch_add(request.rows, Ordering::Relaxed);
+        }
+        if self.record {
+            self.requests.lock().unwrap().push(Recorded {
+                table: request.table.clone(),
+                rows: request.rows,
+                body: request.body.clone(),
+                answer: a.clone(),
+            });
+        }
+        a
+    }
+
+    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+        self.probes.fetch_add(1, Ordering::Relaxed);
+        match &*self.probe.lock().unwrap() {
+            Some(e) => Err(e.clone()),
+            None => Ok(ServerInfo {
+                version: "fake 1.0".into(),
+            }),
+        }
+    }
+}
+
+// === Source ===
+
+/// The queue a [`FakeSource`] pulls from; push rows into it from the test.
+#[derive(Debug, Default)]
+pub struct FakeQueue {
+    q: Mutex<VecDeque<FakeDelivery>>,
+    notify: Notify,
+    /// The next N pulls fail.
+    pub fail_pulls: AtomicU32,
+    /// The next N connects fail.
+    pub fail_connects: AtomicU32,
+    pub connects: AtomicU32,
+    pub pending: AtomicU64,
+}
+
+impl FakeQueue {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn push(&self, rows: impl IntoIterator<Item = FakeDelivery>) {
+        self.q.lock().unwrap().extend(rows);
+        self.notify.notify_one();
+    }
+
+    pub fn len(&self) -> usize {
+        self.q.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+pub struct FakeSource {
+    queue: Arc<FakeQueue>,
+}
+
+impl Source for FakeSource {
+    type Delivery = FakeDelivery;
+
+    async fn pull(&mut self, max: usize) -> Result<Vec<FakeDelivery>, SourceError> {
+        if self
+            .queue
+            .fail_pulls
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(SourceError("connection lost (scripted)".into()));
+        }
+        loop {
+            {
+                let mut q = self.queue.q.lock().unwrap();
+                if !q.is_empty() {
+                    let n = max.min(q.len());
+                    return Ok(q.drain(..n).collect());
+                }
+            }
+            let notified = self.queue.notify.notified();
+            if tokio::time::timeout(Duration::from_millis(100), notified)
+                .await
+                .is_err()
+            {
+                return Ok(vec![]);
+            }
+        }
+    }
+
+    async fn pending(&mut self) -> Option<u64> {
+        Some(self.queue.pending.load(Ordering::Relaxed))
+    }
+}
+
+pub struct FakeSourceFactory {
+    pub queue: Arc<FakeQueue>,
+}
+
+impl SourceFactory for FakeSourceFactory {
+    type Source = FakeSource;
+
+    async fn connect(&self) -> Result<FakeSource, SourceError> {
+        self.queue.connects.fetch_add(1, Ordering::Relaxed);
+        if self
+            .queue
+            .fail_connects
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(SourceError("connection refused (scripted)".into()));
+        }
+        Ok(FakeSource {
+            queue: self.queue.clone(),
+        })
+    }
+}

@@ -1,0 +1,509 @@
+//! The ingest contract, end to end through the actor tree, on fakes, time paused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice_actors::testkit::{code, status, transport, Event};
+use sluice_actors::*;
+
+const SUBJ: &str = "ingest.acme.events";
+
+fn no_parks(r: &Rig) {
+    assert_eq!(
+        r.ledger.parked(),
+        0,
+        "nothing may be parked: {:?}",
+        r.ledger.parkings()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay() {
+    let shapes: Vec<(&str, InsertError, usize, usize)> = vec![
+        ("refused", transport("connection refused"), 5, 1),
+        ("reset", transport("connection reset by peer"), 5, 1),
+        ("timeout", transport("operation timed out"), 5, 1),
+        ("503 no code", status(503), 5, 1),
+        ("159", code(159), 5, 1),
+        ("210", code(210), 5, 1),
+        ("241 one row", code(241), 1, 1),
+        ("252 one row", code(252), 1, 1),
+        ("319", code(319), 5, 1),
+        ("745", code(745), 5, 1),
+        ("999", code(999), 5, 1),
+        // A splittable code on a multi-row batch: the split's first row fails the same way.
+        ("241 multi-row", code(241), 5, 2),
+        ("252 multi-row", code(252), 5, 2),
+    ];
+    for (name, err, rows, requests) in shapes {
+        let r = simple(rows).await;
+        r.main().set_default(Some(err.clone()));
+        r.push(SUBJ, rows, &[]);
+        r.settled(rows as u64).await;
+        no_parks(&r);
+        assert_eq!(r.ledger.naked(), rows as u64, "{name}");
+        for (_, d) in r.ledger.nak_delays() {
+            assert!(
+                d > Duration::ZERO && d <= Duration::from_secs(1),
+                "{name}: delay {d:?}"
+            );
+        }
+        assert_eq!(r.main().request_count(), requests, "{name}");
+        // The right breaker opened: the table's own for a table-scoped code, else the pool's.
+        let ok = r
+            .until(Duration::from_secs(3), |r| {
+                if err.table_scoped {
+                    r.table_backoff("acme.events") == "open" && r.pool_state("main") == "closed"
+                } else {
+                    r.pool_state("main") == "open"
+                }
+            })
+            .await;
+        assert!(ok, "{name}: {}", r.handle.tree_json());
+        r.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_refused_for_its_size_is_split_and_every_row_lands_with_no_backoff() {
+    for c in [252, 241] {
+        let r = simple(40).await;
+        // 252 as too many partitions / 241 memory: anything above 6 rows is refused.
+        r.main()
+            .rule(move |req| (req.rows > 6).then(|| Err(code(c))));
+        r.push(SUBJ, 40, &[]);
+        r.settled(40).await;
+        assert_eq!(r.ledger.acked(), 40, "code {c}");
+        assert_eq!(r.main().rows_inserted(), 40);
+        no_parks(&r);
+        assert!(
+            r.until(Duration::from_secs(2), |r| r.table("acme.events").is_some())
+                .await
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(r.pool_state("main"), "closed", "code {c}");
+        assert_eq!(r.table_backoff("acme.events"), "closed", "code {c}");
+        r.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
+    for c in [27u32, 26, 6] {
+        let r = simple(100).await;
+        r.main().rule(move |req| {
+            let body = String::from_utf8_lossy(&req.body);
+            body.contains("bad").then(|| Err(code(c)))
+        });
+        let seqs = r.push(SUBJ, 100, &[37]);
+        r.settled(100).await;
+        assert_eq!(r.ledger.acked(), 99);
+        let parked = r.ledger.parkings();
+        assert_eq!(parked.len(), 1);
+        let (seq, p) = &parked[0];
+        assert_eq!(*seq, seqs[37]);
+        assert_eq!(p.class, Class::Rejected);
+        assert_eq!(p.code, Some(c));
+        assert!(p.error.contains(&format!("Code: {c}")));
+        assert_eq!(p.table, TableKey::new("acme", "events"));
+        assert!(r.ledger.not_settled_once().is_empty());
+        assert!(r.main().request_count() <= 2 + 2 * 7);
+        r.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_mid_isolation_retries_exactly_the_unsettled_rows() {
+    let r = simple(8).await;
+    r.main().script([
+        Err(code(27)),                      // whole batch
+        Err(code(27)),                      // [0,4)
+        Ok(()),                             // [0,2)
+        Ok(()),                             // [2,3)
+        Err(code(27)),                      // [3,4) alone: parked
+        Err(transport("connection reset")), // [4,8): the server went away
+    ]);
+    let seqs = r.push(SUBJ, 8, &[]);
+    r.settled(8).await;
+    for s in &seqs[..3] {
+        assert_eq!(r.ledger.terminal(*s), vec![Event::Acked]);
+    }
+    assert!(matches!(r.ledger.terminal(seqs[3])[..], [Event::Parked(_)]));
+    for s in &seqs[4..] {
+        match r.ledger.terminal(*s)[..] {
+            [Event::Naked(d)] => assert!(d > Duration::ZERO && d <= Duration::from_secs(1)),
+            ref other => panic!("row {s}: {other:?}"),
+        }
+    }
+    assert!(r.ledger.not_settled_once().is_empty());
+    assert!(
+        r.until(Duration::from_secs(2), |r| r.pool_state("main") == "open")
+            .await
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_pool_is_unaffected() {
+    let r = rig(
+        &["a", "b"],
+        &[("t1", "a"), ("t2", "b")],
+        tables(3),
+        settings(),
+    )
+    .await;
+    let a = r.ins["a"].clone();
+    let b = r.ins["b"].clone();
+    a.set_default(Some(transport("connection refused")));
+    r.push("ingest.t1.events", 3, &[]);
+    r.settled(3).await;
+    assert_eq!(a.request_count(), 1);
+    // Another table on the same pool: turned away with no request, nothing buffered.
+    r.push("ingest.t1.clicks", 3, &[]);
+    r.settled(6).await;
+    assert_eq!(a.request_count(), 1, "no request while the window is open");
+    // The other pool inserts as usual.
+    r.push("ingest.t2.events", 3, &[]);
+    r.settled(9).await;
+    assert_eq!(b.request_count(), 1);
+    assert_eq!(r.ledger.acked(), 3);
+    // Every row handed back with (at most) the window's delay.
+    for (_, d) in r.ledger.nak_delays() {
+        assert!(d <= Duration::from_secs(1));
+    }
+    // ClickHouse comes back; the window ends; both tables' rows come back at once.
+    a.set_default(None);
+    a.set_latency(Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.push("ingest.t1.events", 3, &[]);
+    r.push("ingest.t1.clicks", 3, &[]);
+    r.settled(15).await;
+    // Exactly one probe went; the other table's rows were handed back (≥ 0.5 s).
+    assert_eq!(
+        a.request_count(),
+        2,
+        "{:?}",
+        a.requests()
+            .iter()
+            .map(|q| q.table.to_string())
+            .collect::<Vec<_>>()
+    );
+    let last_naks: Vec<Duration> = r
+        .ledger
+        .nak_delays()
+        .iter()
+        .rev()
+        .take(3)
+        .map(|(_, d)| *d)
+        .collect();
+    assert!(
+        last_naks.iter().all(|d| *d >= Duration::from_millis(500)),
+        "{last_naks:?}"
+    );
+    assert!(
+        r.until(Duration::from_secs(3), |r| r.pool_state("a") == "closed")
+            .await
+    );
+    // Closed: everything flows again.
+    r.push("ingest.t1.clicks", 3, &[]);
+    r.settled(18).await;
+    assert_eq!(r.ledger.acked(), 9);
+    no_parks(&r);
+    assert_eq!(r.pool_state("b"), "closed");
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_buffered_while_the_pool_backs_off_or_a_probe_is_out() {
+    let r = simple(5).await;
+    r.main().set_default(Some(code(745)));
+    r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    let window = r.ledger.nak_delays()[0].1;
+    // Arrivals during the window: handed back with the remaining delay, never buffered.
+    tokio::time::sleep(window / 4).await;
+    r.push(SUBJ, 2, &[]);
+    r.settled(7).await;
+    let d = r.ledger.nak_delays().last().unwrap().1;
+    assert!(
+        d <= window - window / 4 + Duration::from_millis(20) && d > Duration::ZERO,
+        "{d:?} vs {window:?}"
+    );
+    assert_eq!(r.table("acme.events").unwrap()["state"]["buffered_rows"], 0);
+    assert_eq!(r.main().request_count(), 1);
+    // The window ends; a slow probe goes out; arrivals meanwhile come back with ≥ 0.5 s.
+    r.main().set_default(None);
+    r.main().set_latency(Duration::from_secs(5));
+    tokio::time::sleep(window).await;
+    r.push(SUBJ, 5, &[]); // the probe
+    assert!(
+        r.until(Duration::from_secs(1), |r| r.pool_state("main")
+            == "probing")
+            .await
+    );
+    r.push(SUBJ, 3, &[]);
+    r.settled(10).await;
+    for (_, d) in r.ledger.nak_delays().iter().rev().take(3) {
+        assert!(*d >= Duration::from_millis(500));
+    }
+    assert_eq!(r.table("acme.events").unwrap()["state"]["buffered_rows"], 0);
+    r.settled(15).await;
+    assert_eq!(r.ledger.acked(), 5);
+    assert_eq!(r.main().request_count(), 2);
+    no_parks(&r);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_only_table_backs_off_alone_and_a_neighbours_success_does_not_close_it() {
+    let r = simple(2).await;
+    r.main()
+        .rule(|req| (&*req.table.table == "ro").then(|| Err(code(242))));
+    r.push("ingest.acme.ro", 2, &[]);
+    r.settled(2).await;
+    assert!(
+        r.until(Duration::from_secs(2), |r| r.table_backoff("acme.ro")
+            == "open")
+            .await
+    );
+    // The neighbour inserts; the pool stays closed; the read-only table stays open.
+    r.push("ingest.acme.ok", 2, &[]);
+    r.settled(4).await;
+    assert_eq!(r.ledger.acked(), 2);
+    assert_eq!(r.pool_state("main"), "closed");
+    assert_eq!(r.table_backoff("acme.ro"), "open");
+    // Its arrivals are handed back with no request.
+    let before = r.main().request_count();
+    r.push("ingest.acme.ro", 2, &[]);
+    r.settled(6).await;
+    assert_eq!(r.main().request_count(), before);
+    no_parks(&r);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn denied_and_unknown_back_off_the_pool_and_never_park() {
+    for err in [code(193), status(500), status(401)] {
+        let r = simple(4).await;
+        r.main().set_default(Some(err.clone()));
+        r.push(SUBJ, 4, &[]);
+        r.settled(4).await;
+        no_parks(&r);
+        assert_eq!(r.ledger.naked(), 4);
+        assert_eq!(r.main().request_count(), 1);
+        assert!(
+            r.until(Duration::from_secs(2), |r| r.pool_state("main") == "open")
+                .await,
+            "{err}"
+        );
+        r.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dlq_off_leaves_a_rejected_row_unacked_and_a_failing_dlq_is_counted() {
+    let t = tables(4).with_override(
+        "acme.nodlq",
+        TableOverrides {
+            dlq: Some(false),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, settings()).await;
+    r.main().reject_containing("bad");
+    let s = r.push("ingest.acme.nodlq", 4, &[1]);
+    r.settled(4).await;
+    assert_eq!(
+        r.ledger.terminal(s[1]),
+        vec![Event::Naked(Duration::from_secs(30))]
+    );
+    no_parks(&r);
+    // DLQ on, but the DLQ refuses: the row stays unacked (naked with the cap), counted.
+    r.ledger
+        .dlq_fails
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let s = r.push(SUBJ, 4, &[2]);
+    r.settled(8).await;
+    assert_eq!(
+        r.ledger.terminal(s[2]),
+        vec![Event::Naked(Duration::from_secs(30))]
+    );
+    assert_eq!(r.handle.stats().dlq_failures, 1);
+    assert!(
+        r.until(Duration::from_secs(2), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["state"]["dlq_failures"] == 1))
+            .await
+    );
+    assert!(r.ledger.not_settled_once().is_empty());
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_without_target_is_parked_whole_and_an_invalid_subject_too() {
+    let t = tables(4).with_override(
+        "ghost.nodlq",
+        TableOverrides {
+            dlq: Some(false),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, settings()).await;
+    r.push("ingest.ghost.events", 3, &[]);
+    r.settled(3).await;
+    let parked = r.ledger.parkings();
+    assert_eq!(parked.len(), 3);
+    assert!(parked
+        .iter()
+        .all(|(_, p)| p.error == "tenant ghost has no ClickHouse target"
+            && p.table == TableKey::new("ghost", "events")));
+    r.push("ingest.ghost.nodlq", 2, &[]);
+    r.settled(5).await;
+    assert_eq!(r.ledger.parked(), 3);
+    assert_eq!(r.ledger.nak_delays().len(), 2);
+    assert!(r
+        .ledger
+        .nak_delays()
+        .iter()
+        .all(|(_, d)| *d == Duration::from_secs(30)));
+    r.push("ingest.acme.bad-table", 1, &[]);
+    r.push("elsewhere.acme.events", 1, &[]);
+    r.settled(7).await;
+    let parked = r.ledger.parkings();
+    assert_eq!(parked.len(), 5);
+    for (_, p) in &parked[3..] {
+        assert_eq!(p.table, TableKey::new("_invalid", "subject"));
+        assert!(p.error.starts_with("invalid subject"), "{}", p.error);
+    }
+    assert_eq!(r.main().request_count(), 0);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn flush_triggers_by_rows_bytes_and_age_with_per_table_overrides() {
+    let t = TableSettingsResolver::new(TableSettings {
+        batch_rows: 1000,
+        batch_bytes: 1 << 20,
+        batch_age: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .with_override(
+        "acme.rows",
+        TableOverrides {
+            batch_rows: Some(5),
+            ..Default::default()
+        },
+    )
+    .with_override(
+        "acme.bytes",
+        TableOverrides {
+            batch_bytes: Some(40),
+            ..Default::default()
+        },
+    )
+    .with_override(
+        "acme.age",
+        TableOverrides {
+            batch_age: Some(Duration::from_millis(300)),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, settings()).await;
+    let t0 = tokio::time::Instant::now();
+    r.push("ingest.acme.rows", 5, &[]);
+    r.settled(5).await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "rows trigger: {:?}",
+        t0.elapsed()
+    );
+    let t0 = tokio::time::Instant::now();
+    r.push("ingest.acme.bytes", 5, &[]); // 5 × 8 bytes = 40
+    r.settled(10).await;
+    assert!(t0.elapsed() < Duration::from_millis(100), "bytes trigger");
+    let t0 = tokio::time::Instant::now();
+    r.push("ingest.acme.age", 2, &[]);
+    r.settled(12).await;
+    let e = t0.elapsed();
+    assert!(
+        e >= Duration::from_millis(300) && e < Duration::from_millis(500),
+        "age override: {e:?}"
+    );
+    let t0 = tokio::time::Instant::now();
+    r.push("ingest.acme.other", 2, &[]);
+    r.settled(14).await;
+    let e = t0.elapsed();
+    assert!(
+        e >= Duration::from_secs(2) && e < Duration::from_millis(2200),
+        "default age: {e:?}"
+    );
+    let bodies: Vec<String> = r
+        .main()
+        .requests()
+        .iter()
+        .map(|q| String::from_utf8_lossy(&q.body).into_owned())
+        .collect();
+    assert_eq!(
+        bodies[0],
+        "{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n{\"n\":4}\n"
+    );
+    assert_eq!(r.ledger.acked(), 14);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn rows_held_past_half_the_ack_wait_get_progress() {
+    let mut s = settings();
+    s.ack_wait = Duration::from_secs(10);
+    let r = rig(&["main"], &[("acme", "main")], tables(3), s).await;
+    r.main().set_latency(Duration::from_secs(12));
+    let seqs = r.push(SUBJ, 3, &[]);
+    r.settled(3).await;
+    for s in seqs {
+        let ev: Vec<Event> = r
+            .ledger
+            .events()
+            .into_iter()
+            .filter(|(q, _)| *q == s)
+            .map(|(_, e)| e)
+            .collect();
+        assert_eq!(
+            ev,
+            vec![Event::Progress, Event::Progress, Event::Acked],
+            "row {s}"
+        );
+    }
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn rows_buffered_past_half_the_ack_wait_get_progress_too() {
+    let mut s = settings();
+    s.ack_wait = Duration::from_secs(4);
+    let t = tables(100).with_override(
+        "acme.slow",
+        TableOverrides {
+            batch_age: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, s).await;
+    let seqs = r.push("ingest.acme.slow", 2, &[]);
+    r.settled(2).await;
+    for s in seqs {
+        let ev: Vec<Event> = r
+            .ledger
+            .events()
+            .into_iter()
+            .filter(|(q, _)| *q == s)
+            .map(|(_, e)| e)
+            .collect();
+        assert!(
+            ev.len() >= 2 && ev[0] == Event::Progress && *ev.last().unwrap() == Event::Acked,
+            "row {s}: {ev:?}"
+        );
+    }
+    r.handle.shutdown().await;
+}

@@ -1,0 +1,316 @@
+//! Crashes, reconnects, readiness, shutdown: the tree survives and loses nothing.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use sluice_actors::testkit::{transport, Event, FakeQueue, FakeSourceFactory, ScriptedInserter};
+use sluice_actors::*;
+
+const SUBJ: &str = "ingest.acme.events";
+
+#[tokio::test(start_paused = true)]
+async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
+    let r = simple(10).await;
+    let held = r.push(SUBJ, 4, &[]);
+    assert!(
+        r.until(Duration::from_secs(2), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["state"]["buffered_rows"] == 4))
+            .await
+    );
+    r.handle
+        .inject_panic(&TableKey::new("acme", "events"))
+        .await
+        .unwrap();
+    // Every buffered row is handed back (dropped unsettled → the adapter naks it).
+    r.settled(4).await;
+    for s in held {
+        assert_eq!(r.ledger.terminal(s), vec![Event::DroppedUnsettled]);
+    }
+    assert_eq!(r.ledger.parked(), 0);
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["restarts"] == 1 && t["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    // Later rows flow normally.
+    r.push(SUBJ, 10, &[]);
+    r.settled(14).await;
+    assert_eq!(r.ledger.acked(), 10);
+    assert!(r.ledger.not_settled_once().is_empty());
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_and_reports() {
+    let r = simple(10).await;
+    // One flight in the air (slow insert), and rows buffered in another table.
+    r.main().set_latency(Duration::from_secs(2));
+    let flying = r.push(SUBJ, 10, &[]);
+    let held = r.push("ingest.acme.clicks", 3, &[]);
+    assert!(
+        r.until(Duration::from_secs(1), |r| r
+            .table("acme.clicks")
+            .is_some_and(|t| t["state"]["buffered_rows"] == 3))
+            .await
+    );
+    r.handle.inject_pool_panic("main").unwrap();
+    r.settled(13).await;
+    for s in held {
+        assert_eq!(r.ledger.terminal(s), vec![Event::DroppedUnsettled]);
+    }
+    // The flight owned its rows: they were inserted and acked although its actors died.
+    for s in flying {
+        assert_eq!(r.ledger.terminal(s), vec![Event::Acked]);
+    }
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .node("pool", "main")
+            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    r.main().set_latency(Duration::ZERO);
+    r.push(SUBJ, 10, &[]);
+    r.settled(23).await;
+    assert_eq!(r.ledger.acked(), 20);
+    assert_eq!(r.ledger.parked(), 0);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
+    let r = simple(5).await;
+    r.main().set_latency(Duration::from_secs(2));
+    r.main().set_default(Some(transport("connection refused")));
+    r.push(SUBJ, 5, &[]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    r.handle.inject_pool_panic("main").unwrap();
+    r.settled(5).await;
+    assert!(
+        r.until(Duration::from_secs(3), |r| r.pool_state("main") == "open")
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_panic_is_survived() {
+    let r = simple(5).await;
+    r.handle.inject_consumer_panic().unwrap();
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .node("consumer", "INGEST")
+            .is_some_and(|c| c["restarts"] == 1)
+            && r.handle.readiness().is_ok())
+            .await
+    );
+    r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert_eq!(r.ledger.acked(), 5);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_failure_reconnects_and_resumes() {
+    let r = simple(5).await;
+    r.queue.fail_pulls.store(1, Ordering::Relaxed);
+    r.queue.fail_connects.store(2, Ordering::Relaxed);
+    assert!(
+        r.until(Duration::from_secs(1), |r| r.handle.readiness().is_err())
+            .await
+    );
+    let c = r.node("consumer", "INGEST").unwrap();
+    assert_eq!(c["state"]["connected"], false);
+    assert!(c["state"]["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("scripted"));
+    assert!(
+        r.until(Duration::from_secs(10), |r| r.handle.readiness().is_ok())
+            .await
+    );
+    assert_eq!(r.queue.connects.load(Ordering::Relaxed), 4);
+    // The lag is polled every few seconds.
+    r.queue.pending.store(42, Ordering::Relaxed);
+    assert!(
+        r.until(Duration::from_secs(10), |r| r
+            .node("consumer", "INGEST")
+            .is_some_and(|c| c["state"]["pending"] == 42))
+            .await
+    );
+    r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert_eq!(r.ledger.acked(), 5);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_breaker() {
+    let queue = FakeQueue::new();
+    let ins = ScriptedInserter::new();
+    ins.set_probe(Some(transport("connection refused")));
+    let handle = start(PipelineConfig {
+        source: FakeSourceFactory {
+            queue: queue.clone(),
+        },
+        targets: vec![Target::new("main", ins.clone())],
+        tenants: [("acme".to_string(), "main".to_string())].into(),
+        tables: tables(2),
+        settings: settings(),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reasons = handle.readiness().unwrap_err();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("target main: not probed yet"),
+        "{reasons:?}"
+    );
+    assert!(ins.probe_count() >= 2, "the probe is retried");
+    ins.set_probe(None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while handle.readiness().is_err() {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The tree: breaker open while inserts fail, closed after.
+    let ledger = sluice_actors::testkit::Ledger::new();
+    ins.set_default(Some(transport("connection refused")));
+    queue.push(ledger.rows(SUBJ, 2));
+    let breaker = |h: &PipelineHandle<_>| {
+        h.tree_json()["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == "pool")
+            .unwrap()["state"]["breaker"]
+            .clone()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while breaker(&handle)["state"] != "open" {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = breaker(&handle);
+    assert!(b["window_remaining_ms"].as_u64().unwrap() <= 1000);
+    assert!(b["window_until"].as_str().unwrap().ends_with('Z'));
+    assert!(b["last_error"].as_str().unwrap().contains("refused"));
+    ins.set_default(None);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    queue.push(ledger.rows(SUBJ, 2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while breaker(&handle)["state"] != "closed" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            handle.tree_json()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ledger.acked(), 2);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_pool_closes_its_breaker_by_probing_itself() {
+    let mut s = settings();
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig(&["main"], &[("acme", "main")], tables(2), s).await;
+    r.main().set_default(Some(transport("refused")));
+    r.push(SUBJ, 2, &[]);
+    r.settled(2).await;
+    assert!(
+        r.until(Duration::from_secs(2), |r| r.pool_state("main") == "open")
+            .await
+    );
+    r.main().set_default(None);
+    assert!(
+        r.until(Duration::from_secs(5), |r| r.pool_state("main") == "closed")
+            .await
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_flushes_every_buffer_now() {
+    let r = simple(1000).await;
+    r.push(SUBJ, 7, &[]);
+    r.push("ingest.acme.clicks", 5, &[]);
+    assert!(
+        r.until(Duration::from_secs(2), |r| r.handle.stats().received == 12)
+            .await
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let summary = r.handle.shutdown().await;
+    assert_eq!(summary.rows_flushed, 12);
+    assert_eq!(summary.rows_handed_back, 0);
+    assert!(!summary.deadline_hit);
+    assert_eq!(r.ledger.acked(), 12);
+    assert!(r.ledger.not_settled_once().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_past_its_deadline_hands_back_what_is_still_in_flight() {
+    let mut s = settings();
+    s.shutdown_deadline = Duration::from_secs(3);
+    let r = rig(&["main"], &[("acme", "main")], tables(1000), s).await;
+    r.main().set_latency(Duration::from_secs(3600));
+    r.push(SUBJ, 6, &[]);
+    assert!(
+        r.until(Duration::from_secs(2), |r| r.handle.stats().received == 6)
+            .await
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let summary = r.handle.shutdown().await;
+    assert!(summary.deadline_hit);
+    assert_eq!(summary.rows_handed_back, 6);
+    assert_eq!(r.ledger.nak_delays().len(), 6);
+    assert!(r.ledger.nak_delays().iter().all(|(_, d)| d.is_zero()));
+    assert!(r.ledger.not_settled_once().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_core_actor_that_cannot_be_respawned_makes_the_pipeline_fatal() {
+    let r = simple(5).await;
+    assert!(r.handle.fatal_reason().is_none());
+    r.handle.faults().pool_spawn.store(100, Ordering::Relaxed);
+    r.handle.inject_pool_panic("main").unwrap();
+    let why = tokio::time::timeout(Duration::from_secs(60), r.handle.fatal())
+        .await
+        .expect("fatal in time");
+    assert!(why.contains("could not be spawned 5 times"), "{why}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_table_is_reaped_and_comes_back_on_its_next_row() {
+    let mut s = settings();
+    s.idle_table_after = Duration::from_secs(5);
+    let r = rig(&["main"], &[("acme", "main")], tables(2), s).await;
+    r.push(SUBJ, 2, &[]);
+    r.settled(2).await;
+    assert!(r.table("acme.events").is_some());
+    assert!(
+        r.until(Duration::from_secs(10), |r| r
+            .table("acme.events")
+            .is_none())
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    r.push(SUBJ, 2, &[]);
+    r.settled(4).await;
+    assert_eq!(r.ledger.acked(), 4);
+    assert!(r.table("acme.events").is_some_and(|t| t["restarts"] == 0));
+    r.handle.shutdown().await;
+}

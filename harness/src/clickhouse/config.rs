@@ -1,0 +1,169 @@
+//! The server and users configuration the harness writes for clickhouse-server.
+//!
+//! Minimal, every path inside the server's temp dir, listening on 127.0.0.1 only. The
+//! `<yandex>` root is what 18.16 requires; current servers accept it as a legacy alias
+//! of `<clickhouse>`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// The unrestricted user (empty password), used by the harness itself.
+pub const DEFAULT_USER: &str = "default";
+pub const DEFAULT_PASSWORD: &str = "";
+
+/// The user Sluice inserts as (profile `default`).
+pub const INGEST_USER: &str = "ingest";
+pub const INGEST_PASSWORD: &str = "ingest-secret";
+
+/// The user Sluice's query gateway runs as: profile `readonly` (`readonly=2`: no
+/// writes, but per-request settings such as `max_execution_time` are allowed).
+pub const QUERY_USER: &str = "query";
+pub const QUERY_PASSWORD: &str = "query-secret";
+
+/// Ports the server listens on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ports {
+    pub http: u16,
+    pub tcp: u16,
+}
+
+/// Writes `config.xml` and `users.xml` into `dir` (data under `dir/data`, logs under
+/// `dir/log`) and returns the path of `config.xml`.
+pub(crate) fn write(dir: &Path, ports: Ports) -> Result<std::path::PathBuf> {
+    for sub in ["log", "data", "tmp", "user_files", "format_schemas"] {
+        let path = dir.join(sub);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+    }
+    let config = dir.join("config.xml");
+    std::fs::write(&config, server_xml(dir, ports))
+        .with_context(|| format!("writing {}", config.display()))?;
+    let users = dir.join("users.xml");
+    std::fs::write(&users, USERS_XML).with_context(|| format!("writing {}", users.display()))?;
+    Ok(config)
+}
+
+/// ClickHouse's own log files, for log tails.
+pub(crate) fn log_files(dir: &Path) -> [std::path::PathBuf; 2] {
+    [dir.join("log/server.log"), dir.join("log/err.log")]
+}
+
+fn server_xml(dir: &Path, ports: Ports) -> String {
+    let dir = xml_escape(&dir.display().to_string());
+    let Ports { http, tcp } = ports;
+    format!(
+        r#"<?xml version="1.0"?>
+<yandex>
+  <logger>
+    <level>warning</level>
+    <log>{dir}/log/server.log</log>
+    <errorlog>{dir}/log/err.log</errorlog>
+    <size>10M</size>
+    <count>1</count>
+  </logger>
+  <http_port>{http}</http_port>
+  <tcp_port>{tcp}</tcp_port>
+  <listen_host>127.0.0.1</listen_host>
+  <max_connections>4096</max_connections>
+  <keep_alive_timeout>3</keep_alive_timeout>
+  <max_concurrent_queries>100</max_concurrent_queries>
+  <uncompressed_cache_size>8589934592</uncompressed_cache_size>
+  <mark_cache_size>536870912</mark_cache_size>
+  <path>{dir}/data/</path>
+  <tmp_path>{dir}/tmp/</tmp_path>
+  <user_files_path>{dir}/user_files/</user_files_path>
+  <format_schema_path>{dir}/format_schemas/</format_schema_path>
+  <users_config>users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <mlock_executable>false</mlock_executable>
+</yandex>
+"#
+    )
+}
+
+const USERS_XML: &str = r#"<?xml version="1.0"?>
+<yandex>
+  <profiles>
+    <default>
+      <max_memory_usage>2000000000</max_memory_usage>
+    </default>
+    <readonly>
+      <readonly>2</readonly>
+    </readonly>
+  </profiles>
+  <quotas>
+    <default>
+      <interval>
+        <duration>3600</duration>
+        <queries>0</queries>
+        <errors>0</errors>
+        <result_rows>0</result_rows>
+        <read_rows>0</read_rows>
+        <execution_time>0</execution_time>
+      </interval>
+    </default>
+  </quotas>
+  <users>
+    <default>
+      <password></password>
+      <networks><ip>::/0</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </default>
+    <ingest>
+      <password>ingest-secret</password>
+      <networks><ip>::/0</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </ingest>
+    <query>
+      <password>query-secret</password>
+      <networks><ip>::/0</ip></networks>
+      <profile>readonly</profile>
+      <quota>default</quota>
+    </query>
+  </users>
+</yandex>
+"#;
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_users_file_matches_the_constants() {
+        for secret in [INGEST_PASSWORD, QUERY_PASSWORD] {
+            assert!(USERS_XML.contains(&format!("<password>{secret}</password>")));
+        }
+        for user in [DEFAULT_USER, INGEST_USER, QUERY_USER] {
+            assert!(USERS_XML.contains(&format!("<{user}>")));
+        }
+    }
+
+    #[test]
+    fn every_path_is_inside_the_dir() {
+        let xml = server_xml(Path::new("/tmp/x"), Ports { http: 1, tcp: 2 });
+        for tag in [
+            "log",
+            "errorlog",
+            "path",
+            "tmp_path",
+            "user_files_path",
+            "format_schema_path",
+        ] {
+            assert!(
+                xml.contains(&format!("<{tag}>/tmp/x/")),
+                "<{tag}> is outside the dir"
+            );
+        }
+        assert!(xml.contains("<http_port>1</http_port>"));
+        assert!(xml.contains("<tcp_port>2</tcp_port>"));
+    }
+}

@@ -1,0 +1,274 @@
+//! A real `nats-server -js` on free loopback ports in a temp dir.
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tempfile::TempDir;
+
+use super::flavor::{version_of, NatsFlavor};
+use crate::ports::free_port;
+use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE, ERROR_LOG_LINES};
+
+/// How long a (re)started server gets to answer its health check.
+pub const NATS_READY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Attempts with fresh ports when another process took ours between probe and bind.
+const PORT_ATTEMPTS: usize = 3;
+
+/// A running nats-server with JetStream, its store in a temp dir that is removed when
+/// this is dropped (after the process is killed).
+#[derive(Debug)]
+pub struct NatsServer {
+    // Field order matters: the process is killed before its directory is removed.
+    process: ManagedProcess,
+    flavor: NatsFlavor,
+    binary: PathBuf,
+    version: String,
+    port: u16,
+    monitor_port: u16,
+    store_dir: PathBuf,
+    http: reqwest::Client,
+    dir: TempDir,
+}
+
+// === impl NatsServer ===
+
+impl NatsServer {
+    /// Starts `nats-server -js` of `flavor` and waits until it is healthy.
+    pub async fn start(flavor: NatsFlavor) -> Result<Self> {
+        Self::start_with_args(flavor, Vec::<OsString>::new()).await
+    }
+
+    /// Like [`NatsServer::start`], with extra command-line arguments.
+    pub async fn start_with_args<I, S>(flavor: NatsFlavor, extra_args: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let binary = flavor.binary()?;
+        let version = version_of(&binary)?;
+        let extra: Vec<OsString> = extra_args.into_iter().map(Into::into).collect();
+        let mut dir = tempfile::Builder::new()
+            .prefix("sluice-nats-")
+            .tempdir()
+            .context("creating a temp dir for nats-server")?;
+        let store_dir = dir.path().join("store");
+        let http = crate::http::loopback_client(Duration::from_secs(2))?;
+
+        let mut last_error = anyhow!("nats-server was not started");
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let monitor_port = free_port()?;
+            let spec = ProcessSpec::new(&binary)
+                .name("nats-server")
+                .args(["-js", "-a", "127.0.0.1"])
+                .arg("-p")
+                .arg(port.to_string())
+                .arg("-m")
+                .arg(monitor_port.to_string())
+                .arg("-sd")
+                .arg(&store_dir)
+                .args(&extra);
+            let process = ManagedProcess::start(spec, dir.path().join("logs"))?;
+            let mut server = Self {
+                process,
+                flavor: flavor.clone(),
+                binary: binary.clone(),
+                version: version.clone(),
+                port,
+                monitor_port,
+                store_dir: store_dir.clone(),
+                http: http.clone(),
+                dir,
+            };
+            match server.wait_ready().await {
+                Ok(()) => return Ok(server),
+                Err(error) => {
+                    let port_taken = server.process.logs_contain("address already in use");
+                    last_error = error;
+                    // Take the dir back for the next attempt; the process is killed.
+                    let _ = server.process.kill9().await;
+                    if !port_taken {
+                        break;
+                    }
+                    tracing::warn!("nats-server's port was taken; retrying with new ports");
+                    dir = server.into_dir();
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    fn into_dir(self) -> TempDir {
+        let Self { process, dir, .. } = self;
+        drop(process);
+        dir
+    }
+
+    /// Polls the monitoring endpoint until the server is healthy with JetStream on,
+    /// failing early (with the log tail) if the process exits.
+    async fn wait_ready(&mut self) -> Result<()> {
+        let end = tokio::time::Instant::now() + NATS_READY_DEADLINE;
+        let mut last_error = anyhow!("no health check finished");
+        loop {
+            if let Some(status) = self.process.exit_status() {
+                bail!(
+                    "nats-server ({}) exited during startup with {status}\n{}",
+                    self.version,
+                    self.process.log_tail(ERROR_LOG_LINES)
+                );
+            }
+            match self.check_health().await {
+                Ok(()) => return Ok(()),
+                Err(error) => last_error = error,
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!(
+                    "nats-server ({}) not healthy within {NATS_READY_DEADLINE:?}: {last_error:#}\n{}",
+                    self.version,
+                    self.process.log_tail(ERROR_LOG_LINES)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `/healthz` answers ok (which, with JetStream on, includes its streams having
+    /// recovered) and `/jsz` shows a JetStream configuration.
+    async fn check_health(&self) -> Result<()> {
+        let response = self
+            .http
+            .get(format!("{}/healthz", self.monitor_url()))
+            .send()
+            .await
+            .context("GET /healthz")?;
+        let status = response.status();
+        let body = response.text().await.context("reading /healthz")?;
+        if !status.is_success() {
+            bail!("/healthz answered {status}: {body}");
+        }
+        let jsz = self.jsz().await?;
+        if jsz.get("config").is_none() {
+            bail!("JetStream is not enabled: /jsz answered {jsz}");
+        }
+        Ok(())
+    }
+
+    /// The JetStream report from the monitoring endpoint (`/jsz`).
+    pub async fn jsz(&self) -> Result<serde_json::Value> {
+        let response = self
+            .http
+            .get(format!("{}/jsz", self.monitor_url()))
+            .send()
+            .await
+            .context("GET /jsz")?;
+        let status = response.status();
+        let body = response.text().await.context("reading /jsz")?;
+        if !status.is_success() {
+            bail!("/jsz answered {status}: {body}");
+        }
+        serde_json::from_str(&body).with_context(|| format!("/jsz is not JSON: {body}"))
+    }
+
+    /// Whether the monitoring endpoint reports JetStream enabled.
+    pub async fn jetstream_enabled(&self) -> Result<bool> {
+        Ok(self.jsz().await?.get("config").is_some())
+    }
+
+    /// `nats://127.0.0.1:PORT`, for clients.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:MONITOR_PORT`, the monitoring endpoint.
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
+    }
+
+    /// The JetStream store directory (`-sd`), kept across restarts.
+    pub fn store_dir(&self) -> &Path {
+        &self.store_dir
+    }
+
+    /// The temp dir holding the store and the logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn flavor(&self) -> &NatsFlavor {
+        &self.flavor
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// The server's version (`2.9.10`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    // --- lifecycle ---
+
+    /// Graceful stop (SIGTERM, then SIGKILL after 10 s). The store stays.
+    pub async fn stop(&mut self) -> Result<ExitStatus> {
+        self.process.stop(DEFAULT_STOP_GRACE).await
+    }
+
+    /// SIGKILL: a crash. The store stays as the crash left it.
+    pub async fn kill9(&mut self) -> Result<ExitStatus> {
+        self.process.kill9().await
+    }
+
+    /// Starts the stopped or killed server again on the same ports and store, and
+    /// waits until it is healthy.
+    pub async fn start_again(&mut self) -> Result<()> {
+        self.process.start_again()?;
+        self.wait_ready().await
+    }
+
+    /// Stops (gracefully) if running, then starts again on the same ports and store.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop().await?;
+        self.start_again().await
+    }
+
+    /// Freezes the server: connections stay open, nothing is answered.
+    pub async fn sigstop(&mut self) -> Result<()> {
+        self.process.sigstop().await
+    }
+
+    pub async fn sigcont(&mut self) -> Result<()> {
+        self.process.sigcont().await
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// The last `lines` lines of the server's output.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// The underlying child, for anything not wrapped here.
+    pub fn process_mut(&mut self) -> &mut ManagedProcess {
+        &mut self.process
+    }
+}

@@ -1,0 +1,438 @@
+//! A whole Sluice deployment on loopback: nats-server, clickhouse-server, optionally the
+//! fault proxy between Sluice and ClickHouse, and the sluice binary with a generated
+//! configuration. Integration tests, the chaos suite and the benchmark build on it.
+//!
+//! ```ignore
+//! let mut stack = Stack::start(StackOptions::default().with_proxy()).await?;
+//! stack.clickhouse.exec("CREATE TABLE events (id UInt64) ENGINE = MergeTree ORDER BY id").await?;
+//! stack.set("ingest.batch_age", "200ms");
+//! stack.start_sluice(env!("CARGO_BIN_EXE_sluice")).await?;
+//! stack.ingest("events", &[json!({"id": 1})]).await?;
+//! stack.wait_for_count("events", 1, Duration::from_secs(20)).await?;
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::clickhouse::ClickHouseServer;
+use crate::nats::{NatsFlavor, NatsServer};
+use crate::ports::free_port;
+use crate::process::ProcessSpec;
+use crate::proxy::FaultProxy;
+use crate::sluice::SluiceProcess;
+use crate::wait::{wait_for, wait_until};
+
+/// The tenant every stack defines, with auth off (`X-Tenant`).
+pub const TENANT: &str = "acme";
+/// The admin token of a stack.
+pub const ADMIN_TOKEN: &str = "admin-secret";
+
+/// How to build a stack.
+#[derive(Clone, Debug, Default)]
+pub struct StackOptions {
+    /// Put a [`FaultProxy`] between Sluice and ClickHouse.
+    pub proxy: bool,
+    /// Which nats-server; `None` reads `SLUICE_TEST_NATS`.
+    pub nats: Option<NatsFlavor>,
+}
+
+impl StackOptions {
+    pub fn with_proxy(mut self) -> Self {
+        self.proxy = true;
+        self
+    }
+}
+
+/// The servers, the proxy, the configuration and the sluice processes of a test.
+pub struct Stack {
+    // Field order: sluice processes die before the servers they talk to.
+    pub sluice: Vec<SluiceProcess>,
+    /// The (api, admin) ports of each process in `sluice`.
+    pub sluice_ports: Vec<(u16, u16)>,
+    pub proxy: Option<FaultProxy>,
+    pub nats: NatsServer,
+    pub clickhouse: ClickHouseServer,
+    /// The configuration written for the next `start_sluice`; edit with [`Stack::set`].
+    pub config: toml::Table,
+    pub api_port: u16,
+    pub admin_port: u16,
+    /// Environment for the sluice processes (the admin token, secrets named by `*_env`).
+    pub env: Vec<(String, String)>,
+    dir: TempDir,
+    http: reqwest::Client,
+}
+
+// === impl Stack ===
+
+impl Stack {
+    pub async fn start(options: StackOptions) -> Result<Stack> {
+        let flavor = match options.nats {
+            Some(f) => f,
+            None => NatsFlavor::from_env()?,
+        };
+        let (nats, clickhouse) =
+            tokio::try_join!(NatsServer::start(flavor), ClickHouseServer::start())?;
+        let proxy = if options.proxy {
+            Some(FaultProxy::start(clickhouse.http_addr()).await?)
+        } else {
+            None
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-stack-")
+            .tempdir()
+            .context("creating the stack's temp dir")?;
+        let api_port = free_port()?;
+        let admin_port = free_port()?;
+        let clickhouse_url = match &proxy {
+            Some(p) => p.url(),
+            None => clickhouse.http_url(),
+        };
+        let config = base_config(&nats.url(), &clickhouse_url, api_port, admin_port)?;
+        let http = crate::http::loopback_client(Duration::from_secs(30))?;
+        Ok(Stack {
+            sluice: Vec::new(),
+            sluice_ports: Vec::new(),
+            proxy,
+            nats,
+            clickhouse,
+            config,
+            api_port,
+            admin_port,
+            env: vec![("SLUICE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into())],
+            dir,
+            http,
+        })
+    }
+
+    /// Set a configuration key by its dotted path, e.g. `set("ingest.batch_age", "200ms")`
+    /// or `set("tables.\"acme.events\".dlq", false)` (a quoted part may hold dots).
+    pub fn set(&mut self, path: &str, value: impl Into<toml::Value>) {
+        let parts = split_path(path);
+        let Some((last, parents)) = parts.split_last() else {
+            return;
+        };
+        let mut table = &mut self.config;
+        for part in parents {
+            let entry = table
+                .entry(part.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            table = match entry {
+                toml::Value::Table(t) => t,
+                _ => return,
+            };
+        }
+        table.insert(last.clone(), value.into());
+    }
+
+    /// Remove a configuration key.
+    pub fn unset(&mut self, path: &str) {
+        let parts = split_path(path);
+        let Some((last, parents)) = parts.split_last() else {
+            return;
+        };
+        let mut table = &mut self.config;
+        for part in parents {
+            table = match table.get_mut(part) {
+                Some(toml::Value::Table(t)) => t,
+                _ => return,
+            };
+        }
+        table.remove(last);
+    }
+
+    /// The configuration as it would be written.
+    pub fn config_text(&self) -> String {
+        toml::to_string(&self.config).unwrap_or_default()
+    }
+
+    /// Write the configuration to a new file in the stack's dir and return its path.
+    pub fn write_config(&self) -> Result<PathBuf> {
+        let n = self.sluice.len();
+        let path = self.dir.path().join(format!("sluice-{n}.toml"));
+        std::fs::write(&path, self.config_text())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Start a sluice process with the current configuration and wait until `/readyz`
+    /// answers 200. Returns its index in `self.sluice`.
+    pub async fn start_sluice(&mut self, binary: impl AsRef<Path>) -> Result<usize> {
+        let index = self.spawn_sluice(binary)?;
+        self.wait_ready(index, Duration::from_secs(30)).await?;
+        Ok(index)
+    }
+
+    /// Start a sluice process without waiting for readiness.
+    pub fn spawn_sluice(&mut self, binary: impl AsRef<Path>) -> Result<usize> {
+        let config = self.write_config()?;
+        let mut spec = ProcessSpec::new(binary.as_ref())
+            .args(["run", "--config"])
+            .arg(config.as_os_str());
+        for (k, v) in &self.env {
+            spec = spec.env(k, v);
+        }
+        let process = SluiceProcess::start_spec(spec)?;
+        self.sluice.push(process);
+        self.sluice_ports.push((self.api_port, self.admin_port));
+        Ok(self.sluice.len() - 1)
+    }
+
+    /// Wait until the sluice process `index` answers `/readyz` with 200.
+    pub async fn wait_ready(&mut self, index: usize, deadline: Duration) -> Result<()> {
+        let port = self.admin_port_of(index)?;
+        let url = format!("http://127.0.0.1:{port}/readyz");
+        let http = self.http.clone();
+        let waited =
+            wait_until(
+                "sluice /readyz answers 200",
+                deadline,
+                Duration::from_millis(100),
+                || {
+                    let http = http.clone();
+                    let url = url.clone();
+                    async move {
+                        matches!(http.get(&url).send().await, Ok(r) if r.status().is_success())
+                    }
+                },
+            )
+            .await;
+        if let Err(e) = waited {
+            let logs = self
+                .sluice
+                .get(index)
+                .map(|p| p.log_tail(40))
+                .unwrap_or_default();
+            bail!("{e:#}\nsluice log:\n{logs}");
+        }
+        Ok(())
+    }
+
+    /// The admin port of a sluice process (a second instance beside the first gets
+    /// ports of its own, see [`Stack::fresh_ports`]).
+    pub fn admin_port_of(&self, index: usize) -> Result<u16> {
+        self.sluice_ports
+            .get(index)
+            .map(|(_, admin)| *admin)
+            .ok_or_else(|| anyhow!("no sluice process {index}"))
+    }
+
+    /// Restart sluice process `index` with the arguments it had (the same config file)
+    /// and wait for readiness.
+    pub async fn restart_sluice(&mut self, index: usize) -> Result<()> {
+        let process = self
+            .sluice
+            .get_mut(index)
+            .ok_or_else(|| anyhow!("no sluice process {index}"))?;
+        process.start_again()?;
+        self.wait_ready(index, Duration::from_secs(30)).await
+    }
+
+    /// Give the next `start_sluice` fresh API and admin ports (a second instance
+    /// beside the first). Returns (api, admin).
+    pub fn fresh_ports(&mut self) -> Result<(u16, u16)> {
+        self.api_port = free_port()?;
+        self.admin_port = free_port()?;
+        self.set("api.listen", format!("127.0.0.1:{}", self.api_port));
+        self.set("admin.listen", format!("127.0.0.1:{}", self.admin_port));
+        Ok((self.api_port, self.admin_port))
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// POST rows to the ingest API as NDJSON for the stack's tenant; returns the status
+    /// and the JSON answer.
+    pub async fn ingest(&self, table: &str, rows: &[Value]) -> Result<(u16, Value)> {
+        let mut body = String::new();
+        for row in rows {
+            body.push_str(&row.to_string());
+            body.push('\n');
+        }
+        self.ingest_raw(table, "application/x-ndjson", body.into_bytes(), &[])
+            .await
+    }
+
+    /// POST any body to the ingest API with extra headers.
+    pub async fn ingest_raw(
+        &self,
+        table: &str,
+        content_type: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Value)> {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/ingest/{table}", self.api_url()))
+            .header("X-Tenant", TENANT)
+            .header("Content-Type", content_type)
+            .body(body);
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.context("POST /v1/ingest")?;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, json))
+    }
+
+    /// GET an admin path with the admin token; returns the status and the body as JSON
+    /// (or as a JSON string when it is not JSON).
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, Value)> {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.admin_url()))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, json))
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> Result<String> {
+        let response = self
+            .http
+            .get(format!("{}/metrics", self.admin_url()))
+            .send()
+            .await
+            .context("GET /metrics")?;
+        Ok(response.text().await?)
+    }
+
+    /// Rows in a ClickHouse table (or the value of a `SELECT count()` query).
+    pub async fn count(&self, table_or_sql: &str) -> Result<u64> {
+        self.clickhouse.count(table_or_sql).await
+    }
+
+    /// Wait until a table holds at least `n` rows; returns the count seen.
+    pub async fn wait_for_count(&self, table: &str, n: u64, deadline: Duration) -> Result<u64> {
+        let ch = &self.clickhouse;
+        wait_for(
+            &format!("{table} has {n} rows"),
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                let c = ch.count(table).await?;
+                if c >= n {
+                    Ok(c)
+                } else {
+                    Err(anyhow!("{c} rows so far"))
+                }
+            },
+        )
+        .await
+    }
+
+    /// The rows parked for a table, as the admin endpoint shows them (up to 10,000).
+    pub async fn dlq_rows(&self, table: &str) -> Result<Vec<Value>> {
+        let (status, body) = self
+            .admin_get(&format!("/admin/dlq/{TENANT}/{table}?limit=10000"))
+            .await?;
+        if status != 200 {
+            bail!("GET /admin/dlq/{TENANT}/{table}: {status} {body}");
+        }
+        Ok(body
+            .get("rows")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+fn base_config(
+    nats_url: &str,
+    clickhouse_url: &str,
+    api_port: u16,
+    admin_port: u16,
+) -> Result<toml::Table> {
+    let text = format!(
+        r#"
+[nats]
+url = "{nats_url}"
+max_bytes = "256MiB"
+dlq_max_bytes = "64MiB"
+ack_wait = "30s"
+max_ack_pending = 20000
+
+[clickhouse.targets.main]
+url = "{clickhouse_url}"
+user = "default"
+database = "default"
+insert_timeout = "5s"
+connect_timeout = "1s"
+
+[tenants.{TENANT}]
+target = "main"
+
+[ingest]
+batch_rows = 10000
+batch_age = "200ms"
+
+[pipeline]
+shutdown_deadline = "10s"
+
+[api]
+listen = "127.0.0.1:{api_port}"
+auth = "none"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+token_env = "SLUICE_ADMIN_TOKEN"
+fault_injection = true
+
+[log]
+level = "info"
+"#
+    );
+    toml::from_str(&text).map_err(|e| anyhow!("the stack's base config: {e}"))
+}
+
+/// `a.b."c.d".e` → `[a, b, c.d, e]`.
+fn split_path(path: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for c in path.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '.' if !quoted => parts.push(std::mem::take(&mut current)),
+            c => current.push(c),
+        }
+    }
+    parts.push(current);
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        assert_eq!(split_path("ingest.batch_age"), vec!["ingest", "batch_age"]);
+        assert_eq!(
+            split_path("tables.\"acme.events\".dlq"),
+            vec!["tables", "acme.events", "dlq"]
+        );
+    }
+}

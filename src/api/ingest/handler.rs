@@ -1,0 +1,244 @@
+//! `POST /v1/ingest/{table}`: each row published to `<prefix>.<tenant>.<table>` with the
+//! stream's ack awaited before the row counts as accepted.
+//!
+//! Publishes are pipelined (all sent, then all acks awaited), not one round trip per
+//! row. A full or unreachable stream stops the request where it is: the rows already
+//! acked stay accepted, the answer is 503 with `Retry-After`, and a client retrying
+//! with the same `Idempotency-Key` does not store the accepted ones twice.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::parse::{self, Framing, RowError};
+use crate::api::tenant::TenantResolver;
+use crate::config::is_table_name;
+use crate::nats::{PublishError, Publisher};
+use crate::telemetry::metrics as m;
+
+/// Publishes in flight per request. JetStream's client lends a fixed number of ack
+/// permits and takes one back only when its ack is awaited, so requests that each hold
+/// some while waiting for more could starve one another: each request keeps at most
+/// this many, and at most `MAX_PUBLISHING` requests publish at once, within the permits
+/// of the ingest publisher's context (see `server::listeners`).
+pub const PIPELINE_WINDOW: usize = 512;
+pub const MAX_PUBLISHING: usize = 64;
+
+/// The longest `Idempotency-Key` taken (it becomes a JetStream message id).
+const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// What the ingest endpoint needs.
+pub struct IngestState {
+    pub tenants: TenantResolver,
+    /// `MAX_PUBLISHING` permits: requests publishing at once.
+    pub publishing: tokio::sync::Semaphore,
+    pub publisher: Publisher,
+    pub subject_prefix: String,
+    pub max_row_bytes: usize,
+    pub retry_after: Duration,
+}
+
+/// The answer to every ingest request.
+#[derive(Debug, Default, Serialize)]
+pub struct IngestReply {
+    /// Rows stored in the ingest stream (acknowledged by JetStream).
+    pub accepted: usize,
+    /// Of the accepted rows, those JetStream had already stored under the same
+    /// `Idempotency-Key`: stored once.
+    pub duplicates: usize,
+    /// Rows refused (bad JSON, not an object, too large).
+    pub rejected: usize,
+    /// Rows not stored because the stream was full or unreachable: send them again.
+    pub not_stored: usize,
+    pub errors: Vec<RowError>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub async fn ingest(
+    State(state): State<Arc<IngestState>>,
+    Path(table): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let response = handle(&state, &table, &headers, body).await;
+    metrics::counter!(m::INGEST_REQUESTS, "status" => response.status().as_u16().to_string())
+        .increment(1);
+    response
+}
+
+async fn handle(
+    state: &IngestState,
+    table: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let tenant = match state.tenants.resolve(headers) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    if !is_table_name(table) {
+        return failure(
+            StatusCode::NOT_FOUND,
+            format!("{table:?} is not a table name ([A-Za-z_][A-Za-z0-9_]*)"),
+        );
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let Some(framing) = Framing::from_content_type(content_type) else {
+        return failure(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "Content-Type {} is not taken: send application/json (an object or an array of objects) or application/x-ndjson (one object per line)",
+                content_type.unwrap_or("(none)")
+            ),
+        );
+    };
+    let key = match idempotency_key(headers) {
+        Ok(k) => k,
+        Err(e) => return failure(StatusCode::BAD_REQUEST, e),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is over [api] max_request_bytes: split it".into(),
+            )
+        }
+        Err(rejection) => return failure(rejection.status(), rejection.body_text()),
+    };
+    let parsed = match parse::parse(&body, framing, state.max_row_bytes) {
+        Ok(p) => p,
+        Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
+    };
+    let single = framing == Framing::Json
+        && parsed.total() == 1
+        && !body.trim_ascii_start().starts_with(b"[");
+
+    let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
+    let Ok(_publishing) = state.publishing.acquire().await else {
+        return failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
+    };
+    let mut reply = IngestReply {
+        rejected: parsed.errors.len(),
+        errors: parsed.errors,
+        ..Default::default()
+    };
+    let mut stop: Option<PublishError> = None;
+    let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
+    for (index, row) in &parsed.rows {
+        if pending.len() >= PIPELINE_WINDOW {
+            if let Some(ack) = pending.pop_front() {
+                confirm(ack, &mut reply, &mut stop).await;
+            }
+        }
+        if stop.is_some() {
+            break;
+        }
+        let id = key.as_ref().map(|k| {
+            if single {
+                k.clone()
+            } else {
+                format!("{k}:{index}")
+            }
+        });
+        match state
+            .publisher
+            .send(subject.clone(), row.clone(), None, id.as_deref())
+            .await
+        {
+            Ok(ack) => pending.push_back(ack),
+            Err(e) => {
+                stop = Some(e);
+                break;
+            }
+        }
+    }
+    for ack in pending {
+        confirm(ack, &mut reply, &mut stop).await;
+    }
+    reply.not_stored = parsed.rows.len() - reply.accepted;
+    let labels = [
+        ("tenant", tenant.name.clone()),
+        ("table", table.to_string()),
+    ];
+    metrics::counter!(m::INGEST_ROWS, &labels).increment(reply.accepted as u64);
+    if reply.rejected > 0 {
+        metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
+    }
+
+    match stop {
+        Some(PublishError::Refused(why)) if reply.not_stored > 0 => {
+            reply.error = Some(why);
+            (StatusCode::BAD_REQUEST, Json(reply)).into_response()
+        }
+        Some(e) if reply.not_stored > 0 => {
+            reply.error = Some(format!("{e}; the rows not stored can be sent again (use an Idempotency-Key to avoid doubles)"));
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(reply)).into_response();
+            let secs = state.retry_after.as_secs().max(1).to_string();
+            if let Ok(value) = HeaderValue::from_str(&secs) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
+        _ if reply.rejected > 0 => (StatusCode::BAD_REQUEST, Json(reply)).into_response(),
+        _ => (StatusCode::ACCEPTED, Json(reply)).into_response(),
+    }
+}
+
+async fn confirm(
+    ack: async_nats::jetstream::context::PublishAckFuture,
+    reply: &mut IngestReply,
+    stop: &mut Option<PublishError>,
+) {
+    match Publisher::confirm(ack).await {
+        Ok(published) => {
+            reply.accepted += 1;
+            if published.duplicate {
+                reply.duplicates += 1;
+            }
+        }
+        Err(e) => {
+            if stop.is_none() {
+                *stop = Some(e);
+            }
+        }
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| "Idempotency-Key must be visible ASCII".to_string())?
+        .trim();
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.chars().all(|c| c.is_ascii_graphic())
+    {
+        return Err(format!(
+            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+        ));
+    }
+    Ok(Some(key.to_string()))
+}
+
+fn failure(status: StatusCode, error: String) -> Response {
+    let body = IngestReply {
+        error: Some(error),
+        ..Default::default()
+    };
+    (status, Json(body)).into_response()
+}

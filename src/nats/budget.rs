@@ -1,0 +1,148 @@
+//! Keeping a discard-new stream's byte budget exact on servers that do not.
+//!
+//! nats-server before 2.10.5 (Debian's is 2.9.10) checks a publish against a
+//! discard-new `max_bytes` with the payload's size, admits it, stores it with its
+//! overhead (subject, headers, framing), and then prunes the OLDEST messages to get back
+//! under the limit (nats-server issues #4771 and #4775): rows already acknowledged to
+//! the publisher vanish from the queue. Measured here on 2.9.10: a 4 KiB work queue took
+//! 103 publishes and kept 44. Sluice must never lose an accepted row, so on such a
+//! server it gives the stream headroom above the configured budget and enforces the
+//! budget itself, before publishing: a full queue still answers `QueueFull`, and the
+//! server's own limit is never reached.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// How stale the stream's stored size may be before a publish refreshes it.
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether this nats-server enforces a discard-new `max_bytes` without pruning old
+/// messages: 2.10.5 and later.
+pub fn discard_new_is_exact(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    let patch = parts.next().unwrap_or(0);
+    (major, minor, patch) >= (2, 10, 5)
+}
+
+/// The `max_bytes` to give the server for a configured budget: the budget itself where
+/// the server enforces it exactly, else the budget with headroom the server never
+/// reaches because Sluice refuses first.
+pub fn server_max_bytes(budget: u64, exact: bool) -> u64 {
+    if exact {
+        budget
+    } else {
+        budget.saturating_add((budget / 4).max(1 << 20))
+    }
+}
+
+/// A rough stored size of one message: payload, headers, subject and framing.
+pub fn stored_size(subject: &str, payload: usize, headers: usize) -> u64 {
+    (subject.len() + payload + headers + 64) as u64
+}
+
+/// Enforces a stream's byte budget on the publishing side.
+pub struct BudgetGuard {
+    js: jetstream::Context,
+    stream: String,
+    budget: u64,
+    /// Whether the server enforces the budget exactly itself, once its version is known.
+    exact: std::sync::OnceLock<bool>,
+    state: Mutex<GuardState>,
+}
+
+struct GuardState {
+    /// The stream's stored bytes at the last refresh.
+    stored: u64,
+    refreshed: Option<Instant>,
+    /// Bytes this process published since that refresh.
+    since: u64,
+}
+
+/// The stream is at its budget.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OverBudget;
+
+// === impl BudgetGuard ===
+
+impl BudgetGuard {
+    pub fn new(js: jetstream::Context, stream: impl Into<String>, budget: u64) -> Self {
+        Self {
+            js,
+            stream: stream.into(),
+            budget,
+            exact: std::sync::OnceLock::new(),
+            state: Mutex::new(GuardState {
+                stored: 0,
+                refreshed: None,
+                since: 0,
+            }),
+        }
+    }
+
+    /// Admit `bytes` more into the stream, counting them as published; refuse when the
+    /// budget would be exceeded. A stream whose size cannot be read is admitted: the
+    /// publish itself will then fail or succeed on its own.
+    pub async fn admit(&self, bytes: u64) -> Result<(), OverBudget> {
+        if self.server_is_exact() {
+            return Ok(());
+        }
+        let mut state = self.state.lock().await;
+        let stale = state
+            .refreshed
+            .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
+        if stale {
+            if let Ok(stream) = self.js.get_stream(&self.stream).await {
+                state.stored = stream.cached_info().state.bytes;
+                state.since = 0;
+                state.refreshed = Some(Instant::now());
+            }
+        }
+        if state.stored + state.since + bytes > self.budget {
+            return Err(OverBudget);
+        }
+        state.since += bytes;
+        Ok(())
+    }
+
+    fn server_is_exact(&self) -> bool {
+        if let Some(exact) = self.exact.get() {
+            return *exact;
+        }
+        let version = self.js.client().server_info().version;
+        if version.is_empty() {
+            return false;
+        }
+        *self.exact.get_or_init(|| discard_new_is_exact(&version))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert!(!discard_new_is_exact("2.9.10"));
+        assert!(!discard_new_is_exact("2.10.4"));
+        assert!(discard_new_is_exact("2.10.5"));
+        assert!(discard_new_is_exact("2.15.1"));
+        assert!(discard_new_is_exact("v2.11.0-beta"));
+        assert!(discard_new_is_exact("3.0.0"));
+        assert!(!discard_new_is_exact(""));
+    }
+
+    #[test]
+    fn headroom_only_where_needed() {
+        assert_eq!(server_max_bytes(1 << 30, true), 1 << 30);
+        assert_eq!(server_max_bytes(1 << 30, false), (1 << 30) + (1 << 28));
+        assert_eq!(server_max_bytes(4096, false), 4096 + (1 << 20));
+    }
+}

@@ -1,0 +1,247 @@
+//! The operator's tools on the dead-letter stream: count, peek, replay, purge.
+//!
+//! Peeking reads with direct gets (no consumer, nothing consumed). Replaying re-checks
+//! each row, publishes it back to the ingest stream under a message id derived from its
+//! DLQ sequence (a replay retried inside the duplicate window is not doubled), and
+//! deletes it from the DLQ only after the ingest stream acknowledged it.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use futures::TryStreamExt as _;
+use serde::Serialize;
+
+use super::publish::{PublishError, Publisher};
+use super::setup::StreamSettings;
+
+/// One parked row as the admin endpoint shows it.
+#[derive(Debug, Serialize)]
+pub struct ParkedRow {
+    pub sequence: u64,
+    pub subject: String,
+    pub headers: BTreeMap<String, String>,
+    /// The row itself: the JSON value when it parses, else the text.
+    pub row: serde_json::Value,
+}
+
+/// Rows parked per tenant and table.
+#[derive(Debug, Default, Serialize)]
+pub struct DlqCounts {
+    pub total: u64,
+    pub tables: Vec<DlqTableCount>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DlqTableCount {
+    pub tenant: String,
+    pub table: String,
+    pub rows: u64,
+}
+
+/// What a replay did.
+#[derive(Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayReport {
+    pub dry_run: bool,
+    /// Published back to the ingest stream (or, in a dry run, would be).
+    pub replayed: u64,
+    /// Not a JSON object: left on the DLQ.
+    pub skipped: u64,
+    /// Publishing or deleting failed: left on the DLQ (published rows may be retried
+    /// safely, the message id prevents a double).
+    pub failed: u64,
+    pub errors: Vec<String>,
+}
+
+/// The DLQ of one deployment.
+#[derive(Clone)]
+pub struct Dlq {
+    js: jetstream::Context,
+    settings: StreamSettings,
+    ingest: Publisher,
+}
+
+// === impl Dlq ===
+
+impl Dlq {
+    pub fn new(js: jetstream::Context, settings: StreamSettings, ingest: Publisher) -> Self {
+        Self {
+            js,
+            settings,
+            ingest,
+        }
+    }
+
+    fn subject(&self, tenant: &str, table: &str) -> String {
+        format!("{}.{tenant}.{table}", self.settings.dlq_subject_prefix)
+    }
+
+    async fn stream(&self) -> anyhow::Result<jetstream::stream::Stream> {
+        self.js
+            .get_stream(&self.settings.dlq_stream)
+            .await
+            .with_context(|| format!("reading stream {}", self.settings.dlq_stream))
+    }
+
+    /// Parked rows per tenant and table.
+    pub async fn counts(&self) -> anyhow::Result<DlqCounts> {
+        let stream = self.stream().await?;
+        let filter = format!("{}.>", self.settings.dlq_subject_prefix);
+        let subjects: Vec<(String, usize)> = stream
+            .info_with_subjects(filter)
+            .await
+            .context("reading the DLQ's subjects")?
+            .try_collect()
+            .await
+            .context("reading the DLQ's subjects")?;
+        let prefix_tokens = self.settings.dlq_subject_prefix.split('.').count();
+        let mut counts = DlqCounts::default();
+        for (subject, rows) in subjects {
+            let tokens: Vec<&str> = subject.split('.').skip(prefix_tokens).collect();
+            let (tenant, table) = match tokens.as_slice() {
+                [tenant, table] => (tenant.to_string(), table.to_string()),
+                _ => (String::new(), subject.clone()),
+            };
+            counts.total += rows as u64;
+            counts.tables.push(DlqTableCount {
+                tenant,
+                table,
+                rows: rows as u64,
+            });
+        }
+        counts
+            .tables
+            .sort_by(|a, b| (&a.tenant, &a.table).cmp(&(&b.tenant, &b.table)));
+        Ok(counts)
+    }
+
+    /// Up to `limit` parked rows of a table, oldest first, without consuming them.
+    pub async fn peek(
+        &self,
+        tenant: &str,
+        table: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ParkedRow>> {
+        let stream = self.stream().await?;
+        let subject = self.subject(tenant, table);
+        let mut rows = Vec::new();
+        let mut next = 1u64;
+        while rows.len() < limit {
+            let message = match stream
+                .direct_get_next_for_subject(&subject, Some(next))
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(e) => return Err(anyhow::anyhow!("reading the DLQ: {e}")),
+            };
+            next = message.sequence + 1;
+            let headers = message
+                .headers
+                .iter()
+                .filter(|(name, _)| AsRef::<str>::as_ref(*name).starts_with("Sluice-"))
+                .map(|(name, values)| {
+                    let value = values
+                        .iter()
+                        .map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    (AsRef::<str>::as_ref(name).to_string(), value)
+                })
+                .collect();
+            let row = serde_json::from_slice(&message.payload).unwrap_or_else(|_| {
+                serde_json::Value::String(String::from_utf8_lossy(&message.payload).into_owned())
+            });
+            rows.push(ParkedRow {
+                sequence: message.sequence,
+                subject: message.subject.to_string(),
+                headers,
+                row,
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Publish up to `limit` parked rows of a table back to the ingest stream.
+    pub async fn replay(
+        &self,
+        tenant: &str,
+        table: &str,
+        limit: usize,
+        dry_run: bool,
+    ) -> anyhow::Result<ReplayReport> {
+        let stream = self.stream().await?;
+        let subject = self.subject(tenant, table);
+        let target = format!("{}.{tenant}.{table}", self.settings.subject_prefix);
+        let mut report = ReplayReport {
+            dry_run,
+            ..Default::default()
+        };
+        let mut next = 1u64;
+        // Skipped rows do not count against the limit: they stay parked, and a replay
+        // must not be stuck behind them.
+        while ((report.replayed + report.failed) as usize) < limit {
+            let message = match stream
+                .direct_get_next_for_subject(&subject, Some(next))
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(e) => return Err(anyhow::anyhow!("reading the DLQ: {e}")),
+            };
+            next = message.sequence + 1;
+            let is_object = matches!(
+                serde_json::from_slice::<serde_json::Value>(&message.payload),
+                Ok(serde_json::Value::Object(_))
+            );
+            if !is_object {
+                report.skipped += 1;
+                continue;
+            }
+            if dry_run {
+                report.replayed += 1;
+                continue;
+            }
+            let id = format!("replay-{}-{}", self.settings.dlq_stream, message.sequence);
+            match self
+                .ingest
+                .publish(target.clone(), message.payload.clone(), None, Some(&id))
+                .await
+            {
+                Ok(_) => match stream.delete_message(message.sequence).await {
+                    Ok(_) => report.replayed += 1,
+                    Err(e) => {
+                        report.failed += 1;
+                        report.errors.push(format!(
+                            "row {} replayed but not removed from the DLQ: {e}",
+                            message.sequence
+                        ));
+                    }
+                },
+                Err(PublishError::QueueFull) => {
+                    report.failed += 1;
+                    report.errors.push(
+                        "the ingest stream is full: replay stopped, the rest stays parked".into(),
+                    );
+                    break;
+                }
+                Err(e) => {
+                    report.failed += 1;
+                    report.errors.push(format!("row {}: {e}", message.sequence));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Delete every parked row of a table; returns how many.
+    pub async fn purge(&self, tenant: &str, table: &str) -> anyhow::Result<u64> {
+        let stream = self.stream().await?;
+        let response = stream
+            .purge()
+            .filter(self.subject(tenant, table))
+            .await
+            .context("purging the DLQ")?;
+        Ok(response.purged)
+    }
+}

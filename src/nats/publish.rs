@@ -1,0 +1,139 @@
+//! Publishing rows to the ingest stream with a message id, and telling a full stream
+//! from an unreachable one: both answer 503 at the API, but they mean different things
+//! to an operator (`QueueFull` is backpressure working; `Unavailable` is an outage).
+
+use std::error::Error as _;
+
+use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
+use std::sync::Arc;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+use super::budget::{stored_size, BudgetGuard};
+
+/// JetStream's code for a publish refused by a stream's limits with discard-new:
+/// `maximum bytes exceeded` (and `maximum messages exceeded`) arrive with it.
+const STREAM_STORE_FAILED: u64 = 10077;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The stream is at its `max_bytes`: nothing was stored, retry later.
+    #[error("the ingest stream is full (maximum bytes exceeded)")]
+    QueueFull,
+    /// NATS or JetStream could not be reached or did not answer in time.
+    #[error("NATS is unreachable: {0}")]
+    Unavailable(String),
+    /// Anything else JetStream refused (a message too large, no stream for the subject).
+    #[error("JetStream refused the row: {0}")]
+    Refused(String),
+}
+
+/// What a publish ack said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub sequence: u64,
+    /// The message id was seen inside the duplicate window: stored once already.
+    pub duplicate: bool,
+}
+
+/// Publishes to one JetStream stream, within its byte budget. Cheap to clone.
+#[derive(Clone)]
+pub struct Publisher {
+    js: jetstream::Context,
+    budget: Arc<BudgetGuard>,
+}
+
+// === impl Publisher ===
+
+impl Publisher {
+    /// A publisher into `stream`, whose configured budget is `max_bytes`.
+    pub fn new(js: jetstream::Context, stream: &str, max_bytes: u64) -> Self {
+        let budget = Arc::new(BudgetGuard::new(js.clone(), stream, max_bytes));
+        Self { js, budget }
+    }
+
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Send one row; the returned future resolves to the stream's ack. Sending many and
+    /// then awaiting their acks pipelines a request instead of one round trip per row.
+    pub async fn send(
+        &self,
+        subject: String,
+        payload: Bytes,
+        headers: Option<HeaderMap>,
+        message_id: Option<&str>,
+    ) -> Result<PublishAckFuture, PublishError> {
+        let mut headers = headers.unwrap_or_default();
+        if let Some(id) = message_id {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        }
+        let header_bytes: usize = headers
+            .iter()
+            .map(|(k, v)| {
+                AsRef::<str>::as_ref(k).len()
+                    + v.iter().map(|v| v.as_str().len() + 4).sum::<usize>()
+            })
+            .sum();
+        self.budget
+            .admit(stored_size(&subject, payload.len(), header_bytes))
+            .await
+            .map_err(|_| PublishError::QueueFull)?;
+        self.js
+            .publish_with_headers(subject, headers, payload)
+            .await
+            .map_err(classify)
+    }
+
+    /// Wait for the stream's ack of a sent row.
+    pub async fn confirm(ack: PublishAckFuture) -> Result<Published, PublishError> {
+        match ack.await {
+            Ok(ack) => Ok(Published {
+                sequence: ack.sequence,
+                duplicate: ack.duplicate,
+            }),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    /// Send and confirm one row.
+    pub async fn publish(
+        &self,
+        subject: String,
+        payload: Bytes,
+        headers: Option<HeaderMap>,
+        message_id: Option<&str>,
+    ) -> Result<Published, PublishError> {
+        let ack = self.send(subject, payload, headers, message_id).await?;
+        Self::confirm(ack).await
+    }
+}
+
+fn classify(e: async_nats::jetstream::context::PublishError) -> PublishError {
+    let text = e.to_string();
+    let code = e
+        .source()
+        .and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>())
+        .map(|j| j.error_code().0);
+    let full = code == Some(STREAM_STORE_FAILED)
+        || text.contains("maximum bytes exceeded")
+        || text.contains("maximum messages exceeded");
+    if full {
+        return PublishError::QueueFull;
+    }
+    match e.kind() {
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+            PublishError::Unavailable(text)
+        }
+        PublishErrorKind::StreamNotFound => {
+            PublishError::Refused(format!("{text}: no stream takes this subject"))
+        }
+        PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(text),
+        _ => match code {
+            Some(_) => PublishError::Refused(text),
+            None => PublishError::Unavailable(text),
+        },
+    }
+}

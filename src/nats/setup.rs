@@ -1,0 +1,156 @@
+//! Create or update the streams and the durable consumer, idempotently: every Sluice
+//! instance runs this at start, so running it twice must be harmless.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use async_nats::jetstream::{self, consumer, stream};
+
+use super::budget::{discard_new_is_exact, server_max_bytes};
+use crate::config::NatsConfig;
+
+/// What the streams and the consumer are made of, from `[nats]`.
+#[derive(Clone, Debug)]
+pub struct StreamSettings {
+    pub stream: String,
+    pub subject_prefix: String,
+    pub consumer: String,
+    pub dlq_stream: String,
+    pub dlq_subject_prefix: String,
+    pub max_bytes: u64,
+    pub dlq_max_bytes: u64,
+    pub duplicate_window: Duration,
+    pub ack_wait: Duration,
+    pub max_ack_pending: i64,
+    pub replicas: usize,
+}
+
+impl From<&NatsConfig> for StreamSettings {
+    fn from(c: &NatsConfig) -> Self {
+        Self {
+            stream: c.stream.clone(),
+            subject_prefix: c.subject_prefix.clone(),
+            consumer: c.consumer.clone(),
+            dlq_stream: c.dlq_stream.clone(),
+            dlq_subject_prefix: c.dlq_subject_prefix.clone(),
+            max_bytes: c.max_bytes,
+            dlq_max_bytes: c.dlq_max_bytes,
+            duplicate_window: c.duplicate_window,
+            ack_wait: c.ack_wait,
+            max_ack_pending: c.max_ack_pending,
+            replicas: c.replicas,
+        }
+    }
+}
+
+/// The INGEST stream: a work queue (an acked row leaves it, so `max_bytes` bounds the
+/// backlog, not the history) that refuses new publishes when full (the ingest API then
+/// answers 503; nothing already accepted is dropped). And the DLQ: limits retention,
+/// also discard-new, so a full DLQ makes parking fail instead of deleting parked rows.
+pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyhow::Result<()> {
+    let exact = discard_new_is_exact(&js.client().server_info().version);
+    let ingest = stream::Config {
+        name: s.stream.clone(),
+        description: Some("Sluice ingest queue: rows waiting for ClickHouse".into()),
+        subjects: vec![format!("{}.>", s.subject_prefix)],
+        retention: stream::RetentionPolicy::WorkQueue,
+        discard: stream::DiscardPolicy::New,
+        storage: stream::StorageType::File,
+        max_bytes: bytes_i64(server_max_bytes(s.max_bytes, exact)),
+        duplicate_window: s.duplicate_window,
+        num_replicas: s.replicas,
+        ..Default::default()
+    };
+    create_or_update(js, ingest).await?;
+    let dlq = stream::Config {
+        name: s.dlq_stream.clone(),
+        description: Some("Sluice dead letters: rows ClickHouse rejected, with the reason".into()),
+        subjects: vec![format!("{}.>", s.dlq_subject_prefix)],
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::New,
+        storage: stream::StorageType::File,
+        max_bytes: bytes_i64(server_max_bytes(s.dlq_max_bytes, exact)),
+        // A row parked twice (the ack after a park lost) is parked once.
+        duplicate_window: Duration::from_secs(120),
+        // The admin endpoint peeks parked rows with direct gets: nothing is consumed.
+        allow_direct: true,
+        num_replicas: s.replicas,
+        ..Default::default()
+    };
+    create_or_update(js, dlq).await?;
+    Ok(())
+}
+
+/// The durable pull consumer every Sluice instance shares: explicit acks, unlimited
+/// deliveries (the DLQ is the only way out), `max_ack_pending` bounding what the
+/// instances hold in memory.
+pub async fn ensure_consumer(
+    js: &jetstream::Context,
+    s: &StreamSettings,
+) -> anyhow::Result<consumer::PullConsumer> {
+    let config = consumer::pull::Config {
+        durable_name: Some(s.consumer.clone()),
+        description: Some("Sluice: rows to insert into ClickHouse".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: s.ack_wait,
+        max_ack_pending: s.max_ack_pending,
+        max_deliver: -1,
+        deliver_policy: consumer::DeliverPolicy::All,
+        ..Default::default()
+    };
+    let stream = js
+        .get_stream(&s.stream)
+        .await
+        .with_context(|| format!("looking up stream {}", s.stream))?;
+    // Create-or-update: the same config again is a no-op; a changed ack_wait or
+    // max_ack_pending is applied to the existing durable.
+    stream.create_consumer(config).await.map_err(|e| {
+        anyhow::anyhow!(
+            "creating or updating consumer {} on stream {}: {e}",
+            s.consumer,
+            s.stream
+        )
+    })
+}
+
+async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> anyhow::Result<()> {
+    let name = config.name.clone();
+    match js.get_stream(&name).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .with_context(|| format!("reading stream {name}"))?;
+            let current = &info.config;
+            if current.retention != config.retention {
+                bail!(
+                    "stream {name} exists with retention {:?}, Sluice needs {:?}; a stream's retention cannot change: delete or rename it",
+                    current.retention,
+                    config.retention
+                );
+            }
+            let same = current.subjects == config.subjects
+                && current.discard == config.discard
+                && current.max_bytes == config.max_bytes
+                && current.duplicate_window == config.duplicate_window
+                && current.storage == config.storage
+                && current.allow_direct == config.allow_direct;
+            if !same {
+                js.update_stream(config)
+                    .await
+                    .with_context(|| format!("updating stream {name}"))?;
+            }
+            Ok(())
+        }
+        Err(_) => {
+            js.create_stream(config)
+                .await
+                .with_context(|| format!("creating stream {name}"))?;
+            Ok(())
+        }
+    }
+}
+
+fn bytes_i64(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,117 @@
+//! The two HTTP listeners: the API (ingest, query) and the admin endpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::task::JoinHandle;
+
+use super::signals::Shutdown;
+use super::PipelineAdapter;
+use crate::admin::{self, AdminState};
+use crate::api::ingest::{self, IngestState};
+use crate::api::tenant::TenantResolver;
+use crate::config::Config;
+use crate::nats::{Dlq, Publisher};
+
+pub struct Listeners {
+    pub api: SocketAddr,
+    pub admin: SocketAddr,
+    tasks: Vec<JoinHandle<std::io::Result<()>>>,
+    failed: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+impl Listeners {
+    /// Resolves if a listener stops on its own (its socket failed).
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failed.clone();
+        let failure = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone(),
+            Err(_) => None,
+        };
+        match failure {
+            Some(f) => f,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub async fn join(self) {
+        for task in self.tasks {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+pub async fn start(
+    config: &Arc<Config>,
+    publisher: Publisher,
+    dlq: Dlq,
+    pipeline: Arc<PipelineAdapter>,
+    client: async_nats::Client,
+    metrics: PrometheusHandle,
+    shutdown: Shutdown,
+) -> anyhow::Result<Listeners> {
+    let tenants = TenantResolver::new(config.clone());
+    let ingest_state = Arc::new(IngestState {
+        tenants,
+        publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
+        publisher,
+        subject_prefix: config.nats.subject_prefix.clone(),
+        max_row_bytes: config.api.max_row_bytes,
+        retry_after: config.api.retry_after,
+    });
+    let api = Router::new()
+        .route("/v1/ingest/{table}", post(ingest::ingest))
+        .with_state(ingest_state)
+        .layer(DefaultBodyLimit::max(config.api.max_request_bytes));
+
+    if config.admin.token.is_none() {
+        tracing::warn!(listen = %config.admin.listen, "no admin token configured: the admin endpoint listens on loopback only");
+    }
+    let admin_state = Arc::new(AdminState {
+        token: config.admin.token.clone(),
+        pipeline,
+        nats_connected: Arc::new(move || {
+            client.connection_state() == async_nats::connection::State::Connected
+        }),
+        dlq,
+        metrics,
+        fault_injection: config.admin.fault_injection,
+    });
+    let admin = admin::router(admin_state);
+
+    let (failed_tx, failed) = tokio::sync::watch::channel(None);
+    let failed_tx = Arc::new(failed_tx);
+    let mut tasks = Vec::new();
+    let mut bound = Vec::new();
+    for (name, addr, router) in [
+        ("api", config.api.listen, api),
+        ("admin", config.admin.listen, admin),
+    ] {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the {name} listener to {addr}"))?;
+        bound.push(listener.local_addr()?);
+        let shutdown = shutdown.clone();
+        let failed_tx = failed_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { shutdown.wait().await })
+                .await;
+            if let Err(e) = &served {
+                failed_tx.send_replace(Some(format!("the {name} listener failed: {e}")));
+            }
+            served
+        }));
+    }
+    Ok(Listeners {
+        api: bound[0],
+        admin: bound[1],
+        tasks,
+        failed,
+    })
+}

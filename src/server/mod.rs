@@ -1,0 +1,100 @@
+//! `sluice run`: the whole service from a validated configuration.
+//!
+//! Start order: metrics, NATS (retried in the background when it is not up yet: the
+//! process starts and reports not-ready), the actor tree, then the two HTTP listeners.
+//! Stop order on SIGTERM/SIGINT: stop taking HTTP requests, stop pulling, flush the
+//! buffers within the deadline, hand back the rest, exit 0. A pipeline that cannot go
+//! on (a core actor that cannot be restarted) exits 1, so the supervisor (systemd,
+//! Kubernetes) restarts the process rather than leave it up doing nothing.
+
+mod listeners;
+mod pipeline;
+mod signals;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::config::Config;
+use crate::nats::{self, Publisher, StreamSettings};
+use crate::telemetry;
+
+pub use pipeline::PipelineAdapter;
+
+pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config);
+    for warning in &config.warnings {
+        tracing::warn!("config: {warning}");
+    }
+    let metrics = telemetry::prometheus::install()?;
+
+    let client = nats::connect(&config.nats, true).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let streams = StreamSettings::from(&config.nats);
+    if client.connection_state() == async_nats::connection::State::Connected {
+        if let Err(e) = nats::ensure_streams(&js, &streams).await {
+            tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
+        }
+    } else {
+        tracing::warn!(url = %config.nats.url, "NATS is not reachable yet; retrying in the background (not ready until it is)");
+    }
+    // The ingest API's own context: enough ack permits for every publishing request's
+    // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
+    let ingest_js = async_nats::jetstream::ContextBuilder::new()
+        .max_ack_inflight(
+            crate::api::ingest::MAX_PUBLISHING * crate::api::ingest::PIPELINE_WINDOW + 1024,
+        )
+        .build(client.clone());
+    let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
+
+    let pipeline = pipeline::start(&config, js.clone(), streams.clone()).await?;
+    let adapter = Arc::new(PipelineAdapter::new(pipeline));
+
+    let shutdown = signals::Shutdown::new();
+    let listeners = listeners::start(
+        &config,
+        ingest_publisher.clone(),
+        nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
+        adapter.clone(),
+        client.clone(),
+        metrics,
+        shutdown.clone(),
+    )
+    .await
+    .context("starting the HTTP listeners")?;
+    tracing::info!(
+        api = %listeners.api,
+        admin = %listeners.admin,
+        nats = %config.nats.url,
+        "sluice is running"
+    );
+
+    let code = tokio::select! {
+        signal = signals::wait() => {
+            tracing::info!(%signal, "stopping");
+            ExitCode::SUCCESS
+        }
+        why = adapter.handle().fatal() => {
+            tracing::error!(reason = %why, "the pipeline cannot go on; exiting so the supervisor restarts sluice");
+            ExitCode::FAILURE
+        }
+        failed = listeners.failed() => {
+            tracing::error!(error = %failed, "an HTTP listener failed");
+            ExitCode::FAILURE
+        }
+    };
+    shutdown.trigger();
+    let summary = adapter.handle().shutdown().await;
+    tracing::info!(
+        flushed = summary.rows_flushed,
+        handed_back = summary.rows_handed_back,
+        deadline_hit = summary.deadline_hit,
+        took_ms = summary.took_ms,
+        "stopped"
+    );
+    listeners.join().await;
+    // Acks and naks are publishes: give the client a moment to write them out.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), client.flush()).await;
+    Ok(code)
+}

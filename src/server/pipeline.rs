@@ -1,0 +1,129 @@
+//! From the configuration to the running actor tree, and the admin endpoint's view of it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures::future::BoxFuture;
+use sluice_actors::{
+    BackoffPolicy, PipelineConfig, PipelineHandle, PipelineSettings, TableKey, TableOverrides,
+    TableSettings, TableSettingsResolver, Target,
+};
+
+use crate::admin::PipelineView;
+use crate::clickhouse::insert::HttpInserter;
+use crate::config::{self, Config};
+use crate::nats::{DlqWriter, JetStreamSourceFactory, JsDelivery, Publisher, StreamSettings};
+
+/// Start the actor tree: one pool per target, the consumer on the durable consumer.
+pub async fn start(
+    config: &Config,
+    js: jetstream::Context,
+    streams: StreamSettings,
+) -> anyhow::Result<PipelineHandle<JsDelivery>> {
+    let dlq = Arc::new(DlqWriter::new(
+        Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
+        streams.dlq_subject_prefix.clone(),
+    ));
+    let source = JetStreamSourceFactory::new(js, streams, dlq, config.pipeline.pull_batch);
+    let mut targets = Vec::new();
+    for target in config.targets.values() {
+        let inserter = HttpInserter::new(target)
+            .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
+        targets.push(Target::new(&target.name, Arc::new(inserter)));
+    }
+    let tenants: HashMap<String, String> = config
+        .tenants
+        .values()
+        .filter_map(|t| Some((t.name.clone(), t.target.clone()?)))
+        .collect();
+    sluice_actors::start(PipelineConfig {
+        source,
+        targets,
+        tenants,
+        tables: table_settings(config),
+        settings: pipeline_settings(config),
+    })
+    .await
+    .context("starting the actor tree")
+}
+
+pub fn pipeline_settings(config: &Config) -> PipelineSettings {
+    let backoff = BackoffPolicy {
+        initial: config.pipeline.backoff_initial,
+        max: config.pipeline.backoff_max,
+        ..BackoffPolicy::default()
+    };
+    PipelineSettings {
+        subject_prefix: config.nats.subject_prefix.clone(),
+        stream: config.nats.stream.clone(),
+        pull_batch: config.pipeline.pull_batch,
+        max_inflight_flushes: config.pipeline.max_inflight_flushes,
+        idle_table_after: config.pipeline.idle_table_after,
+        shutdown_deadline: config.pipeline.shutdown_deadline,
+        ack_wait: config.nats.ack_wait,
+        pool_backoff: backoff,
+        table_backoff: backoff,
+        ..PipelineSettings::default()
+    }
+}
+
+pub fn table_settings(config: &Config) -> TableSettingsResolver {
+    let convert = |s: &config::TableSettings| TableSettings {
+        batch_rows: s.batch_rows,
+        batch_bytes: s.batch_bytes,
+        batch_age: s.batch_age,
+        dlq: s.dlq,
+        skip_unknown_fields: s.skip_unknown_fields,
+    };
+    let mut resolver = TableSettingsResolver::new(convert(&config.ingest));
+    for ((tenant, table), s) in &config.tables {
+        let s = convert(s);
+        resolver = resolver.with_override(
+            &format!("{tenant}.{table}"),
+            TableOverrides {
+                batch_rows: Some(s.batch_rows),
+                batch_bytes: Some(s.batch_bytes),
+                batch_age: Some(s.batch_age),
+                dlq: Some(s.dlq),
+                skip_unknown_fields: Some(s.skip_unknown_fields),
+            },
+        );
+    }
+    resolver
+}
+
+/// The running pipeline as the admin endpoint sees it.
+pub struct PipelineAdapter {
+    handle: PipelineHandle<JsDelivery>,
+}
+
+impl PipelineAdapter {
+    pub fn new(handle: PipelineHandle<JsDelivery>) -> Self {
+        Self { handle }
+    }
+
+    pub fn handle(&self) -> &PipelineHandle<JsDelivery> {
+        &self.handle
+    }
+}
+
+impl PipelineView for PipelineAdapter {
+    fn tree_json(&self) -> serde_json::Value {
+        self.handle.tree_json()
+    }
+
+    fn readiness(&self) -> Result<(), Vec<String>> {
+        self.handle.readiness()
+    }
+
+    fn inject_table_panic(&self, tenant: &str, table: &str) -> BoxFuture<'_, Result<(), String>> {
+        let key = TableKey::new(tenant, table);
+        Box::pin(async move { self.handle.inject_panic(&key).await })
+    }
+
+    fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
+        self.handle.inject_pool_panic(target)
+    }
+}

@@ -1,0 +1,40 @@
+//! The Prometheus recorder behind `GET /metrics`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Install the global recorder (once per process) and describe every metric.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ],
+        )
+        .context("histogram buckets")?
+        .set_buckets_for_metric(
+            Matcher::Full(sluice_actors::metrics::BATCH_ROWS.into()),
+            &[
+                1.0, 10.0, 100.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 50000.0,
+            ],
+        )
+        .context("histogram buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    sluice_actors::metrics::describe_all();
+    super::metrics::describe();
+    // Histograms and summaries need periodic upkeep when no HTTP listener of the
+    // exporter's own runs it.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
