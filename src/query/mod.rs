@@ -20,9 +20,14 @@
 //!
 //! # Mounting
 //!
+//! In `server/listeners.rs`, beside the ingest route (`config: &Arc<Config>`):
+//!
 //! ```ignore
-//! let state = sluice::query::QueryState::new(Arc::new(config.clone()))?;
-//! let app = axum::Router::new().merge(sluice::query::router(state)); // + ingest routes
+//! let api = Router::new()
+//!     .route("/v1/ingest/{table}", post(ingest::ingest))
+//!     .with_state(ingest_state)
+//!     .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
+//!     .merge(crate::query::router(crate::query::QueryState::new(config.clone())?));
 //! ```
 //!
 //! With no `[query]` section the route still exists and answers 404 with a body that
