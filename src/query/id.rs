@@ -13,7 +13,7 @@ use rand::RngExt;
 pub struct QueryId(String);
 
 impl QueryId {
-    /// A random id (122 random bits, UUID-shaped), prefixed so an operator reading
+    /// A random id (124 random bits, UUID-shaped), prefixed so an operator reading
     /// `system.processes` or `system.query_log` sees the query came through Sluice.
     pub fn generate() -> Self {
         let n: u128 = rand::rng().random();
