@@ -7,5 +7,6 @@ pub mod cli;
 pub mod clickhouse;
 pub mod config;
 pub mod nats;
+pub mod query;
 pub mod server;
 pub mod telemetry;
