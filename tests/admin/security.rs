@@ -217,3 +217,35 @@ async fn secrets_never_show_in_the_tree_the_dlq_metrics_or_logs() -> Result<()> 
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_admin_endpoint_is_loopback_only_and_says_so() -> Result<()> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.env.retain(|(k, _)| k != "SLUICE_ADMIN_TOKEN");
+    // Asked to listen everywhere, without a token: it binds loopback instead.
+    stack.set("admin.listen", format!("0.0.0.0:{}", stack.admin_port));
+    stack.start_sluice(SLUICE).await?;
+    let logs = stack.sluice_output(0)?;
+    assert!(
+        logs.contains("loopback only"),
+        "no word of it at start:\n{logs}"
+    );
+    let (status, _, body) = stack
+        .admin_request(Method::GET, "/admin/actors", None, None)
+        .await?;
+    assert_eq!(status, 200, "{body}");
+    // The listening socket, as the kernel has it: 127.0.0.1 (0100007F), not 0.0.0.0.
+    let port = format!(":{:04X}", stack.admin_port);
+    let tcp = std::fs::read_to_string("/proc/net/tcp")?;
+    let listening: Vec<&str> = tcp
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            // local_address, state 0A = LISTEN
+            (fields.len() > 3 && fields[1].ends_with(&port) && fields[3] == "0A")
+                .then_some(fields[1])
+        })
+        .collect();
+    assert_eq!(listening, vec![format!("0100007F{port}").as_str()], "{tcp}");
+    Ok(())
+}
