@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use serde_json::json;
 use sluice_harness::{wait_for, Metrics, Respond, Rule, Stack, StackOptions, ADMIN_TOKEN, TENANT};
@@ -66,7 +66,7 @@ async fn every_design_metric_appears_with_its_labels() -> Result<()> {
         sluice_harness::QUERY_PASSWORD.into(),
     ));
     stack.start_sluice(SLUICE).await?;
-    let proxy = stack.proxy.as_ref().expect("a stack with a proxy");
+    let proxy = stack.proxy.as_ref().context("a stack with a proxy")?;
 
     // Rows that land, and one ClickHouse rejects (parked).
     let good: Vec<_> = (0..10).map(|id| json!({"id": id, "name": "ok"})).collect();

@@ -2,7 +2,7 @@
 //! answer, the pool's breaker open while it is down and closed when it is back, a
 //! table's buffered rows.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use serde_json::json;
 use sluice_harness::{wait_for, Stack, StackOptions, TENANT};
@@ -41,7 +41,8 @@ async fn readiness_and_the_breaker_follow_clickhouse() -> Result<()> {
     assert_eq!((status, body), (200, json!({"status": "alive"})));
     // The pool shows it has not been probed yet.
     let tree = tree(&stack).await?;
-    let pool = find_node(&tree, "pool", "main").expect("pool main");
+    let pool =
+        find_node(&tree, "pool", "main").with_context(|| format!("no pool main in {tree}"))?;
     assert_eq!(pool["state"]["probed_ok"], false, "{pool}");
 
     // ClickHouse comes: ready.
@@ -171,7 +172,8 @@ async fn a_tables_buffered_rows_show_in_the_tree_and_the_gauge() -> Result<()> {
         kinds.contains(&"consumer".to_string()) && kinds.contains(&"pool".to_string()),
         "{tree}"
     );
-    let pool = find_node(&tree, "pool", "main").expect("pool");
+    let pool =
+        find_node(&tree, "pool", "main").with_context(|| format!("no pool main in {tree}"))?;
     assert!(find_node(pool, "table", &name).is_some(), "{tree}");
     Ok(())
 }
