@@ -470,3 +470,83 @@ async fn unknown_fields_are_rejected_unless_the_table_skips_them() -> Result<()>
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_reset_connection_is_unavailable() -> Result<()> {
+    let Some((ch, proxy, inserter)) =
+        behind_proxy("a_reset_connection_is_unavailable", INSERT_TIMEOUT).await?
+    else {
+        return Ok(());
+    };
+    proxy.set_mode(Mode::Reset).await?;
+    let error = insert_err(&inserter, request("events", &[r#"{"id": 1}"#], false)).await?;
+    assert_eq!(error.class, Class::Unavailable, "{error:?}");
+    assert_eq!((error.code, error.status), (None, None), "{error:?}");
+    proxy.set_mode(Mode::PassThrough).await?;
+    assert_eq!(ch.count("events").await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_huge_error_body_is_read_to_4_kib_only() -> Result<()> {
+    let Some((_ch, proxy, inserter)) =
+        behind_proxy("a_huge_error_body_is_read_to_4_kib_only", INSERT_TIMEOUT).await?
+    else {
+        return Ok(());
+    };
+    let mut body = String::from(
+        "Code: 27, e.displayText() = DB::Exception: Cannot parse input: expected , before: ",
+    );
+    body.push_str(&"x".repeat(8 << 20));
+    proxy.set_mode(Respond::new(500).body(body)).await?;
+    let error = insert_err(&inserter, request("events", &[r#"{"id": 1}"#], false)).await?;
+    assert_eq!(
+        (error.class, error.code),
+        (Class::Rejected, Some(27)),
+        "{}",
+        error.class
+    );
+    assert!(
+        error.message.len() <= 4096,
+        "the message holds {} bytes",
+        error.message.len()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_feature_lookup_never_passes_for_a_rejected_row() -> Result<()> {
+    let Some(ch) =
+        clickhouse_or_skip("a_failed_feature_lookup_never_passes_for_a_rejected_row").await?
+    else {
+        return Ok(());
+    };
+    events_table(&ch).await?;
+    let proxy = FaultProxy::start(ch.http_addr()).await?;
+    // Something in front of ClickHouse (a proxy allowing inserts only, a server hiding
+    // its system tables) answers the lookup with an error that would be a verdict on
+    // rows if an insert had drawn it. No row was looked at: parking the batch for it
+    // would park good rows.
+    proxy.add_rule(Rule::contains(
+        "system.settings",
+        Respond::clickhouse_modern(60, "UNKNOWN_TABLE", "Table system.settings does not exist"),
+    ));
+    let inserter = inserter(&proxy.url(), INGEST_USER, Some(INGEST_PASSWORD))?;
+    let error = insert_err(&inserter, request("events", &[r#"{"id": 1}"#], false)).await?;
+    assert_ne!(error.class, Class::Rejected, "{error:?}");
+    assert!(error.class.is_outage(), "{error:?}");
+    assert!(
+        error.message.contains("system.settings"),
+        "says what failed: {error:?}"
+    );
+    assert!(inserts(&proxy).is_empty(), "no insert was sent");
+
+    // Once the lookup answers, inserts go through.
+    proxy.clear_rules();
+    inserter
+        .insert(request("events", &[r#"{"id": 1}"#], false))
+        .await
+        .context("after the lookup recovered")?;
+    assert_eq!(ch.count("events").await?, 1);
+    Ok(())
+}
