@@ -702,3 +702,186 @@ async fn dlq_tools_count_peek_replay_and_purge() -> Result<()> {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_full_dlq_makes_parking_fail_and_keeps_every_row() -> Result<()> {
+    let Some(server) = nats_or_skip("a_full_dlq_makes_parking_fail_and_keeps_every_row").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    // Two DLQs whose budgets differ by half a parked row: whatever room the first one
+    // leaves when it first refuses, one of them leaves enough for the sweep below.
+    for (round, budget) in [(0, 4096), (1, 4096 + 700)] {
+        full_dlq_round(&server, &js, round, budget)
+            .await
+            .with_context(|| format!("DLQ of {budget} bytes"))?;
+    }
+    Ok(())
+}
+
+/// Parks rows on a DLQ of `budget` bytes until it refuses, then keeps parking rows with
+/// ever shorter reasons (3 bytes at a time), so that one of them lands just under the
+/// limit: nats-server < 2.10.5 admits such a message by its payload and headers and then
+/// deletes the oldest parked row to make room for its overhead. Sluice must refuse it
+/// instead: a refused row goes back unacked, and every parked row stays.
+async fn full_dlq_round(
+    server: &NatsServer,
+    js: &jetstream::Context,
+    round: u32,
+    budget: u64,
+) -> Result<()> {
+    let mut settings = settings(64 << 20, Duration::from_secs(30));
+    settings.stream = format!("INGEST{round}");
+    settings.subject_prefix = format!("ingest{round}");
+    settings.consumer = format!("sluice{round}");
+    settings.dlq_stream = format!("DLQ{round}");
+    settings.dlq_subject_prefix = format!("dlq{round}");
+    settings.dlq_max_bytes = budget;
+    ensure_streams(js, &settings).await?;
+    ensure_consumer(js, &settings).await?;
+    let ingest = Publisher::new(js.clone(), &settings.stream, settings.max_bytes);
+    let dlq_writer = Arc::new(DlqWriter::new(
+        Publisher::new(js.clone(), &settings.dlq_stream, settings.dlq_max_bytes),
+        settings.dlq_subject_prefix.clone(),
+    ));
+    let rows = 360u32;
+    let subject = format!("ingest{round}.acme.events");
+    for i in 0..rows {
+        let payload = json!({"id": format!("{i:04}")}).to_string();
+        ingest
+            .publish(subject.clone(), payload.into(), None, None)
+            .await?;
+    }
+    let mut source = JetStreamSourceFactory::new(js.clone(), settings.clone(), dlq_writer, 100)
+        .connect()
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let deliveries = pull(&mut source, rows as usize, DEADLINE).await?;
+
+    let mut parked = BTreeSet::new();
+    let mut refused = Vec::new();
+    let mut reason_len = 1000usize;
+    for delivery in deliveries {
+        let payload = String::from_utf8_lossy(delivery.payload()).into_owned();
+        if !refused.is_empty() {
+            reason_len = reason_len.saturating_sub(3);
+        }
+        let reason = format!("Cannot parse input {}", "r".repeat(reason_len));
+        match delivery.park(&rejected("events", Some(27), &reason)).await {
+            Ok(()) => {
+                parked.insert(payload);
+            }
+            Err((back, error)) => {
+                assert!(
+                    error.0.contains("DLQ stream is full") && !error.0.contains("ingest"),
+                    "names the stream that is full: {error}"
+                );
+                assert_eq!(back.payload().as_ref(), payload.as_bytes());
+                refused.push(back);
+            }
+        }
+    }
+    assert!(!parked.is_empty(), "the DLQ took no row");
+    assert!(!refused.is_empty(), "the DLQ took all {rows} rows");
+
+    // Nothing parked was deleted to make room, and the refused rows are still queued
+    // (unacked: the caller naks them).
+    let held: BTreeSet<String> = stream_contents(js, &settings.dlq_stream)
+        .await?
+        .into_iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    assert_eq!(held, parked, "nats-server {}", server.version());
+    let refused_count = refused.len() as u64;
+    for back in refused {
+        back.nak(Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow!("nak: {e}"))?;
+    }
+    wait_for_messages(js, &settings.stream, refused_count).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn progress_keeps_a_held_row_from_coming_back() -> Result<()> {
+    let ack_wait = Duration::from_secs(2);
+    let Some(setup) = Setup::start("progress_keeps_a_held_row_from_coming_back", ack_wait).await?
+    else {
+        return Ok(());
+    };
+    setup.publish(SUBJECT, r#"{"id": 1}"#).await?;
+    let mut source = setup.source().await?;
+    let mut held = pull(&mut source, 1, DEADLINE).await?;
+    let delivery = held.pop().context("one delivery")?;
+
+    // A long flush holds the row for 2.5 × ack_wait, telling the server it is working.
+    let until = Instant::now() + ack_wait * 5 / 2;
+    while Instant::now() < until {
+        delivery
+            .progress()
+            .await
+            .map_err(|e| anyhow!("progress: {e}"))?;
+        // `pull` waits up to half a second for a row: none may come.
+        let again = source.pull(1).await.map_err(|e| anyhow!("{e}"))?;
+        assert!(again.is_empty(), "a row in progress was delivered again");
+    }
+    assert_eq!(delivery.meta().deliveries, 1);
+    delivery.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    wait_for_messages(&setup.js, "INGEST", 0).await?;
+
+    // Without progress, ack_wait brings a held row back.
+    setup.publish(SUBJECT, r#"{"id": 2}"#).await?;
+    let first = pull(&mut source, 1, DEADLINE).await?;
+    let held_at = Instant::now();
+    let mut again = pull(&mut source, 1, DEADLINE).await?;
+    let away = held_at.elapsed();
+    assert!(
+        away >= ack_wait - Duration::from_millis(200),
+        "back after {away:?}"
+    );
+    let delivery = again.pop().context("redelivered")?;
+    assert_eq!(delivery.meta().deliveries, 2);
+    delivery.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    // The first copy's handle is stale now; settling it must not bring the row back.
+    for stale in first {
+        stale.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    wait_for_messages(&setup.js, "INGEST", 0).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replay_into_a_full_queue_leaves_the_rows_parked() -> Result<()> {
+    let Some(server) = nats_or_skip("a_replay_into_a_full_queue_leaves_the_rows_parked").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let budget = 2048;
+    let settings = settings(budget, Duration::from_secs(30));
+    ensure_streams(&js, &settings).await?;
+    let dlq_publisher = Publisher::new(js.clone(), &settings.dlq_stream, settings.dlq_max_bytes);
+    // Parked rows (as the DLQ writer stores them), more than the ingest queue holds.
+    for i in 0..40u32 {
+        let row = json!({"id": i, "pad": "w".repeat(40)}).to_string();
+        dlq_publisher
+            .publish("dlq.acme.events".into(), row.into(), None, None)
+            .await?;
+    }
+    let ingest = Publisher::new(js.clone(), &settings.stream, budget);
+    let dlq = Dlq::new(js.clone(), settings.clone(), ingest);
+    let report = dlq.replay("acme", "events", 1000, false).await?;
+    assert!(report.replayed > 0, "{report:?}");
+    assert!(report.failed >= 1, "{report:?}");
+    assert!(
+        report.errors.iter().any(|e| e.contains("full")),
+        "{report:?}"
+    );
+    // Every row is in exactly one place: back in the queue or still parked.
+    let queued = stream_messages(&js, "INGEST").await?;
+    let parked = dlq.counts().await?.total;
+    assert_eq!(queued, report.replayed, "{report:?}");
+    assert_eq!(queued + parked, 40, "{queued} queued, {parked} parked");
+    Ok(())
+}
