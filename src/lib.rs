@@ -8,5 +8,6 @@ pub mod clickhouse;
 pub mod config;
 pub mod dev;
 pub mod nats;
+pub mod query;
 pub mod server;
 pub mod telemetry;

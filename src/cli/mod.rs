@@ -3,6 +3,7 @@
 mod check_config;
 mod classify;
 mod dev;
+mod healthcheck;
 mod run;
 
 use std::path::PathBuf;
@@ -51,6 +52,18 @@ pub enum Command {
         #[arg(long, short, env = "SLUICE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Exit 0 when the admin endpoint's /healthz answers 200 (a container HEALTHCHECK).
+    Healthcheck {
+        /// The configuration file, to find the admin listener; without one, SLUICE_* variables.
+        #[arg(long, short, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Ask this URL instead of the configured admin listener.
+        #[arg(long)]
+        url: Option<String>,
+        /// Give up after this long.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Tell what Sluice does with a ClickHouse failure: a code (`252`), an error text
     /// (`"Code: 516. DB::Exception: ..."`) or a codeless HTTP status (`status:503`).
     Classify {
@@ -75,5 +88,10 @@ pub fn main() -> ExitCode {
         }),
         Command::CheckConfig { config } => check_config::run(config.as_deref()),
         Command::Classify { what } => classify::run(&what.join(" ")),
+        Command::Healthcheck {
+            config,
+            url,
+            timeout,
+        } => healthcheck::run(config.as_deref(), url.as_deref(), timeout),
     }
 }

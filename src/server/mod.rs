@@ -43,7 +43,7 @@ pub async fn run_until(
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
-    if client.connection_state() == async_nats::connection::State::Connected {
+    if nats::wait_connected(&client, std::time::Duration::from_secs(3)).await {
         if let Err(e) = nats::ensure_streams(&js, &streams).await {
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
