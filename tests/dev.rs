@@ -127,6 +127,25 @@ async fn dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly() -> Resu
         "{parked}"
     );
 
+    // The rows can be read back through Sluice's query gateway.
+    let response = http
+        .post(format!("http://127.0.0.1:{api}/v1/query"))
+        .header("X-Tenant", "demo")
+        .header("Content-Type", "application/json")
+        .body(r#"{"sql": "SELECT count() AS n FROM events"}"#)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let body = response.text().await?;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+    let counted: u64 = match &answer["data"][0]["n"] {
+        Value::String(n) => n.parse()?,
+        Value::Number(n) => n.as_u64().context("a count")?,
+        other => bail!("no count in {other}: {body}"),
+    };
+    assert!(counted > 0, "{body}");
+
     // Where everything listens was printed, and progress is logged.
     dev.wait_for_log(
         &format!("http://127.0.0.1:{admin}/admin/"),

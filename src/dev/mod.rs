@@ -42,6 +42,10 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS default.events (
 /// How long Sluice gets to become ready before the demo gives up waiting on it.
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The variable the generated configuration names for the query user's password (the
+/// harness's ClickHouse has a read-only user `query`).
+const QUERY_PASSWORD_ENV: &str = "SLUICE_DEV_QUERY_PASSWORD";
+
 /// How long each server gets to stop after being asked.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -137,8 +141,12 @@ async fn serve(
     std::fs::write(&config_path, &text)
         .with_context(|| format!("writing {}", config_path.display()))?;
     // The environment is left out on purpose: a SLUICE_* variable meant for another
-    // deployment must not point the demo at it.
-    let config = Config::from_parts(&config_path.display().to_string(), &text, &BTreeMap::new())
+    // deployment must not point the demo at it. Only the query user's password is there.
+    let vars = BTreeMap::from([(
+        QUERY_PASSWORD_ENV.to_string(),
+        sluice_harness::QUERY_PASSWORD.to_string(),
+    )]);
+    let config = Config::from_parts(&config_path.display().to_string(), &text, &vars)
         .map_err(|e| anyhow!("the generated configuration is invalid (a bug): {e}"))?;
 
     let banner = Banner {
@@ -281,7 +289,8 @@ async fn stopped(mut stop: watch::Receiver<Option<&'static str>>) -> &'static st
 fn config_text(options: &DevOptions, nats_url: &str, clickhouse_url: &str) -> String {
     format!(
         r#"# Written by `sluice dev` for the servers it started; see config.toml in the
-# repository for every key.
+# repository for every key. To run it yourself while they run:
+#   {QUERY_PASSWORD_ENV}={query_password} sluice run --config <this file>
 
 [nats]
 url = "{nats_url}"
@@ -305,6 +314,11 @@ batch_age = "500ms"
 [pipeline]
 shutdown_deadline = "5s"
 
+[query]
+target = "main"
+user = "{query_user}"
+password_env = "{QUERY_PASSWORD_ENV}"
+
 [api]
 listen = "{api}"
 auth = "none"
@@ -314,6 +328,8 @@ listen = "{admin}"
 "#,
         api = options.api,
         admin = options.admin,
+        query_user = sluice_harness::QUERY_USER,
+        query_password = sluice_harness::QUERY_PASSWORD,
     )
 }
 
@@ -360,7 +376,16 @@ impl std::fmt::Display for Banner<'_> {
             f,
             "    curl -sS -X POST {api}/v1/ingest/{TABLE} -H 'X-Tenant: {TENANT}' -H 'Content-Type: application/json' -d '{sample}'"
         )?;
-        writeln!(f, "  query ClickHouse:")?;
+        writeln!(
+            f,
+            "  query through Sluice's gateway (read-only user {}):",
+            sluice_harness::QUERY_USER
+        )?;
+        writeln!(
+            f,
+            "    curl -sS -X POST {api}/v1/query -H 'X-Tenant: {TENANT}' -H 'Content-Type: application/json' -d '{{\"sql\": \"SELECT action, count() AS rows FROM {TABLE} GROUP BY action\"}}'"
+        )?;
+        writeln!(f, "  query ClickHouse directly:")?;
         writeln!(
             f,
             "    curl -sS '{ch}/' --data-binary 'SELECT action, count(), sum(amount) FROM default.{TABLE} GROUP BY action'"
