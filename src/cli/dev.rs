@@ -24,15 +24,19 @@ pub fn run(options: DevOptions) -> ExitCode {
     code
 }
 
-/// `8080` means `127.0.0.1:8080`; a full address is taken as given.
+/// `8080` means `127.0.0.1:8080`; a full address is taken as given. Port 0 is refused:
+/// the URLs `sluice dev` prints must be the ones it listens on.
 pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
-    if let Ok(port) = value.trim().parse::<u16>() {
-        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    let addr = match value.trim().parse::<u16>() {
+        Ok(port) => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Err(_) => value.trim().parse().map_err(|_| {
+            format!("{value:?} is neither a port (8080) nor an address (127.0.0.1:8080)")
+        })?,
+    };
+    if addr.port() == 0 {
+        return Err("give a port other than 0".into());
     }
-    value
-        .trim()
-        .parse()
-        .map_err(|_| format!("{value:?} is neither a port (8080) nor an address (127.0.0.1:8080)"))
+    Ok(addr)
 }
 
 #[cfg(test)]
@@ -50,5 +54,6 @@ mod tests {
             Ok(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 9)))
         );
         assert!(parse_listen("localhost").is_err());
+        assert!(parse_listen("0").is_err());
     }
 }

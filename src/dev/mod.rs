@@ -82,6 +82,13 @@ async fn run_inner(
     // Everything that can be checked before a server starts, so a mistake costs no wait.
     port_is_free("API", "--api", options.api)?;
     port_is_free("admin", "--admin", options.admin)?;
+    if !options.admin.ip().is_loopback() {
+        bail!(
+            "--admin {}: the admin endpoint of sluice dev has no token, so it listens on \
+             loopback only; give a port or a 127.0.0.1 address",
+            options.admin
+        );
+    }
     if options.api == options.admin {
         bail!(
             "--api and --admin are both {}: give them different ports",
@@ -147,7 +154,7 @@ async fn serve(
         sluice_harness::QUERY_PASSWORD.to_string(),
     )]);
     let config = Config::from_parts(&config_path.display().to_string(), &text, &vars)
-        .map_err(|e| anyhow!("the generated configuration is invalid (a bug): {e}"))?;
+        .map_err(|e| anyhow!("the configuration sluice dev wrote is not valid: {e}"))?;
 
     let banner = Banner {
         options: options.clone(),
