@@ -244,3 +244,37 @@ async fn dev_names_the_package_of_a_missing_server() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn dev_servers_die_with_it_when_it_is_killed() -> Result<()> {
+    if !servers_or_skip("dev_servers_die_with_it_when_it_is_killed")? {
+        return Ok(());
+    }
+    let mut dev = SluiceProcess::start(
+        env!("CARGO_BIN_EXE_sluice"),
+        [
+            "dev",
+            "--api",
+            &free_port()?.to_string(),
+            "--admin",
+            &free_port()?.to_string(),
+        ],
+    )?;
+    dev.wait_for_log("sluice dev is running", STARTUP).await?;
+    let pid = dev.pid().context("sluice dev is running")?;
+    let children = children_of(pid);
+    assert_eq!(children.len(), 2, "{children:?}");
+
+    // No chance to stop anything: the kernel must take the servers down with it.
+    dev.kill9().await?;
+    for (child, name) in &children {
+        wait_until(
+            &format!("{name} (pid {child}) to die with sluice dev"),
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || async { !process_exists(*child) },
+        )
+        .await?;
+    }
+    Ok(())
+}
