@@ -9,7 +9,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, SettleError};
 
-use super::publish::Publisher;
+use super::publish::{PublishError, Publisher};
 
 /// The most of ClickHouse's message a DLQ header carries.
 const MAX_ERROR_HEADER: usize = 1024;
@@ -191,6 +191,15 @@ impl Delivery for JsDelivery {
                 }
                 Ok(())
             }
+            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
+            // operator must not go looking at the wrong stream.
+            Err(PublishError::QueueFull) => Err((
+                self,
+                SettleError(
+                    "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
+                        .into(),
+                ),
+            )),
             Err(e) => Err((self, SettleError(format!("publishing to the DLQ: {e}")))),
         }
     }
