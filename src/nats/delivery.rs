@@ -164,16 +164,18 @@ impl Delivery for JsDelivery {
         let Some(message) = self.message.as_ref() else {
             return Ok(());
         };
-        let stream = message
+        let (stream, published) = message
             .info()
-            .map(|i| i.stream.to_string())
+            .map(|i| (i.stream.to_string(), i.published.unix_timestamp_nanos()))
             .unwrap_or_default();
         let subject = format!(
             "{}.{}.{}",
             self.dlq.subject_prefix, parking.table.tenant, parking.table.table
         );
-        // The same row parked twice (its ack lost after the park) is stored once.
-        let id = format!("park-{stream}-{}", meta.stream_sequence);
+        // The same row parked twice (its ack lost after the park) is stored once. The
+        // publish time is part of the id so that a row of a stream recreated within the
+        // DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
+        let id = format!("park-{stream}-{}-{published}", meta.stream_sequence);
         let headers = DlqWriter::headers(parking, &meta);
         let payload = message.payload.clone();
         match self
