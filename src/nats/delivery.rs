@@ -9,7 +9,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, SettleError};
 
-use super::publish::Publisher;
+use super::publish::{PublishError, Publisher};
 
 /// The most of ClickHouse's message a DLQ header carries.
 const MAX_ERROR_HEADER: usize = 1024;
@@ -164,16 +164,18 @@ impl Delivery for JsDelivery {
         let Some(message) = self.message.as_ref() else {
             return Ok(());
         };
-        let stream = message
+        let (stream, published) = message
             .info()
-            .map(|i| i.stream.to_string())
+            .map(|i| (i.stream.to_string(), i.published.unix_timestamp_nanos()))
             .unwrap_or_default();
         let subject = format!(
             "{}.{}.{}",
             self.dlq.subject_prefix, parking.table.tenant, parking.table.table
         );
-        // The same row parked twice (its ack lost after the park) is stored once.
-        let id = format!("park-{stream}-{}", meta.stream_sequence);
+        // The same row parked twice (its ack lost after the park) is stored once. The
+        // publish time is part of the id so that a row of a stream recreated within the
+        // DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
+        let id = format!("park-{stream}-{}-{published}", meta.stream_sequence);
         let headers = DlqWriter::headers(parking, &meta);
         let payload = message.payload.clone();
         match self
@@ -186,10 +188,20 @@ impl Delivery for JsDelivery {
                 // Parked. Should the ack be lost, the row comes back, is parked again
                 // under the same id, and the DLQ keeps one copy.
                 if let Err(e) = self.settle(AckKind::Ack).await {
-                    tracing::warn!(error = %e, "row parked but its ack failed; it will be redelivered and parked once more");
+                    tracing::warn!(tenant = %parking.table.tenant, table = %parking.table.table, error = %e,
+                        "row parked but its ack failed; it will be redelivered and parked once more");
                 }
                 Ok(())
             }
+            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
+            // operator must not go looking at the wrong stream.
+            Err(PublishError::QueueFull) => Err((
+                self,
+                SettleError(
+                    "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
+                        .into(),
+                ),
+            )),
             Err(e) => Err((self, SettleError(format!("publishing to the DLQ: {e}")))),
         }
     }
