@@ -302,8 +302,11 @@ impl Scenario {
             .await
             .context("counting rows")?;
         tally.settled_in = Some(healing.elapsed());
+        // Looked at twice, half a second apart: a work-queue removal may trail its ack.
+        let first = self.jet.backlog().await.map(|b| b.stranded()).unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(500)).await;
         if let Ok(backlog) = self.jet.backlog().await {
-            tally.stranded = backlog.stranded();
+            tally.stranded = backlog.stranded().min(first);
             if tally.stranded > 0 {
                 eprintln!(
                     "note: {} messages stranded in {INGEST_STREAM} with the consumer done: {backlog:?}",
