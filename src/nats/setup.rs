@@ -104,13 +104,42 @@ pub async fn ensure_consumer(
         .with_context(|| format!("looking up stream {}", s.stream))?;
     // Create-or-update: the same config again is a no-op; a changed ack_wait or
     // max_ack_pending is applied to the existing durable.
-    stream.create_consumer(config).await.map_err(|e| {
+    let mut consumer = stream.create_consumer(config).await.map_err(|e| {
         anyhow::anyhow!(
             "creating or updating consumer {} on stream {}: {e}",
             s.consumer,
             s.stream
         )
-    })
+    })?;
+    if let Ok(info) = consumer.info().await {
+        let floor = info.ack_floor.stream_sequence;
+        purge_stranded(&stream, stream.cached_info().state.first_sequence, floor).await;
+    }
+    Ok(consumer)
+}
+
+/// nats-server 2.9 killed with -9 can come back with rows still in the work queue that
+/// the consumer had already acked (its ack floor is past them): they are never
+/// delivered again, but they hold on to the stream's byte budget, so a full queue would
+/// refuse producers for rows long inserted. The consumer is the stream's only one and
+/// unfiltered, so every row at or below its ack floor is done: purge them. Best effort;
+/// checked when the consumer connects and with every lag poll.
+pub async fn purge_stranded(stream: &jetstream::stream::Stream, first: u64, floor: u64) {
+    if floor == 0 || first == 0 || first > floor {
+        return;
+    }
+    match stream.purge().sequence(floor + 1).await {
+        Ok(purged) if purged.purged > 0 => tracing::warn!(
+            stream = %stream.cached_info().config.name,
+            purged = purged.purged,
+            ack_floor = floor,
+            "purged rows the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not purge already-acked rows left in the stream")
+        }
+    }
 }
 
 async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> anyhow::Result<()> {

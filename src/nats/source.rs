@@ -8,7 +8,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use sluice_actors::{Source, SourceError, SourceFactory};
 
 use super::delivery::{DlqWriter, JsDelivery};
-use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
+use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
 
 /// How long one `pull` waits for a first row before answering with an empty batch.
 const IDLE_WAIT: Duration = Duration::from_millis(500);
@@ -67,6 +67,8 @@ impl SourceFactory for JetStreamSourceFactory {
             consumer,
             messages,
             dlq: self.dlq.clone(),
+            js: self.js.clone(),
+            stream: self.settings.stream.clone(),
         })
     }
 }
@@ -76,6 +78,9 @@ pub struct JetStreamSource {
     consumer: consumer::PullConsumer,
     messages: consumer::pull::Stream,
     dlq: Arc<DlqWriter>,
+    js: jetstream::Context,
+    /// The stream's name, to look for acked rows a crashed server left behind.
+    stream: String,
 }
 
 impl Source for JetStreamSource {
@@ -107,6 +112,12 @@ impl Source for JetStreamSource {
     }
 
     async fn pending(&mut self) -> Option<u64> {
-        self.consumer.info().await.ok().map(|info| info.num_pending)
+        let info = self.consumer.info().await.ok()?;
+        let (pending, floor) = (info.num_pending, info.ack_floor.stream_sequence);
+        if let Ok(stream) = self.js.get_stream(&self.stream).await {
+            let first = stream.cached_info().state.first_sequence;
+            purge_stranded(&stream, first, floor).await;
+        }
+        Some(pending)
     }
 }

@@ -76,6 +76,9 @@ fn verbose() -> bool {
 const LOG_LINES: usize = 80;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
+/// Half-second looks for acked messages a crashed nats-server left in the stream to be
+/// purged by Sluice (which does it with its lag poll, every 5 s).
+const STRANDED_POLLS: u32 = 30;
 
 /// A scenario's stack, the test's JetStream client, and the sluice binary.
 pub struct Scenario {
@@ -302,17 +305,23 @@ impl Scenario {
             .await
             .context("counting rows")?;
         tally.settled_in = Some(healing.elapsed());
-        // Looked at twice, half a second apart: a work-queue removal may trail its ack.
-        let first = self.jet.backlog().await.map(|b| b.stranded()).unwrap_or(0);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(backlog) = self.jet.backlog().await {
-            tally.stranded = backlog.stranded().min(first);
-            if tally.stranded > 0 {
-                eprintln!(
-                    "note: {} messages stranded in {INGEST_STREAM} with the consumer done: {backlog:?}",
-                    tally.stranded
-                );
+        // Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
+        // them with its next lag poll (every 5 s), so they must be gone within a few.
+        let mut stranded = u64::MAX;
+        for _ in 0..STRANDED_POLLS {
+            stranded = self.jet.backlog().await.map(|b| b.stranded()).unwrap_or(0);
+            if stranded == 0 {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        tally.stranded = stranded;
+        if stranded > 0 {
+            bail!(
+                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
+                STRANDED_POLLS / 2,
+                self.logs()
+            );
         }
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
