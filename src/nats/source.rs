@@ -10,6 +10,10 @@ use sluice_actors::{Source, SourceError, SourceFactory};
 use super::delivery::{DlqWriter, JsDelivery};
 use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
 
+/// The most buffered rows handed back when a source is dropped (the client buffers at
+/// most a couple of pull batches).
+const MAX_DRAINED: usize = 100_000;
+
 /// How long one `pull` waits for a first row before answering with an empty batch.
 const IDLE_WAIT: Duration = Duration::from_millis(500);
 
@@ -119,5 +123,19 @@ impl Source for JetStreamSource {
             purge_stranded(&stream, first, floor).await;
         }
         Some(pending)
+    }
+}
+
+impl Drop for JetStreamSource {
+    /// Rows the client already took from the server but nobody pulled yet (a stop, a
+    /// reconnect) are handed back now, rather than after `ack_wait`: each becomes a
+    /// delivery whose drop naks it.
+    fn drop(&mut self) {
+        for _ in 0..MAX_DRAINED {
+            match self.messages.next().now_or_never() {
+                Some(Some(Ok(message))) => drop(JsDelivery::new(message, self.dlq.clone())),
+                _ => break,
+            }
+        }
     }
 }
