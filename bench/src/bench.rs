@@ -147,6 +147,12 @@ struct Watched {
     ready_at: Option<Instant>,
     first_row: Option<(Instant, u64)>,
     peak_rss: Option<u64>,
+    /// (seconds since the watch began, rows counted), every ~200 ms.
+    progress: Vec<(f64, u64)>,
+    /// The first readings at or past 10% and 90% of the rows: the slope between them
+    /// is the phase's rate without its start (first batch, breaker probe) and its tail
+    /// (a last partial batch waits `batch_age`).
+    bulk: [Option<(Instant, u64)>; 2],
 }
 
 impl Bench {
@@ -344,8 +350,10 @@ impl Bench {
             .await;
         let watched = self.or_log(index, watched)?;
         let cpu_total = pid.and_then(procfs::cpu_seconds);
+        let counters = self.sluice_counters().await;
         self.stop_sluice(index).await?;
         let mut m = Measured::from_watch(&watched, batch.count, spawned, cpu_total);
+        m.sluice_counters = counters;
         m.publish_seconds = Some(published.as_secs_f64());
         m.bad_rows = bad_rows;
         Ok(m)
@@ -378,8 +386,10 @@ impl Bench {
         let mut watched = self.or_log(index, watched)?;
         watched.start = start;
         let cpu_total = pid.and_then(procfs::cpu_seconds);
+        let counters = self.sluice_counters().await;
         self.stop_sluice(index).await?;
         let mut m = Measured::from_watch(&watched, batch.count, spawned, cpu_total);
+        m.sluice_counters = counters;
         m.startup_seconds = Some(startup.as_secs_f64());
         m.publish_seconds = Some(published?);
         Ok(m)
@@ -421,8 +431,10 @@ impl Bench {
             .await;
         let watched = self.or_log(index, watched)?;
         let cpu_total = pid.and_then(procfs::cpu_seconds);
+        let counters = self.sluice_counters().await;
         self.stop_sluice(index).await?;
         let mut m = Measured::from_watch(&watched, batch.count, spawned, cpu_total);
+        m.sluice_counters = counters;
         m.startup_seconds = Some(startup.as_secs_f64());
         m.publish_seconds = Some(published.as_secs_f64());
         m.outage_seconds = Some(outage_took.as_secs_f64());
@@ -459,6 +471,38 @@ impl Bench {
             );
         }
         Ok(())
+    }
+
+    /// Sluice's own counters at the end of a phase (inserts by outcome, rows handed
+    /// back, batch sizes): what it did, beside how fast.
+    async fn sluice_counters(&self) -> Vec<(String, f64)> {
+        let Ok(text) = self.stack.metrics().await else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, f64)> = Vec::new();
+        for line in text.lines() {
+            let wanted = [
+                "sluice_insert_requests_total",
+                "sluice_retries_total",
+                "sluice_batch_rows_sum",
+                "sluice_batch_rows_count",
+                "sluice_rows_parked_total",
+                "sluice_rows_received_total",
+            ];
+            if !wanted.iter().any(|w| line.starts_with(w)) {
+                continue;
+            }
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if value != 0.0 {
+                out.push((name.to_string(), value));
+            }
+        }
+        out
     }
 
     fn or_log<T>(&self, index: usize, r: Result<T>) -> Result<T> {
@@ -522,6 +566,8 @@ impl Bench {
         let mut first_row = None;
         let mut count = 0;
         let mut parked = 0;
+        let mut progress: Vec<(f64, u64)> = Vec::new();
+        let mut bulk = [None, None];
         loop {
             if start.is_none() {
                 if let Some((stream, consumer, baseline)) = w.consumer {
@@ -540,6 +586,15 @@ impl Bench {
             count = self.stack.clickhouse.count(w.table).await.unwrap_or(count);
             if count > 0 && first_row.is_none() {
                 first_row = Some((Instant::now(), count));
+            }
+            for (slot, share) in bulk.iter_mut().zip([0.1, 0.9]) {
+                if slot.is_none() && count as f64 >= w.rows as f64 * share {
+                    *slot = Some((Instant::now(), count));
+                }
+            }
+            let t = began.elapsed().as_secs_f64();
+            if progress.last().is_none_or(|&(last, _)| t - last >= 0.2) {
+                progress.push(((t * 100.0).round() / 100.0, count));
             }
             if let Some(want) = w.dlq_messages {
                 parked = self.stream_messages("DLQ").await.unwrap_or(parked);
@@ -576,6 +631,8 @@ impl Bench {
             ready_at,
             first_row,
             peak_rss: w.pid.and_then(|p| procfs::vm_bytes(p, "VmHWM")),
+            progress,
+            bulk,
         })
     }
 
@@ -628,6 +685,13 @@ impl Measured {
             others_cores: others,
             peak_rss: w.peak_rss,
             startup_seconds: w.ready_at.map(|r| r.duration_since(spawned).as_secs_f64()),
+            progress: w.progress.clone(),
+            bulk_rows_per_sec: match w.bulk {
+                [Some((t0, c0)), Some((t1, c1))] if t1 > t0 && c1 > c0 => {
+                    Some((c1 - c0) as f64 / t1.duration_since(t0).as_secs_f64())
+                }
+                _ => None,
+            },
             ..Default::default()
         }
     }
