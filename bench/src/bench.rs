@@ -351,11 +351,20 @@ impl Bench {
         let watched = self.or_log(index, watched)?;
         let cpu_total = pid.and_then(procfs::cpu_seconds);
         let counters = self.sluice_counters().await;
+        // Idle cost: the drained process's CPU over a few quiet seconds (pull timeouts,
+        // heartbeats, table ticks).
+        let idle = Duration::from_secs(3);
+        let before = pid.and_then(procfs::cpu_seconds);
+        tokio::time::sleep(idle).await;
+        let after = pid.and_then(procfs::cpu_seconds);
         self.stop_sluice(index).await?;
         let mut m = Measured::from_watch(&watched, batch.count, spawned, cpu_total);
         m.sluice_counters = counters;
         m.publish_seconds = Some(published.as_secs_f64());
         m.bad_rows = bad_rows;
+        if let (Some(a), Some(b)) = (before, after) {
+            m.idle_cpu_percent = Some((b - a) * 100.0 / idle.as_secs_f64());
+        }
         Ok(m)
     }
 

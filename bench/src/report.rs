@@ -45,6 +45,8 @@ pub struct Measured {
     pub lost: u64,
     /// (seconds since the phase's watch began, rows in ClickHouse), every ~200 ms.
     pub progress: Vec<(f64, u64)>,
+    /// Sluice's CPU while idle after the drain, in % of one core (10 ms ticks).
+    pub idle_cpu_percent: Option<f64>,
     /// Sluice's own metrics at the end of the phase (non-zero series only).
     pub sluice_counters: Vec<(String, f64)>,
 }
@@ -325,9 +327,12 @@ impl Report {
                 let handed_back = sum("sluice_retries_total", "");
                 let _ = writeln!(
                     s,
-                    "{:<10}     sluice: {inserts:.0} insert requests ({ok:.0} ok), {batches:.0} flushes of {:.0} rows on average, {handed_back:.0} rows handed back",
+                    "{:<10}     sluice: {inserts:.0} insert requests ({ok:.0} ok), {batches:.0} flushes of {:.0} rows on average, {handed_back:.0} rows handed back{}",
                     "",
                     if batches > 0.0 { batch_rows / batches } else { 0.0 },
+                    m.idle_cpu_percent
+                        .map(|p| format!("; idle afterwards: {p:.1}% of a core"))
+                        .unwrap_or_default(),
                 );
             }
             if m.phase == "live" {
@@ -412,6 +417,7 @@ impl Report {
                     "inserted_distinct": m.inserted_distinct,
                     "duplicates": m.duplicates,
                     "lost": m.lost,
+                    "idle_cpu_percent": r3(m.idle_cpu_percent),
                     "progress": m.progress,
                     "sluice_metrics": m
                         .sluice_counters
