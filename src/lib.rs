@@ -6,6 +6,8 @@ pub mod api;
 pub mod cli;
 pub mod clickhouse;
 pub mod config;
+pub mod dev;
 pub mod nats;
+pub mod query;
 pub mod server;
 pub mod telemetry;

@@ -117,13 +117,19 @@ impl<I: Inserter> Isolation<'_, I> {
     }
 }
 
-async fn ack_range<D: Delivery>(rows: &mut [Option<D>], lo: usize, hi: usize) -> usize {
+async fn ack_range<D: Delivery>(
+    table: &TableKey,
+    rows: &mut [Option<D>],
+    lo: usize,
+    hi: usize,
+) -> usize {
     let mut n = 0;
     for slot in &mut rows[lo..hi] {
         if let Some(d) = slot.take() {
             n += 1;
             if let Err(e) = d.ack().await {
-                tracing::debug!(error = %e, "ack after insert failed; the row may be delivered again");
+                tracing::debug!(tenant = %table.tenant, table = %table.table, error = %e,
+                    "ack after insert failed; the row may be delivered again");
             }
         }
     }
@@ -192,7 +198,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
         match iso.insert(rows, body, offsets, 0, 1).await {
             Ok(()) => {
                 report.answered = true;
-                report.inserted += ack_range(rows, 0, 1).await;
+                report.inserted += ack_range(iso.table, rows, 0, 1).await;
             }
             Err(e) if e.class == Class::Rejected => {
                 report.answered = true;
@@ -233,7 +239,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
                             // ours (or the failure was elsewhere). Halves from now on.
                             hints = false;
                         }
-                        report.inserted += ack_range(rows, r.lo, r.hi).await;
+                        report.inserted += ack_range(iso.table, rows, r.lo, r.hi).await;
                         if r.left {
                             if let Some(sibling) = stack.last_mut() {
                                 if sibling.lo == r.hi && sibling.known.is_none() {

@@ -184,7 +184,8 @@ impl Gate {
     ) {
         let code = err.code.map(|c| c as i64).unwrap_or(-1);
         let window_ms = window.as_millis() as u64;
-        let (tenant, table) = ctx.map(|k| (&*k.tenant, &*k.table)).unwrap_or(("", ""));
+        // Absent (not empty) when no table was involved, e.g. an idle probe.
+        let (tenant, table) = (ctx.map(|k| &*k.tenant), ctx.map(|k| &*k.table));
         match (&self.scope, ev) {
             (GateScope::Pool { target }, OutageEvent::Started) => tracing::warn!(
                 pool = %target, tenant, table, class = %err.class, code, window_ms, error = %err.message,
@@ -213,7 +214,8 @@ impl Gate {
     }
 
     fn log_ended(&self, lasted: Duration, ctx: Option<&TableKey>) {
-        let (tenant, table) = ctx.map(|k| (&*k.tenant, &*k.table)).unwrap_or(("", ""));
+        // Absent (not empty) when no table was involved, e.g. an idle probe.
+        let (tenant, table) = (ctx.map(|k| &*k.tenant), ctx.map(|k| &*k.table));
         match &self.scope {
             GateScope::Pool { target } => tracing::info!(
                 pool = %target, tenant, table, lasted = %humantime::format_duration(round_ms(lasted)),

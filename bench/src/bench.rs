@@ -158,8 +158,8 @@ struct Watched {
 impl Bench {
     async fn start(args: RunArgs, sluice_bin: PathBuf, flavor: NatsFlavor) -> Result<Self> {
         let mut stack = Stack::start(StackOptions {
-            proxy: false,
             nats: Some(flavor),
+            ..StackOptions::default()
         })
         .await
         .context("starting nats-server and clickhouse-server")?;

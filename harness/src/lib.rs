@@ -9,15 +9,19 @@
 //! - [`SluiceProcess`] / [`ManagedProcess`]: any child (servers included) that can be
 //!   stopped, killed with SIGKILL, frozen with SIGSTOP, continued and started again
 //!   with the same ports and data; it dies with the test process and is reaped on drop.
+//! - [`browser`]: headless chromium that dumps a page's DOM after its scripts ran.
+//! - [`Metrics`]: a parsed Prometheus page, for asserting names, labels and values.
 //! - [`wait_until`] / [`wait_for`]: poll a condition with a deadline instead of sleeping.
 //!
 //! Everything listens on 127.0.0.1 only.
 
+pub mod browser;
 pub mod clickhouse;
 mod http;
 pub mod nats;
 pub mod ports;
 pub mod process;
+pub mod prom;
 pub mod proxy;
 mod skip;
 mod sluice;
@@ -31,6 +35,7 @@ pub use http::{http_client_builder, loopback_client};
 pub use nats::{NatsFlavor, NatsServer};
 pub use ports::{free_addr, free_port};
 pub use process::{process_exists, ManagedProcess, ProcessSpec};
+pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;

@@ -38,11 +38,23 @@ pub struct StackOptions {
     pub proxy: bool,
     /// Which nats-server; `None` reads `SLUICE_TEST_NATS`.
     pub nats: Option<NatsFlavor>,
+    /// Extra nats-server arguments (e.g. `--auth <token>`; set the matching `[nats]`
+    /// keys with [`Stack::set`]).
+    pub nats_args: Vec<String>,
 }
 
 impl StackOptions {
     pub fn with_proxy(mut self) -> Self {
         self.proxy = true;
+        self
+    }
+
+    pub fn with_nats_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.nats_args.extend(args.into_iter().map(Into::into));
         self
     }
 }
@@ -74,8 +86,10 @@ impl Stack {
             Some(f) => f,
             None => NatsFlavor::from_env()?,
         };
-        let (nats, clickhouse) =
-            tokio::try_join!(NatsServer::start(flavor), ClickHouseServer::start())?;
+        let (nats, clickhouse) = tokio::try_join!(
+            NatsServer::start_with_args(flavor, options.nats_args.clone()),
+            ClickHouseServer::start()
+        )?;
         let proxy = if options.proxy {
             Some(FaultProxy::start(clickhouse.http_addr()).await?)
         } else {
@@ -306,6 +320,61 @@ impl Stack {
         let text = response.text().await.unwrap_or_default();
         let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok((status, json))
+    }
+
+    /// Any admin request: `token` is sent as `Authorization: Bearer` when given, `body`
+    /// as JSON. Returns the status, the response headers and the body as JSON (or as a
+    /// JSON string when it is not JSON).
+    pub async fn admin_request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.admin_url()));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, headers, json))
+    }
+
+    /// The parsed `/metrics` page.
+    pub async fn metrics_parsed(&self) -> Result<crate::prom::Metrics> {
+        crate::prom::Metrics::parse(&self.metrics().await?)
+    }
+
+    /// Everything sluice process `index` wrote to stdout and stderr so far (the
+    /// harness's `=== start #N ===` markers included).
+    pub fn sluice_output(&self, index: usize) -> Result<String> {
+        let process = self
+            .sluice
+            .get(index)
+            .ok_or_else(|| anyhow!("no sluice process {index}"))?;
+        let mut out = String::new();
+        for path in [process.stdout_path(), process.stderr_path()] {
+            match std::fs::read_to_string(path) {
+                Ok(text) => out.push_str(&text),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            }
+        }
+        Ok(out)
     }
 
     /// The Prometheus text of `/metrics`.

@@ -25,8 +25,7 @@ pub async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_token);
     match presented {
         Some(p) if token.matches(p) => next.run(request).await,
         Some(_) => (
@@ -40,5 +39,28 @@ pub async fn require_token(
             Json(json!({ "error": "the admin endpoint wants Authorization: Bearer <token>" })),
         )
             .into_response(),
+    }
+}
+
+/// The token of `Bearer <token>`; the scheme is case-insensitive (RFC 9110 11.1), as
+/// the ingest API reads it.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_scheme_any_case() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("abc"), None);
     }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -30,11 +31,15 @@ pub struct PeekParams {
 pub async fn peek(
     State(state): State<Arc<AdminState>>,
     Path((tenant, table)): Path<(String, String)>,
-    Query(params): Query<PeekParams>,
+    params: Result<Query<PeekParams>, QueryRejection>,
 ) -> Response {
     if let Some(refusal) = bad_names(&tenant, &table) {
         return refusal;
     }
+    let Query(params) = match params {
+        Ok(p) => p,
+        Err(e) => return bad_query("?limit=<rows>", e),
+    };
     let limit = params.limit.unwrap_or(20).min(MAX_LIMIT);
     match state.dlq.peek(&tenant, &table, limit).await {
         Ok(rows) => Json(json!({ "tenant": tenant, "table": table, "rows": rows })).into_response(),
@@ -92,11 +97,15 @@ pub struct PurgeParams {
 pub async fn purge(
     State(state): State<Arc<AdminState>>,
     Path((tenant, table)): Path<(String, String)>,
-    Query(params): Query<PurgeParams>,
+    params: Result<Query<PurgeParams>, QueryRejection>,
 ) -> Response {
     if let Some(refusal) = bad_names(&tenant, &table) {
         return refusal;
     }
+    let Query(params) = match params {
+        Ok(p) => p,
+        Err(e) => return bad_query("?confirm=<tenant>.<table>", e),
+    };
     let expected = format!("{tenant}.{table}");
     if params.confirm.as_deref() != Some(expected.as_str()) {
         return error(
@@ -122,6 +131,15 @@ fn bad_names(tenant: &str, table: &str) -> Option<Response> {
             "tenant and table must be names ([A-Za-z_][A-Za-z0-9_-]* and [A-Za-z_][A-Za-z0-9_]*)",
         ))
     }
+}
+
+/// A query string that does not parse: a JSON 400 like every other admin refusal
+/// (axum's own answer is plain text).
+fn bad_query(expected: &str, e: QueryRejection) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        &format!("expected {expected}: {}", e.body_text()),
+    )
 }
 
 fn unavailable(e: anyhow::Error) -> Response {

@@ -1,4 +1,7 @@
 //! The HTTP surfaces clients use: ingest and query.
+//!
+//! The query surface lives in `crate::query` and is mounted with `query::router`;
+//! what the surfaces share (tenant resolution) lives here.
 
 pub mod ingest;
 pub mod tenant;

@@ -2,6 +2,8 @@
 
 mod check_config;
 mod classify;
+mod dev;
+mod healthcheck;
 mod run;
 
 use std::path::PathBuf;
@@ -29,11 +31,38 @@ pub enum Command {
         #[arg(long, short, env = "SLUICE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Start a local nats-server and clickhouse-server (children in temp dirs), create a
+    /// demo table and run Sluice against them: the zero-setup way to try it. Ctrl-C
+    /// stops everything.
+    Dev {
+        /// Where the ingest API listens: a port (8080) or an address (127.0.0.1:8080).
+        #[arg(long, default_value = "127.0.0.1:8080", value_parser = dev::parse_listen)]
+        api: std::net::SocketAddr,
+        /// Where the admin endpoint listens (loopback only: it has no token).
+        #[arg(long, default_value = "127.0.0.1:9090", value_parser = dev::parse_listen)]
+        admin: std::net::SocketAddr,
+        /// Send sample rows through the ingest API (1 in 50 bad, to see rows parked) and
+        /// log progress every few seconds.
+        #[arg(long)]
+        demo_traffic: bool,
+    },
     /// Validate a configuration without starting anything; prints a summary or every problem.
     CheckConfig {
         /// The configuration file; without one, the configuration comes from SLUICE_* variables.
         #[arg(long, short, env = "SLUICE_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// Exit 0 when the admin endpoint's /healthz answers 200 (a container HEALTHCHECK).
+    Healthcheck {
+        /// The configuration file, to find the admin listener; without one, SLUICE_* variables.
+        #[arg(long, short, env = "SLUICE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Ask this URL instead of the configured admin listener.
+        #[arg(long)]
+        url: Option<String>,
+        /// Give up after this long.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Tell what Sluice does with a ClickHouse failure: a code (`252`), an error text
     /// (`"Code: 516. DB::Exception: ..."`) or a codeless HTTP status (`status:503`).
@@ -48,7 +77,21 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config } => run::run(config.as_deref()),
+        Command::Dev {
+            api,
+            admin,
+            demo_traffic,
+        } => dev::run(crate::dev::DevOptions {
+            api,
+            admin,
+            demo_traffic,
+        }),
         Command::CheckConfig { config } => check_config::run(config.as_deref()),
         Command::Classify { what } => classify::run(&what.join(" ")),
+        Command::Healthcheck {
+            config,
+            url,
+            timeout,
+        } => healthcheck::run(config.as_deref(), url.as_deref(), timeout),
     }
 }

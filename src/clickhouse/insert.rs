@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::RngExt as _;
-use sluice_actors::{InsertError, InsertRequest, Inserter, ServerInfo};
+use sluice_actors::{Class, InsertError, InsertRequest, Inserter, ServerInfo};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::classify::{self, MAX_ERROR_BODY};
@@ -78,8 +78,13 @@ impl HttpInserter {
 
     /// What the server supports, asked once and remembered; a failure is not
     /// remembered, so the next call asks again.
+    ///
+    /// The lookup runs before the first insert, so its failure comes back as that
+    /// insert's: see [`lookup_failed`] for why it is never a verdict on rows.
     pub async fn features(&self) -> Result<&ServerFeatures, InsertError> {
-        self.features.get_or_try_init(|| self.detect()).await
+        self.features
+            .get_or_try_init(|| async { self.detect().await.map_err(lookup_failed) })
+            .await
     }
 
     async fn detect(&self) -> Result<ServerFeatures, InsertError> {
@@ -98,7 +103,7 @@ impl HttpInserter {
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
         };
-        tracing::info!(target = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
+        tracing::info!(pool = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
         Ok(features)
     }
 
@@ -175,6 +180,25 @@ impl Inserter for HttpInserter {
             version: features.version.clone(),
         })
     }
+}
+
+/// A failed feature lookup judged no row, whatever its code: a proxy that lets only
+/// inserts through, or a server that hides its system tables, can answer the lookup
+/// with a code that would be a verdict on rows had an insert drawn it (60, 62...).
+/// Returned as such, the batch would be bisected and every good row parked. So a
+/// `Rejected` lookup is `Unknown` (back off, keep the rows), and no flag of a table or a
+/// batch applies: the lookup is about the whole target.
+fn lookup_failed(mut error: InsertError) -> InsertError {
+    if error.class == Class::Rejected {
+        error.class = Class::Unknown;
+    }
+    error.table_scoped = false;
+    error.splittable = false;
+    error.message = format!(
+        "asking the server which settings it knows (before any insert): {}",
+        error.message
+    );
+    error
 }
 
 /// Classify a non-success answer from its status, exception header and at most

@@ -45,3 +45,17 @@ pub async fn connect(
         .await
         .with_context(|| format!("connecting to NATS at {}", config.url))
 }
+
+/// Wait up to `deadline` for the background connection (see `retry_initial`).
+pub async fn wait_connected(client: &async_nats::Client, deadline: Duration) -> bool {
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        if client.connection_state() == async_nats::connection::State::Connected {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

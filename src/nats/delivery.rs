@@ -9,7 +9,7 @@ use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, SettleError};
 
-use super::publish::Publisher;
+use super::publish::{PublishError, Publisher};
 
 /// The most of ClickHouse's message a DLQ header carries.
 const MAX_ERROR_HEADER: usize = 1024;
@@ -88,6 +88,16 @@ struct Row {
     payload: Bytes,
 }
 
+/// What the reply subject says of a row (read only when a row is parked).
+#[derive(Default)]
+struct RowInfo {
+    stream: String,
+    stream_sequence: u64,
+    deliveries: u64,
+    /// When the row was published, in ns since the epoch.
+    published: i128,
+}
+
 /// One delivered row. Dropped without being settled, it is naked at once (see the
 /// `Delivery` contract): a crashed actor hands its rows back instead of stranding them
 /// until `ack_wait`.
@@ -116,8 +126,8 @@ impl JsDelivery {
         self.row.as_ref().map(|r| r.subject.as_str()).unwrap_or("")
     }
 
-    /// (stream, stream sequence, deliveries) from the reply subject.
-    fn info(&self) -> Option<(String, u64, u64)> {
+    /// Where the row stands in its stream, from the reply subject.
+    fn info(&self) -> Option<RowInfo> {
         let reply = self.row.as_ref()?.reply.clone()?;
         // The parser is the client's own, reached through a message that borrows the
         // shared context (this path runs only for rows being parked).
@@ -134,11 +144,12 @@ impl JsDelivery {
             context: self.dlq.publisher.context().clone(),
         };
         let info = message.info().ok()?;
-        Some((
-            info.stream.to_string(),
-            info.stream_sequence,
-            u64::try_from(info.delivered).unwrap_or(0),
-        ))
+        Some(RowInfo {
+            stream: info.stream.to_string(),
+            stream_sequence: info.stream_sequence,
+            deliveries: u64::try_from(info.delivered).unwrap_or(0),
+            published: info.published.unix_timestamp_nanos(),
+        })
     }
 
     async fn send(&self, kind: AckKind) -> Result<(), SettleError> {
@@ -175,11 +186,11 @@ impl Delivery for JsDelivery {
     }
 
     fn meta(&self) -> DeliveryMeta {
-        let (_, stream_sequence, deliveries) = self.info().unwrap_or_default();
+        let info = self.info().unwrap_or_default();
         DeliveryMeta {
             subject: self.subject().to_string(),
-            stream_sequence,
-            deliveries,
+            stream_sequence: info.stream_sequence,
+            deliveries: info.deliveries,
         }
     }
 
@@ -207,13 +218,18 @@ impl Delivery for JsDelivery {
         let Some(row) = self.row.as_ref() else {
             return Ok(());
         };
-        let stream = self.info().map(|(s, _, _)| s).unwrap_or_default();
+        let (stream, published) = self
+            .info()
+            .map(|i| (i.stream, i.published))
+            .unwrap_or_default();
         let subject = format!(
             "{}.{}.{}",
             self.dlq.subject_prefix, parking.table.tenant, parking.table.table
         );
-        // The same row parked twice (its ack lost after the park) is stored once.
-        let id = format!("park-{stream}-{}", meta.stream_sequence);
+        // The same row parked twice (its ack lost after the park) is stored once. The
+        // publish time is part of the id so that a row of a stream recreated within the
+        // DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
+        let id = format!("park-{stream}-{}-{published}", meta.stream_sequence);
         let headers = DlqWriter::headers(parking, &meta);
         let payload = row.payload.clone();
         match self
@@ -226,10 +242,20 @@ impl Delivery for JsDelivery {
                 // Parked. Should the ack be lost, the row comes back, is parked again
                 // under the same id, and the DLQ keeps one copy.
                 if let Err(e) = self.settle(AckKind::Ack).await {
-                    tracing::warn!(error = %e, "row parked but its ack failed; it will be redelivered and parked once more");
+                    tracing::warn!(tenant = %parking.table.tenant, table = %parking.table.table, error = %e,
+                        "row parked but its ack failed; it will be redelivered and parked once more");
                 }
                 Ok(())
             }
+            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
+            // operator must not go looking at the wrong stream.
+            Err(PublishError::QueueFull) => Err((
+                self,
+                SettleError(
+                    "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
+                        .into(),
+                ),
+            )),
             Err(e) => Err((self, SettleError(format!("publishing to the DLQ: {e}")))),
         }
     }

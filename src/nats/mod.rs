@@ -10,7 +10,7 @@ mod publish;
 mod setup;
 mod source;
 
-pub use connect::connect;
+pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
 pub use publish::{PublishError, Publisher};

@@ -67,7 +67,11 @@ pub async fn start(
     let api = Router::new()
         .route("/v1/ingest/{table}", post(ingest::ingest))
         .with_state(ingest_state)
-        .layer(DefaultBodyLimit::max(config.api.max_request_bytes));
+        .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
+        .merge(crate::query::router(
+            crate::query::QueryState::new(config.clone())
+                .context("setting up the query gateway")?,
+        ));
 
     if config.admin.token.is_none() {
         tracing::warn!(listen = %config.admin.listen, "no admin token configured: the admin endpoint listens on loopback only");

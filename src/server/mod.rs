@@ -22,7 +22,18 @@ use crate::telemetry;
 
 pub use pipeline::PipelineAdapter;
 
+/// Run until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
+    run_until(config, signals::wait()).await
+}
+
+/// Run until `stop` resolves (with what stopped it, for the log) and then stop as on a
+/// signal. For a caller that owns the signals itself: `sluice dev` must see Ctrl-C
+/// even while its servers are still starting, and stop them after Sluice.
+pub async fn run_until(
+    config: Config,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config);
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");
@@ -32,7 +43,7 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
-    if client.connection_state() == async_nats::connection::State::Connected {
+    if nats::wait_connected(&client, std::time::Duration::from_secs(3)).await {
         if let Err(e) = nats::ensure_streams(&js, &streams).await {
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
@@ -71,7 +82,7 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     );
 
     let code = tokio::select! {
-        signal = signals::wait() => {
+        signal = stop => {
             tracing::info!(%signal, "stopping");
             ExitCode::SUCCESS
         }

@@ -174,6 +174,40 @@ impl NatsServer {
         serde_json::from_str(&body).with_context(|| format!("/jsz is not JSON: {body}"))
     }
 
+    /// A stream's state from the monitoring endpoint (`/jsz?streams=true`): the
+    /// `state` object (`messages`, `bytes`, `first_seq`, `last_seq`, ...), or an error
+    /// when no account has the stream.
+    pub async fn stream_state(&self, stream: &str) -> Result<serde_json::Value> {
+        let response = self
+            .http
+            .get(format!(
+                "{}/jsz?accounts=true&streams=true",
+                self.monitor_url()
+            ))
+            .send()
+            .await
+            .context("GET /jsz?streams=true")?;
+        let body = response.text().await.context("reading /jsz")?;
+        let jsz: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("/jsz is not JSON: {body}"))?;
+        let details = jsz
+            .get("account_details")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.get("stream_detail").and_then(|s| s.as_array()))
+            .flatten();
+        for detail in details {
+            if detail.get("name").and_then(|n| n.as_str()) == Some(stream) {
+                return detail
+                    .get("state")
+                    .cloned()
+                    .ok_or_else(|| anyhow!("stream {stream} has no state in /jsz"));
+            }
+        }
+        bail!("no stream {stream} in /jsz")
+    }
+
     /// Whether the monitoring endpoint reports JetStream enabled.
     pub async fn jetstream_enabled(&self) -> Result<bool> {
         Ok(self.jsz().await?.get("config").is_some())

@@ -117,7 +117,12 @@ async fn handle(
         }
         Err(rejection) => return failure(rejection.status(), rejection.body_text()),
     };
-    let parsed = match parse::parse(&body, framing, state.max_row_bytes) {
+    let max_row = row_limit(
+        state.max_row_bytes,
+        state.publisher.context().client().max_payload(),
+        key.as_deref(),
+    );
+    let parsed = match parse::parse(&body, framing, max_row) {
         Ok(p) => p,
         Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
     };
@@ -135,6 +140,15 @@ async fn handle(
         ..Default::default()
     };
     let mut stop: Option<PublishError> = None;
+    // Without a connection every publish would wait out its ack timeout (and the byte
+    // budget's stream lookup) before failing: tell the client at once instead.
+    if state.publisher.context().client().connection_state()
+        != async_nats::connection::State::Connected
+    {
+        stop = Some(PublishError::Unavailable(
+            "not connected to NATS right now".into(),
+        ));
+    }
     let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
     for (index, row) in &parsed.rows {
         if pending.len() >= PIPELINE_WINDOW {
@@ -216,6 +230,20 @@ async fn confirm(
     }
 }
 
+/// Room a parked row needs beside its bytes on the DLQ: the `Sluice-*` headers, of
+/// which ClickHouse's message alone may take 1 KiB.
+const PARK_HEADROOM: usize = 4096;
+
+/// The largest row taken: `[api] max_row_bytes`, but never more than a NATS message can
+/// carry with its headers, on the ingest stream (the message id) and on the DLQ (the
+/// `Sluice-*` headers). A row over it is refused by index like any oversized row;
+/// publishing it would fail and stop the rest of the request, or leave it unparkable.
+fn row_limit(configured: usize, max_payload: usize, key: Option<&str>) -> usize {
+    // "NATS/1.0\r\n" "Nats-Msg-Id: " <key> ":" <index> "\r\n" "\r\n"
+    let id_header = key.map_or(0, |k| 10 + 13 + k.len() + 1 + 20 + 2 + 2);
+    configured.min(max_payload.saturating_sub(id_header + PARK_HEADROOM))
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
     let Some(value) = headers.get("idempotency-key") else {
         return Ok(None);
@@ -241,4 +269,18 @@ fn failure(status: StatusCode, error: String) -> Response {
         ..Default::default()
     };
     (status, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_fit_a_nats_message_with_their_headers() {
+        assert_eq!(row_limit(1000, 1 << 20, None), 1000);
+        assert_eq!(row_limit(1 << 20, 1 << 20, None), (1 << 20) - PARK_HEADROOM);
+        let keyed = row_limit(1 << 20, 1 << 20, Some("k"));
+        assert!(keyed < (1 << 20) - PARK_HEADROOM - 40, "{keyed}");
+        assert_eq!(row_limit(1 << 20, 100, None), 0);
+    }
 }

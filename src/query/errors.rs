@@ -1,0 +1,572 @@
+//! Every way a query can fail, the HTTP status each one maps to, and the JSON body.
+//!
+//! The body always carries `{error, code, class, retryable, query_id}`:
+//! - `code`: ClickHouse's exception code, or `null` when the gateway refused the
+//!   request itself, the failure was a transport one, or the answer carried none;
+//! - `class`: the classifier's class (`rejected`, `denied`, `unavailable`, `unknown`),
+//!   or `timeout` for a 504 (a deadline is not a verdict on the query);
+//! - `retryable`: whether sending the same request again later is sensible; true only
+//!   for 503 and 429, which also carry `Retry-After`.
+//!
+//! ClickHouse failures go through the shared classifier, with two overrides that only
+//! hold on this path: code 159 (ClickHouse's own `max_execution_time`) is a timeout,
+//! never retried; code 164 (readonly) means a write was attempted, a permission
+//! matter (403), not an outage to wait out.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use sluice_actors::{Class, InsertError};
+
+use super::request::RequestError;
+use super::QUERY_ID_HEADER;
+use crate::api::tenant::TenantError;
+
+/// ClickHouse's own time limit stopped the query.
+pub const TIMEOUT_EXCEEDED: u32 = 159;
+/// A write (or a setting change) refused because the session is read-only.
+pub const READONLY: u32 = 164;
+/// The result crossed `max_result_rows` / `max_result_bytes`.
+pub const TOO_MANY_ROWS_OR_BYTES: u32 = 396;
+/// A setting ClickHouse does not know: how a server without query parameters answers
+/// `param_<name>`.
+pub const UNKNOWN_SETTING: u32 = 115;
+/// Unknown table (60), database (81), identifier (47), column (16): a 404.
+pub const NOT_FOUND_CODES: &[u32] = &[60, 81, 47, 16];
+
+/// Who stopped a query that ran out of time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoppedBy {
+    /// ClickHouse's `max_execution_time` (code 159).
+    ClickHouse,
+    /// The client deadline passed first; Sluice sent `KILL QUERY`.
+    Sluice,
+}
+
+#[derive(Debug)]
+pub enum QueryError {
+    /// No `[query]` section: the gateway is off.
+    Off,
+    Tenant(TenantError),
+    Request(RequestError),
+    /// The workload class or the tenant is at its concurrency limit.
+    TooManyQueries {
+        message: String,
+    },
+    /// A classified failure from ClickHouse (or the way to it), not retried further.
+    ClickHouse {
+        error: InsertError,
+        attempts: u32,
+        retry_after: Duration,
+    },
+    /// An Unavailable failure that would have been retried, but the budget is empty.
+    BudgetExhausted {
+        error: InsertError,
+        attempts: u32,
+        retry_after: Duration,
+    },
+    /// An Unavailable failure not retried because the previous attempt could not be
+    /// confirmed gone: a retry might run the query twice at once.
+    NotConfirmedGone {
+        error: InsertError,
+        attempts: u32,
+        retry_after: Duration,
+    },
+    Timeout {
+        timeout: Duration,
+        stopped_by: StoppedBy,
+        kill_sent: bool,
+        kill_confirmed: bool,
+        attempts: u32,
+        message: String,
+    },
+    /// The relayed result crossed the gateway's byte cap before the status was sent.
+    ResultTooLarge {
+        limit_bytes: u64,
+    },
+    /// The answer was not JSON (the statement chose its own format somehow).
+    NotJson {
+        content_type: String,
+    },
+}
+
+/// What a ClickHouse failure becomes on the query path: status, class label, retryable.
+pub fn map_clickhouse(class: Class, code: Option<u32>) -> (StatusCode, &'static str, bool) {
+    match (class, code) {
+        (_, Some(TIMEOUT_EXCEEDED)) => (StatusCode::GATEWAY_TIMEOUT, "timeout", false),
+        (_, Some(READONLY)) => (StatusCode::FORBIDDEN, "denied", false),
+        (Class::Rejected, Some(c)) if NOT_FOUND_CODES.contains(&c) => {
+            (StatusCode::NOT_FOUND, "rejected", false)
+        }
+        (Class::Rejected, _) => (StatusCode::BAD_REQUEST, "rejected", false),
+        (Class::Denied, _) => (StatusCode::FORBIDDEN, "denied", false),
+        (Class::Unavailable, _) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", true),
+        (Class::Unknown, _) => (StatusCode::BAD_GATEWAY, "unknown", false),
+    }
+}
+
+/// ClickHouse's message with a sentence in front saying what it means here.
+fn clickhouse_message(error: &InsertError, status: StatusCode) -> String {
+    let ch = error.message.trim();
+    let lead = match error.code {
+        Some(READONLY) => {
+            "the query gateway is read-only: ClickHouse refused the statement in readonly mode"
+        }
+        Some(TOO_MANY_ROWS_OR_BYTES) => {
+            "the result is larger than the gateway allows (max_result_rows / max_result_bytes): add a LIMIT or aggregate"
+        }
+        Some(UNKNOWN_SETTING) if ch.contains("param_") => {
+            "this ClickHouse server does not support query parameters ({name:Type} with params); inline the values or upgrade ClickHouse"
+        }
+        _ => match status {
+            StatusCode::NOT_FOUND => "not found",
+            StatusCode::BAD_REQUEST => "ClickHouse rejected the query",
+            StatusCode::FORBIDDEN => "ClickHouse refused the query user",
+            StatusCode::SERVICE_UNAVAILABLE => "ClickHouse is unavailable",
+            _ => "ClickHouse answered with an error nothing explains",
+        },
+    };
+    if ch.is_empty() {
+        lead.to_string()
+    } else {
+        format!("{lead}: {ch}")
+    }
+}
+
+impl QueryError {
+    /// The HTTP status a client sees.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            QueryError::Off => StatusCode::NOT_FOUND,
+            QueryError::Tenant(t) => t.status(),
+            QueryError::Request(RequestError::Sql(e)) if e.is_write() => StatusCode::FORBIDDEN,
+            QueryError::Request(_) => StatusCode::BAD_REQUEST,
+            QueryError::TooManyQueries { .. } => StatusCode::TOO_MANY_REQUESTS,
+            QueryError::ClickHouse { error, .. } => map_clickhouse(error.class, error.code).0,
+            QueryError::BudgetExhausted { .. } | QueryError::NotConfirmedGone { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            QueryError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            QueryError::ResultTooLarge { .. } | QueryError::NotJson { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+        }
+    }
+
+    /// `Retry-After` for 503 and 429.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            QueryError::TooManyQueries { .. } => Some(Duration::from_secs(1)),
+            QueryError::ClickHouse {
+                error, retry_after, ..
+            } if map_clickhouse(error.class, error.code).2 => Some(*retry_after),
+            QueryError::BudgetExhausted { retry_after, .. }
+            | QueryError::NotConfirmedGone { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The JSON body (without `query_id`, which the caller adds).
+    pub fn body(&self) -> Map<String, Value> {
+        let status = self.status();
+        let mut body = Map::new();
+        let mut put = |k: &str, v: Value| {
+            body.insert(k.to_string(), v);
+        };
+        match self {
+            QueryError::Off => {
+                put("error", json!("the query gateway is off: the configuration has no [query] section (set [query] target to enable POST /v1/query)"));
+                put("code", Value::Null);
+                put("class", json!("rejected"));
+                put("retryable", json!(false));
+            }
+            QueryError::Tenant(t) => {
+                put("error", json!(t.to_string()));
+                put("code", Value::Null);
+                put("class", json!(t.class_label()));
+                put("retryable", json!(false));
+            }
+            QueryError::Request(r) => {
+                put("error", json!(r.message()));
+                put("code", Value::Null);
+                let class = if status == StatusCode::FORBIDDEN {
+                    "denied"
+                } else {
+                    "rejected"
+                };
+                put("class", json!(class));
+                put("retryable", json!(false));
+            }
+            QueryError::TooManyQueries { message } => {
+                put("error", json!(message));
+                put("code", Value::Null);
+                put("class", json!("unavailable"));
+                put("retryable", json!(true));
+            }
+            QueryError::ClickHouse {
+                error, attempts, ..
+            } => {
+                let (status, class, retryable) = map_clickhouse(error.class, error.code);
+                put("error", json!(clickhouse_message(error, status)));
+                put("code", json!(error.code));
+                put("class", json!(class));
+                put("retryable", json!(retryable));
+                put("attempts", json!(attempts));
+                if let Some(s) = error.status {
+                    put("clickhouse_status", json!(s));
+                }
+            }
+            QueryError::BudgetExhausted {
+                error, attempts, ..
+            } => {
+                put(
+                    "error",
+                    json!(format!(
+                        "ClickHouse is unavailable and the gateway's retry budget is spent, so the query was not retried: {}",
+                        error.message.trim()
+                    )),
+                );
+                put("code", json!(error.code));
+                put("class", json!("unavailable"));
+                put("retryable", json!(true));
+                put("attempts", json!(attempts));
+            }
+            QueryError::NotConfirmedGone {
+                error, attempts, ..
+            } => {
+                put(
+                    "error",
+                    json!(format!(
+                        "ClickHouse is unavailable; the query was not retried because its previous attempt could not be confirmed stopped: {}",
+                        error.message.trim()
+                    )),
+                );
+                put("code", json!(error.code));
+                put("class", json!("unavailable"));
+                put("retryable", json!(true));
+                put("attempts", json!(attempts));
+            }
+            QueryError::Timeout {
+                timeout,
+                stopped_by,
+                kill_sent,
+                kill_confirmed,
+                attempts,
+                message,
+            } => {
+                put("error", json!(message));
+                let code = match stopped_by {
+                    StoppedBy::ClickHouse => json!(TIMEOUT_EXCEEDED),
+                    StoppedBy::Sluice => Value::Null,
+                };
+                put("code", code);
+                put("class", json!("timeout"));
+                put("retryable", json!(false));
+                put("attempts", json!(attempts));
+                put(
+                    "timeout_ms",
+                    json!(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+                );
+                put(
+                    "stopped_by",
+                    json!(match stopped_by {
+                        StoppedBy::ClickHouse => "clickhouse",
+                        StoppedBy::Sluice => "sluice",
+                    }),
+                );
+                put("kill_sent", json!(kill_sent));
+                put("kill_confirmed", json!(kill_confirmed));
+            }
+            QueryError::ResultTooLarge { limit_bytes } => {
+                put(
+                    "error",
+                    json!(format!(
+                        "the result is larger than the gateway relays ({limit_bytes} bytes, [query] max_result_bytes): add a LIMIT, select fewer columns or aggregate"
+                    )),
+                );
+                put("code", Value::Null);
+                put("class", json!("rejected"));
+                put("retryable", json!(false));
+                put("limit_bytes", json!(limit_bytes));
+            }
+            QueryError::NotJson { content_type } => {
+                put(
+                    "error",
+                    json!(format!(
+                        "ClickHouse answered {content_type:?}, not JSON: the statement must not choose its own output format; use the request's \"format\" field"
+                    )),
+                );
+                put("code", Value::Null);
+                put("class", json!("rejected"));
+                put("retryable", json!(false));
+            }
+        }
+        body
+    }
+
+    /// The full answer: status, `Retry-After` where due, `X-Sluice-Query-Id`, JSON body.
+    pub fn into_response_for(self, query_id: &str) -> Response {
+        let status = self.status();
+        let mut body = self.body();
+        body.insert("query_id".into(), json!(query_id));
+        let mut response = (status, axum::Json(Value::Object(body))).into_response();
+        let headers = response.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(query_id) {
+            headers.insert(QUERY_ID_HEADER, v);
+        }
+        if let Some(after) = self.retry_after() {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(after)),
+            );
+        }
+        if let QueryError::Tenant(t) = &self {
+            if let Some(challenge) = t.www_authenticate() {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+            }
+        }
+        response
+    }
+}
+
+/// Whole seconds, rounded up, at least 1: `Retry-After: 0` invites an instant retry.
+pub fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clickhouse::classify;
+
+    fn ch(status: u16, body: &str) -> QueryError {
+        QueryError::ClickHouse {
+            error: classify::from_response(status, None, body),
+            attempts: 1,
+            retry_after: Duration::from_secs(5),
+        }
+    }
+
+    fn reply(e: QueryError) -> (StatusCode, Option<String>, Value) {
+        let response = e.into_response_for("q-1");
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        assert_eq!(
+            response
+                .headers()
+                .get(QUERY_ID_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some("q-1")
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let bytes = rt
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .expect("body");
+        let body: Value = serde_json::from_slice(&bytes).expect("json body");
+        for key in ["error", "code", "class", "retryable", "query_id"] {
+            assert!(body.get(key).is_some(), "{key} missing in {body}");
+        }
+        assert_eq!(body["query_id"], "q-1");
+        (status, retry_after, body)
+    }
+
+    #[test]
+    fn the_mapping_table() {
+        // (class, code) -> (status, class label, retryable)
+        let cases: &[(Class, Option<u32>, u16, &str, bool)] = &[
+            (Class::Rejected, Some(60), 404, "rejected", false),
+            (Class::Rejected, Some(81), 404, "rejected", false),
+            (Class::Rejected, Some(47), 404, "rejected", false),
+            (Class::Rejected, Some(16), 404, "rejected", false),
+            (Class::Rejected, Some(62), 400, "rejected", false),
+            (Class::Rejected, Some(46), 400, "rejected", false),
+            (Class::Rejected, Some(396), 400, "rejected", false),
+            (Class::Rejected, None, 400, "rejected", false),
+            (Class::Denied, Some(193), 403, "denied", false),
+            (Class::Denied, Some(192), 403, "denied", false),
+            (Class::Denied, None, 403, "denied", false),
+            (Class::Unavailable, Some(745), 503, "unavailable", true),
+            (Class::Unavailable, Some(394), 503, "unavailable", true),
+            (Class::Unavailable, None, 503, "unavailable", true),
+            (Class::Unavailable, Some(159), 504, "timeout", false),
+            (Class::Unavailable, Some(164), 403, "denied", false),
+            (Class::Unknown, None, 502, "unknown", false),
+        ];
+        for (class, code, status, label, retryable) in cases {
+            let got = map_clickhouse(*class, *code);
+            assert_eq!(
+                (got.0.as_u16(), got.1, got.2),
+                (*status, *label, *retryable),
+                "{class:?} {code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bodies_from_real_clickhouse_answers() {
+        // Bodies as ClickHouse 18.16 writes them (no exception header).
+        let (s, ra, b) = reply(ch(
+            404,
+            "Code: 60, e.displayText() = DB::Exception: Table default.nope doesn't exist., e.what() = DB::Exception",
+        ));
+        assert_eq!((s.as_u16(), ra), (404, None));
+        assert_eq!(
+            (b["code"].clone(), b["class"].clone()),
+            (json!(60), json!("rejected"))
+        );
+        assert_eq!(b["retryable"], false);
+        assert!(b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("doesn't exist")));
+
+        let (s, _, b) = reply(ch(
+            400,
+            "Code: 62, e.displayText() = DB::Exception: Syntax error",
+        ));
+        assert_eq!((s.as_u16(), b["code"].clone()), (400, json!(62)));
+
+        let (s, _, b) = reply(ch(
+            401,
+            "Code: 193, e.displayText() = DB::Exception: Wrong password for user query",
+        ));
+        assert_eq!((s.as_u16(), b["class"].clone()), (403, json!("denied")));
+
+        let (s, _, b) = reply(ch(
+            500,
+            "Code: 164, e.displayText() = DB::Exception: Cannot insert into table in readonly mode",
+        ));
+        assert_eq!(
+            (s.as_u16(), b["class"].clone(), b["retryable"].clone()),
+            (403, json!("denied"), json!(false))
+        );
+        assert!(b["error"].as_str().is_some_and(|e| e.contains("read-only")));
+
+        let (s, _, b) = reply(ch(
+            500,
+            "Code: 396, e.displayText() = DB::Exception: Limit for result exceeded, max rows: 5.00",
+        ));
+        assert_eq!(s.as_u16(), 400);
+        assert!(b["error"].as_str().is_some_and(|e| e.contains("LIMIT")));
+
+        let (s, _, b) = reply(ch(
+            404,
+            "Code: 115, e.displayText() = DB::Exception: Unknown setting param_x",
+        ));
+        assert_eq!(s.as_u16(), 400);
+        assert!(b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("query parameters")));
+    }
+
+    #[test]
+    fn unavailable_carries_retry_after_and_retryable() {
+        let (s, ra, b) = reply(ch(503, "Code: 745. DB::Exception: overloaded"));
+        assert_eq!((s.as_u16(), ra.as_deref()), (503, Some("5")));
+        assert_eq!(
+            (b["retryable"].clone(), b["class"].clone()),
+            (json!(true), json!("unavailable"))
+        );
+        assert_eq!(b["code"], 745);
+        let (s, ra, b) = reply(QueryError::ClickHouse {
+            error: classify::transport("connection refused"),
+            attempts: 3,
+            retry_after: Duration::from_millis(1500),
+        });
+        assert_eq!((s.as_u16(), ra.as_deref()), (503, Some("2")));
+        assert_eq!(
+            (b["code"].clone(), b["attempts"].clone()),
+            (Value::Null, json!(3))
+        );
+        let (s, ra, b) = reply(QueryError::BudgetExhausted {
+            error: classify::from_response(503, None, ""),
+            attempts: 1,
+            retry_after: Duration::ZERO,
+        });
+        assert_eq!((s.as_u16(), ra.as_deref()), (503, Some("1")));
+        assert!(b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("retry budget")));
+    }
+
+    #[test]
+    fn unknown_is_502() {
+        let (s, ra, b) = reply(ch(500, "<html>oops</html>"));
+        assert_eq!((s.as_u16(), ra), (502, None));
+        assert_eq!(b["class"], "unknown");
+    }
+
+    #[test]
+    fn timeouts_say_who_stopped_the_query_and_whether_the_kill_was_confirmed() {
+        let (s, ra, b) = reply(QueryError::Timeout {
+            timeout: Duration::from_millis(800),
+            stopped_by: StoppedBy::Sluice,
+            kill_sent: true,
+            kill_confirmed: true,
+            attempts: 1,
+            message: "timed out".into(),
+        });
+        assert_eq!((s.as_u16(), ra), (504, None));
+        assert_eq!(b["class"], "timeout");
+        assert_eq!(b["retryable"], false);
+        assert_eq!(b["timeout_ms"], 800);
+        assert_eq!(b["stopped_by"], "sluice");
+        assert_eq!(
+            (b["kill_sent"].clone(), b["kill_confirmed"].clone()),
+            (json!(true), json!(true))
+        );
+        let (_, _, b) = reply(QueryError::Timeout {
+            timeout: Duration::from_secs(2),
+            stopped_by: StoppedBy::ClickHouse,
+            kill_sent: false,
+            kill_confirmed: false,
+            attempts: 1,
+            message: "timed out".into(),
+        });
+        assert_eq!(
+            (b["code"].clone(), b["stopped_by"].clone()),
+            (json!(159), json!("clickhouse"))
+        );
+    }
+
+    #[test]
+    fn gateway_refusals() {
+        let (s, _, b) = reply(QueryError::Off);
+        assert_eq!(s.as_u16(), 404);
+        assert!(b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("gateway is off")));
+        let (s, ra, b) = reply(QueryError::TooManyQueries {
+            message: "busy".into(),
+        });
+        assert_eq!((s.as_u16(), ra.as_deref()), (429, Some("1")));
+        assert_eq!(b["retryable"], true);
+        let (s, _, b) = reply(QueryError::Request(RequestError::Sql(
+            super::super::sql::SqlError::Write("DROP".into()),
+        )));
+        assert_eq!((s.as_u16(), b["class"].clone()), (403, json!("denied")));
+        let (s, _, b) = reply(QueryError::Request(RequestError::Invalid("bad".into())));
+        assert_eq!((s.as_u16(), b["class"].clone()), (400, json!("rejected")));
+        let (s, _, b) = reply(QueryError::ResultTooLarge { limit_bytes: 1000 });
+        assert_eq!((s.as_u16(), b["limit_bytes"].clone()), (400, json!(1000)));
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(5)), 5);
+        assert_eq!(retry_after_secs(Duration::from_millis(5001)), 6);
+    }
+}

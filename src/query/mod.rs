@@ -1,0 +1,124 @@
+//! The guarded query gateway: `POST /v1/query`.
+//!
+//! Why it exists (seed 001): a client gives up on a slow query and retries, while the
+//! abandoned query keeps burning ClickHouse threads; each retry adds another, until the
+//! server falls over. The gateway treats timeout, cancellation and retry as one
+//! protocol:
+//!
+//! - every query has a generated `query_id` (header `X-Sluice-Query-Id`, logs);
+//! - ClickHouse's `max_execution_time` sits below the client deadline, so the server
+//!   normally stops first (code 159 → 504, never retried);
+//! - past the deadline Sluice sends `KILL QUERY` on its own connection and confirms the
+//!   query gone before answering 504 (`gateway.rs`, `kill.rs`);
+//! - only Unavailable failures are retried, with full-jitter backoff, under a global
+//!   token-bucket budget; an empty bucket answers 503 at once (`budget.rs`,
+//!   `backoff.rs`);
+//! - the query workload has its own ClickHouse user, its own concurrency limit and a
+//!   per-tenant one; over a limit → 429, no queue (`limits.rs`);
+//! - statements are checked read-only before sending and run with `readonly=2`
+//!   (`sql.rs`); failures map through the shared classifier (`errors.rs`).
+//!
+//! # Mounting
+//!
+//! In `server/listeners.rs`, beside the ingest route (`config: &Arc<Config>`):
+//!
+//! ```ignore
+//! let api = Router::new()
+//!     .route("/v1/ingest/{table}", post(ingest::ingest))
+//!     .with_state(ingest_state)
+//!     .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
+//!     .merge(crate::query::router(crate::query::QueryState::new(config.clone())?));
+//! ```
+//!
+//! With no `[query]` section the route still exists and answers 404 with a body that
+//! says the gateway is off: 404 rather than 503 because nothing will change until the
+//! configuration does, and a 503 would invite retries.
+
+mod backoff;
+mod budget;
+mod endpoint;
+mod errors;
+mod gateway;
+mod handler;
+mod id;
+mod kill;
+mod limits;
+pub mod metrics;
+mod request;
+mod response;
+mod sql;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use axum::Router;
+
+pub use backoff::Backoff;
+pub use budget::RetryBudget;
+pub use errors::{map_clickhouse, QueryError, StoppedBy};
+pub use gateway::{server_limit_for, Gateway};
+pub use id::QueryId;
+pub use limits::{Admission, Limits, Refused};
+pub use request::{Format, ValidQuery};
+pub use response::{PREFIX_WINDOW, RESULT_CAP_HEADER};
+pub use sql::{check_read_only, SqlError, READ_KEYWORDS};
+
+use crate::api::tenant::TenantResolver;
+use crate::config::Config;
+
+/// The header every answer carries the query's id in.
+pub const QUERY_ID_HEADER: &str = "x-sluice-query-id";
+
+/// The header a successful answer carries the number of attempts it took in (errors
+/// carry `attempts` in their body).
+pub const ATTEMPTS_HEADER: &str = "x-sluice-attempts";
+
+/// The largest request body accepted (the SQL and its parameters).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// What the query route needs; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct QueryState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tenants: TenantResolver,
+    gateway: Option<Gateway>,
+}
+
+impl QueryState {
+    /// Build from the configuration: the gateway is on when `[query]` is present.
+    /// Fails only if an HTTP client cannot be built.
+    pub fn new(config: Arc<Config>) -> anyhow::Result<Self> {
+        let gateway = match &config.query {
+            Some(q) => Some(Gateway::new(q, config.api.retry_after)?),
+            None => None,
+        };
+        Ok(QueryState {
+            inner: Arc::new(Inner {
+                tenants: TenantResolver::new(config),
+                gateway,
+            }),
+        })
+    }
+
+    /// The gateway, `None` when it is off.
+    pub fn gateway(&self) -> Option<&Gateway> {
+        self.inner.gateway.as_ref()
+    }
+
+    pub fn tenants(&self) -> &TenantResolver {
+        &self.inner.tenants
+    }
+}
+
+/// The `/v1/query` route, with its state applied: merge it into the API router.
+pub fn router(state: QueryState) -> Router {
+    Router::new()
+        .route("/v1/query", post(handler::query))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .with_state(state)
+}

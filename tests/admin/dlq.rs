@@ -1,0 +1,267 @@
+//! The DLQ tools: peek shows parked rows with every `Sluice-*` header, a dry-run replay
+//! changes nothing, a replay after the table is fixed lands the rows and empties the
+//! DLQ, a purge wants its confirmation.
+
+use anyhow::{bail, Context, Result};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sluice_harness::{wait_for, Stack, StackOptions, ADMIN_TOKEN, TENANT};
+
+use crate::*;
+
+/// DESIGN.md "Dead-letter stream".
+const HEADERS: &[&str] = &[
+    "Sluice-Tenant",
+    "Sluice-Table",
+    "Sluice-Error-Class",
+    "Sluice-Error-Code",
+    "Sluice-Error",
+    "Sluice-Original-Subject",
+    "Sluice-Original-Sequence",
+    "Sluice-Deliveries",
+    "Sluice-Parked-At",
+];
+
+async fn wait_parked(stack: &Stack, table: &str, n: u64) -> Result<()> {
+    wait_for(
+        &format!("{n} rows of {table} parked"),
+        DEADLINE,
+        POLL,
+        || async {
+            match dlq_count(stack, TENANT, table).await? {
+                c if c == n => Ok(()),
+                c => bail!("{c} parked"),
+            }
+        },
+    )
+    .await
+}
+
+async fn replay(stack: &Stack, body: Value) -> Result<Value> {
+    let (status, _, answer) = stack
+        .admin_request(
+            Method::POST,
+            "/admin/dlq/replay",
+            Some(ADMIN_TOKEN),
+            Some(&body),
+        )
+        .await?;
+    if status != 200 {
+        bail!("replay {body}: {status} {answer}");
+    }
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack
+        .clickhouse
+        .exec("CREATE TABLE orders (id UInt64, v UInt32) ENGINE = MergeTree ORDER BY id")
+        .await?;
+    stack
+        .clickhouse
+        .exec("CREATE TABLE strict (id UInt64) ENGINE = MergeTree ORDER BY id")
+        .await?;
+    stack.start_sluice(SLUICE).await?;
+
+    // Two good rows land; three whose `v` is text are parked.
+    let rows = vec![
+        json!({"id": 1, "v": 10}),
+        json!({"id": 2, "v": "twenty"}),
+        json!({"id": 3, "v": 30}),
+        json!({"id": 4, "v": "forty"}),
+        json!({"id": 5, "v": "fifty"}),
+    ];
+    ingest_ok(&stack, "orders", &rows).await?;
+    wait_count(&stack, "SELECT count() FROM orders", 2).await?;
+    wait_parked(&stack, "orders", 3).await?;
+
+    // Peek: the rows as they came, in order, with every header; nothing consumed.
+    let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=10")).await?;
+    assert_eq!(status, 200, "{peek}");
+    let parked = peek["rows"].as_array().context("rows[]")?.clone();
+    let ids: Vec<_> = parked.iter().map(|r| r["row"]["id"].clone()).collect();
+    assert_eq!(ids, vec![json!(2), json!(4), json!(5)], "{peek}");
+    for row in &parked {
+        let h = &row["headers"];
+        for name in HEADERS {
+            assert!(h[*name].is_string(), "no {name} on {row}");
+        }
+        assert_eq!(h["Sluice-Tenant"], TENANT, "{row}");
+        assert_eq!(h["Sluice-Table"], "orders", "{row}");
+        assert_eq!(h["Sluice-Error-Class"], "Rejected", "{row}");
+        let code = h["Sluice-Error-Code"].as_str().unwrap_or_default();
+        assert!(
+            code.parse::<u32>().is_ok(),
+            "Sluice-Error-Code {code:?}: {row}"
+        );
+        let error = h["Sluice-Error"].as_str().unwrap_or_default();
+        assert!(!error.is_empty() && error.len() <= 1024, "{row}");
+        assert_eq!(
+            h["Sluice-Original-Subject"],
+            format!("ingest.{TENANT}.orders"),
+            "{row}"
+        );
+        let seq = h["Sluice-Original-Sequence"].as_str().unwrap_or_default();
+        assert!(seq.parse::<u64>().is_ok_and(|s| s > 0), "{row}");
+        let deliveries = h["Sluice-Deliveries"].as_str().unwrap_or_default();
+        assert!(deliveries.parse::<u64>().is_ok_and(|d| d >= 1), "{row}");
+        let at = h["Sluice-Parked-At"].as_str().unwrap_or_default();
+        assert!(
+            humantime::parse_rfc3339(at).is_ok(),
+            "Sluice-Parked-At {at:?} is not RFC 3339"
+        );
+        assert_eq!(row["subject"], format!("dlq.{TENANT}.orders"), "{row}");
+    }
+    let (_, limited) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=2")).await?;
+    assert_eq!(
+        limited["rows"].as_array().map(Vec::len),
+        Some(2),
+        "{limited}"
+    );
+    assert_eq!(
+        dlq_count(&stack, TENANT, "orders").await?,
+        3,
+        "peeking consumed rows"
+    );
+
+    // A dry run counts what it would replay and changes nothing: the DLQ keeps its
+    // rows, the ingest stream gets no message, ClickHouse no row.
+    let ingest_before = stack.nats.stream_state("INGEST").await?["last_seq"].clone();
+    let report = replay(
+        &stack,
+        json!({"tenant": TENANT, "table": "orders", "dry_run": true}),
+    )
+    .await?;
+    assert_eq!(report["dry_run"], true, "{report}");
+    assert_eq!(
+        (report["replayed"].as_u64(), report["failed"].as_u64()),
+        (Some(3), Some(0)),
+        "{report}"
+    );
+    assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 3);
+    assert_eq!(
+        stack.nats.stream_state("INGEST").await?["last_seq"],
+        ingest_before
+    );
+    assert_eq!(stack.count("orders").await?, 2);
+    let (_, again) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=10")).await?;
+    assert_eq!(
+        again["rows"], peek["rows"],
+        "a dry run changed the parked rows"
+    );
+
+    // Fix the table so the parked values parse, then replay: they land, the DLQ of
+    // the table is empty.
+    stack
+        .clickhouse
+        .exec("ALTER TABLE orders MODIFY COLUMN v String")
+        .await?;
+    let report = replay(
+        &stack,
+        json!({"tenant": TENANT, "table": "orders", "limit": 100}),
+    )
+    .await?;
+    assert_eq!(report["dry_run"], false, "{report}");
+    assert_eq!(
+        (
+            report["replayed"].as_u64(),
+            report["skipped"].as_u64(),
+            report["failed"].as_u64()
+        ),
+        (Some(3), Some(0), Some(0)),
+        "{report}"
+    );
+    wait_count(&stack, "SELECT count() FROM orders", 5).await?;
+    let values = stack
+        .clickhouse
+        .exec("SELECT groupArray(v) FROM (SELECT v FROM orders WHERE id IN (2, 4, 5) ORDER BY id)")
+        .await?;
+    assert_eq!(values.trim(), "['twenty','forty','fifty']");
+    assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 0);
+    let (_, empty) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders")).await?;
+    assert_eq!(empty["rows"], json!([]), "{empty}");
+    // Nothing is parked again (the replayed rows were good this time).
+    wait_count(&stack, "SELECT count() FROM orders", 5).await?;
+    assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 0);
+
+    // A limit replays that many: park two unknown-field rows in another table.
+    ingest_ok(
+        &stack,
+        "strict",
+        &[json!({"id": 1, "extra": 1}), json!({"id": 2, "extra": 2})],
+    )
+    .await?;
+    wait_parked(&stack, "strict", 2).await?;
+    let peeked = stack.dlq_rows("strict").await?;
+    assert!(
+        peeked
+            .iter()
+            .all(|r| r["headers"]["Sluice-Error-Code"] == "117"
+                || r["headers"]["Sluice-Error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("extra"))),
+        "{peeked:?}"
+    );
+
+    // Purge wants ?confirm=<tenant>.<table>: without it, or with another table's name,
+    // nothing goes.
+    for query in ["", "?confirm=yes", "?confirm=acme.orders"] {
+        let (status, _, body) = stack
+            .admin_request(
+                Method::DELETE,
+                &format!("/admin/dlq/{TENANT}/strict{query}"),
+                Some(ADMIN_TOKEN),
+                None,
+            )
+            .await?;
+        assert_eq!(status, 400, "purge{query}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("confirm=acme.strict")),
+            "{body}"
+        );
+    }
+    assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 2);
+    let (status, _, body) = stack
+        .admin_request(
+            Method::DELETE,
+            &format!("/admin/dlq/{TENANT}/strict?confirm={TENANT}.strict"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await?;
+    assert_eq!((status, &body["purged"]), (200, &json!(2)), "{body}");
+    assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 0);
+    assert_eq!(stack.dlq_rows("strict").await?, Vec::<Value>::new());
+    assert_eq!(stack.count("strict").await?, 0);
+
+    // A limit that is not a number: a JSON refusal.
+    let (status, body) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=all")).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("limit")),
+        "{body}"
+    );
+
+    // Names that are not names are refused, never spliced into a subject.
+    for path in [
+        format!("/admin/dlq/{TENANT}/a.b"),
+        "/admin/dlq/a*/events".to_string(),
+    ] {
+        let (status, body) = admin(&stack, &path).await?;
+        assert_eq!(status, 400, "{path}: {body}");
+    }
+    let (status, _, body) = stack
+        .admin_request(
+            Method::POST,
+            "/admin/dlq/replay",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"tenant": TENANT, "table": "x>", "dry_run": true})),
+        )
+        .await?;
+    assert_eq!(status, 400, "{body}");
+    Ok(())
+}

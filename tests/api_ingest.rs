@@ -1,0 +1,832 @@
+//! `POST /v1/ingest/{table}` on real servers, as a client application sees it: what it
+//! answers (status, body, headers) and what lands in ClickHouse (rows counted).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+use sluice_harness::{loopback_client, wait_for, Stack, StackOptions, TENANT};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+const LAND: Duration = Duration::from_secs(60);
+
+/// An answer of the ingest API.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    fn n(&self, field: &str) -> u64 {
+        self.body.get(field).and_then(Value::as_u64).unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.body)
+    }
+}
+
+/// POST a body to `/v1/ingest/{table}` with exactly the headers given (no tenant added).
+async fn post(
+    http: &reqwest::Client,
+    stack: &Stack,
+    table: &str,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, &str)],
+) -> Result<Reply> {
+    let mut request = http
+        .post(format!("{}/v1/ingest/{table}", stack.api_url()))
+        .body(body);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.context("POST /v1/ingest")?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.context("reading the answer")?;
+    let body = serde_json::from_str(&text).with_context(|| {
+        format!("the ingest API answered {status} with a body that is not JSON: {text:?}")
+    })?;
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+const NDJSON: (&str, &str) = ("Content-Type", "application/x-ndjson");
+const AS_TENANT: (&str, &str) = ("X-Tenant", TENANT);
+
+fn ndjson(rows: impl IntoIterator<Item = Value>) -> String {
+    rows.into_iter().map(|r| format!("{r}\n")).collect()
+}
+
+async fn stack_with(tables: &[&str], settings: &[(&str, toml::Value)]) -> Result<Stack> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    for sql in tables {
+        stack.clickhouse.exec(sql).await?;
+    }
+    for (key, value) in settings {
+        stack.set(key, value.clone());
+    }
+    stack.start_sluice(SLUICE).await?;
+    Ok(stack)
+}
+
+const EVENTS: &str = "CREATE TABLE events (id UInt64, name String) ENGINE = MergeTree ORDER BY id";
+
+/// Waits until `sql` counts exactly `n`; fails at once if it ever counts more.
+async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
+    wait_for(
+        &format!("`{sql}` = {n}"),
+        LAND,
+        Duration::from_millis(200),
+        || async move {
+            let c = stack.count(sql).await?;
+            if c > n {
+                // Not retried: more rows than accepted is a failure, not a wait.
+                return Ok(Err(anyhow::anyhow!(
+                    "`{sql}` counted {c}, more than the {n} accepted"
+                )));
+            }
+            if c == n {
+                Ok(Ok(()))
+            } else {
+                bail!("{c} so far")
+            }
+        },
+    )
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_an_array_and_ndjson_land() -> Result<()> {
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = stack.http().clone();
+
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        json!({"id": 1, "name": "object"}).to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    assert_eq!((r.n("accepted"), r.n("rejected")), (1, 0), "{r}");
+    assert_eq!(r.body["errors"], json!([]), "{r}");
+
+    let array =
+        json!([{"id": 2, "name": "array"}, {"id": 3, "name": "array"}, {"id": 4, "name": "array"}]);
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        array.to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    assert_eq!((r.n("accepted"), r.n("rejected")), (3, 0), "{r}");
+
+    // A charset parameter and CRLF line ends are fine.
+    let lines = "{\"id\": 5, \"name\": \"nd\"}\r\n{\"id\": 6, \"name\": \"nd\"}\n\n{\"id\": 7, \"name\": \"nd\"}";
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        lines,
+        &[
+            AS_TENANT,
+            ("Content-Type", "application/x-ndjson; charset=utf-8"),
+        ],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    assert_eq!((r.n("accepted"), r.n("rejected")), (3, 0), "{r}");
+
+    wait_exactly(&stack, "SELECT count() FROM events", 7).await?;
+    let by_kind = stack
+        .clickhouse
+        .exec("SELECT name, count(), groupArray(id) FROM (SELECT * FROM events ORDER BY id) GROUP BY name ORDER BY name FORMAT TSV")
+        .await?;
+    assert_eq!(
+        by_kind,
+        "array\t3\t[2,3,4]\nnd\t3\t[5,6,7]\nobject\t1\t[1]\n"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rows_are_reported_by_index_and_the_good_ones_land() -> Result<()> {
+    let stack = stack_with(&[EVENTS], &[("api.max_row_bytes", "1KiB".into())]).await?;
+    let http = stack.http().clone();
+
+    // An array with a number and a string among objects.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        r#"[{"id": 10, "name": "a"}, 5, {"id": 11, "name": "b"}, "x"]"#,
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert_eq!((r.n("accepted"), r.n("rejected")), (2, 2), "{r}");
+    let errors = r.body["errors"].as_array().context("errors[]")?;
+    let indexes: Vec<u64> = errors.iter().filter_map(|e| e["index"].as_u64()).collect();
+    assert_eq!(indexes, vec![1, 3], "{r}");
+    for e in errors {
+        assert!(
+            e["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("not a JSON object")),
+            "{r}"
+        );
+        assert!(e.get("line").is_none(), "an array row has no line: {r}");
+    }
+
+    // NDJSON: broken JSON on line 2, an array on line 5 (after a blank line), a row
+    // over max_row_bytes on line 6; the index counts rows, the line counts lines.
+    let big = json!({"id": 99, "name": "x".repeat(2000)});
+    let body = format!(
+        "{}\n{{\"id\": \n{}\n\n[1, 2]\n{big}\n{}\n",
+        json!({"id": 20, "name": "c"}),
+        json!({"id": 21, "name": "d"}),
+        json!({"id": 22, "name": "e"}),
+    );
+    let r = post(&http, &stack, "events", body, &[AS_TENANT, NDJSON]).await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert_eq!((r.n("accepted"), r.n("rejected")), (3, 3), "{r}");
+    let errors: Vec<(u64, u64, String)> = r.body["errors"]
+        .as_array()
+        .context("errors[]")?
+        .iter()
+        .map(|e| {
+            (
+                e["index"].as_u64().unwrap_or(u64::MAX),
+                e["line"].as_u64().unwrap_or(u64::MAX),
+                e["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        errors.iter().map(|(i, l, _)| (*i, *l)).collect::<Vec<_>>(),
+        vec![(1, 2), (3, 5), (4, 6)],
+        "{r}"
+    );
+    assert!(errors[0].2.contains("not valid JSON"), "{r}");
+    assert!(errors[1].2.contains("not a JSON object"), "{r}");
+    assert!(errors[2].2.contains("over the limit"), "{r}");
+
+    // A body that is no JSON at all: 400, nothing accepted.
+    let r = post(&http, &stack, "events", "[{\"id\": 30", &[AS_TENANT, JSON]).await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert_eq!(r.n("accepted"), 0, "{r}");
+    assert!(
+        r.body["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{r}"
+    );
+
+    wait_exactly(&stack, "SELECT count() FROM events", 5).await?;
+    let ids = stack
+        .clickhouse
+        .exec("SELECT groupArray(id) FROM (SELECT id FROM events ORDER BY id)")
+        .await?;
+    assert_eq!(ids.trim(), "[10,11,20,21,22]");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_413_415_404_400_carry_a_json_reason() -> Result<()> {
+    let stack = stack_with(
+        &[EVENTS],
+        &[
+            ("api.max_request_bytes", "64KiB".into()),
+            ("api.max_row_bytes", "16KiB".into()),
+        ],
+    )
+    .await?;
+    let http = stack.http().clone();
+    let error_of = |r: &Reply| r.body["error"].as_str().unwrap_or_default().to_string();
+
+    // 413: a body over [api] max_request_bytes.
+    let rows = ndjson((0..3000).map(|i| json!({"id": 1000 + i, "name": "too much"})));
+    assert!(rows.len() > 64 << 10);
+    let r = post(&http, &stack, "events", rows, &[AS_TENANT, NDJSON]).await?;
+    assert_eq!(r.status, 413, "{r}");
+    assert!(error_of(&r).contains("max_request_bytes"), "{r}");
+    assert_eq!(r.n("accepted"), 0, "{r}");
+
+    // 415: a media type that is not JSON, and none at all.
+    let row = json!({"id": 1, "name": "x"}).to_string();
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[AS_TENANT, ("Content-Type", "text/plain")],
+    )
+    .await?;
+    assert_eq!(r.status, 415, "{r}");
+    assert!(error_of(&r).contains("text/plain"), "{r}");
+    let r = post(&http, &stack, "events", row.clone(), &[AS_TENANT]).await?;
+    assert_eq!(r.status, 415, "{r}");
+
+    // 404: a table name that is not an identifier.
+    for bad in ["bad-name", "1events", "a.b", "%27%3B%20DROP"] {
+        let r = post(&http, &stack, bad, row.clone(), &[AS_TENANT, JSON]).await?;
+        assert_eq!(r.status, 404, "{bad}: {r}");
+        assert!(error_of(&r).contains("not a table name"), "{bad}: {r}");
+    }
+    // 404: a well-formed tenant no one configured; 400 without X-Tenant or with a
+    // name that is not one.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[("X-Tenant", "globex"), JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 404, "{r}");
+    assert!(error_of(&r).contains("globex"), "{r}");
+    let r = post(&http, &stack, "events", row.clone(), &[JSON]).await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert!(error_of(&r).contains("X-Tenant"), "{r}");
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[("X-Tenant", "a b"), JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+
+    // 400: an Idempotency-Key that cannot be a message id.
+    let long_key = "k".repeat(200);
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[AS_TENANT, JSON, ("Idempotency-Key", long_key.as_str())],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert!(error_of(&r).contains("Idempotency-Key"), "{r}");
+
+    // None of that was stored: the one good request that follows is the only row.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        json!({"id": 7, "name": "good"}).to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    wait_exactly(&stack, "SELECT count() FROM events", 1).await?;
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE id = 7")
+            .await?,
+        1
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_tokens_401_403_and_the_tenant_from_the_token() -> Result<()> {
+    const TOKEN: &str = "acme-ingest-token-4f1e";
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("api.auth", "token");
+    stack.set(
+        &format!("tenants.{TENANT}.token_env"),
+        "SLUICE_TEST_ACME_TOKEN",
+    );
+    stack
+        .env
+        .push(("SLUICE_TEST_ACME_TOKEN".into(), TOKEN.into()));
+    stack.start_sluice(SLUICE).await?;
+    let http = stack.http().clone();
+    let row = |id: u64| json!({"id": id, "name": "t"}).to_string();
+    let bearer = format!("Bearer {TOKEN}");
+
+    // No credentials (X-Tenant is no credential in token mode): 401 with a challenge.
+    for headers in [vec![JSON], vec![JSON, AS_TENANT]] {
+        let r = post(&http, &stack, "events", row(1), &headers).await?;
+        assert_eq!(r.status, 401, "{r}");
+        assert_eq!(
+            r.headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer"),
+            "{r}"
+        );
+        assert!(
+            r.body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("Bearer")),
+            "{r}"
+        );
+    }
+    // Not a bearer token: 401.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row(2),
+        &[JSON, ("Authorization", "Basic YWNtZTpzZWNyZXQ=")],
+    )
+    .await?;
+    assert_eq!(r.status, 401, "{r}");
+    // A token no tenant owns: 403, and the answer does not echo it.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row(3),
+        &[JSON, ("Authorization", "Bearer not-the-token")],
+    )
+    .await?;
+    assert_eq!(r.status, 403, "{r}");
+    assert!(!r.body.to_string().contains("not-the-token"), "{r}");
+
+    // The right token: accepted for acme, whatever X-Tenant claims.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row(4),
+        &[JSON, ("Authorization", bearer.as_str())],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row(5),
+        &[
+            JSON,
+            ("Authorization", bearer.as_str()),
+            ("X-Tenant", "globex"),
+        ],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    wait_exactly(&stack, "SELECT count() FROM events", 2).await?;
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE id IN (4, 5)")
+            .await?,
+        2
+    );
+    let metrics = stack.metrics_parsed().await?;
+    assert_eq!(
+        metrics.value(
+            "sluice_rows_inserted_total",
+            &[("tenant", TENANT), ("table", "events")]
+        ),
+        Some(2.0)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_idempotency_key_twice_lands_once() -> Result<()> {
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = stack.http().clone();
+
+    // Object form: the key is the message id.
+    let object = json!({"id": 1, "name": "object"}).to_string();
+    let key = [AS_TENANT, JSON, ("Idempotency-Key", "order-1")];
+    let first = post(&http, &stack, "events", object.clone(), &key).await?;
+    assert_eq!(first.status, 202, "{first}");
+    assert_eq!(
+        (first.n("accepted"), first.n("duplicates")),
+        (1, 0),
+        "{first}"
+    );
+    let again = post(&http, &stack, "events", object, &key).await?;
+    assert_eq!(again.status, 202, "{again}");
+    assert_eq!(
+        (again.n("accepted"), again.n("duplicates")),
+        (1, 1),
+        "{again}"
+    );
+
+    // Batch forms: each row's id is the key and its index. An array sent twice, and
+    // the same rows as NDJSON under another key (a different request: stored again).
+    let batch =
+        json!([{"id": 2, "name": "batch"}, {"id": 3, "name": "batch"}, {"id": 4, "name": "batch"}])
+            .to_string();
+    let key = [AS_TENANT, JSON, ("Idempotency-Key", "batch-7")];
+    let first = post(&http, &stack, "events", batch.clone(), &key).await?;
+    assert_eq!(
+        (first.status, first.n("accepted"), first.n("duplicates")),
+        (202, 3, 0),
+        "{first}"
+    );
+    let again = post(&http, &stack, "events", batch, &key).await?;
+    assert_eq!(
+        (again.status, again.n("accepted"), again.n("duplicates")),
+        (202, 3, 3),
+        "{again}"
+    );
+
+    let lines = ndjson((5..8).map(|id| json!({"id": id, "name": "ndjson"})));
+    let key = [AS_TENANT, NDJSON, ("Idempotency-Key", "nd-1")];
+    let first = post(&http, &stack, "events", lines.clone(), &key).await?;
+    assert_eq!(
+        (first.status, first.n("accepted"), first.n("duplicates")),
+        (202, 3, 0),
+        "{first}"
+    );
+    let again = post(&http, &stack, "events", lines, &key).await?;
+    assert_eq!(
+        (again.status, again.n("accepted"), again.n("duplicates")),
+        (202, 3, 3),
+        "{again}"
+    );
+
+    // A row sent after the duplicates is delivered after them: once it has landed,
+    // a duplicate would have too.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        json!({"id": 100, "name": "after"}).to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    wait_exactly(&stack, "SELECT count() FROM events WHERE id = 100", 1).await?;
+    assert_eq!(stack.count("SELECT count() FROM events").await?, 8);
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        8
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Result<()> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("nats.max_bytes", "64KiB");
+    stack.set("api.retry_after", "7s");
+    // A short outage backoff, so the rows drain soon after ClickHouse is back.
+    stack.set("pipeline.backoff_initial", "200ms");
+    stack.set("pipeline.backoff_max", "1s");
+    stack.start_sluice(SLUICE).await?;
+    let http = stack.http().clone();
+    // Nothing drains while ClickHouse is down: the stream fills.
+    stack.clickhouse.stop().await?;
+
+    let pad = "p".repeat(300);
+    let mut accepted = 0u64;
+    let mut full: Option<(Reply, String, String)> = None;
+    // 64 KiB hold ~200 rows of this size: 100 requests of 20 are plenty. Each request
+    // has its own Idempotency-Key, as a careful client's would.
+    for n in 0..100u64 {
+        let rows = ndjson((0..20).map(|i| json!({"id": n * 20 + i, "name": pad})));
+        let key = format!("fill-{n}");
+        let r = post(
+            &http,
+            &stack,
+            "events",
+            rows.clone(),
+            &[AS_TENANT, NDJSON, ("Idempotency-Key", key.as_str())],
+        )
+        .await?;
+        accepted += r.n("accepted");
+        match r.status {
+            202 => assert_eq!(r.n("accepted"), 20, "{r}"),
+            503 => {
+                full = Some((r, rows, key));
+                break;
+            }
+            _ => bail!("unexpected answer while filling the stream: {r}"),
+        }
+    }
+    let (full, full_rows, full_key) =
+        full.context("the stream never filled: no 503 after 100 requests")?;
+    assert_eq!(
+        full.headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("7"),
+        "{full}"
+    );
+    assert!(
+        full.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("full")),
+        "{full}"
+    );
+    assert_eq!(full.n("accepted") + full.n("not_stored"), 20, "{full}");
+    assert!(full.n("not_stored") > 0, "{full}");
+    assert!(
+        accepted > 0,
+        "nothing was accepted before the stream filled"
+    );
+
+    // Still full: a single row is refused whole, with nothing accepted.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        json!({"id": 1_000_000, "name": pad}).to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(
+        (r.status, r.n("accepted"), r.n("not_stored")),
+        (503, 0, 1),
+        "{r}"
+    );
+    assert!(r.headers.contains_key("retry-after"), "{r}");
+
+    // ClickHouse returns: every accepted row lands, once.
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", accepted).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        accepted
+    );
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE id = 1000000")
+            .await?,
+        0
+    );
+
+    // The client retries the refused request with its key, as Retry-After says: the
+    // rows already accepted are recognised, the rest are stored now.
+    let retry = [AS_TENANT, NDJSON, ("Idempotency-Key", full_key.as_str())];
+    let r = wait_for(
+        "the API accepts the retried request",
+        LAND,
+        Duration::from_millis(200),
+        || {
+            let (http, stack, body) = (http.clone(), &stack, full_rows.clone());
+            async move {
+                let r = post(&http, stack, "events", body, &retry).await?;
+                if r.status == 202 {
+                    Ok(r)
+                } else {
+                    bail!("{r}")
+                }
+            }
+        },
+    )
+    .await?;
+    assert_eq!(
+        (r.n("accepted"), r.n("duplicates")),
+        (20, full.n("accepted")),
+        "{r}"
+    );
+    let total = accepted + full.n("not_stored");
+    wait_exactly(&stack, "SELECT count() FROM events", total).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        total
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_unreachable_answers_503_with_retry_after() -> Result<()> {
+    let mut stack = stack_with(&[EVENTS], &[("api.retry_after", "3s".into())]).await?;
+    let http = stack.http().clone();
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        json!({"id": 1, "name": "before"}).to_string(),
+        &[AS_TENANT, JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 202, "{r}");
+    wait_exactly(&stack, "SELECT count() FROM events", 1).await?;
+
+    stack.nats.stop().await?;
+    // At once, not after every publish timed out: the client is waiting.
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        post(
+            &http,
+            &stack,
+            "events",
+            json!({"id": 2, "name": "during"}).to_string(),
+            &[AS_TENANT, JSON, ("Idempotency-Key", "during-1")],
+        ),
+    )
+    .await
+    .context("no answer within 5 s while NATS is down")??;
+    assert_eq!(
+        (r.status, r.n("accepted"), r.n("not_stored")),
+        (503, 0, 1),
+        "{r}"
+    );
+    assert_eq!(
+        r.headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("3"),
+        "{r}"
+    );
+    assert!(
+        r.body["error"].as_str().is_some_and(|e| e.contains("NATS")),
+        "{r}"
+    );
+
+    // Not ready while NATS is away, and it says why.
+    let (status, _, body) = stack
+        .admin_request(reqwest::Method::GET, "/readyz", None, None)
+        .await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["reasons"].to_string().contains("NATS"), "{body}");
+
+    // NATS returns: the client's retry (same key) is taken and the row lands once,
+    // whether or not the first attempt reached the stream after all.
+    stack.nats.start_again().await?;
+    let r = wait_for(
+        "the API accepts rows again",
+        LAND,
+        Duration::from_millis(250),
+        || {
+            let (http, stack) = (http.clone(), &stack);
+            async move {
+                let r = post(
+                    &http,
+                    stack,
+                    "events",
+                    json!({"id": 2, "name": "during"}).to_string(),
+                    &[AS_TENANT, JSON, ("Idempotency-Key", "during-1")],
+                )
+                .await?;
+                if r.status == 202 {
+                    Ok(r)
+                } else {
+                    bail!("{r}")
+                }
+            }
+        },
+    )
+    .await?;
+    assert_eq!(r.n("accepted"), 1, "{r}");
+    wait_exactly(&stack, "SELECT count() FROM events WHERE id = 2", 1).await?;
+    assert_eq!(stack.count("SELECT count() FROM events").await?, 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20000_row_request_is_accepted_whole() -> Result<()> {
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = loopback_client(Duration::from_secs(180))?;
+    let rows = ndjson((0..20_000).map(|id| json!({"id": id, "name": format!("row {id}")})));
+    let r = post(&http, &stack, "events", rows, &[AS_TENANT, NDJSON]).await?;
+    assert_eq!(r.status, 202, "{r}");
+    assert_eq!(
+        (
+            r.n("accepted"),
+            r.n("rejected"),
+            r.n("not_stored"),
+            r.n("duplicates")
+        ),
+        (20_000, 0, 0, 0),
+        "{r}"
+    );
+    wait_exactly(&stack, "SELECT count() FROM events", 20_000).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        20_000
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_large_requests_all_complete() -> Result<()> {
+    const REQUESTS: u64 = 6;
+    const ROWS: u64 = 10_000;
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = loopback_client(Duration::from_secs(180))?;
+    let requests = (0..REQUESTS).map(|n| {
+        let rows =
+            ndjson((0..ROWS).map(|i| json!({"id": n * ROWS + i, "name": format!("request {n}")})));
+        post(&http, &stack, "events", rows, &[AS_TENANT, NDJSON])
+    });
+    // A stall (requests holding publish permits while waiting for more) would hang
+    // here: the bound turns it into a failure.
+    let replies = tokio::time::timeout(
+        Duration::from_secs(240),
+        futures::future::join_all(requests),
+    )
+    .await
+    .context("concurrent large requests did not all complete within 240 s (a stall)")?;
+    for r in replies {
+        let r = r?;
+        assert_eq!(r.status, 202, "{r}");
+        assert_eq!((r.n("accepted"), r.n("not_stored")), (ROWS, 0), "{r}");
+    }
+    wait_exactly(&stack, "SELECT count() FROM events", REQUESTS * ROWS).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        REQUESTS * ROWS
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_over_the_nats_payload_limit_is_refused_alone() -> Result<()> {
+    // The default max_row_bytes (1 MiB) is also nats-server's default max_payload, and a
+    // message's headers count against it: a row just under max_row_bytes must be
+    // refused by index like any oversized row, not stop the rows after it.
+    let stack = stack_with(&[EVENTS], &[]).await?;
+    let http = loopback_client(Duration::from_secs(60))?;
+    let big = json!({"id": 2, "name": "x".repeat((1 << 20) - 30)});
+    let body = format!(
+        "{}\n{big}\n{}\n",
+        json!({"id": 1, "name": "small"}),
+        json!({"id": 3, "name": "small"})
+    );
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        body,
+        &[AS_TENANT, NDJSON, ("Idempotency-Key", "big-1")],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert_eq!(
+        (r.n("accepted"), r.n("rejected"), r.n("not_stored")),
+        (2, 1, 0),
+        "{r}"
+    );
+    assert_eq!(r.body["errors"][0]["index"], 1, "{r}");
+    assert_eq!(r.body["errors"][0]["line"], 2, "{r}");
+    assert!(
+        r.body["errors"][0]["reason"]
+            .as_str()
+            .is_some_and(|e| e.contains("over the limit")),
+        "{r}"
+    );
+    wait_exactly(&stack, "SELECT count() FROM events", 2).await?;
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE id IN (1, 3)")
+            .await?,
+        2
+    );
+    Ok(())
+}

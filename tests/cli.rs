@@ -1,0 +1,275 @@
+//! The `sluice` binary as an operator runs it: `classify` and `check-config`, their
+//! output and exit codes (0 ok, 1 a bad configuration, 2 an argument that says nothing).
+//!
+//! Every run starts from an empty environment, so a `SLUICE_*` variable of the machine
+//! running the tests cannot change what is checked.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result};
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn sluice(args: &[&str], env: &[(&str, &str)]) -> Result<Run> {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.args(args).env_clear();
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command
+        .output()
+        .with_context(|| format!("running sluice {args:?}"))?;
+    Ok(Run {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    })
+}
+
+/// `sluice classify <what>`, which must succeed; returns its `key: value` lines.
+fn classify(what: &str) -> Result<Vec<(String, String)>> {
+    let run = sluice(&["classify", what], &[])?;
+    assert_eq!(
+        run.code,
+        Some(0),
+        "sluice classify {what:?}: {}{}",
+        run.stdout,
+        run.stderr
+    );
+    Ok(run
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+fn field<'a>(lines: &'a [(String, String)], key: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("(missing)")
+}
+
+#[test]
+fn classify_252_is_unavailable_table_scoped_and_splittable() -> Result<()> {
+    let out = classify("252")?;
+    assert_eq!(field(&out, "class"), "Unavailable");
+    assert_eq!(field(&out, "code"), "252");
+    assert_eq!(field(&out, "flags"), "table-scoped, splittable");
+    let ingest = field(&out, "ingest");
+    assert!(ingest.contains("split"), "{ingest}");
+    assert!(ingest.contains("back off this table alone"), "{ingest}");
+    assert!(ingest.contains("never park"), "{ingest}");
+    Ok(())
+}
+
+#[test]
+fn classify_60_is_rejected() -> Result<()> {
+    let out = classify("60")?;
+    assert_eq!(field(&out, "class"), "Rejected");
+    assert_eq!(field(&out, "flags"), "none");
+    assert!(field(&out, "ingest").contains("park"), "{out:?}");
+    assert!(field(&out, "query").starts_with("404"), "{out:?}");
+    Ok(())
+}
+
+#[test]
+fn classify_error_text_516_is_denied() -> Result<()> {
+    let out = classify("Code: 516. DB::Exception: x")?;
+    assert_eq!(field(&out, "class"), "Denied");
+    assert_eq!(field(&out, "code"), "516");
+    assert!(field(&out, "ingest").contains("never park"), "{out:?}");
+    assert!(field(&out, "query").starts_with("403"), "{out:?}");
+
+    // 18.16's wording, and the text given unquoted as several arguments.
+    let run = sluice(
+        &[
+            "classify",
+            "Code:",
+            "193,",
+            "e.displayText()",
+            "=",
+            "DB::Exception:",
+            "Wrong",
+            "password",
+        ],
+        &[],
+    )?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("class: Denied"), "{}", run.stdout);
+    Ok(())
+}
+
+#[test]
+fn classify_status_503_is_unavailable() -> Result<()> {
+    let out = classify("status:503")?;
+    assert_eq!(field(&out, "class"), "Unavailable");
+    assert_eq!(field(&out, "code"), "(none)");
+    assert!(
+        field(&out, "ingest").contains("back off the whole pool"),
+        "{out:?}"
+    );
+    let out = classify("status:401")?;
+    assert_eq!(field(&out, "class"), "Denied");
+    let out = classify("status:500")?;
+    assert_eq!(field(&out, "class"), "Unknown");
+    Ok(())
+}
+
+#[test]
+fn classify_an_unlisted_code_is_rejected() -> Result<()> {
+    let out = classify("12345")?;
+    assert_eq!(field(&out, "class"), "Rejected");
+    assert_eq!(field(&out, "code"), "12345");
+    Ok(())
+}
+
+#[test]
+fn classify_garbage_exits_2_and_says_what_it_wants() -> Result<()> {
+    for garbage in ["garbage", "", "status:abc"] {
+        let run = sluice(&["classify", garbage], &[])?;
+        assert_eq!(
+            run.code,
+            Some(2),
+            "{garbage:?}: {}{}",
+            run.stdout,
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{garbage:?}: {}", run.stdout);
+        assert!(
+            run.stderr.contains(&format!("cannot classify {garbage:?}")),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("status:NNN") && run.stderr.contains("Code: NNN"),
+            "says what it takes: {}",
+            run.stderr
+        );
+    }
+    Ok(())
+}
+
+fn example_config() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config.toml")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
+    let config = example_config();
+    let run = sluice(&["check-config", "--config", &config], &[])?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    for expected in [
+        "nats: nats://127.0.0.1:4222 stream INGEST",
+        "targets:",
+        "main: http://127.0.0.1:8123 user default database default",
+        "tenants:",
+        "acme: target main",
+        "tables:",
+        "(default): batch_rows 10000 batch_bytes 8MiB batch_age 1s dlq on",
+        "acme.events: batch_rows 500",
+        "api: 127.0.0.1:8080",
+        "admin: 127.0.0.1:9090",
+    ] {
+        assert!(
+            run.stdout.contains(expected),
+            "missing {expected:?} in:\n{}",
+            run.stdout
+        );
+    }
+    assert_eq!(run.stdout.lines().last(), Some("ok"));
+
+    // An override from the environment shows in the summary.
+    let run = sluice(
+        &["check-config", "--config", &config],
+        &[("SLUICE_NATS_URL", "nats://10.0.0.7:4222")],
+    )?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("nats: nats://10.0.0.7:4222"),
+        "{}",
+        run.stdout
+    );
+    Ok(())
+}
+
+#[test]
+fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n",
+    )?;
+    let path = path.display().to_string();
+    let run = sluice(&["check-config", "--config", &path], &[])?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("batch_size"), "{}", run.stderr);
+    assert!(run.stderr.contains("line 6"), "{}", run.stderr);
+    assert!(!run.stdout.contains("ok"), "{}", run.stdout);
+    Ok(())
+}
+
+#[test]
+fn check_config_validates_a_configuration_from_the_environment_alone() -> Result<()> {
+    let env = [
+        ("SLUICE_NATS_URL", "nats://127.0.0.1:4222"),
+        (
+            "SLUICE_CLICKHOUSE_TARGETS_MAIN_URL",
+            "http://127.0.0.1:8123",
+        ),
+        (
+            "SLUICE_CLICKHOUSE_TARGETS_MAIN_PASSWORD_ENV",
+            "SLUICE_CH_MAIN_PASSWORD",
+        ),
+        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
+        ("SLUICE_TENANTS_DEMO_TARGET", "main"),
+        ("SLUICE_TABLES_DEMO__EVENTS_BATCH_ROWS", "250"),
+        ("SLUICE_API_AUTH", "none"),
+    ];
+    let run = sluice(&["check-config"], &env)?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    for expected in [
+        "configuration: environment (no config file)",
+        "main: http://127.0.0.1:8123",
+        "password from env",
+        "demo: target main",
+        "demo.events: batch_rows 250",
+    ] {
+        assert!(
+            run.stdout.contains(expected),
+            "missing {expected:?} in:\n{}",
+            run.stdout
+        );
+    }
+    assert!(
+        !run.stdout.contains("hunter2") && !run.stderr.contains("hunter2"),
+        "a secret was printed"
+    );
+
+    // A bad value is named by its variable.
+    let mut bad = env.to_vec();
+    bad.push(("SLUICE_INGEST_BATCH_ROWS", "many"));
+    let run = sluice(&["check-config"], &bad)?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("SLUICE_INGEST_BATCH_ROWS"),
+        "{}",
+        run.stderr
+    );
+    Ok(())
+}
