@@ -109,9 +109,9 @@ pub struct JsDelivery {
 // === impl JsDelivery ===
 
 impl JsDelivery {
-    pub fn new(message: jetstream::Message, dlq: Arc<DlqWriter>) -> Self {
-        // The message's own context is dropped here: everything settles through `dlq`.
-        let jetstream::Message { message, .. } = message;
+    /// A row as the pull subscription delivered it (a core message whose reply
+    /// subject is the ack address).
+    pub fn new(message: async_nats::Message, dlq: Arc<DlqWriter>) -> Self {
         Self {
             row: Some(Row {
                 subject: message.subject,
