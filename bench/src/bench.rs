@@ -119,6 +119,8 @@ pub struct Snap {
     pub at: Instant,
     /// The process under test.
     pub proc_cpu: Option<f64>,
+    /// Its kernel part.
+    pub proc_sys: Option<f64>,
     pub nats_cpu: Option<f64>,
     pub clickhouse_cpu: Option<f64>,
     pub bench_cpu: Option<f64>,
@@ -534,6 +536,7 @@ impl Bench {
         Snap {
             at: Instant::now(),
             proc_cpu: pid.and_then(procfs::cpu_seconds),
+            proc_sys: pid.and_then(procfs::system_seconds),
             nats_cpu: self.stack.nats.pid().and_then(procfs::cpu_seconds),
             clickhouse_cpu: self.stack.clickhouse.pid().and_then(procfs::cpu_seconds),
             bench_cpu: procfs::self_cpu_seconds(),
@@ -687,6 +690,7 @@ impl Measured {
             seconds: secs,
             rows_per_sec: rows as f64 / secs,
             cpu_us_per_row: per_row(w.start.proc_cpu, w.end.proc_cpu),
+            sys_us_per_row: per_row(w.start.proc_sys, w.end.proc_sys),
             cpu_total_seconds: cpu_total,
             nats_us_per_row: per_row(w.start.nats_cpu, w.end.nats_cpu),
             clickhouse_us_per_row: per_row(w.start.clickhouse_cpu, w.end.clickhouse_cpu),

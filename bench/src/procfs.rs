@@ -32,13 +32,25 @@ pub fn self_cpu_seconds() -> Option<f64> {
 }
 
 fn cpu_from_stat(stat: &str) -> Option<f64> {
+    let (utime, stime) = user_system_from_stat(stat)?;
+    Some(utime + stime)
+}
+
+/// (utime, stime) in seconds.
+fn user_system_from_stat(stat: &str) -> Option<(f64, f64)> {
     // The command name may hold spaces and parentheses: fields start after the last ')'.
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state(3) ... utime is field 14, stime 15 (1-based, whole line).
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks_per_second())
+    Some((utime / ticks_per_second(), stime / ticks_per_second()))
+}
+
+/// The kernel's (system) part of process `pid`'s CPU time, in seconds.
+pub fn system_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    user_system_from_stat(&stat).map(|(_, s)| s)
 }
 
 /// Whether process `pid` still runs (not gone, not a zombie waiting to be reaped).

@@ -21,6 +21,8 @@ pub struct Measured {
     pub bulk_rows_per_sec: Option<f64>,
     /// The process under test's utime+stime over `seconds`, per row.
     pub cpu_us_per_row: Option<f64>,
+    /// The kernel's part of it (stime): syscalls, wake-ups, socket copies.
+    pub sys_us_per_row: Option<f64>,
     /// Its utime+stime over its whole life (start-up, outage included).
     pub cpu_total_seconds: Option<f64>,
     pub nats_us_per_row: Option<f64>,
@@ -116,12 +118,13 @@ fn rate(v: Option<f64>) -> String {
 /// One line per phase as it finishes (stderr).
 pub fn one_line(m: &Measured) -> String {
     format!(
-        "{} rows in {:.2} s = {:.0} rows/s (10→90%: {}), cpu {} µs/row (nats {} · clickhouse {}), peak RSS {} MiB, others {} cores{}{}; lost {}, duplicates {}",
+        "{} rows in {:.2} s = {:.0} rows/s (10→90%: {}), cpu {} µs/row ({} in the kernel; nats {} · clickhouse {}), peak RSS {} MiB, others {} cores{}{}; lost {}, duplicates {}",
         m.published,
         m.seconds,
         m.rows_per_sec,
         rate(m.bulk_rows_per_sec),
         opt(m.cpu_us_per_row, 2),
+        opt(m.sys_us_per_row, 2),
         opt(m.nats_us_per_row, 2),
         opt(m.clickhouse_us_per_row, 2),
         opt(m.peak_rss.map(|b| b as f64 / MIB), 1),
@@ -400,6 +403,7 @@ impl Report {
                     "rows_per_sec": r3(Some(m.rows_per_sec)),
                     "rows_per_sec_10_to_90": r3(m.bulk_rows_per_sec),
                     "cpu_us_per_row": r3(m.cpu_us_per_row),
+                    "cpu_sys_us_per_row": r3(m.sys_us_per_row),
                     "cpu_total_seconds": r3(m.cpu_total_seconds),
                     "nats_cpu_us_per_row": r3(m.nats_us_per_row),
                     "clickhouse_cpu_us_per_row": r3(m.clickhouse_us_per_row),
