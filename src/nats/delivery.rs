@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, AckKind};
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, SettleError};
 
@@ -14,15 +14,19 @@ use super::publish::{PublishError, Publisher};
 /// The most of ClickHouse's message a DLQ header carries.
 const MAX_ERROR_HEADER: usize = 1024;
 
-/// Publishes parked rows to `dlq.<tenant>.<table>`. Shared by every delivery.
+/// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
+/// delivery settles through. Shared by every delivery.
 pub struct DlqWriter {
     publisher: Publisher,
     subject_prefix: String,
+    /// Acks, naks and progress are plain publishes to the row's reply subject.
+    client: async_nats::Client,
 }
 
 impl DlqWriter {
     pub fn new(publisher: Publisher, subject_prefix: impl Into<String>) -> Self {
         Self {
+            client: publisher.context().client(),
             publisher,
             subject_prefix: subject_prefix.into(),
         }
@@ -68,71 +72,125 @@ impl DlqWriter {
     }
 }
 
+/// What a delivery keeps of a JetStream message: the subject it was published on, its
+/// reply subject (the ack address, which also encodes stream, sequence and delivery
+/// count) and the row.
+///
+/// Why not the `jetstream::Message` itself: each one carries its own clone of the
+/// JetStream `Context` (a client handle, a prefix `String`, channel senders: ~0.5 KiB
+/// and several atomics), and the actors move every delivery from the pulled batch into
+/// per-subject groups, into the table's buffer and out into a flight. Keeping the
+/// ~100 bytes that matter made those moves and the buffer's growth several times
+/// cheaper (see docs/benchmark.md); settling goes through the one shared client.
+struct Row {
+    subject: Subject,
+    reply: Option<Subject>,
+    payload: Bytes,
+}
+
+/// What the reply subject says of a row (read only when a row is parked).
+#[derive(Default)]
+struct RowInfo {
+    stream: String,
+    stream_sequence: u64,
+    deliveries: u64,
+    /// When the row was published, in ns since the epoch.
+    published: i128,
+}
+
 /// One delivered row. Dropped without being settled, it is naked at once (see the
 /// `Delivery` contract): a crashed actor hands its rows back instead of stranding them
 /// until `ack_wait`.
 pub struct JsDelivery {
-    message: Option<jetstream::Message>,
+    row: Option<Row>,
     dlq: Arc<DlqWriter>,
 }
 
 // === impl JsDelivery ===
 
 impl JsDelivery {
-    pub fn new(message: jetstream::Message, dlq: Arc<DlqWriter>) -> Self {
+    /// A row as the pull subscription delivered it (a core message whose reply
+    /// subject is the ack address).
+    pub fn new(message: async_nats::Message, dlq: Arc<DlqWriter>) -> Self {
         Self {
-            message: Some(message),
+            row: Some(Row {
+                subject: message.subject,
+                reply: message.reply,
+                payload: message.payload,
+            }),
             dlq,
         }
     }
 
     pub fn subject(&self) -> &str {
-        self.message
-            .as_ref()
-            .map(|m| m.subject.as_str())
-            .unwrap_or("")
+        self.row.as_ref().map(|r| r.subject.as_str()).unwrap_or("")
+    }
+
+    /// Where the row stands in its stream, from the reply subject.
+    fn info(&self) -> Option<RowInfo> {
+        let reply = self.row.as_ref()?.reply.clone()?;
+        // The parser is the client's own, reached through a message that borrows the
+        // shared context (this path runs only for rows being parked).
+        let message = jetstream::Message {
+            message: async_nats::Message {
+                subject: Subject::from_static(""),
+                reply: Some(reply),
+                payload: Bytes::new(),
+                headers: None,
+                status: None,
+                description: None,
+                length: 0,
+            },
+            context: self.dlq.publisher.context().clone(),
+        };
+        let info = message.info().ok()?;
+        Some(RowInfo {
+            stream: info.stream.to_string(),
+            stream_sequence: info.stream_sequence,
+            deliveries: u64::try_from(info.delivered).unwrap_or(0),
+            published: info.published.unix_timestamp_nanos(),
+        })
+    }
+
+    async fn send(&self, kind: AckKind) -> Result<(), SettleError> {
+        let Some(row) = self.row.as_ref() else {
+            return Ok(());
+        };
+        let Some(reply) = row.reply.clone() else {
+            return Err(SettleError(
+                "no reply subject: not a JetStream message".into(),
+            ));
+        };
+        self.dlq
+            .client
+            .publish(reply, kind.into())
+            .await
+            .map_err(|e| SettleError(format!("settling a row: {e}")))
     }
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
-        let Some(message) = self.message.take() else {
-            return Ok(());
-        };
-        message
-            .ack_with(kind)
-            .await
-            .map_err(|e| SettleError(format!("settling a row: {e}")))
+        let result = self.send(kind).await;
+        self.row = None;
+        result
     }
 }
 
 impl Delivery for JsDelivery {
     fn payload(&self) -> &Bytes {
         static EMPTY: Bytes = Bytes::from_static(b"");
-        self.message.as_ref().map(|m| &m.payload).unwrap_or(&EMPTY)
+        self.row.as_ref().map(|r| &r.payload).unwrap_or(&EMPTY)
     }
 
     fn subject(&self) -> &str {
-        self.message
-            .as_ref()
-            .map(|m| m.subject.as_str())
-            .unwrap_or("")
+        JsDelivery::subject(self)
     }
 
     fn meta(&self) -> DeliveryMeta {
-        let Some(message) = self.message.as_ref() else {
-            return DeliveryMeta {
-                subject: String::new(),
-                stream_sequence: 0,
-                deliveries: 0,
-            };
-        };
-        let (stream_sequence, deliveries) = message
-            .info()
-            .map(|i| (i.stream_sequence, u64::try_from(i.delivered).unwrap_or(0)))
-            .unwrap_or((0, 0));
+        let info = self.info().unwrap_or_default();
         DeliveryMeta {
-            subject: message.subject.to_string(),
-            stream_sequence,
-            deliveries,
+            subject: self.subject().to_string(),
+            stream_sequence: info.stream_sequence,
+            deliveries: info.deliveries,
         }
     }
 
@@ -141,13 +199,9 @@ impl Delivery for JsDelivery {
     }
 
     async fn progress(&self) -> Result<(), SettleError> {
-        match self.message.as_ref() {
-            Some(m) => m
-                .ack_with(AckKind::Progress)
-                .await
-                .map_err(|e| SettleError(format!("sending progress: {e}"))),
-            None => Ok(()),
-        }
+        self.send(AckKind::Progress)
+            .await
+            .map_err(|e| SettleError(format!("sending progress: {e}")))
     }
 
     async fn nak(mut self, delay: Duration) -> Result<(), SettleError> {
@@ -161,12 +215,12 @@ impl Delivery for JsDelivery {
 
     async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {
         let meta = self.meta();
-        let Some(message) = self.message.as_ref() else {
+        let Some(row) = self.row.as_ref() else {
             return Ok(());
         };
-        let (stream, published) = message
+        let (stream, published) = self
             .info()
-            .map(|i| (i.stream.to_string(), i.published.unix_timestamp_nanos()))
+            .map(|i| (i.stream, i.published))
             .unwrap_or_default();
         let subject = format!(
             "{}.{}.{}",
@@ -177,7 +231,7 @@ impl Delivery for JsDelivery {
         // DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
         let id = format!("park-{stream}-{}-{published}", meta.stream_sequence);
         let headers = DlqWriter::headers(parking, &meta);
-        let payload = message.payload.clone();
+        let payload = row.payload.clone();
         match self
             .dlq
             .publisher
@@ -209,12 +263,13 @@ impl Delivery for JsDelivery {
 
 impl Drop for JsDelivery {
     fn drop(&mut self) {
-        let Some(message) = self.message.take() else {
+        let Some(reply) = self.row.take().and_then(|r| r.reply) else {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.dlq.client.clone();
             runtime.spawn(async move {
-                let _ = message.ack_with(AckKind::Nak(None)).await;
+                let _ = client.publish(reply, AckKind::Nak(None).into()).await;
             });
         }
     }

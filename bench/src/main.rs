@@ -1,0 +1,178 @@
+//! `sluice-bench`: the benchmark of DESIGN.md "Performance", run on demand (never as a
+//! timed test). It starts its own nats-server and clickhouse-server on loopback,
+//! publishes the rows, and in one run measures the minimal reference loop and the real
+//! `sluice run` binary side by side on the same servers and rows:
+//!
+//! - `reference`: pull, batch, one HTTP insert, ack each (a child process of its own);
+//! - `sluice`: Sluice draining pre-published rows, first delivery to last row counted;
+//! - `live`: Sluice while the rows are being published (informative);
+//! - `bad`: like `sluice` with one bad row per 10,000 (bisection and the DLQ);
+//! - `outage`: ClickHouse stopped, rows published, ClickHouse started after the outage:
+//!   the drain of the backlog.
+//!
+//! It prints rows/s, CPU µs per row (utime+stime from /proc ÷ rows), peak RSS (VmHWM)
+//! and each target's ratio, as a table and as JSON. See docs/benchmark.md.
+//!
+//!     scripts/bench                 # builds sluice + sluice-bench (release), runs all
+//!     scripts/bench --quick         # 100k rows, short outage: a smoke check
+
+mod bench;
+mod procfs;
+mod publish;
+mod reference;
+mod report;
+mod rows;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "Benchmarks Sluice against a minimal reference loop on the same servers and rows."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The reference loop (started by the benchmark as a child process).
+    #[command(hide = true)]
+    Reference(reference::ReferenceArgs),
+}
+
+/// A part of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Phase {
+    /// (a) the minimal reference loop draining pre-published rows.
+    Reference,
+    /// (b) Sluice draining pre-published rows.
+    Sluice,
+    /// (b') Sluice while the rows are being published.
+    Live,
+    /// (c) Sluice draining rows with one bad row per 10,000.
+    Bad,
+    /// (d) the drain of a backlog published during a ClickHouse outage.
+    Outage,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Reference => "reference",
+            Phase::Sluice => "sluice",
+            Phase::Live => "live",
+            Phase::Bad => "bad",
+            Phase::Outage => "outage",
+        }
+    }
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// Rows per phase (default 1,000,000; 100,000 with --quick).
+    #[arg(long, short = 'n')]
+    rows: Option<u64>,
+    /// Bytes per row (JSON object of 10 columns).
+    #[arg(long, default_value_t = 200)]
+    row_bytes: usize,
+    /// Which phases, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "reference,sluice,live,bad,outage"
+    )]
+    phases: Vec<Phase>,
+    /// Run the phases this many times (interleaved: a b c... a b c...); figures are medians.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// A smoke check: 100,000 rows and a 5 s outage, unless given explicitly.
+    #[arg(long)]
+    quick: bool,
+    /// How long ClickHouse stays down in the outage phase (default 20; 5 with --quick).
+    #[arg(long)]
+    outage_secs: Option<u64>,
+    /// One bad row per this many in the `bad` phase.
+    #[arg(long, default_value_t = 10_000)]
+    bad_every: u64,
+    /// Write the JSON report here (`-` for stdout, after the table).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The sluice binary (default: `sluice` beside this binary).
+    #[arg(long, env = "SLUICE_BENCH_BIN")]
+    sluice: Option<PathBuf>,
+    /// nats-server: `debian` (2.9.10) or `current` (default from SLUICE_TEST_NATS).
+    #[arg(long)]
+    nats: Option<String>,
+    /// Rows per pull request, for Sluice (`pipeline.pull_batch`) and the reference alike.
+    #[arg(long, default_value_t = 1000)]
+    pull_batch: usize,
+    /// Rows per insert, for Sluice (`ingest.batch_rows`) and the reference alike.
+    #[arg(long, default_value_t = 10_000)]
+    batch_rows: usize,
+    /// The consumer's `max_ack_pending`, for Sluice and the reference alike.
+    #[arg(long, default_value_t = 20_000)]
+    max_ack_pending: i64,
+    /// Extra Sluice configuration, `dotted.key=toml-value` (e.g.
+    /// `pipeline.max_inflight_flushes=4`); repeatable. Sluice only.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Exit 2 when a target is missed (by default only lost rows fail the run).
+    #[arg(long)]
+    check_targets: bool,
+}
+
+impl RunArgs {
+    pub fn rows(&self) -> u64 {
+        self.rows
+            .unwrap_or(if self.quick { 100_000 } else { 1_000_000 })
+    }
+
+    pub fn outage(&self) -> Duration {
+        Duration::from_secs(self.outage_secs.unwrap_or(if self.quick { 5 } else { 20 }))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Reference(args)) = cli.command {
+        return match reference::main(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("reference loop: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_BENCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench::run(cli.run)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sluice-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
