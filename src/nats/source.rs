@@ -293,8 +293,11 @@ impl Drop for JetStreamSource {
     /// delivery whose drop naks it.
     fn drop(&mut self) {
         for _ in 0..MAX_DRAINED {
-            match self.messages.next().now_or_never() {
-                Some(Some(Ok(message))) => drop(JsDelivery::new(message, self.dlq.clone())),
+            match self.subscriber.next().now_or_never() {
+                Some(Some(message)) if matches!(message.status, None | Some(StatusCode::OK)) => {
+                    drop(JsDelivery::new(message, self.dlq.clone()))
+                }
+                Some(Some(_status)) => continue,
                 _ => break,
             }
         }
