@@ -431,14 +431,22 @@ async fn bearer_tokens_401_403_and_the_tenant_from_the_token() -> Result<()> {
             .await?,
         2
     );
-    let metrics = stack.metrics_parsed().await?;
-    assert_eq!(
-        metrics.value(
-            "sluice_rows_inserted_total",
-            &[("tenant", TENANT), ("table", "events")]
-        ),
-        Some(2.0)
-    );
+    // The counter moves once the rows are acked, a moment after ClickHouse has them.
+    let stack = &stack;
+    sluice_harness::wait_until(
+        "sluice_rows_inserted_total{tenant=acme,table=events} is 2",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async move {
+            stack.metrics_parsed().await.ok().and_then(|m| {
+                m.value(
+                    "sluice_rows_inserted_total",
+                    &[("tenant", TENANT), ("table", "events")],
+                )
+            }) == Some(2.0)
+        },
+    )
+    .await?;
     Ok(())
 }
 
