@@ -193,7 +193,9 @@ impl ManagedProcess {
     /// Polls the state of each of the child's threads (`/proc/PID/task/*/stat`) until
     /// `done` holds for all of them.
     async fn wait_for_threads(&mut self, what: &str, done: impl Fn(char) -> bool) -> Result<()> {
-        const DEADLINE: Duration = Duration::from_secs(5);
+        // A thread in an uninterruptible disk wait stops only when the I/O returns, which
+        // on a loaded machine has taken over 5 s.
+        const DEADLINE: Duration = Duration::from_secs(20);
         let pid = self
             .pid()
             .ok_or_else(|| anyhow!("{} is not running", self.spec.name))?;
