@@ -24,7 +24,7 @@ use crate::ports::free_port;
 use crate::process::ProcessSpec;
 use crate::proxy::FaultProxy;
 use crate::sluice::SluiceProcess;
-use crate::wait::{wait_for, wait_until};
+use crate::wait::wait_for;
 
 /// The tenant every stack defines, with auth off (`X-Tenant`).
 pub const TENANT: &str = "acme";
@@ -177,10 +177,33 @@ impl Stack {
 
     /// Start a sluice process with the current configuration and wait until `/readyz`
     /// answers 200. Returns its index in `self.sluice`.
+    ///
+    /// The ports were free when picked but are only bound when sluice starts: another
+    /// test's server may take one in between. Then sluice exits at once saying so, and
+    /// it is started again on fresh ports (a few times at most).
     pub async fn start_sluice(&mut self, binary: impl AsRef<Path>) -> Result<usize> {
-        let index = self.spawn_sluice(binary)?;
-        self.wait_ready(index, Duration::from_secs(30)).await?;
-        Ok(index)
+        const ATTEMPTS: usize = 3;
+        let binary = binary.as_ref();
+        for attempt in 1..=ATTEMPTS {
+            let index = self.spawn_sluice(binary)?;
+            match self.wait_ready(index, Duration::from_secs(30)).await {
+                Ok(()) => return Ok(index),
+                Err(e)
+                    if attempt < ATTEMPTS
+                        && self.sluice[index].logs_contain("Address already in use") =>
+                {
+                    tracing::warn!(
+                        attempt,
+                        "a port picked for sluice was taken meanwhile; new ports: {e:#}"
+                    );
+                    self.sluice.remove(index);
+                    self.sluice_ports.remove(index);
+                    self.fresh_ports()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        bail!("sluice could not bind its ports in {ATTEMPTS} attempts")
     }
 
     /// Start a sluice process without waiting for readiness.
@@ -198,34 +221,38 @@ impl Stack {
         Ok(self.sluice.len() - 1)
     }
 
-    /// Wait until the sluice process `index` answers `/readyz` with 200.
+    /// Wait until the sluice process `index` answers `/readyz` with 200; fail at once
+    /// if it exits meanwhile.
     pub async fn wait_ready(&mut self, index: usize, deadline: Duration) -> Result<()> {
         let port = self.admin_port_of(index)?;
         let url = format!("http://127.0.0.1:{port}/readyz");
-        let http = self.http.clone();
-        let waited =
-            wait_until(
-                "sluice /readyz answers 200",
-                deadline,
-                Duration::from_millis(100),
-                || {
-                    let http = http.clone();
-                    let url = url.clone();
-                    async move {
-                        matches!(http.get(&url).send().await, Ok(r) if r.status().is_success())
-                    }
-                },
-            )
-            .await;
-        if let Err(e) = waited {
-            let logs = self
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let ready = matches!(
+                tokio::time::timeout(Duration::from_secs(2), self.http.get(&url).send()).await,
+                Ok(Ok(r)) if r.status().is_success()
+            );
+            if ready {
+                return Ok(());
+            }
+            let process = self
                 .sluice
-                .get(index)
-                .map(|p| p.log_tail(40))
-                .unwrap_or_default();
-            bail!("{e:#}\nsluice log:\n{logs}");
+                .get_mut(index)
+                .ok_or_else(|| anyhow!("no sluice process {index}"))?;
+            if !process.is_running() {
+                bail!(
+                    "sluice exited before it was ready\nsluice log:\n{}",
+                    process.log_tail(40)
+                );
+            }
+            if tokio::time::Instant::now() >= end {
+                bail!(
+                    "sluice /readyz did not answer 200 within {deadline:?}\nsluice log:\n{}",
+                    process.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(())
     }
 
     /// The admin port of a sluice process (a second instance beside the first gets

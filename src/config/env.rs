@@ -116,8 +116,14 @@ const SECTIONS: &[(&str, &[(&str, Kind)])] = &[
     ("log", LOG_KEYS),
 ];
 
-/// Variables with the prefix that are not overrides.
-const NOT_OVERRIDES: &[&str] = &["SLUICE_CONFIG"];
+/// Variables with the prefix that are not overrides: the config file's path, and the
+/// server binaries `sluice dev` and the test harness may be pointed at.
+const NOT_OVERRIDES: &[&str] = &[
+    "SLUICE_CONFIG",
+    "SLUICE_NATS_SERVER_BIN",
+    "SLUICE_NATS_CURRENT_BIN",
+    "SLUICE_CLICKHOUSE_SERVER_BIN",
+];
 
 /// One override found in the environment.
 #[derive(Clone, Debug, PartialEq)]
