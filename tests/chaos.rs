@@ -586,49 +586,15 @@ async fn read_only_table() -> Result<()> {
 /// parked, the restarts counted in `sluice_actor_restarts_total{kind="table"}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_panic() -> Result<()> {
-    let Some(mut s) = Scenario::start("table_panic", SLUICE, StackOptions::default()).await? else {
-        return Ok(());
-    };
-    s.create_tables(&["events"]).await?;
-    s.start_sluice().await?;
-    let feed = s.feed_api(
-        "events",
-        RowSet::good(0..12_000).with_bad_spread(12),
-        Pace::new(300, ms(100)),
-    )?;
-    landing(&s, "events", 300).await?;
-    let restarts = [("kind", "table")];
-    let before = s
-        .metric(0, "sluice_actor_restarts_total", &restarts)
-        .await?;
-    for k in 1..=3u32 {
-        // The table actor is back (a restarting one answers 409).
-        let stack = &s.stack;
-        wait_until(
-            "the table actor to take an injected panic",
-            secs(20),
-            ms(100),
-            || async move {
-                matches!(
-                    stack.admin_post("/admin/debug/panic/acme/events").await,
-                    Ok((200, _))
-                )
-            },
-        )
-        .await
-        .with_context(|| s.logs())?;
-        s.wait_metric(
-            0,
-            "sluice_actor_restarts_total",
-            &restarts,
-            before + f64::from(k),
-            secs(20),
-        )
-        .await?;
-    }
-    let published = s.published(feed).await?;
-    s.finish(&[published]).await?;
-    Ok(())
+    actor_panics(
+        "table_panic",
+        "table",
+        "/admin/debug/panic/acme/events",
+        12_000,
+        12,
+        3,
+    )
+    .await
 }
 
 /// Issue 3 (item 3): the PoolActor panics under load (twice): its tables and their
@@ -636,33 +602,51 @@ async fn table_panic() -> Result<()> {
 /// restarts counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_panic() -> Result<()> {
-    let Some(mut s) = Scenario::start("pool_panic", SLUICE, StackOptions::default()).await? else {
+    actor_panics(
+        "pool_panic",
+        "pool",
+        "/admin/debug/panic-pool/main",
+        10_000,
+        10,
+        2,
+    )
+    .await
+}
+
+/// Rows (`bad` of them bad) flow while an actor of `kind` is made to panic `times` times
+/// through the fault-injection `route`; each restart must show in
+/// `sluice_actor_restarts_total`.
+async fn actor_panics(
+    name: &str,
+    kind: &str,
+    route: &str,
+    rows: u64,
+    bad: usize,
+    times: u32,
+) -> Result<()> {
+    let Some(mut s) = Scenario::start(name, SLUICE, StackOptions::default()).await? else {
         return Ok(());
     };
     s.create_tables(&["events"]).await?;
     s.start_sluice().await?;
     let feed = s.feed_api(
         "events",
-        RowSet::good(0..10_000).with_bad_spread(10),
+        RowSet::good(0..rows).with_bad_spread(bad),
         Pace::new(300, ms(100)),
     )?;
     landing(&s, "events", 300).await?;
-    let restarts = [("kind", "pool")];
+    let restarts = [("kind", kind)];
     let before = s
         .metric(0, "sluice_actor_restarts_total", &restarts)
         .await?;
-    for k in 1..=2u32 {
+    for k in 1..=times {
+        // The actor is back (a restarting one answers 409).
         let stack = &s.stack;
         wait_until(
-            "the pool actor to take an injected panic",
+            &format!("the {kind} actor to take an injected panic"),
             secs(20),
             ms(100),
-            || async move {
-                matches!(
-                    stack.admin_post("/admin/debug/panic-pool/main").await,
-                    Ok((200, _))
-                )
-            },
+            || async move { matches!(stack.admin_post(route).await, Ok((200, _))) },
         )
         .await
         .with_context(|| s.logs())?;
