@@ -73,6 +73,41 @@ async fn a_query_past_its_deadline_is_killed_before_the_504_and_leaves_clickhous
 }
 
 #[tokio::test]
+async fn a_kill_that_cannot_be_confirmed_still_answers_504_within_the_kill_timeout() -> Result<()> {
+    let Some(ch) = clickhouse("query_deadline_stalled").await? else {
+        return Ok(());
+    };
+    let proxy = FaultProxy::start(ch.http_addr()).await?;
+    let gw = Gateway::start(&config(&proxy.url(), "")).await?;
+
+    // A hung server answers neither the query nor the kill: the client still gets its
+    // 504 no later than its timeout plus `kill_timeout` (1 s), told the kill is
+    // unconfirmed, and the query is not retried.
+    proxy.set_mode(Mode::Stall).await?;
+    let r = gw
+        .query("acme", json!({"sql": "SELECT 1", "timeout_ms": 800}))
+        .await?;
+    r.check_error_body()?;
+    ensure!(r.status == 504, "status {} {}", r.status, r.body);
+    ensure!(
+        r.elapsed >= Duration::from_millis(800) && r.elapsed < Duration::from_millis(2300),
+        "504 after {:?}",
+        r.elapsed
+    );
+    let b = &r.body;
+    ensure!(
+        b["class"] == "timeout" && b["kill_confirmed"] == false,
+        "{b}"
+    );
+    let texts: Vec<String> = proxy.requests().iter().map(|r| r.sql_text()).collect();
+    ensure!(
+        texts.iter().filter(|t| t.contains("SELECT 1")).count() == 1,
+        "an unconfirmed kill is never followed by a retry: {texts:#?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn clickhouse_own_time_limit_is_a_504_and_never_retried() -> Result<()> {
     let Some(ch) = clickhouse("query_server_limit").await? else {
         return Ok(());

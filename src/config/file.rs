@@ -281,6 +281,8 @@ pub struct QueryFile {
     /// ClickHouse's `max_execution_time` is the client deadline minus this margin, so
     /// the server normally stops the query first.
     pub server_margin: Span,
+    /// Bounds the whole kill-and-confirm step after a deadline, so a 504 comes at most
+    /// this long after the client's timeout; an unconfirmed kill is never retried.
     pub kill_timeout: Span,
     pub max_result_rows: u64,
     pub max_result_bytes: Size,
@@ -304,7 +306,7 @@ impl Default for QueryFile {
             default_timeout: Span(std::time::Duration::from_secs(10)),
             max_timeout: Span(std::time::Duration::from_secs(60)),
             server_margin: Span(std::time::Duration::from_millis(500)),
-            kill_timeout: Span(std::time::Duration::from_secs(2)),
+            kill_timeout: Span(std::time::Duration::from_secs(1)),
             max_result_rows: 100_000,
             max_result_bytes: Size(16 << 20),
             concurrency: 8,

@@ -159,7 +159,7 @@ target = "main"
 user = "{QUERY_USER}"
 password_env = "QUERY_PW"
 server_margin = "500ms"
-kill_timeout = "2s"
+kill_timeout = "1s"
 backoff_base = "20ms"
 backoff_max = "200ms"
 {query_extra}
