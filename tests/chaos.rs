@@ -8,7 +8,7 @@
 //! ```text
 //! cargo nextest run --test chaos                       # the whole suite
 //! cargo nextest run --test chaos clickhouse_kill9 --no-capture
-//! SLUICE_TEST_NATS=current cargo nextest run --test chaos nats::   # NATS scenarios, current server
+//! SLUICE_TEST_NATS=current cargo nextest run --test chaos   # against the current nats-server
 //! ```
 //!
 //! Each scenario prints one line, e.g.
@@ -51,9 +51,10 @@
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
 //!
-//! The scenarios in `mod nats` are the ones where NATS itself is under stress; the test
-//! command runs them again against the current nats-server. Everything they need is in
-//! `sluice_harness::chaos`.
+//! The scenarios in `mod nats` are the ones where NATS itself is under stress. Every
+//! scenario runs its rows through NATS, so the test command runs the whole suite twice:
+//! against Debian's nats-server 2.9.10 and against the current one. Everything they
+//! need is in `sluice_harness::chaos`.
 
 use std::time::Duration;
 
