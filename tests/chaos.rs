@@ -775,13 +775,20 @@ mod nats {
         Ok(())
     }
 
-    /// nats-server stopped under load and started again on the same store: clients
-    /// get 503s (or no answer) meanwhile and retry; nothing accepted is lost.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn nats_server_restart() -> Result<()> {
-        let Some(mut s) =
-            Scenario::start("nats_server_restart", SLUICE, StackOptions::default()).await?
-        else {
+    /// What happens to nats-server in the middle of a load.
+    enum NatsFault {
+        /// Stopped for 3 s, started again on the same store.
+        Restart,
+        /// Killed with -9, started again 2 s later on its store.
+        Kill9,
+        /// Frozen for 12 s: past the 5 s pull heartbeat and `ack_wait`.
+        Sigstop,
+    }
+
+    /// 10,000 rows (1 in 1,000 bad) through the ingest API while `fault` hits
+    /// nats-server; clients retry what was not stored.
+    async fn nats_server_fault(name: &str, fault: NatsFault) -> Result<()> {
+        let Some(mut s) = Scenario::start(name, SLUICE, StackOptions::default()).await? else {
             return Ok(());
         };
         s.create_tables(&["events"]).await?;
@@ -792,37 +799,41 @@ mod nats {
             Pace::new(250, ms(100)),
         )?;
         landing(&s, "events", 1000).await?;
-        s.stack.nats.stop().await?;
-        tokio::time::sleep(secs(3)).await; // the outage
-        s.stack.nats.start_again().await?;
+        let nats = &mut s.stack.nats;
+        match fault {
+            NatsFault::Restart => {
+                nats.stop().await?;
+                tokio::time::sleep(secs(3)).await; // the outage
+                nats.start_again().await?;
+            }
+            NatsFault::Kill9 => {
+                nats.kill9().await?;
+                tokio::time::sleep(secs(2)).await; // the outage
+                nats.start_again().await?;
+            }
+            NatsFault::Sigstop => {
+                nats.sigstop().await?;
+                tokio::time::sleep(secs(12)).await; // past the heartbeat and ack_wait
+                nats.sigcont().await?;
+            }
+        }
         let published = s.published(feed).await?;
         s.finish(&[published]).await?;
         Ok(())
+    }
+
+    /// nats-server stopped under load and started again on the same store: clients
+    /// get 503s (or no answer) meanwhile and retry; nothing accepted is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_server_restart() -> Result<()> {
+        nats_server_fault("nats_server_restart", NatsFault::Restart).await
     }
 
     /// nats-server killed with -9 under load and started again on its store: nothing
     /// accepted is lost (JetStream acknowledged it, so it is in the store).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nats_server_kill9() -> Result<()> {
-        let Some(mut s) =
-            Scenario::start("nats_server_kill9", SLUICE, StackOptions::default()).await?
-        else {
-            return Ok(());
-        };
-        s.create_tables(&["events"]).await?;
-        s.start_sluice().await?;
-        let feed = s.feed_api(
-            "events",
-            RowSet::good(0..10_000).with_bad_spread(10),
-            Pace::new(250, ms(100)),
-        )?;
-        landing(&s, "events", 1000).await?;
-        s.stack.nats.kill9().await?;
-        tokio::time::sleep(secs(2)).await; // the outage
-        s.stack.nats.start_again().await?;
-        let published = s.published(feed).await?;
-        s.finish(&[published]).await?;
-        Ok(())
+        nats_server_fault("nats_server_kill9", NatsFault::Kill9).await
     }
 
     /// nats-server frozen (SIGSTOP) under load for longer than the pull heartbeat and
@@ -830,25 +841,7 @@ mod nats {
     /// nothing lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nats_server_sigstop() -> Result<()> {
-        let Some(mut s) =
-            Scenario::start("nats_server_sigstop", SLUICE, StackOptions::default()).await?
-        else {
-            return Ok(());
-        };
-        s.create_tables(&["events"]).await?;
-        s.start_sluice().await?;
-        let feed = s.feed_api(
-            "events",
-            RowSet::good(0..10_000).with_bad_spread(10),
-            Pace::new(250, ms(100)),
-        )?;
-        landing(&s, "events", 1000).await?;
-        s.stack.nats.sigstop().await?;
-        tokio::time::sleep(secs(12)).await; // past the 5 s heartbeat and ack_wait
-        s.stack.nats.sigcont().await?;
-        let published = s.published(feed).await?;
-        s.finish(&[published]).await?;
-        Ok(())
+        nats_server_fault("nats_server_sigstop", NatsFault::Sigstop).await
     }
 
     /// nats-server down when Sluice starts: Sluice is up but not ready; once NATS
