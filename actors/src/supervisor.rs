@@ -197,6 +197,18 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     }
 }
 
+/// The child a supervision event reports gone, with why: a panic or error, or a stop
+/// nobody asked for. Other events (starts, state changes) are `None`.
+pub(crate) fn child_gone(evt: SupervisionEvent) -> Option<(ActorId, String)> {
+    match evt {
+        SupervisionEvent::ActorFailed(cell, err) => Some((cell.get_id(), err.to_string())),
+        SupervisionEvent::ActorTerminated(cell, _, reason) => {
+            Some((cell.get_id(), reason.unwrap_or_else(|| "stopped".into())))
+        }
+        _ => None,
+    }
+}
+
 fn schedule(myself: &ActorRef<RootMsg>, c: Child, delay: std::time::Duration) {
     myself.send_after(delay, move || match c {
         Child::Consumer => RootMsg::RespawnConsumer,
@@ -272,16 +284,8 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         evt: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match evt {
-            SupervisionEvent::ActorFailed(cell, err) => {
-                state.child_down(&myself, cell.get_id(), err.to_string())
-            }
-            SupervisionEvent::ActorTerminated(cell, _, reason) => state.child_down(
-                &myself,
-                cell.get_id(),
-                reason.unwrap_or_else(|| "stopped".into()),
-            ),
-            _ => {}
+        if let Some((id, why)) = child_gone(evt) {
+            state.child_down(&myself, id, why);
         }
         Ok(())
     }

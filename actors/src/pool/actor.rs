@@ -463,16 +463,9 @@ impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
         evt: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match evt {
-            SupervisionEvent::ActorFailed(cell, err) => {
-                state.table_down(&myself, cell.get_id(), err.to_string());
-            }
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                // A retired table is no longer in `by_id`; anything else stopped unasked.
-                let why = reason.unwrap_or_else(|| "stopped".into());
-                state.table_down(&myself, cell.get_id(), why);
-            }
-            _ => {}
+        // A retired table is no longer in `by_id`; anything else stopped unasked.
+        if let Some((id, why)) = crate::supervisor::child_gone(evt) {
+            state.table_down(&myself, id, why);
         }
         state.publish(false);
         Ok(())
