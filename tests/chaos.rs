@@ -897,13 +897,20 @@ mod nats {
         };
         s.stack.set("nats.max_bytes", "1MiB");
         s.create_tables(&["events"]).await?;
-        s.start_sluice().await?;
+        let only = s.start_sluice().await?;
         s.stack.clickhouse.stop().await?;
+        clients_at_a_full_stream(s, &[only]).await
+    }
+
+    /// Eight clients (spread over `instances`) send 250 KB requests at the full stream
+    /// while ClickHouse is down, and keep retrying for a while; then ClickHouse comes
+    /// back and every client's rows must land.
+    async fn clients_at_a_full_stream(mut s: Scenario, instances: &[usize]) -> Result<()> {
         let mut feeds = Vec::new();
-        for client in 0..8u64 {
+        for (client, instance) in (0..8u64).zip(instances.iter().cycle()) {
             let base = client * 100_000;
             let rows = RowSet::good(base..base + 1000).padded(1000);
-            feeds.push(s.feed_api("events", rows, Pace::burst(250))?);
+            feeds.push(s.feed_api_of(*instance, "events", rows, Pace::burst(250))?);
         }
         for feed in &feeds {
             feed.wait_unavailable(1, secs(30)).await?;
@@ -936,24 +943,7 @@ mod nats {
         s.stack.fresh_ports()?;
         let second = s.start_sluice().await?;
         s.stack.clickhouse.stop().await?;
-        let mut feeds = Vec::new();
-        for client in 0..8u64 {
-            let base = client * 100_000;
-            let rows = RowSet::good(base..base + 1000).padded(1000);
-            let instance = if client % 2 == 0 { first } else { second };
-            feeds.push(s.feed_api_of(instance, "events", rows, Pace::burst(250))?);
-        }
-        for feed in &feeds {
-            feed.wait_unavailable(1, secs(30)).await?;
-        }
-        tokio::time::sleep(secs(3)).await;
-        s.stack.clickhouse.start_again().await?;
-        let mut published = Vec::new();
-        for feed in feeds {
-            published.push(s.published(feed).await?);
-        }
-        s.finish(&published).await?;
-        Ok(())
+        clients_at_a_full_stream(s, &[first, second]).await
     }
 
     /// Two Sluice instances share the consumer; one is frozen (SIGSTOP) for longer

@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use reqwest::Method;
 use serde_json::{json, Value};
-use sluice_harness::{wait_for, Stack, StackOptions, ADMIN_TOKEN, TENANT};
+use sluice_harness::{wait_for, Stack, StackOptions, TENANT};
 
 use crate::*;
 
@@ -39,23 +38,7 @@ async fn json_logs_are_json_and_table_lines_name_tenant_and_table() -> Result<()
     // Rows that land; a table actor that panics and is respawned.
     ingest_ok(&stack, TABLE, &[json!({"id": 1, "name": "a"})]).await?;
     wait_count(&stack, &format!("SELECT count() FROM {TABLE}"), 1).await?;
-    let (status, _, body) = stack
-        .admin_request(
-            Method::POST,
-            &format!("/admin/debug/panic/{TENANT}/{TABLE}"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await?;
-    assert_eq!(status, 200, "{body}");
-    wait_node(
-        &stack,
-        "table",
-        &format!("{TENANT}.{TABLE}"),
-        "the table respawned",
-        |n| n["restarts"].as_u64().is_some_and(|r| r >= 1) && n["status"] == "running",
-    )
-    .await?;
+    panic_table_and_wait_respawn(&stack, TENANT, TABLE).await?;
 
     // The orphan tenant's rows are parked whole.
     let response = stack

@@ -74,6 +74,31 @@ pub async fn wait_node(
     .await
 }
 
+/// Injects a panic into the TableActor of `tenant.table` (fault injection is on in
+/// these stacks) and waits until the tree shows it respawned and running.
+pub async fn panic_table_and_wait_respawn(stack: &Stack, tenant: &str, table: &str) -> Result<()> {
+    let (status, _, body) = stack
+        .admin_request(
+            Method::POST,
+            &format!("/admin/debug/panic/{tenant}/{table}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await?;
+    if status != 200 {
+        bail!("injecting a panic into {tenant}.{table} answered {status}: {body}");
+    }
+    wait_node(
+        stack,
+        "table",
+        &format!("{tenant}.{table}"),
+        "the table respawned",
+        |n| n["restarts"].as_u64().is_some_and(|r| r >= 1) && n["status"] == "running",
+    )
+    .await?;
+    Ok(())
+}
+
 /// POSTs rows as NDJSON for the stack's tenant and insists on 202.
 pub async fn ingest_ok(stack: &Stack, table: &str, rows: &[Value]) -> Result<()> {
     let (status, reply) = stack.ingest(table, rows).await?;

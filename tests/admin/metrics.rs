@@ -4,9 +4,8 @@
 use std::collections::BTreeSet;
 
 use anyhow::{bail, Context, Result};
-use reqwest::Method;
 use serde_json::json;
-use sluice_harness::{wait_for, Metrics, Respond, Rule, Stack, StackOptions, ADMIN_TOKEN, TENANT};
+use sluice_harness::{wait_for, Metrics, Respond, Rule, Stack, StackOptions, TENANT};
 
 use crate::*;
 
@@ -107,23 +106,7 @@ async fn every_design_metric_appears_with_its_labels() -> Result<()> {
     wait_count(&stack, "SELECT count() FROM events", 12).await?;
 
     // A table actor panics (fault injection) and is respawned.
-    let (status, _, body) = stack
-        .admin_request(
-            Method::POST,
-            &format!("/admin/debug/panic/{TENANT}/events"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await?;
-    assert_eq!(status, 200, "{body}");
-    wait_node(
-        &stack,
-        "table",
-        &format!("{TENANT}.events"),
-        "the table is respawned",
-        |n| n["restarts"].as_u64().is_some_and(|r| r >= 1) && n["status"] == "running",
-    )
-    .await?;
+    panic_table_and_wait_respawn(&stack, TENANT, "events").await?;
     ingest_ok(
         &stack,
         "events",
