@@ -178,6 +178,13 @@ impl Registry {
         }
     }
 
+    /// A failure's reason that arrives after the failure was already counted.
+    pub fn set_last_error(&self, id: &str, error: &str) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.last_error = Some(error.to_owned());
+        }
+    }
+
     pub fn count_restart(&self, id: &str) {
         if let Some(n) = self.lock().get_mut(id) {
             n.restarts += 1;

@@ -314,3 +314,72 @@ async fn an_idle_table_is_reaped_and_comes_back_on_its_next_row() {
     assert!(r.table("acme.events").is_some_and(|t| t["restarts"] == 0));
     r.handle.shutdown().await;
 }
+
+/// Rows keep arriving while the table panics again and again: each crash is counted
+/// once. A row routed to the dead table before its supervision event reached the pool
+/// must not respawn it behind the pool's back (the restart then went uncounted, and
+/// without its backoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_table_panic_is_counted_while_rows_keep_arriving() {
+    let mut settings = settings();
+    settings.restart.initial = Duration::from_millis(1);
+    settings.restart.max = Duration::from_millis(2);
+    let r = rig(&["main"], &[("acme", "main")], tables(1000), settings).await;
+    let key = TableKey::new("acme", "events");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pusher = {
+        let (queue, ledger, stop) = (r.queue.clone(), r.ledger.clone(), stop.clone());
+        let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
+        tokio::spawn(async move {
+            for i in 0..200_000u32 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                queue.push(vec![ledger.delivery(&subject, format!("{{\"n\":{i}}}"))]);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for k in 1..=40u64 {
+        assert!(
+            r.until(Duration::from_secs(5), |r| r
+                .table("acme.events")
+                .is_some_and(|t| t["status"] == "running"))
+                .await,
+            "{}",
+            r.handle.tree_json()
+        );
+        // The table may be between a crash and its respawn: try again shortly.
+        let mut injected = false;
+        for _ in 0..500 {
+            if r.handle.inject_panic(&key).await.is_ok() {
+                injected = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(injected, "panic {k} could not be injected");
+        assert!(
+            r.until(Duration::from_secs(5), |r| r
+                .table("acme.events")
+                .is_some_and(|t| t["restarts"] == k))
+                .await,
+            "panic {k}: {}",
+            r.handle.tree_json()
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    pusher.await.unwrap();
+    // Whichever way the crash was noticed, the tree shows its reason.
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("injected panic"))))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    r.handle.shutdown().await;
+}

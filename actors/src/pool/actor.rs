@@ -115,6 +115,9 @@ struct TableEntry<I, D> {
     failures_in_row: u32,
     last_failure: Option<Instant>,
     respawn_at: Option<Instant>,
+    /// A table actor found dead by `route` before its supervision event came: the
+    /// event, when it comes, only brings the reason (the panic message).
+    down_unreported: Option<ActorId>,
 }
 
 pub struct PoolState<I, D> {
@@ -158,6 +161,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
                 failures_in_row: 0,
                 last_failure: None,
                 respawn_at: None,
+                down_unreported: None,
             }
         })
     }
@@ -202,14 +206,31 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
 
     async fn route(&mut self, myself: &ActorRef<PoolMsg<D>>, key: TableKey, rows: Vec<D>) {
         let mut rows = rows;
-        if let Some(entry) = self.tables.get(&key) {
-            if let Some(actor) = &entry.actor {
-                match actor.cast(TableMsg::Rows(rows)) {
-                    Ok(()) => return,
-                    Err(MessagingErr::SendErr(TableMsg::Rows(back))) => rows = back,
-                    Err(_) => return,
+        let live = self
+            .tables
+            .get(&key)
+            .and_then(|e| e.actor.as_ref())
+            .map(|a| (a.clone(), a.get_id()));
+        if let Some((actor, id)) = live {
+            match actor.cast(TableMsg::Rows(rows)) {
+                Ok(()) => return,
+                Err(MessagingErr::SendErr(TableMsg::Rows(back))) => {
+                    // The table's mailbox is closed but its supervision event is not
+                    // here yet: it is down now. Respawning it here instead would skip
+                    // the restart count and the backoff, and the late event would find
+                    // a stranger in its place.
+                    rows = back;
+                    self.table_down(myself, id, "stopped before its failure was reported".into());
+                    if let Some(entry) = self.tables.get_mut(&key) {
+                        entry.down_unreported = Some(id);
+                        self.by_id.insert(id, key.clone());
+                    }
                 }
-            } else if let Some(at) = entry.respawn_at {
+                Err(_) => return,
+            }
+        }
+        if let Some(entry) = self.tables.get(&key) {
+            if let Some(at) = entry.respawn_at {
                 // The table is restarting: its rows come back once it is up again.
                 let delay = at
                     .saturating_duration_since(Instant::now())
@@ -240,6 +261,13 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         let Some(entry) = self.tables.get_mut(&key) else {
             return;
         };
+        if entry.down_unreported == Some(id) {
+            entry.down_unreported = None;
+            common.registry.set_last_error(&entry.node_id, &why);
+            tracing::warn!(pool = %target, tenant = %key.tenant, table = %key.table, error = %why,
+                "table actor failure reported");
+            return;
+        }
         if entry.actor.as_ref().map(|a| a.get_id()) != Some(id) {
             return;
         }
