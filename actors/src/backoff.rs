@@ -12,7 +12,7 @@ use rand::{RngExt, SeedableRng};
 use crate::settings::{BackoffPolicy, RestartPolicy};
 
 /// The random half of the jitter.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Jitter {
     rng: SmallRng,
 }
@@ -49,7 +49,7 @@ impl Jitter {
 }
 
 /// One escalation sequence (a breaker's windows).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Backoff {
     policy: BackoffPolicy,
     step: u32,

@@ -1,9 +1,9 @@
 //! Isolation of the rows ClickHouse refuses, by bisection.
 //!
 //! A batch answered Rejected (or Splittable, when it has several rows) is split in
-//! halves; a half that inserts is acked; a failing half is split again; a single row
-//! rejected again is parked on the DLQ (or, with the table's DLQ off, naked with the cap
-//! delay — "left unacked"). One bad row among 10,000 costs at most ~2·log2(n) requests;
+//! halves; a half that inserts is settled as inserted; a failing half is split again; a
+//! single row rejected again is judged rejected (the settlement parks it on the DLQ, or,
+//! with the table's DLQ off, naks it with the cap delay). One bad row among 10,000 costs at most ~2·log2(n) requests;
 //! k bad rows about 2·k·log2(n) (4 and ~3·k when the server names the row, below).
 //!
 //! - When a range failed and its left half inserted, the right half must fail too: it is
@@ -23,60 +23,39 @@
 //!   alone; e.g. a server counting rows per parsing chunk) turns hints off for the rest
 //!   of the isolation, so a wrong hint costs at most three requests, never row-by-row.
 //! - Any answer that is not Rejected (and not Splittable on several rows) stops the
-//!   isolation: inserted rows stay acked, parked rows stay parked, every row not yet
-//!   settled (the failing range and all untried ones) is left in place for the caller to
-//!   nak under the breaker.
+//!   isolation: inserted rows stay inserted, rejected rows stay rejected, every row not
+//!   yet judged (the failing range and all untried ones) stays pending, for the caller
+//!   to hand back under the breaker.
 //!
-//! The algorithm is a plain async fn over an [`Inserter`] and the rows; the body is built
-//! once and every sub-request is a zero-copy slice of it.
+//! The algorithm is a plain async fn over an [`Inserter`] and a [`Batch`]; it only
+//! judges rows (one [`RowVerdict`] each): the batch settles them afterwards.
 
-use std::time::Duration;
-
-use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
+use crate::batch::{Batch, RowVerdict};
 use crate::keepalive::Keepalive;
 use crate::metrics::TargetMetrics;
-use crate::ports::{Class, Delivery, InsertError, InsertRequest, Inserter, Parking, TableKey};
+use crate::ports::{Class, Delivery, InsertError, InsertRequest, Inserter, TableKey};
 
-/// The rows of a batch joined as JSONEachRow (each followed by `\n`), and where each
-/// row starts (`offsets[n]` is the body's length).
-pub fn build_body<D: Delivery>(rows: &[Option<D>]) -> (Bytes, Vec<usize>) {
-    let len: usize = rows.iter().flatten().map(|d| d.payload().len() + 1).sum();
-    let mut body = BytesMut::with_capacity(len);
-    let mut offsets = Vec::with_capacity(rows.len() + 1);
-    for d in rows.iter().flatten() {
-        offsets.push(body.len());
-        body.extend_from_slice(d.payload());
-        body.extend_from_slice(b"\n");
-    }
-    offsets.push(body.len());
-    (body.freeze(), offsets)
-}
-
-/// Everything an isolation needs besides the rows.
-pub struct Isolation<'a, I> {
+/// Everything an isolation needs besides the verdicts.
+pub struct Isolation<'a, I, D> {
     pub inserter: &'a I,
     pub table: &'a TableKey,
     pub skip_unknown_fields: bool,
-    /// Park rows rejected alone (else nak them with `cap_delay`).
-    pub dlq: bool,
-    pub cap_delay: Duration,
     pub metrics: Option<&'a TargetMetrics>,
     pub keepalive: Keepalive,
+    pub batch: &'a Batch<D>,
 }
 
 /// What an isolation did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BisectReport {
     pub requests: usize,
+    /// Rows judged inserted.
     pub inserted: usize,
-    pub parked: usize,
-    /// Rejected alone but left unacked (DLQ off, or the DLQ publish failed): naked with
-    /// the cap delay.
-    pub left_unacked: usize,
-    pub dlq_failures: usize,
-    /// Rows still held (not settled), for the caller to nak under the breaker.
+    /// Rows judged rejected alone.
+    pub rejected: usize,
+    /// Rows still pending, for the caller to hand back under the breaker.
     pub unsettled: usize,
     /// The outage that stopped the isolation.
     pub stopped_by: Option<InsertError>,
@@ -86,26 +65,21 @@ pub struct BisectReport {
     pub last_rejection: Option<InsertError>,
 }
 
-impl<I: Inserter> Isolation<'_, I> {
+// === impl Isolation ===
+
+impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
     /// Send rows `lo..hi` as one request.
-    pub async fn insert<D: Delivery>(
-        &mut self,
-        rows: &[Option<D>],
-        body: &Bytes,
-        offsets: &[usize],
-        lo: usize,
-        hi: usize,
-    ) -> Result<(), InsertError> {
+    pub async fn insert(&mut self, lo: usize, hi: usize) -> Result<(), InsertError> {
         let request = InsertRequest {
             table: self.table.clone(),
-            body: body.slice(offsets[lo]..offsets[hi]),
+            body: self.batch.slice(lo, hi),
             rows: hi - lo,
             skip_unknown_fields: self.skip_unknown_fields,
         };
         let started = Instant::now();
         let out = self
             .keepalive
-            .run(self.inserter.insert(request), rows)
+            .run(self.inserter.insert(request), self.batch.deliveries())
             .await;
         if let Some(m) = self.metrics {
             m.request(
@@ -117,23 +91,11 @@ impl<I: Inserter> Isolation<'_, I> {
     }
 }
 
-async fn ack_range<D: Delivery>(
-    table: &TableKey,
-    rows: &mut [Option<D>],
-    lo: usize,
-    hi: usize,
-) -> usize {
-    let mut n = 0;
-    for slot in &mut rows[lo..hi] {
-        if let Some(d) = slot.take() {
-            n += 1;
-            if let Err(e) = d.ack().await {
-                tracing::debug!(tenant = %table.tenant, table = %table.table, error = %e,
-                    "ack after insert failed; the row may be delivered again");
-            }
-        }
+fn judge(verdicts: &mut [RowVerdict], lo: usize, hi: usize, verdict: RowVerdict) -> usize {
+    for v in &mut verdicts[lo..hi] {
+        *v = verdict.clone();
     }
-    n
+    hi - lo
 }
 
 #[derive(Debug)]
@@ -176,16 +138,14 @@ pub fn row_hint(err: &InsertError) -> Option<usize> {
     digits.get(..end)?.trim().parse().ok()
 }
 
-/// Isolate the rows of `rows` (all `Some` on entry) after the whole batch failed with
-/// `first`. Settles what it can (acks, parks); what is left `Some` is unsettled.
+/// Isolate the rows of the batch after the whole batch failed with `first`. Every
+/// verdict is `Pending` on entry; the ones still `Pending` on return are unsettled.
 pub async fn bisect<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, I>,
-    rows: &mut [Option<D>],
-    body: &Bytes,
-    offsets: &[usize],
+    iso: &mut Isolation<'_, I, D>,
+    verdicts: &mut [RowVerdict],
     first: InsertError,
 ) -> BisectReport {
-    let n = rows.len();
+    let n = verdicts.len();
     let mut report = BisectReport::default();
     if first.class == Class::Rejected {
         report.answered = true;
@@ -195,19 +155,19 @@ pub async fn bisect<I: Inserter, D: Delivery>(
     if first.class != Class::Rejected && n > 1 {
         // Splittable: is it the batch's size, or the server? Ask with one row.
         report.requests += 1;
-        match iso.insert(rows, body, offsets, 0, 1).await {
+        match iso.insert(0, 1).await {
             Ok(()) => {
                 report.answered = true;
-                report.inserted += ack_range(iso.table, rows, 0, 1).await;
+                report.inserted += judge(verdicts, 0, 1, RowVerdict::Inserted);
             }
             Err(e) if e.class == Class::Rejected => {
                 report.answered = true;
-                settle_rejected(iso, rows, 0, &e, &mut report).await;
+                report.rejected += judge(verdicts, 0, 1, RowVerdict::Rejected(e.clone().into()));
                 report.last_rejection = Some(e);
             }
             Err(e) => {
                 report.stopped_by = Some(e);
-                report.unsettled = rows.iter().flatten().count();
+                report.unsettled = n;
                 return report;
             }
         }
@@ -225,13 +185,13 @@ pub async fn bisect<I: Inserter, D: Delivery>(
     let mut hints = true;
 
     while let Some(r) = stack.pop() {
-        iso.keepalive.tick(rows).await;
+        iso.keepalive.tick(iso.batch.deliveries()).await;
         let size = r.hi - r.lo;
         let (err, err_at) = match r.known {
             Some(e) if size >= 2 => (e, r.known_at),
             _ => {
                 report.requests += 1;
-                match iso.insert(rows, body, offsets, r.lo, r.hi).await {
+                match iso.insert(r.lo, r.hi).await {
                     Ok(()) => {
                         report.answered = true;
                         if r.hinted {
@@ -239,7 +199,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
                             // ours (or the failure was elsewhere). Halves from now on.
                             hints = false;
                         }
-                        report.inserted += ack_range(iso.table, rows, r.lo, r.hi).await;
+                        report.inserted += judge(verdicts, r.lo, r.hi, RowVerdict::Inserted);
                         if r.left {
                             if let Some(sibling) = stack.last_mut() {
                                 if sibling.lo == r.hi && sibling.known.is_none() {
@@ -257,7 +217,12 @@ pub async fn bisect<I: Inserter, D: Delivery>(
         if rejected || (err.splittable && size >= 2) {
             report.answered = true;
             if size == 1 {
-                settle_rejected(iso, rows, r.lo, &err, &mut report).await;
+                report.rejected += judge(
+                    verdicts,
+                    r.lo,
+                    r.hi,
+                    RowVerdict::Rejected(err.clone().into()),
+                );
                 report.last_rejection = Some(err);
             } else {
                 if rejected {
@@ -297,44 +262,35 @@ pub async fn bisect<I: Inserter, D: Delivery>(
             break;
         }
     }
-    report.unsettled = rows.iter().flatten().count();
+    report.unsettled = verdicts
+        .iter()
+        .filter(|v| matches!(v, RowVerdict::Pending))
+        .count();
     report
-}
-
-async fn settle_rejected<I, D: Delivery>(
-    iso: &Isolation<'_, I>,
-    rows: &mut [Option<D>],
-    i: usize,
-    err: &InsertError,
-    report: &mut BisectReport,
-) {
-    let Some(d) = rows[i].take() else { return };
-    if !iso.dlq {
-        report.left_unacked += 1;
-        let _ = d.nak(iso.cap_delay).await;
-        return;
-    }
-    match d.park(&Parking::from_error(iso.table, err)).await {
-        Ok(()) => report.parked += 1,
-        Err((d, e)) => {
-            tracing::warn!(
-                tenant = %iso.table.tenant, table = %iso.table.table, error = %e,
-                "DLQ publish failed: the rejected row stays unacked"
-            );
-            report.dlq_failures += 1;
-            report.left_unacked += 1;
-            let _ = d.nak(iso.cap_delay).await;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{code, transport, Event, Ledger, ScriptedInserter};
+    use crate::batch::{SettlePlan, Settled};
+    use crate::testkit::{rejected, transport, unavailable, Event, Ledger, ScriptedInserter};
     use std::sync::Arc;
+    use std::time::Duration;
 
     const CAP: Duration = Duration::from_secs(30);
+    const OUTAGE: Duration = Duration::from_secs(1);
+
+    /// What one isolation judged and what settling its verdicts did.
+    struct Run {
+        report: BisectReport,
+        settled: Settled,
+        /// The rows left pending (handed back with `OUTAGE`).
+        pending: Vec<u64>,
+        parked: usize,
+        inserted: usize,
+        left_unacked: usize,
+        dlq_failures: usize,
+    }
 
     async fn run(
         ins: &ScriptedInserter,
@@ -342,40 +298,64 @@ mod tests {
         n: usize,
         bad: &[usize],
         dlq: bool,
-    ) -> (BisectReport, Vec<Option<crate::testkit::FakeDelivery>>) {
+    ) -> Run {
         let subject: Arc<str> = Arc::from("ingest.acme.events");
-        let mut rows: Vec<_> = (0..n)
+        let rows: Vec<_> = (0..n)
             .map(|i| {
                 let p = if bad.contains(&i) {
                     format!("{{\"bad\":{i}}}")
                 } else {
                     format!("{{\"n\":{i}}}")
                 };
-                Some(ledger.delivery(&subject, p))
+                ledger.delivery(&subject, p)
             })
             .collect();
-        let (body, offsets) = build_body(&rows);
+        let batch = Batch::new(rows, Instant::now());
         let key = TableKey::new("acme", "events");
         let first = ins
             .insert(InsertRequest {
                 table: key.clone(),
-                body: body.clone(),
+                body: batch.slice(0, n),
                 rows: n,
                 skip_unknown_fields: false,
             })
             .await
             .unwrap_err();
-        let mut iso = Isolation {
-            inserter: ins,
+        let mut verdicts = vec![RowVerdict::Pending; n];
+        let report = {
+            let mut iso = Isolation {
+                inserter: ins,
+                table: &key,
+                skip_unknown_fields: false,
+                metrics: None,
+                keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
+                batch: &batch,
+            };
+            bisect(&mut iso, &mut verdicts, first).await
+        };
+        let pending = batch
+            .deliveries()
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| matches!(v, RowVerdict::Pending))
+            .map(|(d, _)| d.seq)
+            .collect();
+        let plan = SettlePlan {
             table: &key,
-            skip_unknown_fields: false,
             dlq,
             cap_delay: CAP,
-            metrics: None,
-            keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
+            pending_delay: OUTAGE,
         };
-        let report = bisect(&mut iso, &mut rows, &body, &offsets, first).await;
-        (report, rows)
+        let settled = batch.settle(verdicts, &plan).await;
+        Run {
+            report,
+            parked: settled.parked,
+            inserted: settled.inserted,
+            left_unacked: settled.handed_back - settled.pending,
+            dlq_failures: settled.dlq_failures,
+            settled,
+            pending,
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -384,10 +364,10 @@ mod tests {
             let ins = ScriptedInserter::new();
             ins.reject_containing("bad");
             let ledger = Ledger::new();
-            let (r, rows) = run(&ins, &ledger, 10_000, &[bad], true).await;
+            let r = run(&ins, &ledger, 10_000, &[bad], true).await;
             assert_eq!(r.parked, 1);
             assert_eq!(r.inserted, 9_999);
-            assert!(rows.iter().all(Option::is_none));
+            assert!(r.pending.is_empty());
             let total = ins.request_count();
             assert!(total <= 40, "bad row {bad}: {total} requests");
             assert_eq!(ledger.parkings()[0].0, bad as u64 + 1);
@@ -403,7 +383,7 @@ mod tests {
             let ins = ScriptedInserter::new();
             ins.reject_containing("bad");
             let ledger = Ledger::new();
-            let (r, _) = run(&ins, &ledger, n, &bad, true).await;
+            let r = run(&ins, &ledger, n, &bad, true).await;
             assert_eq!(r.parked, k);
             assert_eq!(r.inserted, n - k);
             let bound = (2.0 * k as f64 * (n as f64).log2()).ceil() as usize + 1;
@@ -431,7 +411,7 @@ mod tests {
                 message: format!(
                     "Code: 27, e.displayText() = DB::Exception: Cannot parse input: expected \" before: (at row 77){needle}: (while read the value of key id): (at row {named})"
                 ),
-                ..code(27)
+                ..rejected(27)
             }))
         });
     }
@@ -440,7 +420,7 @@ mod tests {
     fn the_row_a_rejection_names() {
         let e = |m: &str| InsertError {
             message: m.to_owned(),
-            ..code(27)
+            ..rejected(27)
         };
         assert_eq!(
             row_hint(&e(
@@ -469,9 +449,9 @@ mod tests {
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", 0);
             let ledger = Ledger::new();
-            let (r, rows) = run(&ins, &ledger, 10_000, &[bad], true).await;
+            let r = run(&ins, &ledger, 10_000, &[bad], true).await;
             assert_eq!((r.parked, r.inserted), (1, 9_999), "bad row {bad}");
-            assert!(rows.iter().all(Option::is_none));
+            assert!(r.pending.is_empty());
             // The whole batch, the rows before, the row alone, the rows after (no
             // "before" for the first row, no "after" for the last).
             let expected = 4 - usize::from(bad == 0) - usize::from(bad == 9_999);
@@ -489,7 +469,7 @@ mod tests {
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", 0);
             let ledger = Ledger::new();
-            let (r, _) = run(&ins, &ledger, n, &bad, true).await;
+            let r = run(&ins, &ledger, n, &bad, true).await;
             assert_eq!((r.parked, r.inserted), (k, n - k));
             assert!(
                 ins.request_count() <= 3 * k + 1,
@@ -506,9 +486,9 @@ mod tests {
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", offset);
             let ledger = Ledger::new();
-            let (r, rows) = run(&ins, &ledger, 10_000, &[6_123], true).await;
+            let r = run(&ins, &ledger, 10_000, &[6_123], true).await;
             assert_eq!((r.parked, r.inserted), (1, 9_999), "offset {offset}");
-            assert!(rows.iter().all(Option::is_none));
+            assert!(r.pending.is_empty());
             assert_eq!(ledger.parkings()[0].0, 6_124);
             assert!(
                 ins.request_count() <= 44,
@@ -521,7 +501,7 @@ mod tests {
         let ins = ScriptedInserter::new();
         reject_naming_the_row(&ins, "bad", 1_000_000);
         let ledger = Ledger::new();
-        let (r, _) = run(&ins, &ledger, 10_000, &[42], true).await;
+        let r = run(&ins, &ledger, 10_000, &[42], true).await;
         assert_eq!((r.parked, r.inserted), (1, 9_999));
         assert!(ins.request_count() <= 40);
     }
@@ -531,10 +511,10 @@ mod tests {
         let ins = ScriptedInserter::new();
         ins.rule(|r| {
             let s = String::from_utf8_lossy(&r.body);
-            s.contains("bad").then(|| Err(code(6)))
+            s.contains("bad").then(|| Err(rejected(6)))
         });
         let ledger = Ledger::new();
-        let (r, _) = run(&ins, &ledger, 8, &[3], true).await;
+        let r = run(&ins, &ledger, 8, &[3], true).await;
         assert_eq!(r.parked, 1);
         let (seq, p) = &ledger.parkings()[0];
         assert_eq!(*seq, 4);
@@ -549,7 +529,7 @@ mod tests {
         let ins = ScriptedInserter::new();
         ins.reject_containing("bad");
         let ledger = Ledger::new();
-        let (r, _) = run(&ins, &ledger, 4, &[2], false).await;
+        let r = run(&ins, &ledger, 4, &[2], false).await;
         assert_eq!((r.parked, r.left_unacked, r.inserted), (0, 1, 3));
         assert_eq!(ledger.nak_delays(), vec![(3, CAP)]);
         assert_eq!(ledger.parked(), 0);
@@ -563,7 +543,7 @@ mod tests {
         ledger
             .dlq_fails
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let (r, _) = run(&ins, &ledger, 4, &[1], true).await;
+        let r = run(&ins, &ledger, 4, &[1], true).await;
         assert_eq!((r.parked, r.dlq_failures, r.left_unacked), (0, 1, 1));
         assert_eq!(ledger.terminal(2), vec![Event::Naked(CAP)]);
         assert!(ledger.not_settled_once().is_empty());
@@ -575,50 +555,53 @@ mod tests {
         // Whole batch rejected; then: left half [0,4) rejected, [0,2) ok, [2,3) ok,
         // [3,4) rejected alone -> parked; then the server goes away.
         ins.script([
-            Err(code(27)),
-            Err(code(27)),
+            Err(rejected(27)),
+            Err(rejected(27)),
             Ok(()),
             Ok(()),
-            Err(code(27)),
+            Err(rejected(27)),
             Err(transport("connection reset by peer")),
         ]);
         let ledger = Ledger::new();
-        let (r, rows) = run(&ins, &ledger, 8, &[], true).await;
+        let r = run(&ins, &ledger, 8, &[], true).await;
         assert_eq!(r.inserted, 3);
         assert_eq!(r.parked, 1);
-        assert_eq!(r.unsettled, 4);
+        assert_eq!(r.report.unsettled, 4);
         assert_eq!(
-            r.stopped_by.as_ref().map(|e| e.class),
+            r.report.stopped_by.as_ref().map(|e| e.class),
             Some(Class::Unavailable)
         );
-        let left: Vec<u64> = rows.iter().flatten().map(|d| d.seq).collect();
-        assert_eq!(left, vec![5, 6, 7, 8]);
+        assert_eq!(r.pending, vec![5, 6, 7, 8]);
         assert_eq!(ledger.acked(), 3);
         assert_eq!(ledger.parked(), 1);
+        assert_eq!(r.settled.pending, 4);
+        for seq in [5, 6, 7, 8] {
+            assert_eq!(ledger.terminal(seq), vec![Event::Naked(OUTAGE)]);
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn splittable_batch_is_split_and_every_row_lands() {
         // Too many partitions: any request with more than 3 rows fails with 252.
         let ins = ScriptedInserter::new();
-        ins.rule(|r| (r.rows > 3).then(|| Err(code(252))));
+        ins.rule(|r| (r.rows > 3).then(|| Err(unavailable(252).table_scoped().splittable())));
         let ledger = Ledger::new();
-        let (r, rows) = run(&ins, &ledger, 50, &[], true).await;
+        let r = run(&ins, &ledger, 50, &[], true).await;
         assert_eq!(r.inserted, 50);
-        assert!(r.stopped_by.is_none() && r.answered);
-        assert!(rows.iter().all(Option::is_none));
+        assert!(r.report.stopped_by.is_none() && r.report.answered);
+        assert!(r.pending.is_empty());
         assert_eq!(ledger.acked(), 50);
     }
 
     #[tokio::test(start_paused = true)]
     async fn splittable_that_fails_on_one_row_is_an_outage_after_two_requests() {
         let ins = ScriptedInserter::new();
-        ins.set_default(Some(code(241)));
+        ins.set_default(Some(unavailable(241).splittable()));
         let ledger = Ledger::new();
-        let (r, rows) = run(&ins, &ledger, 100, &[], true).await;
+        let r = run(&ins, &ledger, 100, &[], true).await;
         assert_eq!(ins.request_count(), 2);
-        assert_eq!(r.stopped_by.as_ref().and_then(|e| e.code), Some(241));
-        assert_eq!(rows.iter().flatten().count(), 100);
-        assert_eq!(ledger.settled(), 0);
+        assert_eq!(r.report.stopped_by.as_ref().and_then(|e| e.code), Some(241));
+        assert_eq!(r.pending.len(), 100);
+        assert_eq!(ledger.acked() + ledger.parked(), 0);
     }
 }

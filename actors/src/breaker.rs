@@ -1,8 +1,9 @@
 //! The outage breaker: Closed → Open{until} → Probing → Closed.
 //!
 //! Pure and synchronous, time injected: every method takes `now`. One instance per
-//! ClickHouse pool (owned through the pool's [`Gate`](crate::gate::Gate)), and one per
-//! table for table-scoped failures (a read-only table backs off alone).
+//! ClickHouse pool (owned by the PoolActor, inside its
+//! [`ScopedBreaker`](crate::scoped_breaker::ScopedBreaker)), and one per table for
+//! table-scoped failures (a read-only table backs off alone), owned by its TableActor.
 //!
 //! - Closed: every flush goes. An outage answer opens a window of `initial` (jittered).
 //! - Open{until}: no request; arrivals are handed back with the remaining delay.
@@ -85,7 +86,9 @@ pub struct Failure {
     pub late: bool,
 }
 
-#[derive(Debug)]
+/// `Clone`: an owner's memory survives its restart as a copy handed back through its
+/// supervisor.
+#[derive(Clone, Debug)]
 pub struct Breaker {
     state: BreakerState,
     backoff: Backoff,
@@ -117,6 +120,12 @@ impl Breaker {
 
     pub fn policy(&self) -> &BackoffPolicy {
         self.backoff.policy()
+    }
+
+    /// Bumped at every transition: an owner compares it before and after a report to
+    /// know whether the state changed.
+    pub fn generation(&self) -> u64 {
+        self.epoch
     }
 
     /// When the current outage started (first failure), while it lasts.
@@ -239,6 +248,17 @@ impl Breaker {
             && ticket.epoch == self.epoch
             && matches!(self.state, BreakerState::Probing { .. })
         {
+            self.epoch += 1;
+            self.state = BreakerState::Open { until: now };
+        }
+    }
+
+    /// A new owner takes this breaker over after the old one died (a respawned pool or
+    /// table): a probe the old owner had out can no longer report to anyone who knows
+    /// it, so its token is given back at once (its answer, should it still come, is
+    /// late). The window, the escalation step and the outage's start are kept.
+    pub fn take_over(&mut self, now: Instant) {
+        if let BreakerState::Probing { .. } = self.state {
             self.epoch += 1;
             self.state = BreakerState::Open { until: now };
         }
@@ -373,6 +393,36 @@ mod tests {
         assert!(f3.late);
         assert_eq!(b.phase(), BreakerPhase::Closed);
         assert!(f3.delay <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_new_owner_takes_over_the_window_and_gives_a_lost_probe_back() {
+        let mut b = breaker();
+        let t0 = Instant::now();
+        let t = go(b.admit(t0));
+        let f = b.on_failure(t, t0);
+        let end = t0 + f.delay;
+        let probe = go(b.admit(end));
+        // The owner dies with the probe out; its successor gets a copy.
+        let mut successor = b.clone();
+        successor.take_over(end);
+        assert!(successor.probe_due(end), "the token is free again");
+        let second = match successor.admit(end) {
+            Admission::Probe(t) => t,
+            other => panic!("{other:?}"),
+        };
+        // The lost probe's answer is late: it neither closes nor escalates.
+        assert_eq!(successor.on_success(probe, end), None);
+        assert!(successor.on_failure(probe, end).late);
+        assert_eq!(successor.phase(), BreakerPhase::Probing);
+        assert!(successor.on_success(second, end).is_some());
+        // An open window is kept as it was.
+        let mut open = breaker();
+        let t = go(open.admit(t0));
+        let f = open.on_failure(t, t0);
+        let mut copy = open.clone();
+        copy.take_over(t0);
+        assert_eq!(copy.remaining(t0), Some(f.delay));
     }
 
     #[test]

@@ -1,111 +1,38 @@
-//! What every actor of one pipeline shares: settings, the observation registry, the
-//! count of tasks still holding rows (flights, hand-backs), the pipeline's totals, the
-//! shutdown signals and the fatal flag.
+//! What every actor of one pipeline is given: settings, the observation registry and
+//! the totals (read by observers, never by a decision), the tracker of tasks that hold
+//! rows outside any actor, the shutdown tokens and the fatal flag.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::backoff::Jitter;
-use crate::observe::Registry;
+use crate::observe::{Registry, Stats};
 use crate::settings::{PipelineSettings, TableSettingsResolver};
-use crate::shutdown::{self, Shutdown, ShutdownTrigger};
-
-/// Totals since start (the shutdown summary is the difference).
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub received: AtomicU64,
-    pub inserted: AtomicU64,
-    pub parked: AtomicU64,
-    pub handed_back: AtomicU64,
-    pub dlq_failures: AtomicU64,
-}
-
-impl Stats {
-    pub fn add(c: &AtomicU64, n: usize) {
-        if n > 0 {
-            c.fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-
-    pub fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
-    }
-}
-
-/// Counts the tasks that hold rows outside any actor (flush tasks, hand-backs), so a
-/// shutdown can wait for them.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    n: AtomicUsize,
-    idle: Notify,
-}
-
-/// Held by a task while it holds rows.
-#[derive(Debug)]
-pub struct TrackGuard(Arc<Tracker>);
-
-impl Tracker {
-    pub fn enter(self: &Arc<Self>) -> TrackGuard {
-        self.n.fetch_add(1, Ordering::SeqCst);
-        TrackGuard(self.clone())
-    }
-
-    pub fn active(&self) -> usize {
-        self.n.load(Ordering::SeqCst)
-    }
-
-    /// Wait until no task holds rows.
-    pub async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.active() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for TrackGuard {
-    fn drop(&mut self) {
-        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
-/// Test hooks: make the next N spawns of a kind fail in `pre_start`.
-#[derive(Debug, Default)]
-pub struct Faults {
-    pub consumer_spawn: AtomicU32,
-    pub pool_spawn: AtomicU32,
-}
-
-impl Faults {
-    pub fn take(c: &AtomicU32) -> bool {
-        c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-    }
-}
 
 pub struct Common {
     pub settings: PipelineSettings,
     pub tables: TableSettingsResolver,
     pub registry: Arc<Registry>,
-    pub tracker: Arc<Tracker>,
     pub stats: Stats,
-    /// Stop pulling (first step of a graceful shutdown).
-    pub stop_pulling: ShutdownTrigger,
+    /// Every task that holds rows outside an actor (flights, hand-backs, parks): a
+    /// graceful shutdown waits for them (up to its deadline) before it stops the tree.
+    pub tracker: TaskTracker,
+    /// A graceful shutdown started (nothing is respawned, a second call only waits).
+    pub shutdown: CancellationToken,
+    /// Stop pulling: the first step of a graceful shutdown (a child of `shutdown`).
+    pub stop_pulling: CancellationToken,
     /// The shutdown deadline passed: flights hand back what they still hold.
-    pub cancel_flights: ShutdownTrigger,
+    pub cancel_flights: CancellationToken,
     /// Set once the pipeline cannot go on; the process must exit non-zero.
     pub fatal: watch::Sender<Option<String>>,
-    pub faults: Faults,
-    seeds: AtomicU64,
 }
+
+// === impl Common ===
 
 impl Common {
     pub fn new(
@@ -113,33 +40,36 @@ impl Common {
         tables: TableSettingsResolver,
         registry: Arc<Registry>,
     ) -> Arc<Self> {
-        let (stop_pulling, _) = shutdown::channel();
-        let (cancel_flights, _) = shutdown::channel();
+        let shutdown = CancellationToken::new();
         let (fatal, _) = watch::channel(None);
         Arc::new(Self {
-            seeds: AtomicU64::new(settings.jitter_seed.unwrap_or(0)),
             settings,
             tables,
             registry,
-            tracker: Arc::new(Tracker::default()),
             stats: Stats::default(),
-            stop_pulling,
-            cancel_flights,
+            tracker: TaskTracker::new(),
+            stop_pulling: shutdown.child_token(),
+            // Not a child: flights keep running after the shutdown starts, until its
+            // deadline.
+            cancel_flights: CancellationToken::new(),
+            shutdown,
             fatal,
-            faults: Faults::default(),
         })
     }
 
-    /// A jitter source: seeded deterministically when the settings carry a seed.
-    pub fn jitter(&self) -> Jitter {
+    /// The jitter of one breaker, named by `salt` (its node id): seeded from the
+    /// settings' seed and the name when the settings carry a seed (tests see fixed,
+    /// yet different, delays per breaker), from the OS otherwise.
+    pub fn jitter(&self, salt: &str) -> Jitter {
         match self.settings.jitter_seed {
-            Some(_) => Jitter::seeded(self.seeds.fetch_add(1, Ordering::Relaxed)),
+            Some(seed) => {
+                let mut h = DefaultHasher::new();
+                seed.hash(&mut h);
+                salt.hash(&mut h);
+                Jitter::seeded(h.finish())
+            }
             None => Jitter::from_entropy(),
         }
-    }
-
-    pub fn cancelled(&self) -> Shutdown {
-        self.cancel_flights.subscribe()
     }
 
     pub fn set_fatal(&self, why: String) {

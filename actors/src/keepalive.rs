@@ -25,21 +25,21 @@ impl Keepalive {
     }
 
     /// Tell the queue about every row still held, if it is time.
-    pub async fn tick<D: Delivery>(&mut self, rows: &[Option<D>]) {
+    pub async fn tick<D: Delivery>(&mut self, rows: &[D]) {
         if Instant::now() >= self.next {
             self.touch(rows).await;
         }
     }
 
-    async fn touch<D: Delivery>(&mut self, rows: &[Option<D>]) {
-        for d in rows.iter().flatten() {
+    async fn touch<D: Delivery>(&mut self, rows: &[D]) {
+        for d in rows {
             let _ = d.progress().await;
         }
         self.next = Instant::now() + self.every;
     }
 
     /// Await `fut`, sending progress for the rows still held every `ack_wait / 2`.
-    pub async fn run<F: Future, D: Delivery>(&mut self, fut: F, rows: &[Option<D>]) -> F::Output {
+    pub async fn run<F: Future, D: Delivery>(&mut self, fut: F, rows: &[D]) -> F::Output {
         self.tick(rows).await;
         tokio::pin!(fut);
         loop {

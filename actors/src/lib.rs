@@ -7,22 +7,33 @@
 //!                 └─ PoolActor(target B) ── ...
 //! ```
 //!
+//! Each decision has one owner and is taken in its mailbox: the PoolActor owns its
+//! target's outage breaker and probe token, each TableActor its buffer and its table's
+//! backoff. A flight (one batch's insert and isolation) runs as a task and reports its
+//! verdict by message; what must outlive an actor goes back to its successor through
+//! its supervisor. Nothing shared decides anything: the only locks and atomics are in
+//! [`observe`] and [`metrics`], which record what the actors decided.
+//!
 //! Where to find what:
-//! - [`breaker`]: the outage breaker state machine (pure); [`gate`]: the breaker shared
-//!   by a pool (or a table) and its flush tasks; [`backoff`]: delays and jitter;
-//!   [`outage_log`]: the WARN/INFO cadence.
-//! - [`bisect`]: isolation of rejected rows; [`table::flush`]: one flush task;
-//!   [`table::buffer`]: the triggers; [`keepalive`]: `progress()` for rows held long.
-//! - [`consumer`], [`pool`], [`table`], [`supervisor`]: the actors.
-//! - [`observe`]: the live tree and readiness; [`metrics`]: every metric name.
-//! - [`pipeline`]: start it, get a handle. [`testkit`]: fakes of the ports.
+//! - [`breaker`]: the outage breaker state machine (pure); [`scoped_breaker`]: a breaker
+//!   with its log lines and gauge, as its owner keeps it; [`backoff`]: delays and
+//!   jitter; [`outage_log`]: the WARN/INFO cadence.
+//! - [`bisect`]: isolation of rejected rows; [`batch`]: a flight's rows, their verdicts
+//!   and their settlement; [`table::flight`]: one flight; [`table::buffer`]: the
+//!   triggers; [`keepalive`]: `progress()` for rows held long.
+//! - [`consumer`], [`pool`], [`table`], [`supervisor`]: the actors; [`routing`]: subjects
+//!   to tables to pools; [`settle`]: rows handed back or parked without an insert;
+//!   [`restart`]: respawn pacing.
+//! - [`observe`]: the live tree, readiness and totals; [`metrics`]: every metric name.
+//! - [`pipeline`]: start it, get a handle. `testkit` (feature `testkit`): fakes of the
+//!   ports.
 
 pub mod backoff;
+pub mod batch;
 pub mod bisect;
 pub mod breaker;
 pub mod consumer;
 pub mod context;
-pub mod gate;
 pub mod keepalive;
 pub mod metrics;
 pub mod observe;
@@ -30,15 +41,18 @@ pub mod outage_log;
 pub mod pipeline;
 pub mod pool;
 pub mod ports;
+pub mod restart;
+pub mod routing;
+pub mod scoped_breaker;
 pub mod settings;
-pub mod shutdown;
+pub mod settle;
 pub mod supervisor;
 pub mod table;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
-pub use pipeline::{
-    start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, StatsSnapshot, Target,
-};
+pub use observe::StatsSnapshot;
+pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
     Class, Delivery, DeliveryMeta, InsertError, InsertRequest, Inserter, Parking, ServerInfo,
     SettleError, Source, SourceError, SourceFactory, TableKey,

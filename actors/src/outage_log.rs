@@ -1,8 +1,9 @@
 //! Outage logging cadence: WARN when an outage starts, at most every `every` (30 s)
 //! while it lasts, INFO with its duration when inserts are taken again.
 //!
-//! Pure: it decides *whether* to log; the [`Gate`](crate::gate::Gate) writes the line
-//! with the target (pool) or the tenant and table fields.
+//! Pure: it decides *whether* to log; the
+//! [`ScopedBreaker`](crate::scoped_breaker::ScopedBreaker) writes the line with the
+//! target (pool) or the tenant and table fields.
 
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ pub enum OutageEvent {
     Ended { lasted: Duration },
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct OutageLog {
     every: Duration,
     started: Option<Instant>,

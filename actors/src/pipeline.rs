@@ -15,21 +15,22 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
 
+use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::consumer::{ConsumerMsg, Router};
-use crate::context::{Common, Faults, Stats};
-use crate::observe::{self, NodeKind, Registry, TreeNode, CONSUMER_ID, ROOT_ID};
-use crate::pool::{PoolMsg, PoolShared};
-use crate::ports::{Inserter, Source, SourceFactory, TableKey};
+use crate::consumer::{ConsumerDebug, ConsumerMsg};
+use crate::context::Common;
+use crate::metrics::TargetMetrics;
+use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
+use crate::pool::{PoolDebug, PoolMemory, PoolMsg};
+use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
+use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
-use crate::supervisor::{RootArgs, RootMsg, RootSupervisor};
+use crate::supervisor::{Children, PoolSpec, RootArgs, RootDebug, RootMsg, RootSupervisor};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
@@ -69,16 +70,6 @@ pub enum StartError {
     Spawn(String),
 }
 
-/// Totals since the pipeline started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct StatsSnapshot {
-    pub received: u64,
-    pub inserted: u64,
-    pub parked: u64,
-    pub handed_back: u64,
-    pub dlq_failures: u64,
-}
-
 /// What a graceful shutdown did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ShutdownSummary {
@@ -94,11 +85,9 @@ pub struct ShutdownSummary {
 
 pub struct PipelineHandle<D> {
     common: Arc<Common>,
-    router: Arc<Router<D>>,
-    consumer: Arc<RwLock<Option<ActorRef<ConsumerMsg>>>>,
-    root: ActorRef<RootMsg>,
+    router: Arc<Router>,
+    root: ActorRef<RootMsg<D>>,
     root_done: tokio::sync::watch::Receiver<bool>,
-    stopping: Arc<AtomicBool>,
 }
 
 /// Start the actor tree.
@@ -135,40 +124,36 @@ where
         &common.settings.stream,
         Some(ROOT_ID),
     );
-    let pools: Vec<Arc<PoolShared<I>>> = cfg
+    let pools: Vec<PoolSpec<I>> = cfg
         .targets
         .into_iter()
-        .map(|t| {
-            registry.register(
-                &observe::pool_id(&t.name),
-                NodeKind::Pool,
-                &t.name,
-                Some(ROOT_ID),
-            );
-            PoolShared::new(&t.name, t.inserter, common.clone())
+        .zip(&names)
+        .map(|(t, name)| {
+            registry.register(&observe::pool_id(name), NodeKind::Pool, name, Some(ROOT_ID));
+            PoolSpec {
+                memory: PoolMemory::new(name, &common, &TargetMetrics::new(name)),
+                target: name.clone(),
+                inserter: t.inserter,
+            }
         })
         .collect();
     let router = Arc::new(Router::new(&common.settings.subject_prefix, names, tenants));
-    let consumer = Arc::new(RwLock::new(None));
     let args = RootArgs {
         common: common.clone(),
         factory: Arc::new(cfg.source),
         router: router.clone(),
         pools,
-        consumer_slot: consumer.clone(),
     };
     let (root, join) = Actor::spawn(None, RootSupervisor::<F, I>::default(), args)
         .await
         .map_err(|e| StartError::Spawn(e.to_string()))?;
-    let stopping = Arc::new(AtomicBool::new(false));
     let (done_tx, root_done) = tokio::sync::watch::channel(false);
     {
         let common = common.clone();
-        let stopping = stopping.clone();
         tokio::spawn(async move {
             let _ = join.await;
             let _ = done_tx.send(true);
-            if !stopping.load(Ordering::SeqCst) {
+            if !common.shutdown.is_cancelled() {
                 common.set_fatal("the root supervisor stopped".into());
             }
         });
@@ -176,14 +161,14 @@ where
     Ok(PipelineHandle {
         common,
         router,
-        consumer,
         root,
         root_done,
-        stopping,
     })
 }
 
-impl<D: crate::ports::Delivery> PipelineHandle<D> {
+// === impl PipelineHandle ===
+
+impl<D: Delivery> PipelineHandle<D> {
     pub fn registry(&self) -> &Arc<Registry> {
         &self.common.registry
     }
@@ -203,14 +188,7 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        let s = &self.common.stats;
-        StatsSnapshot {
-            received: Stats::get(&s.received),
-            inserted: Stats::get(&s.inserted),
-            parked: Stats::get(&s.parked),
-            handed_back: Stats::get(&s.handed_back),
-            dlq_failures: Stats::get(&s.dlq_failures),
-        }
+        self.common.stats.snapshot()
     }
 
     /// Resolves when the pipeline cannot go on (a core actor cannot be respawned, the
@@ -228,54 +206,77 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
         self.common.fatal.borrow().clone()
     }
 
+    /// The children that run now, asked of the root.
+    async fn children(&self) -> Result<Children<D>, String> {
+        match self
+            .root
+            .call(RootMsg::Children, Some(self.common.settings.call_timeout))
+            .await
+        {
+            Ok(CallResult::Success(children)) => Ok(children),
+            _ => Err("the root supervisor did not answer".into()),
+        }
+    }
+
+    async fn pool_of(&self, target_index: usize) -> Result<ActorRef<PoolMsg<D>>, String> {
+        self.children()
+            .await?
+            .pools
+            .get(target_index)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| "the pool is restarting".to_string())
+    }
+
     /// Debug hook: panic inside the TableActor of `key` (if it runs).
     pub async fn inject_panic(&self, key: &TableKey) -> Result<(), String> {
-        let idx = self
+        let index = self
             .router
             .pool_of_tenant(&key.tenant)
             .ok_or_else(|| format!("tenant {} has no target", key.tenant))?;
-        let pool = self.router.pool(idx).ok_or("the pool is restarting")?;
-        match pool
+        let pool = self.pool_of(index).await?;
+        let asked = pool
             .call(
-                |tx| PoolMsg::PanicTable(key.clone(), tx),
-                Some(Duration::from_secs(5)),
+                |tx| PoolMsg::Debug(PoolDebug::PanicTable(key.clone(), tx)),
+                Some(self.common.settings.call_timeout),
             )
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(true)) => Ok(()),
-            Ok(ractor::rpc::CallResult::Success(false)) => {
-                Err(format!("no table actor runs for {key}"))
-            }
+            .await;
+        match asked {
+            Ok(CallResult::Success(true)) => Ok(()),
+            Ok(CallResult::Success(false)) => Err(format!("no table actor runs for {key}")),
             _ => Err("the pool did not answer".into()),
         }
     }
 
     /// Debug hook: panic inside the PoolActor of `target`.
-    pub fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
-        let idx = self
+    pub async fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
+        let index = self
             .router
             .pool_index(target)
             .ok_or_else(|| format!("no target {target}"))?;
-        let pool = self.router.pool(idx).ok_or("the pool is restarting")?;
-        pool.cast(PoolMsg::Panic)
+        self.pool_of(index)
+            .await?
+            .cast(PoolMsg::Debug(PoolDebug::Panic))
             .map_err(|_| "the pool is gone".to_string())
     }
 
     /// Debug hook: panic inside the ConsumerActor.
-    pub fn inject_consumer_panic(&self) -> Result<(), String> {
-        let c = self
+    pub async fn inject_consumer_panic(&self) -> Result<(), String> {
+        self.children()
+            .await?
             .consumer
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        c.ok_or("the consumer is restarting")?
-            .cast(ConsumerMsg::Panic)
+            .ok_or("the consumer is restarting")?
+            .cast(ConsumerMsg::Debug(ConsumerDebug::Panic))
             .map_err(|_| "the consumer is gone".to_string())
     }
 
+    /// Debug hook (tests): the next `n` spawns of `kind` (`"consumer"` or `"pool"`)
+    /// fail in their `pre_start`.
     #[doc(hidden)]
-    pub fn faults(&self) -> &Faults {
-        &self.common.faults
+    pub fn fail_spawns(&self, kind: &'static str, n: u32) {
+        let _ = self
+            .root
+            .cast(RootMsg::Debug(RootDebug::FailSpawns { kind, n }));
     }
 
     /// Graceful shutdown: stop pulling, flush every buffer now, wait for the flights up
@@ -284,11 +285,12 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
     pub async fn shutdown(&self) -> ShutdownSummary {
         let started = Instant::now();
         let before = self.stats();
-        let deadline = started + self.common.settings.shutdown_deadline;
-        if self.stopping.swap(true, Ordering::SeqCst) {
+        let settings = &self.common.settings;
+        let deadline = started + settings.shutdown_deadline;
+        if self.common.shutdown.is_cancelled() {
             let mut done = self.root_done.clone();
             let _ =
-                tokio::time::timeout_at(deadline + Duration::from_secs(10), done.wait_for(|d| *d))
+                tokio::time::timeout_at(deadline + settings.call_timeout, done.wait_for(|d| *d))
                     .await;
             return ShutdownSummary {
                 rows_flushed: 0,
@@ -298,42 +300,41 @@ impl<D: crate::ports::Delivery> PipelineHandle<D> {
                 took_ms: started.elapsed().as_millis() as u64,
             };
         }
+        self.common.shutdown.cancel();
         tracing::info!("shutdown: stop pulling, flush every buffer");
-        let step = Some(Duration::from_secs(5));
+        let step = Some(settings.call_timeout);
         let _ = self.root.call(RootMsg::Stopping, step).await;
-        self.common.stop_pulling.trigger();
-        let consumer = self
-            .consumer
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let children = self.children().await.ok();
+        let (consumer, pools) = match children {
+            Some(c) => (c.consumer, c.pools.into_iter().flatten().collect()),
+            None => (None, Vec::new()),
+        };
         if let Some(c) = consumer {
             let _ = c.call(ConsumerMsg::StopPulling, step).await;
         }
-        let pools: Vec<_> = (0..self.router.targets.len())
-            .filter_map(|i| self.router.pool(i))
-            .collect();
+        let flush_for = Some(deadline.saturating_duration_since(Instant::now()));
         for p in &pools {
-            let _ = p.call(PoolMsg::FlushAll, step).await;
+            let _ = p.call(PoolMsg::FlushAll, flush_for).await;
         }
         let tracker = self.common.tracker.clone();
-        let deadline_hit = tokio::time::timeout_at(deadline, tracker.idle())
+        tracker.close();
+        let deadline_hit = tokio::time::timeout_at(deadline, tracker.wait())
             .await
             .is_err();
         if deadline_hit {
             tracing::warn!(
-                flights = tracker.active(),
+                flights = tracker.len(),
                 "shutdown deadline: handing back what is still in flight"
             );
-            self.common.cancel_flights.trigger();
+            self.common.cancel_flights.cancel();
         }
         for p in &pools {
             let _ = p.call(PoolMsg::HandBackAll, step).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.idle()).await;
+        let _ = tokio::time::timeout(settings.call_timeout, tracker.wait()).await;
         self.root.stop(Some("shutdown".into()));
         let mut done = self.root_done.clone();
-        let _ = tokio::time::timeout(Duration::from_secs(5), done.wait_for(|d| *d)).await;
+        let _ = tokio::time::timeout(settings.call_timeout, done.wait_for(|d| *d)).await;
         let after = self.stats();
         let summary = ShutdownSummary {
             rows_flushed: after.inserted - before.inserted,

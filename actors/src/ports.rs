@@ -217,7 +217,10 @@ pub trait Delivery: Send + Sync + 'static {
 
     /// Tell the queue the row is still being worked on, so `ack_wait` does not run out
     /// and redeliver it while a long flush (a bisection, a slow insert) still holds it.
-    fn progress(&self) -> impl Future<Output = Result<(), SettleError>> + Send;
+    ///
+    /// `'static`: the future carries what it needs (a client handle, the ack address),
+    /// so an actor can hand it to a task and never wait on it in its mailbox.
+    fn progress(&self) -> impl Future<Output = Result<(), SettleError>> + Send + 'static;
 
     /// Hand the row back to be delivered again after `delay`.
     fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;

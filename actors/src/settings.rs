@@ -174,6 +174,16 @@ pub struct PipelineSettings {
     /// When a window has ended and no flush came to probe, the pool probes the target
     /// itself after this long (so an idle pool's breaker closes too).
     pub idle_probe_after: Duration,
+    /// While closed, when the target said nothing for this long (no traffic), the pool
+    /// probes it, so a target that went down while idle shows as down.
+    pub idle_probe_every: Duration,
+    /// Every actor's heartbeat: snapshots, age checks, idle probes.
+    pub tick_every: Duration,
+    /// How long one actor waits for another's answer (shutdown steps, a flight asking
+    /// for its delay) before it goes on without it.
+    pub call_timeout: Duration,
+    /// Rows for a pool or table that is restarting come back after this long.
+    pub handback_while_restarting: Duration,
     /// Seed for the jitter (tests); `None` seeds from the OS.
     pub jitter_seed: Option<u64>,
 }
@@ -202,6 +212,10 @@ impl Default for PipelineSettings {
             },
             restart: RestartPolicy::default(),
             idle_probe_after: Duration::from_secs(1),
+            idle_probe_every: Duration::from_secs(10),
+            tick_every: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(5),
+            handback_while_restarting: Duration::from_secs(1),
             jitter_seed: None,
         }
     }

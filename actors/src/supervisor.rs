@@ -1,6 +1,8 @@
 //! RootSupervisor: spawns the ConsumerActor and one PoolActor per ClickHouse target,
 //! respawns a failed child with backoff (100 ms doubling to 10 s), counts restarts per
-//! kind, and makes the pipeline fatal when a core actor cannot be spawned again.
+//! kind, keeps what each pool must not forget (its [`PoolMemory`]) for its successor,
+//! tells the consumer where the pools are, and makes the pipeline fatal when a core
+//! actor cannot be spawned again.
 //!
 //! ractor restarts nothing by itself and its default `handle_supervisor_evt` stops the
 //! parent: this one (like the PoolActor's) overrides it.
@@ -10,24 +12,65 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort,
+    SupervisionEvent,
 };
 use tokio::time::Instant;
 
-use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, Router};
+use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, PoolLink};
 use crate::context::Common;
 use crate::metrics;
-use crate::observe::{NodeState, CONSUMER_ID};
-use crate::pool::{PoolActor, PoolShared};
+use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
+use crate::pool::{PoolActor, PoolArgs, PoolMemory, PoolMsg, PoolReport};
 use crate::ports::{Inserter, Source, SourceFactory};
+use crate::restart::{child_gone, RestartRecord};
+use crate::routing::Router;
+use crate::table::TableReport;
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
-pub enum RootMsg {
+pub enum RootMsg<D> {
     RespawnConsumer,
     RespawnPool(usize),
+    /// What a pool says (through a derived reference).
+    FromPool(PoolReport),
+    /// A flight's report that found neither its table nor its pool (both died while it
+    /// flew): forwarded to the pool's successor, whose breaker must hear it.
+    Orphan(TableReport),
+    /// The children that run now (for the pipeline handle: shutdown, debug).
+    Children(RpcReplyPort<Children<D>>),
     /// Shutdown: stop respawning children.
     Stopping(RpcReplyPort<()>),
+    /// Fault injection (tests).
+    Debug(RootDebug),
+}
+
+/// The RootSupervisor's one debug message.
+pub enum RootDebug {
+    /// The next `n` spawns of the consumer (`Kind::Consumer`) or of any pool fail in
+    /// their `pre_start`.
+    FailSpawns { kind: &'static str, n: u32 },
+}
+
+/// The children that run now; `None` while one is restarting.
+pub struct Children<D> {
+    pub consumer: Option<ActorRef<ConsumerMsg<D>>>,
+    pub pools: Vec<Option<ActorRef<PoolMsg<D>>>>,
+}
+
+/// One pool as the root knows it.
+pub struct PoolSpec<I> {
+    pub target: Arc<str>,
+    pub inserter: Arc<I>,
+    /// Where the pool starts from: a first memory, then whatever it last reported.
+    pub memory: PoolMemory,
+}
+
+pub struct RootArgs<F: SourceFactory, I> {
+    pub common: Arc<Common>,
+    pub factory: Arc<F>,
+    pub router: Arc<Router>,
+    pub pools: Vec<PoolSpec<I>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,28 +88,26 @@ impl Child {
     }
 }
 
+/// A child's life as its supervisor follows it.
 #[derive(Default)]
 struct ChildState {
     cell: Option<ActorCell>,
-    failures_in_row: u32,
-    last_failure: Option<Instant>,
+    restarts: RestartRecord,
     spawn_failures: u32,
 }
 
-pub struct RootArgs<F: SourceFactory, I> {
-    pub common: Arc<Common>,
-    pub factory: Arc<F>,
-    pub router: Arc<Router<DeliveryOf<F>>>,
-    pub pools: Vec<Arc<PoolShared<I>>>,
-    /// Where the live consumer is, for the handle (shutdown, panic injection).
-    pub consumer_slot: Arc<std::sync::RwLock<Option<ActorRef<ConsumerMsg>>>>,
-}
-
 pub struct RootState<F: SourceFactory, I> {
-    args: RootArgs<F, I>,
+    common: Arc<Common>,
+    factory: Arc<F>,
+    router: Arc<Router>,
+    specs: Vec<PoolSpec<I>>,
     consumer: ChildState,
+    consumer_ref: Option<ActorRef<ConsumerMsg<DeliveryOf<F>>>>,
     pools: Vec<ChildState>,
+    pool_refs: Vec<Option<ActorRef<PoolMsg<DeliveryOf<F>>>>>,
     by_id: HashMap<ActorId, Child>,
+    /// Spawns still to fail on purpose (the debug message), by kind.
+    failing_spawns: HashMap<&'static str, u32>,
     stopping: bool,
 }
 
@@ -78,11 +119,13 @@ impl<F, I> Default for RootSupervisor<F, I> {
     }
 }
 
+// === impl RootState ===
+
 impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     fn node_id(&self, c: Child) -> String {
         match c {
             Child::Consumer => CONSUMER_ID.to_owned(),
-            Child::Pool(i) => self.args.pools[i].node_id.clone(),
+            Child::Pool(i) => crate::observe::pool_id(&self.specs[i].target),
         }
     }
 
@@ -93,101 +136,141 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         }
     }
 
-    async fn spawn(&mut self, myself: &ActorRef<RootMsg>, c: Child) {
+    fn take_failing_spawn(&mut self, kind: &'static str) -> bool {
+        match self.failing_spawns.get_mut(kind) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn pool_links(&self) -> Vec<Option<PoolLink<DeliveryOf<F>>>> {
+        self.pool_refs
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.get_derived()))
+            .collect()
+    }
+
+    async fn spawn(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, c: Child) {
         if self.stopping {
             return;
         }
-        let res = match c {
-            Child::Consumer => {
-                let args = ConsumerArgs {
-                    factory: self.args.factory.clone(),
-                    router: self.args.router.clone(),
-                    common: self.args.common.clone(),
-                };
-                Actor::spawn_linked(None, ConsumerActor::<F>::default(), args, myself.get_cell())
-                    .await
-                    .map(|(a, _)| {
-                        *self
-                            .args
-                            .consumer_slot
-                            .write()
-                            .unwrap_or_else(|e| e.into_inner()) = Some(a.clone());
-                        a.get_cell()
-                    })
-            }
-            Child::Pool(i) => {
-                let shared = self.args.pools[i].clone();
-                Actor::spawn_linked(
-                    None,
-                    PoolActor::<I, DeliveryOf<F>>::default(),
-                    shared,
-                    myself.get_cell(),
-                )
-                .await
-                .map(|(a, _)| {
-                    self.args.router.set_pool(i, Some(a.clone()));
-                    a.get_cell()
-                })
-            }
+        let fail_spawn = self.take_failing_spawn(c.kind());
+        let spawned = match c {
+            Child::Consumer => self.spawn_consumer(myself, fail_spawn).await,
+            Child::Pool(i) => self.spawn_pool(myself, i, fail_spawn).await,
         };
-        let id = self.node_id(c);
-        let common = self.args.common.clone();
-        match res {
+        match spawned {
             Ok(cell) => {
                 self.by_id.insert(cell.get_id(), c);
                 let st = self.child(c);
                 st.cell = Some(cell);
                 st.spawn_failures = 0;
             }
-            Err(e) => {
-                let max = common.settings.restart.max_spawn_failures;
-                let st = self.child(c);
-                st.spawn_failures += 1;
-                let n = st.spawn_failures;
-                common.registry.failed(&id, &e.to_string(), n < max);
-                if n >= max {
-                    common.set_fatal(format!(
-                        "{} actor {id} could not be spawned {n} times in a row: {e}",
-                        c.kind()
-                    ));
-                    return;
-                }
-                let delay = common.restart_delay(n);
-                tracing::error!(actor = %id, error = %e, retry_in_ms = delay.as_millis() as u64, "spawn failed");
-                schedule(myself, c, delay);
-            }
+            Err(e) => self.spawn_failed(myself, c, e),
         }
     }
 
-    fn child_down(&mut self, myself: &ActorRef<RootMsg>, id: ActorId, why: String) {
+    async fn spawn_consumer(
+        &mut self,
+        myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
+        fail_spawn: bool,
+    ) -> Result<ActorCell, String> {
+        let args = ConsumerArgs {
+            factory: self.factory.clone(),
+            router: self.router.clone(),
+            common: self.common.clone(),
+            pools: self.pool_links(),
+            fail_spawn,
+        };
+        let (actor, _) =
+            Actor::spawn_linked(None, ConsumerActor::<F>::default(), args, myself.get_cell())
+                .await
+                .map_err(|e| e.to_string())?;
+        self.consumer_ref = Some(actor.clone());
+        Ok(actor.get_cell())
+    }
+
+    async fn spawn_pool(
+        &mut self,
+        myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
+        index: usize,
+        fail_spawn: bool,
+    ) -> Result<ActorCell, String> {
+        let spec = &self.specs[index];
+        let root: DerivedActorRef<PoolReport> = myself.get_derived();
+        let orphans: DerivedActorRef<TableReport> = myself.get_derived();
+        let args = PoolArgs {
+            index,
+            target: spec.target.clone(),
+            inserter: spec.inserter.clone(),
+            common: self.common.clone(),
+            memory: spec.memory.clone(),
+            root,
+            orphans,
+            fail_spawn,
+        };
+        let (actor, _) = Actor::spawn_linked(
+            None,
+            PoolActor::<I, DeliveryOf<F>>::default(),
+            args,
+            myself.get_cell(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        self.pool_refs[index] = Some(actor.clone());
+        if let Some(consumer) = &self.consumer_ref {
+            let _ = consumer.cast(ConsumerMsg::PoolUp {
+                index,
+                pool: actor.get_derived(),
+            });
+        }
+        Ok(actor.get_cell())
+    }
+
+    fn spawn_failed(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, c: Child, e: String) {
+        let id = self.node_id(c);
+        let common = self.common.clone();
+        let max = common.settings.restart.max_spawn_failures;
+        let st = self.child(c);
+        st.spawn_failures += 1;
+        let n = st.spawn_failures;
+        common.registry.failed(&id, &e, n < max);
+        if n >= max {
+            common.set_fatal(format!(
+                "{} actor {id} could not be spawned {n} times in a row: {e}",
+                c.kind()
+            ));
+            return;
+        }
+        let delay = common.restart_delay(n);
+        tracing::error!(actor = %id, error = %e, retry_in_ms = delay.as_millis() as u64, "spawn failed");
+        schedule(myself, c, delay);
+    }
+
+    fn child_down(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, id: ActorId, why: String) {
         let Some(c) = self.by_id.remove(&id) else {
             return;
         };
         match c {
-            Child::Consumer => {
-                *self
-                    .args
-                    .consumer_slot
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner()) = None;
+            Child::Consumer => self.consumer_ref = None,
+            Child::Pool(i) => {
+                self.pool_refs[i] = None;
+                if let Some(consumer) = &self.consumer_ref {
+                    let _ = consumer.cast(ConsumerMsg::PoolDown { index: i });
+                }
             }
-            Child::Pool(i) => self.args.router.set_pool(i, None),
         }
         if self.stopping {
             return;
         }
-        let common = self.args.common.clone();
+        let common = self.common.clone();
         let node = self.node_id(c);
-        let now = Instant::now();
-        let reset_after = common.settings.restart.reset_after;
         let st = self.child(c);
         st.cell = None;
-        st.failures_in_row = match st.last_failure {
-            Some(t) if now.saturating_duration_since(t) < reset_after => st.failures_in_row + 1,
-            _ => 1,
-        };
-        st.last_failure = Some(now);
-        let delay = common.restart_delay(st.failures_in_row);
+        let delay = st.restarts.failed(Instant::now(), &common.settings.restart);
         metrics::restarts(c.kind()).increment(1);
         common.registry.count_restart(&node);
         common.registry.failed(&node, &why, true);
@@ -195,29 +278,113 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
             "{} actor failed: respawning", c.kind());
         schedule(myself, c, delay);
     }
-}
 
-/// The child a supervision event reports gone, with why: a panic or error, or a stop
-/// nobody asked for. Other events (starts, state changes) are `None`.
-pub(crate) fn child_gone(evt: SupervisionEvent) -> Option<(ActorId, String)> {
-    match evt {
-        SupervisionEvent::ActorFailed(cell, err) => Some((cell.get_id(), err.to_string())),
-        SupervisionEvent::ActorTerminated(cell, _, reason) => {
-            Some((cell.get_id(), reason.unwrap_or_else(|| "stopped".into())))
+    async fn on_respawn(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, c: Child) {
+        let down = match c {
+            Child::Consumer => self.consumer.cell.is_none(),
+            Child::Pool(i) => self.pools.get(i).is_some_and(|p| p.cell.is_none()),
+        };
+        if down {
+            self.spawn(myself, c).await;
         }
-        _ => None,
+    }
+
+    fn on_pool_report(&mut self, report: PoolReport) {
+        match report {
+            PoolReport::Remember { index, memory } => {
+                if let Some(spec) = self.specs.get_mut(index) {
+                    spec.memory = *memory;
+                }
+            }
+        }
+    }
+
+    /// Forward an orphaned flight report to the current pool of its table's tenant.
+    fn on_orphan(&self, report: TableReport) {
+        let key = match &report {
+            TableReport::Verdict { key, .. } => key,
+            // Only verdicts outlive their table; anything else is its table's business.
+            _ => return,
+        };
+        let pool = self
+            .router
+            .pool_of_tenant(&key.tenant)
+            .and_then(|i| self.pool_refs.get(i).cloned().flatten());
+        if let Some(pool) = pool {
+            let _ = pool.cast(PoolMsg::FromTable(report));
+        }
+    }
+
+    fn on_children(&self, reply: RpcReplyPort<Children<DeliveryOf<F>>>) {
+        let _ = reply.send(Children {
+            consumer: self.consumer_ref.clone(),
+            pools: self.pool_refs.clone(),
+        });
+    }
+
+    fn on_stopping(&mut self, reply: RpcReplyPort<()>) {
+        self.stopping = true;
+        let _ = reply.send(());
+    }
+
+    fn on_debug(&mut self, debug: RootDebug) {
+        match debug {
+            RootDebug::FailSpawns { kind, n } => {
+                self.failing_spawns.insert(kind, n);
+            }
+        }
     }
 }
 
-fn schedule(myself: &ActorRef<RootMsg>, c: Child, delay: std::time::Duration) {
+fn schedule<D: Send + 'static>(
+    myself: &ActorRef<RootMsg<D>>,
+    c: Child,
+    delay: std::time::Duration,
+) {
     myself.send_after(delay, move || match c {
         Child::Consumer => RootMsg::RespawnConsumer,
         Child::Pool(i) => RootMsg::RespawnPool(i),
     });
 }
 
+// === conversions for derived references ===
+
+impl<D> From<TableReport> for RootMsg<D> {
+    fn from(report: TableReport) -> Self {
+        RootMsg::Orphan(report)
+    }
+}
+
+impl<D> TryFrom<RootMsg<D>> for TableReport {
+    type Error = ();
+
+    fn try_from(msg: RootMsg<D>) -> Result<Self, ()> {
+        match msg {
+            RootMsg::Orphan(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
+}
+
+impl<D> From<PoolReport> for RootMsg<D> {
+    fn from(report: PoolReport) -> Self {
+        RootMsg::FromPool(report)
+    }
+}
+
+impl<D> TryFrom<RootMsg<D>> for PoolReport {
+    type Error = ();
+
+    fn try_from(msg: RootMsg<D>) -> Result<Self, ()> {
+        match msg {
+            RootMsg::FromPool(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
+}
+
 impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
-    type Msg = RootMsg;
+    type Msg = RootMsg<DeliveryOf<F>>;
     type State = RootState<F, I>;
     type Arguments = RootArgs<F, I>;
 
@@ -228,10 +395,16 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let n = args.pools.len();
         Ok(RootState {
-            args,
+            common: args.common,
+            factory: args.factory,
+            router: args.router,
+            specs: args.pools,
             consumer: ChildState::default(),
+            consumer_ref: None,
             pools: (0..n).map(|_| ChildState::default()).collect(),
+            pool_refs: vec![None; n],
             by_id: HashMap::new(),
+            failing_spawns: HashMap::new(),
             stopping: false,
         })
     }
@@ -241,11 +414,7 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        state
-            .args
-            .common
-            .registry
-            .publish(crate::observe::ROOT_ID, NodeState::None {});
+        state.common.registry.publish(ROOT_ID, NodeState::None {});
         for i in 0..state.pools.len() {
             state.spawn(&myself, Child::Pool(i)).await;
         }
@@ -260,20 +429,13 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RootMsg::RespawnConsumer => {
-                if state.consumer.cell.is_none() {
-                    state.spawn(&myself, Child::Consumer).await;
-                }
-            }
-            RootMsg::RespawnPool(i) => {
-                if state.pools.get(i).is_some_and(|p| p.cell.is_none()) {
-                    state.spawn(&myself, Child::Pool(i)).await;
-                }
-            }
-            RootMsg::Stopping(reply) => {
-                state.stopping = true;
-                let _ = reply.send(());
-            }
+            RootMsg::RespawnConsumer => state.on_respawn(&myself, Child::Consumer).await,
+            RootMsg::RespawnPool(i) => state.on_respawn(&myself, Child::Pool(i)).await,
+            RootMsg::FromPool(report) => state.on_pool_report(report),
+            RootMsg::Orphan(report) => state.on_orphan(report),
+            RootMsg::Children(reply) => state.on_children(reply),
+            RootMsg::Stopping(reply) => state.on_stopping(reply),
+            RootMsg::Debug(debug) => state.on_debug(debug),
         }
         Ok(())
     }

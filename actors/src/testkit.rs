@@ -229,9 +229,14 @@ impl Delivery for FakeDelivery {
         Ok(())
     }
 
-    async fn progress(&self) -> Result<(), SettleError> {
-        self.ledger.push(self.seq, Event::Progress);
-        Ok(())
+    fn progress(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
+        let (ledger, seq) = (self.ledger.clone(), self.seq);
+        async move {
+            ledger.push(seq, Event::Progress);
+            Ok(())
+        }
     }
 
     async fn nak(self, delay: Duration) -> Result<(), SettleError> {
@@ -252,40 +257,39 @@ impl Delivery for FakeDelivery {
 
 // === Errors ===
 
-const UNAVAILABLE: &[u32] = &[
-    95, 96, 159, 160, 164, 173, 201, 202, 203, 209, 210, 225, 236, 241, 242, 243, 244, 252, 254,
-    265, 279, 285, 286, 289, 297, 319, 364, 369, 394, 415, 425, 439, 499, 574, 692, 700, 735, 745,
-    749, 762, 774, 776, 777, 778, 904, 999, 1000,
-];
-const DENIED: &[u32] = &[192, 193, 194, 195, 291, 497, 516, 720];
-
-/// An answer with ClickHouse exception code `code`, classified as DESIGN says.
-pub fn code(code: u32) -> InsertError {
-    let class = if UNAVAILABLE.contains(&code) {
-        Class::Unavailable
-    } else if DENIED.contains(&code) {
-        Class::Denied
-    } else {
-        Class::Rejected
-    };
+/// An answer with ClickHouse exception code `code`, of the class the test says.
+///
+/// Built by class, never from a copy of the classifier's code lists (those live in one
+/// place, the `sluice` crate's classifier): a test states what the classifier would
+/// say of the code it scripts. Add `.table_scoped()` / `.splittable()` for the flags.
+pub fn answer(class: Class, code: u32) -> InsertError {
     InsertError {
         class,
         code: Some(code),
-        table_scoped: [242, 252, 497, 692, 774].contains(&code),
-        splittable: [241, 252].contains(&code),
+        table_scoped: false,
+        splittable: false,
         status: Some(500),
         message: format!("Code: {code}. DB::Exception: scripted"),
     }
 }
 
-/// A codeless HTTP answer.
-pub fn status(status: u16) -> InsertError {
-    let class = match status {
-        408 | 429 | 502 | 503 | 504 => Class::Unavailable,
-        401 | 403 | 407 => Class::Denied,
-        413 => Class::Rejected,
-        _ => Class::Unknown,
-    };
+/// ClickHouse judged the rows (CANNOT_PARSE_INPUT and the like).
+pub fn rejected(code: u32) -> InsertError {
+    answer(Class::Rejected, code)
+}
+
+/// ClickHouse could not take them now.
+pub fn unavailable(code: u32) -> InsertError {
+    answer(Class::Unavailable, code)
+}
+
+/// The connection's configuration (user, password, grants).
+pub fn denied(code: u32) -> InsertError {
+    answer(Class::Denied, code)
+}
+
+/// A codeless HTTP answer, of the class the test says.
+pub fn status(status: u16, class: Class) -> InsertError {
     InsertError {
         class,
         code: None,
@@ -293,6 +297,20 @@ pub fn status(status: u16) -> InsertError {
         splittable: false,
         status: Some(status),
         message: format!("HTTP {status}"),
+    }
+}
+
+impl InsertError {
+    /// The failure backs off its table alone.
+    pub fn table_scoped(mut self) -> Self {
+        self.table_scoped = true;
+        self
+    }
+
+    /// A multi-row batch may succeed when split.
+    pub fn splittable(mut self) -> Self {
+        self.splittable = true;
+        self
     }
 }
 
@@ -379,7 +397,7 @@ impl ScriptedInserter {
             let hay = &r.body[..];
             hay.windows(needle.len())
                 .any(|w| w == needle.as_bytes())
-                .then(|| Err(code(27)))
+                .then(|| Err(rejected(27)))
         });
     }
 

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sluice_actors::testkit::{code, status, transport, Event};
+use sluice_actors::testkit::{denied, rejected, status, transport, unavailable, Event};
 use sluice_actors::*;
 
 const SUBJ: &str = "ingest.acme.events";
@@ -25,17 +25,27 @@ async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay(
         ("refused", transport("connection refused"), 5, 1),
         ("reset", transport("connection reset by peer"), 5, 1),
         ("timeout", transport("operation timed out"), 5, 1),
-        ("503 no code", status(503), 5, 1),
-        ("159", code(159), 5, 1),
-        ("210", code(210), 5, 1),
-        ("241 one row", code(241), 1, 1),
-        ("252 one row", code(252), 1, 1),
-        ("319", code(319), 5, 1),
-        ("745", code(745), 5, 1),
-        ("999", code(999), 5, 1),
+        ("503 no code", status(503, Class::Unavailable), 5, 1),
+        ("159", unavailable(159), 5, 1),
+        ("210", unavailable(210), 5, 1),
+        ("241 one row", unavailable(241).splittable(), 1, 1),
+        (
+            "252 one row",
+            unavailable(252).table_scoped().splittable(),
+            1,
+            1,
+        ),
+        ("319", unavailable(319), 5, 1),
+        ("745", unavailable(745), 5, 1),
+        ("999", unavailable(999), 5, 1),
         // A splittable code on a multi-row batch: the split's first row fails the same way.
-        ("241 multi-row", code(241), 5, 2),
-        ("252 multi-row", code(252), 5, 2),
+        ("241 multi-row", unavailable(241).splittable(), 5, 2),
+        (
+            "252 multi-row",
+            unavailable(252).table_scoped().splittable(),
+            5,
+            2,
+        ),
     ];
     for (name, err, rows, requests) in shapes {
         let r = simple(rows).await;
@@ -68,11 +78,14 @@ async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay(
 
 #[tokio::test(start_paused = true)]
 async fn a_batch_refused_for_its_size_is_split_and_every_row_lands_with_no_backoff() {
-    for c in [252, 241] {
+    for (c, err) in [
+        (252, unavailable(252).table_scoped().splittable()),
+        (241, unavailable(241).splittable()),
+    ] {
         let r = simple(40).await;
         // 252 as too many partitions / 241 memory: anything above 6 rows is refused.
         r.main()
-            .rule(move |req| (req.rows > 6).then(|| Err(code(c))));
+            .rule(move |req| (req.rows > 6).then(|| Err(err.clone())));
         r.push(SUBJ, 40, &[]);
         r.settled(40).await;
         assert_eq!(r.ledger.acked(), 40, "code {c}");
@@ -95,7 +108,7 @@ async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
         let r = simple(100).await;
         r.main().rule(move |req| {
             let body = String::from_utf8_lossy(&req.body);
-            body.contains("bad").then(|| Err(code(c)))
+            body.contains("bad").then(|| Err(rejected(c)))
         });
         let seqs = r.push(SUBJ, 100, &[37]);
         r.settled(100).await;
@@ -118,11 +131,11 @@ async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
 async fn an_outage_mid_isolation_retries_exactly_the_unsettled_rows() {
     let r = simple(8).await;
     r.main().script([
-        Err(code(27)),                      // whole batch
-        Err(code(27)),                      // [0,4)
+        Err(rejected(27)),                  // whole batch
+        Err(rejected(27)),                  // [0,4)
         Ok(()),                             // [0,2)
         Ok(()),                             // [2,3)
-        Err(code(27)),                      // [3,4) alone: parked
+        Err(rejected(27)),                  // [3,4) alone: parked
         Err(transport("connection reset")), // [4,8): the server went away
     ]);
     let seqs = r.push(SUBJ, 8, &[]);
@@ -218,7 +231,7 @@ async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_poo
 #[tokio::test(start_paused = true)]
 async fn nothing_is_buffered_while_the_pool_backs_off_or_a_probe_is_out() {
     let r = simple(5).await;
-    r.main().set_default(Some(code(745)));
+    r.main().set_default(Some(unavailable(745)));
     r.push(SUBJ, 5, &[]);
     r.settled(5).await;
     let window = r.ledger.nak_delays()[0].1;
@@ -260,7 +273,7 @@ async fn nothing_is_buffered_while_the_pool_backs_off_or_a_probe_is_out() {
 async fn a_read_only_table_backs_off_alone_and_a_neighbours_success_does_not_close_it() {
     let r = simple(2).await;
     r.main()
-        .rule(|req| (&*req.table.table == "ro").then(|| Err(code(242))));
+        .rule(|req| (&*req.table.table == "ro").then(|| Err(unavailable(242).table_scoped())));
     r.push("ingest.acme.ro", 2, &[]);
     r.settled(2).await;
     assert!(
@@ -285,7 +298,11 @@ async fn a_read_only_table_backs_off_alone_and_a_neighbours_success_does_not_clo
 
 #[tokio::test(start_paused = true)]
 async fn denied_and_unknown_back_off_the_pool_and_never_park() {
-    for err in [code(193), status(500), status(401)] {
+    for err in [
+        denied(193),
+        status(500, Class::Unknown),
+        status(401, Class::Denied),
+    ] {
         let r = simple(4).await;
         r.main().set_default(Some(err.clone()));
         r.push(SUBJ, 4, &[]);

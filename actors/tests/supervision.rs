@@ -60,7 +60,7 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
             .is_some_and(|t| t["state"]["buffered_rows"] == 3))
             .await
     );
-    r.handle.inject_pool_panic("main").unwrap();
+    r.handle.inject_pool_panic("main").await.unwrap();
     r.settled(13).await;
     for s in held {
         assert_eq!(r.ledger.terminal(s), vec![Event::DroppedUnsettled]);
@@ -92,7 +92,7 @@ async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
     r.main().set_default(Some(transport("connection refused")));
     r.push(SUBJ, 5, &[]);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    r.handle.inject_pool_panic("main").unwrap();
+    r.handle.inject_pool_panic("main").await.unwrap();
     r.settled(5).await;
     assert!(
         r.until(Duration::from_secs(3), |r| r.pool_state("main") == "open")
@@ -106,7 +106,7 @@ async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
 #[tokio::test(start_paused = true)]
 async fn a_consumer_panic_is_survived() {
     let r = simple(5).await;
-    r.handle.inject_consumer_panic().unwrap();
+    r.handle.inject_consumer_panic().await.unwrap();
     assert!(
         r.until(Duration::from_secs(5), |r| r
             .node("consumer", "INGEST")
@@ -284,8 +284,8 @@ async fn shutdown_past_its_deadline_hands_back_what_is_still_in_flight() {
 async fn a_core_actor_that_cannot_be_respawned_makes_the_pipeline_fatal() {
     let r = simple(5).await;
     assert!(r.handle.fatal_reason().is_none());
-    r.handle.faults().pool_spawn.store(100, Ordering::Relaxed);
-    r.handle.inject_pool_panic("main").unwrap();
+    r.handle.fail_spawns("pool", 100);
+    r.handle.inject_pool_panic("main").await.unwrap();
     let why = tokio::time::timeout(Duration::from_secs(60), r.handle.fatal())
         .await
         .expect("fatal in time");

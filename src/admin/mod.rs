@@ -33,7 +33,7 @@ pub trait PipelineView: Send + Sync + 'static {
     /// Fault injection for chaos tests: panic inside a table's actor.
     fn inject_table_panic(&self, tenant: &str, table: &str) -> BoxFuture<'_, Result<(), String>>;
     /// Fault injection for chaos tests: panic inside a target's pool actor.
-    fn inject_pool_panic(&self, target: &str) -> Result<(), String>;
+    fn inject_pool_panic(&self, target: &str) -> BoxFuture<'_, Result<(), String>>;
 }
 
 /// Whether NATS is connected right now (for readiness).
@@ -137,7 +137,7 @@ async fn panic_pool(State(state): State<Arc<AdminState>>, Path(target): Path<Str
             "fault injection is off ([admin] fault_injection = true turns it on)",
         );
     }
-    match state.pipeline.inject_pool_panic(&target) {
+    match state.pipeline.inject_pool_panic(&target).await {
         Ok(()) => Json(json!({ "panicked": target })).into_response(),
         Err(e) => error(StatusCode::CONFLICT, &e),
     }

@@ -198,10 +198,20 @@ impl Delivery for JsDelivery {
         self.settle(AckKind::Ack).await
     }
 
-    async fn progress(&self) -> Result<(), SettleError> {
-        self.send(AckKind::Progress)
-            .await
-            .map_err(|e| SettleError(format!("sending progress: {e}")))
+    fn progress(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
+        let client = self.dlq.client.clone();
+        let reply = self.row.as_ref().and_then(|r| r.reply.clone());
+        async move {
+            let Some(reply) = reply else {
+                return Ok(());
+            };
+            client
+                .publish(reply, AckKind::Progress.into())
+                .await
+                .map_err(|e| SettleError(format!("sending progress: {e}")))
+        }
     }
 
     async fn nak(mut self, delay: Duration) -> Result<(), SettleError> {

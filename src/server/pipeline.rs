@@ -123,7 +123,8 @@ impl PipelineView for PipelineAdapter {
         Box::pin(async move { self.handle.inject_panic(&key).await })
     }
 
-    fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
-        self.handle.inject_pool_panic(target)
+    fn inject_pool_panic(&self, target: &str) -> BoxFuture<'_, Result<(), String>> {
+        let target = target.to_string();
+        Box::pin(async move { self.handle.inject_pool_panic(&target).await })
     }
 }

@@ -1,33 +1,27 @@
-//! The ConsumerActor itself.
+//! The ConsumerActor itself: pulls from the source, groups each pulled batch by
+//! subject and sends one message per group to the table's pool.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::routing::{ParkReason, Route, Router};
+use super::messages::{ConsumerDebug, ConsumerMsg};
 use crate::backoff::Backoff;
-use crate::context::{Common, Faults, Stats};
+use crate::context::Common;
 use crate::metrics;
-use crate::observe::{ConsumerSnapshot, NodeState, Publisher, CONSUMER_ID};
-use crate::pool::PoolMsg;
-use crate::ports::{Class, Delivery, Parking, Source, SourceFactory};
-use crate::shutdown::Shutdown;
-use crate::table::flush::hand_back;
+use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
+use crate::ports::{Delivery, Source, SourceFactory};
+use crate::routing::{Route, RoutedRows, Router};
+use crate::settle::{hand_back, park_all};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
-pub enum ConsumerMsg {
-    Connect,
-    Pull,
-    /// Shutdown: stop pulling; answers once the batch in hand is routed.
-    StopPulling(RpcReplyPort<()>),
-    /// Test/debug hook.
-    Panic,
-}
+/// A pool as the consumer knows it: where its rows go.
+pub type PoolLink<D> = DerivedActorRef<RoutedRows<D>>;
 
 pub struct ConsumerActor<F>(PhantomData<fn() -> F>);
 
@@ -39,8 +33,12 @@ impl<F> Default for ConsumerActor<F> {
 
 pub struct ConsumerArgs<F: SourceFactory> {
     pub factory: Arc<F>,
-    pub router: Arc<Router<DeliveryOf<F>>>,
+    pub router: Arc<Router>,
     pub common: Arc<Common>,
+    /// The pools that run now, by index (`None`: restarting).
+    pub pools: Vec<Option<PoolLink<DeliveryOf<F>>>>,
+    /// Fault injection: fail in `pre_start` (the root's debug message asks for it).
+    pub fail_spawn: bool,
 }
 
 pub struct ConsumerState<F: SourceFactory> {
@@ -48,12 +46,11 @@ pub struct ConsumerState<F: SourceFactory> {
     source: Option<F::Source>,
     failures: u32,
     stopped: bool,
-    stop: Shutdown,
     snap: ConsumerSnapshot,
     routes: HashMap<Box<str>, Route>,
     next_pending: Instant,
     pending_gauge: ::metrics::Gauge,
-    publisher: Publisher,
+    throttle: SnapshotThrottle,
 }
 
 /// Cap on cached subject routes (a stream of garbage subjects must not grow memory).
@@ -61,7 +58,7 @@ const MAX_ROUTES: usize = 10_000;
 
 impl<F: SourceFactory> ConsumerState<F> {
     fn publish(&mut self, force: bool) {
-        if self.publisher.due(force) {
+        if self.throttle.due(force) {
             self.args
                 .common
                 .registry
@@ -80,7 +77,7 @@ impl<F: SourceFactory> ConsumerState<F> {
     fn route_batch(&mut self, batch: Vec<DeliveryOf<F>>) {
         let n = batch.len();
         self.snap.pulled_total += n as u64;
-        Stats::add(&self.args.common.stats.received, n);
+        self.args.common.stats.received(n);
         let mut groups: Vec<(Box<str>, Vec<DeliveryOf<F>>)> = Vec::new();
         let mut last = 0usize;
         for d in batch {
@@ -120,19 +117,19 @@ impl<F: SourceFactory> ConsumerState<F> {
         match route {
             Route::Table { key, pool, metrics } => {
                 metrics.received.increment(rows.len() as u64);
-                match self.args.router.pool(*pool) {
+                let restarting = common.settings.handback_while_restarting;
+                match self.args.pools.get(*pool).and_then(Option::as_ref) {
                     Some(p) => {
-                        if let Err(MessagingErr::SendErr(PoolMsg::Rows { rows, .. })) =
-                            p.cast(PoolMsg::Rows {
-                                key: key.clone(),
-                                rows,
-                            })
-                        {
-                            hand_back(common, Some(metrics), rows, Duration::from_secs(1));
+                        let routed = RoutedRows {
+                            key: key.clone(),
+                            rows,
+                        };
+                        if let Err(MessagingErr::SendErr(back)) = p.send_message(routed) {
+                            hand_back(common, Some(metrics), back.rows, restarting);
                         }
                     }
                     // The pool is restarting: its rows come back shortly.
-                    None => hand_back(common, Some(metrics), rows, Duration::from_secs(1)),
+                    None => hand_back(common, Some(metrics), rows, restarting),
                 }
             }
             Route::Park {
@@ -144,7 +141,7 @@ impl<F: SourceFactory> ConsumerState<F> {
             } => {
                 metrics.received.increment(rows.len() as u64);
                 park_all(
-                    common.clone(),
+                    common,
                     key.clone(),
                     error.clone(),
                     *dlq,
@@ -157,59 +154,129 @@ impl<F: SourceFactory> ConsumerState<F> {
     }
 }
 
-/// Park a whole group (no target, invalid subject) off the mailbox.
-fn park_all<D: Delivery>(
-    common: Arc<Common>,
-    key: crate::ports::TableKey,
-    error: Arc<str>,
-    dlq: bool,
-    reason: ParkReason,
-    m: metrics::TableMetrics,
-    rows: Vec<D>,
-) {
-    let guard = common.tracker.enter();
-    tokio::spawn(async move {
-        let _guard = guard;
-        let cap = common.settings.pool_backoff.max;
-        let parking = Parking {
-            table: key.clone(),
-            class: Class::Rejected,
-            code: None,
-            error: error.to_string(),
+impl<F: SourceFactory> ConsumerState<F> {
+    async fn on_connect(&mut self, myself: &ActorRef<ConsumerMsg<DeliveryOf<F>>>) {
+        if self.stopped || self.source.is_some() {
+            return;
+        }
+        let stop = self.args.common.stop_pulling.clone();
+        let connected = tokio::select! {
+            biased;
+            r = self.args.factory.connect() => Some(r),
+            _ = stop.cancelled() => None,
         };
-        let (mut parked, mut failed, mut naked) = (0usize, 0usize, 0usize);
-        for d in rows {
-            if !dlq {
-                naked += 1;
-                let _ = d.nak(cap).await;
-                continue;
+        let stream = self.args.common.settings.stream.clone();
+        match connected {
+            None => self.stopped = true,
+            Some(Ok(source)) => {
+                self.source = Some(source);
+                self.failures = 0;
+                self.snap.connected = true;
+                tracing::info!(stream = %stream, "consumer connected");
+                self.publish(true);
+                let _ = myself.cast(ConsumerMsg::Pull);
             }
-            match d.park(&parking).await {
-                Ok(()) => parked += 1,
-                Err((d, _)) => {
-                    failed += 1;
-                    let _ = d.nak(cap).await;
+            Some(Err(e)) => {
+                self.failures += 1;
+                let delay = self.retry_in();
+                tracing::warn!(stream = %stream, error = %e,
+                    retry_in_ms = delay.as_millis() as u64, "consumer cannot connect");
+                self.snap.last_error = Some(e.to_string());
+                self.publish(true);
+                myself.send_after(delay, || ConsumerMsg::Connect);
+            }
+        }
+    }
+
+    /// One pull: waits (at most the source's idle wait) for rows, routes them, asks
+    /// for the next pull by message so other messages get their turn in between.
+    async fn on_pull(&mut self, myself: &ActorRef<ConsumerMsg<DeliveryOf<F>>>) {
+        if self.stopped {
+            return;
+        }
+        let Some(source) = self.source.as_mut() else {
+            return;
+        };
+        let max = self.args.common.settings.pull_batch.max(1);
+        let stop = self.args.common.stop_pulling.clone();
+        let pulled = tokio::select! {
+            biased;
+            r = source.pull(max) => Some(r),
+            _ = stop.cancelled() => None,
+        };
+        match pulled {
+            None => self.stopped = true,
+            Some(Ok(batch)) => {
+                if !batch.is_empty() {
+                    self.route_batch(batch);
+                    self.throttle.dirty = true;
                 }
+                self.poll_pending().await;
+                let _ = myself.cast(ConsumerMsg::Pull);
             }
+            Some(Err(e)) => self.source_failed(myself, e.to_string()),
         }
-        let counter = match reason {
-            ParkReason::NoTarget => &m.parked_no_target,
-            ParkReason::InvalidSubject => &m.parked_invalid,
+    }
+
+    /// The lag, every `pending_every`.
+    async fn poll_pending(&mut self) {
+        let now = Instant::now();
+        if now < self.next_pending {
+            return;
+        }
+        self.next_pending = now + self.args.common.settings.pending_every;
+        let Some(source) = self.source.as_mut() else {
+            return;
         };
-        counter.increment(parked as u64);
-        m.dlq_failures.increment(failed as u64);
-        Stats::add(&common.stats.parked, parked);
-        Stats::add(&common.stats.dlq_failures, failed);
-        Stats::add(&common.stats.handed_back, failed + naked);
-        if parked + failed + naked > 0 {
-            tracing::warn!(tenant = %key.tenant, table = %key.table, parked, dlq_failures = failed, left_unacked = naked,
-                error = %error, "rows parked whole");
+        if let Some(p) = source.pending().await {
+            self.snap.pending = Some(p);
+            self.pending_gauge.set(p as f64);
+            self.throttle.dirty = true;
         }
-    });
+    }
+
+    fn source_failed(&mut self, myself: &ActorRef<ConsumerMsg<DeliveryOf<F>>>, error: String) {
+        self.source = None;
+        self.snap.connected = false;
+        self.snap.reconnects += 1;
+        self.failures = 1;
+        let delay = self.retry_in();
+        tracing::warn!(stream = %self.args.common.settings.stream, error = %error,
+            retry_in_ms = delay.as_millis() as u64, "pull failed: reconnecting");
+        self.snap.last_error = Some(error);
+        self.publish(true);
+        myself.send_after(delay, || ConsumerMsg::Connect);
+    }
+
+    fn on_pool_up(&mut self, index: usize, pool: PoolLink<DeliveryOf<F>>) {
+        if let Some(slot) = self.args.pools.get_mut(index) {
+            *slot = Some(pool);
+        }
+    }
+
+    fn on_pool_down(&mut self, index: usize) {
+        if let Some(slot) = self.args.pools.get_mut(index) {
+            *slot = None;
+        }
+    }
+
+    fn on_stop_pulling(&mut self, reply: RpcReplyPort<()>) {
+        self.stopped = true;
+        self.source = None;
+        self.snap.connected = false;
+        self.publish(true);
+        let _ = reply.send(());
+    }
+
+    fn on_debug(&self, debug: ConsumerDebug) {
+        match debug {
+            ConsumerDebug::Panic => panic!("injected panic in the consumer actor"),
+        }
+    }
 }
 
 impl<F: SourceFactory> Actor for ConsumerActor<F> {
-    type Msg = ConsumerMsg;
+    type Msg = ConsumerMsg<DeliveryOf<F>>;
     type State = ConsumerState<F>;
     type Arguments = ConsumerArgs<F>;
 
@@ -218,13 +285,12 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        if Faults::take(&args.common.faults.consumer_spawn) {
+        if args.fail_spawn {
             return Err("injected spawn failure of the consumer".into());
         }
         let every = args.common.settings.snapshot_every;
         let gauge = metrics::consumer_pending(&args.common.settings.stream);
         Ok(ConsumerState {
-            stop: args.common.stop_pulling.subscribe(),
             args,
             source: None,
             failures: 0,
@@ -233,7 +299,7 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
             routes: HashMap::new(),
             next_pending: Instant::now(),
             pending_gauge: gauge,
-            publisher: Publisher::new(every),
+            throttle: SnapshotThrottle::new(every),
         })
     }
 
@@ -254,96 +320,15 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConsumerMsg::Connect => {
-                if state.stopped || state.source.is_some() {
-                    return Ok(());
-                }
-                let connected = tokio::select! {
-                    biased;
-                    r = state.args.factory.connect() => Some(r),
-                    _ = state.stop.recv() => None,
-                };
-                match connected {
-                    None => state.stopped = true,
-                    Some(Ok(source)) => {
-                        state.source = Some(source);
-                        state.failures = 0;
-                        state.snap.connected = true;
-                        tracing::info!(stream = %state.args.common.settings.stream, "consumer connected");
-                        state.publish(true);
-                        let _ = myself.cast(ConsumerMsg::Pull);
-                    }
-                    Some(Err(e)) => {
-                        state.failures += 1;
-                        let delay = state.retry_in();
-                        tracing::warn!(stream = %state.args.common.settings.stream, error = %e,
-                            retry_in_ms = delay.as_millis() as u64, "consumer cannot connect");
-                        state.snap.last_error = Some(e.to_string());
-                        state.publish(true);
-                        myself.send_after(delay, || ConsumerMsg::Connect);
-                    }
-                }
-            }
-            ConsumerMsg::Pull => {
-                if state.stopped {
-                    return Ok(());
-                }
-                let Some(source) = state.source.as_mut() else {
-                    return Ok(());
-                };
-                let max = state.args.common.settings.pull_batch.max(1);
-                let pulled = tokio::select! {
-                    biased;
-                    r = source.pull(max) => Some(r),
-                    _ = state.stop.recv() => None,
-                };
-                match pulled {
-                    None => {
-                        state.stopped = true;
-                        return Ok(());
-                    }
-                    Some(Ok(batch)) => {
-                        if !batch.is_empty() {
-                            state.route_batch(batch);
-                            state.publisher.dirty = true;
-                        }
-                        let now = Instant::now();
-                        if now >= state.next_pending {
-                            state.next_pending = now + state.args.common.settings.pending_every;
-                            if let Some(source) = state.source.as_mut() {
-                                if let Some(p) = source.pending().await {
-                                    state.snap.pending = Some(p);
-                                    state.pending_gauge.set(p as f64);
-                                    state.publisher.dirty = true;
-                                }
-                            }
-                        }
-                        state.publish(false);
-                        let _ = myself.cast(ConsumerMsg::Pull);
-                    }
-                    Some(Err(e)) => {
-                        state.source = None;
-                        state.snap.connected = false;
-                        state.snap.reconnects += 1;
-                        state.snap.last_error = Some(e.to_string());
-                        state.failures = 1;
-                        let delay = state.retry_in();
-                        tracing::warn!(stream = %state.args.common.settings.stream, error = %e,
-                            retry_in_ms = delay.as_millis() as u64, "pull failed: reconnecting");
-                        state.publish(true);
-                        myself.send_after(delay, || ConsumerMsg::Connect);
-                    }
-                }
-            }
-            ConsumerMsg::StopPulling(reply) => {
-                state.stopped = true;
-                state.source = None;
-                state.snap.connected = false;
-                state.publish(true);
-                let _ = reply.send(());
-            }
-            ConsumerMsg::Panic => panic!("injected panic in the consumer actor"),
+            ConsumerMsg::Connect => state.on_connect(&myself).await,
+            ConsumerMsg::Pull => state.on_pull(&myself).await,
+            ConsumerMsg::PoolUp { index, pool } => state.on_pool_up(index, pool),
+            ConsumerMsg::PoolDown { index } => state.on_pool_down(index),
+            ConsumerMsg::StopPulling(reply) => state.on_stop_pulling(reply),
+            ConsumerMsg::Debug(debug) => state.on_debug(debug),
         }
+        state.args.common.registry.beat(CONSUMER_ID);
+        state.publish(false);
         Ok(())
     }
 }

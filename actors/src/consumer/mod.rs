@@ -3,7 +3,7 @@
 //! reconnects through the [`SourceFactory`](crate::ports::SourceFactory) with backoff.
 
 pub mod actor;
-pub mod routing;
+pub mod messages;
 
-pub use actor::{ConsumerActor, ConsumerArgs, ConsumerMsg};
-pub use routing::{parse_subject, Route, Router};
+pub use actor::{ConsumerActor, ConsumerArgs, PoolLink};
+pub use messages::{ConsumerDebug, ConsumerMsg};

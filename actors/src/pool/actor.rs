@@ -1,104 +1,38 @@
-//! The PoolActor itself.
+//! The PoolActor itself: the owner of its target's outage breaker and single probe
+//! token, the supervisor of its tables.
+//!
+//! Everything that decides about the target happens here, in mailbox order: arrivals
+//! are handed back while the window is open or a probe is out, a table's request for a
+//! flight is answered with a ticket or a delay, a flight's verdict opens, escalates or
+//! closes the window (late ones change nothing), and the pool probes the target itself
+//! when a window ended with no traffic, or when nothing was heard for a while.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, SupervisionEvent};
+use ractor::{
+    Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort,
+    SupervisionEvent,
+};
 use tokio::time::Instant;
 
-use super::messages::PoolMsg;
+use super::memory::{PoolMemory, Readiness, TableMemory};
+use super::messages::{PoolDebug, PoolMsg, PoolReport};
 use crate::backoff::Backoff;
-use crate::context::{Common, Faults};
-use crate::gate::{Gate, GateScope};
+use crate::breaker::{Admission, Ticket};
+use crate::context::Common;
 use crate::metrics::{self, TableMetrics, TargetMetrics};
-use crate::observe::{self, NodeKind, NodeState, PoolSnapshot, Publisher};
-use crate::ports::{Delivery, Inserter, TableKey};
-use crate::table::flush::hand_back;
-use crate::table::{FlightCtx, TableActor, TableArgs, TableMsg};
-
-/// What outlives a pool actor's restarts: the target, its breaker, its tables'
-/// backoffs, and whether it ever answered a probe.
-pub struct PoolShared<I> {
-    pub target: Arc<str>,
-    pub inserter: Arc<I>,
-    pub gate: Arc<Gate>,
-    pub metrics: TargetMetrics,
-    pub probed_ok: AtomicBool,
-    pub server_version: Mutex<Option<String>>,
-    pub last_probe_error: Mutex<Option<String>>,
-    pub table_gates: Mutex<HashMap<TableKey, Arc<Gate>>>,
-    pub common: Arc<Common>,
-    pub node_id: String,
-}
-
-impl<I> PoolShared<I> {
-    pub fn new(target: &str, inserter: Arc<I>, common: Arc<Common>) -> Arc<Self> {
-        let metrics = TargetMetrics::new(target);
-        let target: Arc<str> = Arc::from(target);
-        let gate = Arc::new(Gate::new(
-            GateScope::Pool {
-                target: target.clone(),
-            },
-            common.settings.pool_backoff,
-            common.settings.log_every,
-            common.jitter(),
-            Some(metrics.breaker.clone()),
-        ));
-        Arc::new(Self {
-            node_id: observe::pool_id(&target),
-            target,
-            inserter,
-            gate,
-            metrics,
-            probed_ok: AtomicBool::new(false),
-            server_version: Mutex::new(None),
-            last_probe_error: Mutex::new(None),
-            table_gates: Mutex::new(HashMap::new()),
-            common,
-        })
-    }
-
-    fn table_gate(&self, key: &TableKey, metrics: &TableMetrics) -> Arc<Gate> {
-        let mut gates = self.table_gates.lock().unwrap_or_else(|e| e.into_inner());
-        gates
-            .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(Gate::new(
-                    GateScope::Table {
-                        target: self.target.clone(),
-                        key: key.clone(),
-                    },
-                    self.common.settings.table_backoff,
-                    self.common.settings.log_every,
-                    self.common.jitter(),
-                    Some(metrics.backoff.clone()),
-                ))
-            })
-            .clone()
-    }
-
-    pub fn snapshot(&self, tables: usize) -> PoolSnapshot {
-        PoolSnapshot {
-            target: self.target.to_string(),
-            breaker: self.gate.snapshot(),
-            probed_ok: self.probed_ok.load(Ordering::Relaxed),
-            server_version: self
-                .server_version
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            tables,
-            last_probe_error: self
-                .last_probe_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        }
-    }
-}
+use crate::observe::{self, NodeKind, NodeState, PoolSnapshot, SnapshotThrottle};
+use crate::ports::{Delivery, InsertError, Inserter, ServerInfo, TableKey};
+use crate::restart::child_gone;
+use crate::routing::RoutedRows;
+use crate::scoped_breaker::ScopedBreaker;
+use crate::settle::hand_back;
+use crate::table::{
+    FlightCtx, PoolVerdict, TableActor, TableArgs, TableDebug, TableMsg, TableReport,
+};
 
 pub struct PoolActor<I, D>(PhantomData<fn() -> (I, D)>);
 
@@ -108,100 +42,172 @@ impl<I, D> Default for PoolActor<I, D> {
     }
 }
 
+pub struct PoolArgs<I> {
+    /// The target's place in the configuration (the root knows its pools by it).
+    pub index: usize,
+    pub target: Arc<str>,
+    pub inserter: Arc<I>,
+    pub common: Arc<Common>,
+    /// Where the predecessor left off (or a first memory).
+    pub memory: PoolMemory,
+    /// The root, as far as a pool speaks to it.
+    pub root: DerivedActorRef<PoolReport>,
+    /// The root, for the reports of flights that outlive their table and pool.
+    pub orphans: DerivedActorRef<TableReport>,
+    /// Fault injection: fail in `pre_start` (the root's debug message asks for it).
+    pub fail_spawn: bool,
+}
+
 struct TableEntry<I, D> {
     actor: Option<ActorRef<TableMsg<D>>>,
     ctx: Arc<FlightCtx<I>>,
     node_id: String,
-    failures_in_row: u32,
-    last_failure: Option<Instant>,
     respawn_at: Option<Instant>,
     /// A table actor found dead by `route` before its supervision event came: the
     /// event, when it comes, only brings the reason (the panic message).
     down_unreported: Option<ActorId>,
+    memory: TableMemory,
 }
 
 pub struct PoolState<I, D> {
-    shared: Arc<PoolShared<I>>,
+    index: usize,
+    target: Arc<str>,
+    node_id: String,
+    inserter: Arc<I>,
+    common: Arc<Common>,
+    metrics: TargetMetrics,
+    root: DerivedActorRef<PoolReport>,
+    orphans: DerivedActorRef<TableReport>,
+    breaker: ScopedBreaker,
+    readiness: Readiness,
+    readiness_failures: u32,
     tables: HashMap<TableKey, TableEntry<I, D>>,
     by_id: HashMap<ActorId, TableKey>,
-    probe_failures: u32,
-    idle_probe_out: Arc<AtomicBool>,
-    publisher: Publisher,
+    /// The table whose flight holds the probe token: should the table die first, the
+    /// token comes back.
+    probe_holder: Option<(TableKey, Ticket)>,
+    /// The pool's own probe is out (one at a time).
+    own_probe_out: bool,
+    /// When the target last answered anything (a flight's verdict or a probe).
+    last_answer: Instant,
+    /// The memory the root holds is out of date.
+    memory_dirty: bool,
+    throttle: SnapshotThrottle,
 }
 
+// === impl PoolState ===
+
 impl<I: Inserter, D: Delivery> PoolState<I, D> {
+    fn new(args: PoolArgs<I>) -> Self {
+        let now = Instant::now();
+        let PoolMemory {
+            mut breaker,
+            tables,
+            readiness,
+        } = args.memory;
+        breaker.take_over(now);
+        let node_id = observe::pool_id(&args.target);
+        let mut state = Self {
+            index: args.index,
+            metrics: TargetMetrics::new(&args.target),
+            target: args.target,
+            node_id,
+            inserter: args.inserter,
+            throttle: SnapshotThrottle::new(args.common.settings.snapshot_every),
+            common: args.common,
+            root: args.root,
+            orphans: args.orphans,
+            breaker,
+            readiness,
+            readiness_failures: 0,
+            tables: HashMap::new(),
+            by_id: HashMap::new(),
+            probe_holder: None,
+            own_probe_out: false,
+            last_answer: now,
+            memory_dirty: true,
+        };
+        for (key, memory) in tables {
+            state.entry(&key).memory = memory;
+        }
+        state
+    }
+
+    fn memory(&self) -> PoolMemory {
+        PoolMemory {
+            breaker: self.breaker.clone(),
+            tables: self
+                .tables
+                .iter()
+                .map(|(k, e)| (k.clone(), e.memory.clone()))
+                .collect(),
+            readiness: self.readiness.clone(),
+        }
+    }
+
+    /// Send the root a fresh copy of what must outlive this pool, if it changed.
+    fn remember(&mut self) {
+        if std::mem::take(&mut self.memory_dirty) {
+            let _ = self.root.send_message(PoolReport::Remember {
+                index: self.index,
+                memory: Box::new(self.memory()),
+            });
+        }
+    }
+
+    fn snapshot(&self) -> PoolSnapshot {
+        PoolSnapshot {
+            target: self.target.to_string(),
+            breaker: self.breaker.snapshot(Instant::now()),
+            probed_ok: self.readiness.probed_ok,
+            server_version: self.readiness.server_version.clone(),
+            tables: self.tables.len(),
+            last_probe_error: self.readiness.last_probe_error.clone(),
+        }
+    }
+
     fn publish(&mut self, force: bool) {
-        if self.publisher.due(force) {
-            let snap = self.shared.snapshot(self.tables.len());
-            self.shared
-                .common
-                .registry
-                .publish(&self.shared.node_id, NodeState::Pool(snap));
+        if self.throttle.due(force) {
+            let snapshot = NodeState::Pool(self.snapshot());
+            self.common.registry.publish(&self.node_id, snapshot);
         }
     }
 
     fn entry(&mut self, key: &TableKey) -> &mut TableEntry<I, D> {
-        let shared = &self.shared;
+        let (inserter, target, common, target_metrics) =
+            (&self.inserter, &self.target, &self.common, &self.metrics);
         self.tables.entry(key.clone()).or_insert_with(|| {
-            let metrics = TableMetrics::new(key);
             let ctx = Arc::new(FlightCtx {
-                inserter: shared.inserter.clone(),
+                inserter: inserter.clone(),
+                target: target.clone(),
                 key: key.clone(),
-                settings: shared.common.tables.resolve(key),
-                pool_gate: shared.gate.clone(),
-                table_gate: shared.table_gate(key, &metrics),
-                target: shared.metrics.clone(),
-                metrics,
-                common: shared.common.clone(),
+                settings: common.tables.resolve(key),
+                target_metrics: target_metrics.clone(),
+                metrics: TableMetrics::new(key),
+                common: common.clone(),
             });
             TableEntry {
                 actor: None,
                 ctx,
-                node_id: observe::table_id(&shared.target, key),
-                failures_in_row: 0,
-                last_failure: None,
+                node_id: observe::table_id(target, key),
                 respawn_at: None,
                 down_unreported: None,
+                memory: TableMemory::default(),
             }
         })
     }
 
-    async fn spawn_table(
-        &mut self,
-        myself: &ActorRef<PoolMsg<D>>,
-        key: &TableKey,
-    ) -> Option<ActorRef<TableMsg<D>>> {
-        let pool_node = self.shared.node_id.clone();
-        let registry = self.shared.common.registry.clone();
-        let entry = self.entry(key);
-        registry.register(
-            &entry.node_id,
-            NodeKind::Table,
-            &key.to_string(),
-            Some(&pool_node),
-        );
-        let args = TableArgs {
-            ctx: entry.ctx.clone(),
-            pool: myself.clone(),
-            node_id: entry.node_id.clone(),
-        };
-        match Actor::spawn_linked(None, TableActor::<I, D>::default(), args, myself.get_cell())
-            .await
-        {
-            Ok((actor, _)) => {
-                let entry = self.entry(key);
-                entry.actor = Some(actor.clone());
-                entry.respawn_at = None;
-                self.by_id.insert(actor.get_id(), key.clone());
-                self.publisher.dirty = true;
-                Some(actor)
-            }
-            Err(e) => {
-                tracing::error!(pool = %self.shared.target, tenant = %key.tenant, table = %key.table, error = %e,
-                    "could not spawn the table actor");
-                None
-            }
+    // --- rows ---
+
+    async fn on_rows(&mut self, myself: &ActorRef<PoolMsg<D>>, routed: RoutedRows<D>) {
+        let RoutedRows { key, rows } = routed;
+        if let Some(delay) = self.breaker.arrival_delay(Instant::now()) {
+            // The window is open or the probe is out: nothing is buffered anywhere.
+            let metrics = self.entry(&key).ctx.metrics.clone();
+            hand_back(&self.common, Some(&metrics), rows, delay);
+            return;
         }
+        self.route(myself, key, rows).await;
     }
 
     async fn route(&mut self, myself: &ActorRef<PoolMsg<D>>, key: TableKey, rows: Vec<D>) {
@@ -229,26 +235,69 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
                 Err(_) => return,
             }
         }
-        if let Some(entry) = self.tables.get(&key) {
-            if let Some(at) = entry.respawn_at {
-                // The table is restarting: its rows come back once it is up again.
-                let delay = at
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(100));
-                let m = entry.ctx.metrics.clone();
-                hand_back(&self.shared.common, Some(&m), rows, delay);
-                return;
-            }
+        let least = self.common.settings.restart.initial;
+        let entry = self.entry(&key);
+        if let Some(at) = entry.respawn_at {
+            // The table is restarting: its rows come back once it is up again.
+            let delay = at.saturating_duration_since(Instant::now()).max(least);
+            let metrics = entry.ctx.metrics.clone();
+            hand_back(&self.common, Some(&metrics), rows, delay);
+            return;
         }
-        match self.spawn_table(myself, &key).await {
-            Some(actor) => {
-                if let Err(MessagingErr::SendErr(TableMsg::Rows(back))) =
-                    actor.cast(TableMsg::Rows(rows))
-                {
-                    hand_back(&self.shared.common, None, back, Duration::from_secs(1));
-                }
+        let Some(actor) = self.spawn_table(myself, &key).await else {
+            let delay = self.common.settings.handback_while_restarting;
+            hand_back(&self.common, None, rows, delay);
+            return;
+        };
+        if let Err(MessagingErr::SendErr(TableMsg::Rows(back))) = actor.cast(TableMsg::Rows(rows)) {
+            let delay = self.common.settings.handback_while_restarting;
+            hand_back(&self.common, None, back, delay);
+        }
+    }
+
+    // --- tables ---
+
+    /// Spawn (or respawn) a table's actor. Awaited in the mailbox: `spawn_linked` only
+    /// waits for the actor's registration and its `pre_start`, which builds its state
+    /// and returns (no I/O, no waiting on another actor).
+    async fn spawn_table(
+        &mut self,
+        myself: &ActorRef<PoolMsg<D>>,
+        key: &TableKey,
+    ) -> Option<ActorRef<TableMsg<D>>> {
+        let pool_node = self.node_id.clone();
+        let registry = self.common.registry.clone();
+        let pool_link: DerivedActorRef<TableReport> = myself.get_derived();
+        let orphans = self.orphans.clone();
+        let entry = self.entry(key);
+        registry.register(
+            &entry.node_id,
+            NodeKind::Table,
+            &key.to_string(),
+            Some(&pool_node),
+        );
+        let args = TableArgs {
+            ctx: entry.ctx.clone(),
+            pool: pool_link,
+            orphans,
+            node_id: entry.node_id.clone(),
+            backoff: entry.memory.backoff.clone(),
+        };
+        let spawned =
+            Actor::spawn_linked(None, TableActor::<I, D>::default(), args, myself.get_cell()).await;
+        match spawned {
+            Ok((actor, _)) => {
+                let entry = self.entry(key);
+                entry.actor = Some(actor.clone());
+                entry.respawn_at = None;
+                self.by_id.insert(actor.get_id(), key.clone());
+                Some(actor)
             }
-            None => hand_back(&self.shared.common, None, rows, Duration::from_secs(1)),
+            Err(e) => {
+                tracing::error!(pool = %self.target, tenant = %key.tenant, table = %key.table, error = %e,
+                    "could not spawn the table actor");
+                None
+            }
         }
     }
 
@@ -256,8 +305,14 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         let Some(key) = self.by_id.remove(&id) else {
             return;
         };
-        let common = self.shared.common.clone();
-        let target = self.shared.target.clone();
+        if self.probe_holder.as_ref().is_some_and(|(k, _)| *k == key) {
+            // The table's flight held the probe: nobody will report on it now.
+            if let Some((_, ticket)) = self.probe_holder.take() {
+                self.breaker.release(ticket, Instant::now());
+            }
+        }
+        let common = self.common.clone();
+        let target = self.target.clone();
         let Some(entry) = self.tables.get_mut(&key) else {
             return;
         };
@@ -273,14 +328,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         }
         let now = Instant::now();
         entry.actor = None;
-        entry.failures_in_row = match entry.last_failure {
-            Some(t) if now.saturating_duration_since(t) < common.settings.restart.reset_after => {
-                entry.failures_in_row + 1
-            }
-            _ => 1,
-        };
-        entry.last_failure = Some(now);
-        let delay = common.restart_delay(entry.failures_in_row);
+        let delay = entry.memory.restarts.failed(now, &common.settings.restart);
         entry.respawn_at = Some(now + delay);
         metrics::restarts("table").increment(1);
         common.registry.count_restart(&entry.node_id);
@@ -289,56 +337,307 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
             restart_in_ms = delay.as_millis() as u64,
             "table actor failed: its buffered rows are handed back, respawning");
         myself.send_after(delay, move || PoolMsg::RespawnTable(key));
-        self.publisher.dirty = true;
+        self.memory_dirty = true;
     }
 
-    fn idle_probe(&mut self) {
-        let after = self.shared.common.settings.idle_probe_after;
-        let due = self.shared.gate.probe_due_for().is_some_and(|d| d >= after);
-        if !due || self.idle_probe_out.load(Ordering::Relaxed) {
+    async fn on_respawn_table(&mut self, myself: &ActorRef<PoolMsg<D>>, key: TableKey) {
+        if self.tables.get(&key).is_some_and(|e| e.actor.is_none()) {
+            self.spawn_table(myself, &key).await;
+        }
+    }
+
+    fn on_table_idle(&mut self, key: TableKey, id: ActorId) {
+        let current = self
+            .tables
+            .get(&key)
+            .and_then(|e| e.actor.as_ref())
+            .map(|a| a.get_id());
+        if current != Some(id) {
             return;
         }
-        let Ok(pass) = self.shared.gate.admit() else {
+        let Some(entry) = self.tables.remove(&key) else {
             return;
         };
-        self.idle_probe_out.store(true, Ordering::Relaxed);
-        let shared = self.shared.clone();
-        let out = self.idle_probe_out.clone();
-        tokio::spawn(async move {
-            match shared.inserter.probe().await {
-                Ok(_) => pass.ok(None),
-                Err(e) if !e.class.is_outage() || e.table_scoped => pass.ok(None),
-                Err(e) => {
-                    pass.outage(&e, None);
+        self.by_id.remove(&id);
+        self.common.registry.remove(&entry.node_id);
+        if entry
+            .memory
+            .backoff
+            .as_ref()
+            .is_some_and(|b| !b.is_closed())
+        {
+            // Its backoff still runs: keep it for the table's next arrival.
+            self.entry(&key).memory = entry.memory;
+        }
+        if let Some(actor) = entry.actor {
+            let _ = actor.cast(TableMsg::Retire);
+        }
+        self.memory_dirty = true;
+        tracing::debug!(pool = %self.target, tenant = %key.tenant, table = %key.table, "idle table reaped");
+    }
+
+    // --- flights ---
+
+    fn on_table_report(&mut self, report: TableReport) {
+        match report {
+            TableReport::WantsFlight { key, id } => self.on_wants_flight(key, id),
+            TableReport::Verdict {
+                key,
+                verdict,
+                reply,
+            } => self.on_verdict(key, verdict, reply),
+            TableReport::Backoff { key, memory } => self.on_table_backoff(key, *memory),
+            TableReport::Idle { key, id } => self.on_table_idle(key, id),
+        }
+    }
+
+    /// A table has a batch due: the breaker says go (maybe as the probe) or wait.
+    fn on_wants_flight(&mut self, key: TableKey, id: ActorId) {
+        let now = Instant::now();
+        let generation = self.breaker.generation();
+        let permit = match self.breaker.admit(now) {
+            Admission::Go(ticket) => Ok(ticket),
+            Admission::Probe(ticket) => {
+                self.probe_holder = Some((key.clone(), ticket));
+                Ok(ticket)
+            }
+            Admission::Wait(delay) => Err(delay),
+        };
+        self.memory_dirty |= self.breaker.generation() != generation;
+        let table = self
+            .tables
+            .get(&key)
+            .and_then(|e| e.actor.clone())
+            .filter(|a| a.get_id() == id);
+        let delivered = table.is_some_and(|a| a.cast(TableMsg::Permit(permit)).is_ok());
+        if !delivered {
+            if let Ok(ticket) = permit {
+                // The table is gone: nobody will fly with this ticket.
+                self.forget_ticket(ticket, now);
+            }
+        }
+    }
+
+    fn on_verdict(
+        &mut self,
+        key: TableKey,
+        verdict: PoolVerdict,
+        reply: Option<RpcReplyPort<Duration>>,
+    ) {
+        let now = Instant::now();
+        let generation = self.breaker.generation();
+        match verdict {
+            PoolVerdict::Answered(ticket) => {
+                self.last_answer = now;
+                self.settle_probe(ticket);
+                self.breaker.on_answered(ticket, now, Some(&key));
+            }
+            PoolVerdict::Outage(ticket, err) => {
+                self.settle_probe(ticket);
+                let failure = self.breaker.on_outage(ticket, &err, now, Some(&key));
+                if let Some(reply) = reply {
+                    let _ = reply.send(failure.delay);
                 }
             }
-            out.store(false, Ordering::Relaxed);
+            PoolVerdict::Unfinished(ticket) => self.forget_ticket(ticket, now),
+        }
+        self.memory_dirty |= self.breaker.generation() != generation;
+    }
+
+    fn settle_probe(&mut self, ticket: Ticket) {
+        if self
+            .probe_holder
+            .as_ref()
+            .is_some_and(|(_, t)| *t == ticket)
+        {
+            self.probe_holder = None;
+        }
+    }
+
+    /// A ticket that will never bring an answer: a probe's token goes back.
+    fn forget_ticket(&mut self, ticket: Ticket, now: Instant) {
+        self.settle_probe(ticket);
+        self.breaker.release(ticket, now);
+        self.memory_dirty = true;
+    }
+
+    fn on_table_backoff(&mut self, key: TableKey, memory: ScopedBreaker) {
+        self.entry(&key).memory.backoff = Some(memory);
+        self.memory_dirty = true;
+    }
+
+    // --- probes ---
+
+    fn on_readiness_probe(&mut self, myself: &ActorRef<PoolMsg<D>>) {
+        if self.readiness.probed_ok {
+            return;
+        }
+        let inserter = self.inserter.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let result = inserter.probe().await;
+            let _ = me.cast(PoolMsg::ReadinessResult(result));
         });
+    }
+
+    fn on_readiness_result(
+        &mut self,
+        myself: &ActorRef<PoolMsg<D>>,
+        result: Result<ServerInfo, InsertError>,
+    ) {
+        match result {
+            Ok(info) => {
+                tracing::info!(pool = %self.target, version = %info.version,
+                    "ClickHouse target answered its first probe");
+                self.readiness = Readiness {
+                    probed_ok: true,
+                    server_version: Some(info.version),
+                    last_probe_error: None,
+                };
+                self.readiness_failures = 0;
+                self.last_answer = Instant::now();
+            }
+            Err(e) => {
+                self.readiness_failures += 1;
+                let delay =
+                    Backoff::base(&self.common.settings.reconnect, self.readiness_failures - 1);
+                tracing::warn!(pool = %self.target, error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "ClickHouse target does not answer its probe yet");
+                self.readiness.last_probe_error = Some(e.to_string());
+                myself.send_after(delay, || PoolMsg::ReadinessProbe);
+            }
+        }
+        self.memory_dirty = true;
+        self.throttle.dirty = true;
+        self.publish(true);
+    }
+
+    /// The pool's own probe: when a window ended and no flush came to probe for
+    /// `idle_probe_after` (so an idle pool's breaker closes too), and while closed, when
+    /// the target said nothing for `idle_probe_every` (so a target that went down while
+    /// no traffic flowed shows as down).
+    fn own_probe(&mut self, myself: &ActorRef<PoolMsg<D>>) {
+        let now = Instant::now();
+        let settings = &self.common.settings;
+        if self.own_probe_out || !self.readiness.probed_ok {
+            return;
+        }
+        let window_ended = self
+            .breaker
+            .probe_due_for(now)
+            .is_some_and(|d| d >= settings.idle_probe_after);
+        let quiet = self.breaker.is_closed()
+            && now.saturating_duration_since(self.last_answer) >= settings.idle_probe_every;
+        if !window_ended && !quiet {
+            return;
+        }
+        let generation = self.breaker.generation();
+        let ticket = match self.breaker.admit(now) {
+            Admission::Go(t) | Admission::Probe(t) => t,
+            Admission::Wait(_) => return,
+        };
+        self.memory_dirty |= self.breaker.generation() != generation;
+        self.own_probe_out = true;
+        self.last_answer = now;
+        let inserter = self.inserter.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let result = inserter.probe().await;
+            let _ = me.cast(PoolMsg::OwnProbeDone { ticket, result });
+        });
+    }
+
+    fn on_own_probe_done(&mut self, ticket: Ticket, result: Result<ServerInfo, InsertError>) {
+        let now = Instant::now();
+        self.own_probe_out = false;
+        let generation = self.breaker.generation();
+        match result {
+            Err(e) if e.class.is_outage() && !e.table_scoped => {
+                self.breaker.on_outage(ticket, &e, now, None);
+            }
+            _ => {
+                self.last_answer = now;
+                self.breaker.on_answered(ticket, now, None);
+            }
+        }
+        self.memory_dirty |= self.breaker.generation() != generation;
+    }
+
+    fn on_tick(&mut self, myself: &ActorRef<PoolMsg<D>>) {
+        self.own_probe(myself);
+        self.common.registry.beat(&self.node_id);
+        self.throttle.dirty = true;
+    }
+
+    // --- shutdown ---
+
+    fn live_tables(&self) -> Vec<ActorRef<TableMsg<D>>> {
+        self.tables
+            .values()
+            .filter_map(|e| e.actor.clone())
+            .collect()
+    }
+
+    /// Every table flushes now; answered (from a task, off the mailbox: the tables need
+    /// this pool's permits meanwhile) once each table answered or the call timed out.
+    fn on_flush_all(&self, reply: RpcReplyPort<()>) {
+        let tables = self.live_tables();
+        let timeout = self.common.settings.shutdown_deadline;
+        tokio::spawn(async move {
+            let calls = tables
+                .iter()
+                .map(|t| t.call(TableMsg::FlushAll, Some(timeout)));
+            futures::future::join_all(calls).await;
+            let _ = reply.send(());
+        });
+    }
+
+    fn on_hand_back_all(&self, reply: RpcReplyPort<usize>) {
+        let tables = self.live_tables();
+        let timeout = self.common.settings.call_timeout;
+        tokio::spawn(async move {
+            let calls = tables
+                .iter()
+                .map(|t| t.call(TableMsg::HandBackAll, Some(timeout)));
+            let n = futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .filter_map(|r| match r {
+                    Ok(ractor::rpc::CallResult::Success(n)) => Some(n),
+                    _ => None,
+                })
+                .sum();
+            let _ = reply.send(n);
+        });
+    }
+
+    fn on_debug(&self, debug: PoolDebug) {
+        match debug {
+            PoolDebug::Panic => panic!("injected panic in pool actor {}", self.target),
+            PoolDebug::PanicTable(key, reply) => {
+                let actor = self.tables.get(&key).and_then(|e| e.actor.clone());
+                let found =
+                    actor.is_some_and(|a| a.cast(TableMsg::Debug(TableDebug::Panic)).is_ok());
+                let _ = reply.send(found);
+            }
+        }
     }
 }
 
 impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
     type Msg = PoolMsg<D>;
     type State = PoolState<I, D>;
-    type Arguments = Arc<PoolShared<I>>;
+    type Arguments = PoolArgs<I>;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        shared: Self::Arguments,
+        args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        if Faults::take(&shared.common.faults.pool_spawn) {
-            return Err(format!("injected spawn failure of pool {}", shared.target).into());
+        if args.fail_spawn {
+            return Err(format!("injected spawn failure of pool {}", args.target).into());
         }
-        let every = shared.common.settings.snapshot_every;
-        Ok(PoolState {
-            shared,
-            tables: HashMap::new(),
-            by_id: HashMap::new(),
-            probe_failures: 0,
-            idle_probe_out: Arc::new(AtomicBool::new(false)),
-            publisher: Publisher::new(every),
-        })
+        Ok(PoolState::new(args))
     }
 
     async fn post_start(
@@ -346,10 +645,11 @@ impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        myself.send_interval(Duration::from_secs(1), || PoolMsg::Tick);
-        if !state.shared.probed_ok.load(Ordering::Relaxed) {
+        myself.send_interval(state.common.settings.tick_every, || PoolMsg::Tick);
+        if !state.readiness.probed_ok {
             let _ = myself.cast(PoolMsg::ReadinessProbe);
         }
+        state.remember();
         state.publish(true);
         Ok(())
     }
@@ -360,128 +660,23 @@ impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let generation = state.breaker.generation();
         match msg {
-            PoolMsg::Rows { key, rows } => state.route(&myself, key, rows).await,
-            PoolMsg::TableIdle { key, id } => {
-                let current = state
-                    .tables
-                    .get(&key)
-                    .and_then(|e| e.actor.as_ref())
-                    .map(|a| a.get_id());
-                if current == Some(id) {
-                    if let Some(entry) = state.tables.remove(&key) {
-                        state.by_id.remove(&id);
-                        state.shared.common.registry.remove(&entry.node_id);
-                        if entry.ctx.table_gate.is_closed() {
-                            state
-                                .shared
-                                .table_gates
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .remove(&key);
-                        }
-                        if let Some(a) = entry.actor {
-                            let _ = a.cast(TableMsg::Retire);
-                        }
-                        tracing::debug!(pool = %state.shared.target, tenant = %key.tenant, table = %key.table, "idle table reaped");
-                    }
-                    state.publish(true);
-                }
-            }
-            PoolMsg::RespawnTable(key) => {
-                let needs = state.tables.get(&key).is_some_and(|e| e.actor.is_none());
-                if needs {
-                    state.spawn_table(&myself, &key).await;
-                    state.publish(true);
-                }
-            }
-            PoolMsg::ReadinessProbe => {
-                if !state.shared.probed_ok.load(Ordering::Relaxed) {
-                    let shared = state.shared.clone();
-                    let me = myself.clone();
-                    tokio::spawn(async move {
-                        let r = shared.inserter.probe().await;
-                        let _ = me.cast(PoolMsg::ProbeResult(r));
-                    });
-                }
-            }
-            PoolMsg::ProbeResult(r) => {
-                match r {
-                    Ok(info) => {
-                        state.shared.probed_ok.store(true, Ordering::Relaxed);
-                        *state
-                            .shared
-                            .server_version
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner()) = Some(info.version.clone());
-                        *state
-                            .shared
-                            .last_probe_error
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner()) = None;
-                        state.probe_failures = 0;
-                        tracing::info!(pool = %state.shared.target, version = %info.version, "ClickHouse target answered its first probe");
-                    }
-                    Err(e) => {
-                        state.probe_failures += 1;
-                        let delay = Backoff::base(
-                            &state.shared.common.settings.reconnect,
-                            state.probe_failures - 1,
-                        );
-                        tracing::warn!(pool = %state.shared.target, error = %e, retry_in_ms = delay.as_millis() as u64,
-                            "ClickHouse target does not answer its probe yet");
-                        *state
-                            .shared
-                            .last_probe_error
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                        myself.send_after(delay, || PoolMsg::ReadinessProbe);
-                    }
-                }
-                state.publish(true);
-            }
-            PoolMsg::Tick => {
-                state.idle_probe();
-                state.publisher.dirty = true;
-                state.publish(true);
-            }
-            PoolMsg::FlushAll(reply) => {
-                let actors: Vec<_> = state
-                    .tables
-                    .values()
-                    .filter_map(|e| e.actor.clone())
-                    .collect();
-                for a in actors {
-                    let _ = a
-                        .call(TableMsg::FlushAll, Some(Duration::from_secs(5)))
-                        .await;
-                }
-                let _ = reply.send(());
-            }
-            PoolMsg::HandBackAll(reply) => {
-                let actors: Vec<_> = state
-                    .tables
-                    .values()
-                    .filter_map(|e| e.actor.clone())
-                    .collect();
-                let mut n = 0;
-                for a in actors {
-                    if let Ok(ractor::rpc::CallResult::Success(k)) = a
-                        .call(TableMsg::HandBackAll, Some(Duration::from_secs(5)))
-                        .await
-                    {
-                        n += k;
-                    }
-                }
-                let _ = reply.send(n);
-            }
-            PoolMsg::Panic => panic!("injected panic in pool actor {}", state.shared.target),
-            PoolMsg::PanicTable(key, reply) => {
-                let actor = state.tables.get(&key).and_then(|e| e.actor.clone());
-                let found = actor.is_some_and(|a| a.cast(TableMsg::Panic).is_ok());
-                let _ = reply.send(found);
-            }
+            PoolMsg::Rows(routed) => state.on_rows(&myself, routed).await,
+            PoolMsg::FromTable(report) => state.on_table_report(report),
+            PoolMsg::RespawnTable(key) => state.on_respawn_table(&myself, key).await,
+            PoolMsg::ReadinessProbe => state.on_readiness_probe(&myself),
+            PoolMsg::ReadinessResult(result) => state.on_readiness_result(&myself, result),
+            PoolMsg::OwnProbeDone { ticket, result } => state.on_own_probe_done(ticket, result),
+            PoolMsg::Tick => state.on_tick(&myself),
+            PoolMsg::FlushAll(reply) => state.on_flush_all(reply),
+            PoolMsg::HandBackAll(reply) => state.on_hand_back_all(reply),
+            PoolMsg::Debug(debug) => state.on_debug(debug),
         }
+        // A breaker transition is shown at once; anything else when due.
+        let transition = state.breaker.generation() != generation;
+        state.remember();
+        state.publish(transition);
         Ok(())
     }
 
@@ -492,9 +687,10 @@ impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         // A retired table is no longer in `by_id`; anything else stopped unasked.
-        if let Some((id, why)) = crate::supervisor::child_gone(evt) {
+        if let Some((id, why)) = child_gone(evt) {
             state.table_down(&myself, id, why);
         }
+        state.remember();
         state.publish(false);
         Ok(())
     }

@@ -1,32 +1,90 @@
-//! What a PoolActor is told.
+//! What a PoolActor is told, and what it tells the root supervisor.
 
-use ractor::{ActorId, RpcReplyPort};
+use ractor::RpcReplyPort;
 
+use super::memory::PoolMemory;
+use crate::breaker::Ticket;
 use crate::ports::{InsertError, ServerInfo, TableKey};
+use crate::routing::RoutedRows;
+use crate::table::TableReport;
 
 pub enum PoolMsg<D> {
-    /// A group of rows for one of this pool's tables (spawned on first use).
-    Rows {
-        key: TableKey,
-        rows: Vec<D>,
-    },
-    /// A table has been idle long enough to be reaped.
-    TableIdle {
-        key: TableKey,
-        id: ActorId,
-    },
+    /// A group of rows for one of this pool's tables (spawned on first use), from the
+    /// consumer (through a derived reference: see the `From` impls below).
+    Rows(RoutedRows<D>),
+    /// What one of the pool's tables says (through a derived reference).
+    FromTable(TableReport),
     /// Respawn a table that failed (after its restart delay).
     RespawnTable(TableKey),
-    /// Probe the target for readiness (retried with backoff until it answers).
+    /// Probe the target for readiness (retried with backoff until it answers once).
     ReadinessProbe,
-    ProbeResult(Result<ServerInfo, InsertError>),
-    /// Heartbeat: snapshot, idle probe of an ended window.
+    ReadinessResult(Result<ServerInfo, InsertError>),
+    /// The pool's own probe of its target came back: the one it sends when a window
+    /// ended with no flush to probe, or the idle liveness probe while no traffic flows.
+    OwnProbeDone {
+        ticket: Ticket,
+        result: Result<ServerInfo, InsertError>,
+    },
+    /// Heartbeat: idle probes, snapshot.
     Tick,
-    /// Shutdown: every table flushes everything now.
+    /// Shutdown: every table flushes everything now; answered when each has.
     FlushAll(RpcReplyPort<()>),
     /// Shutdown past the deadline: every table hands back what it still buffers.
     HandBackAll(RpcReplyPort<usize>),
-    /// Test/debug hooks.
+    /// Fault injection (tests, and the admin's debug routes when enabled).
+    Debug(PoolDebug),
+}
+
+/// The PoolActor's one debug message.
+pub enum PoolDebug {
+    /// Panic in the pool itself.
     Panic,
+    /// Panic in the table's actor; answers whether one runs.
     PanicTable(TableKey, RpcReplyPort<bool>),
+}
+
+/// What a pool tells the root supervisor.
+pub enum PoolReport {
+    /// What the pool's successor must start from, should this pool die: sent whenever
+    /// it changes (a breaker transition, a table's backoff or restart, readiness).
+    Remember {
+        index: usize,
+        memory: Box<PoolMemory>,
+    },
+}
+
+// === conversions for derived references ===
+
+impl<D> From<RoutedRows<D>> for PoolMsg<D> {
+    fn from(rows: RoutedRows<D>) -> Self {
+        PoolMsg::Rows(rows)
+    }
+}
+
+impl<D> TryFrom<PoolMsg<D>> for RoutedRows<D> {
+    type Error = ();
+
+    fn try_from(msg: PoolMsg<D>) -> Result<Self, ()> {
+        match msg {
+            PoolMsg::Rows(rows) => Ok(rows),
+            _ => Err(()),
+        }
+    }
+}
+
+impl<D> From<TableReport> for PoolMsg<D> {
+    fn from(report: TableReport) -> Self {
+        PoolMsg::FromTable(report)
+    }
+}
+
+impl<D> TryFrom<PoolMsg<D>> for TableReport {
+    type Error = ();
+
+    fn try_from(msg: PoolMsg<D>) -> Result<Self, ()> {
+        match msg {
+            PoolMsg::FromTable(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
 }

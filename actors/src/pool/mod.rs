@@ -1,10 +1,12 @@
-//! PoolActor: one per ClickHouse target. Owns the target's outage breaker (through a
-//! shared [`Gate`](crate::gate::Gate) kept across pool restarts) and its single probe
-//! token, probes the target for readiness, and spawns, supervises and reaps the
+//! PoolActor: one per ClickHouse target. Owns the target's outage breaker and its single
+//! probe token (its [`memory`] outlives it through the root supervisor), probes the
+//! target for readiness and while idle, and spawns, supervises and reaps the
 //! TableActors of every table whose tenant uses this target.
 
 pub mod actor;
+pub mod memory;
 pub mod messages;
 
-pub use actor::{PoolActor, PoolShared};
-pub use messages::PoolMsg;
+pub use actor::{PoolActor, PoolArgs};
+pub use memory::{PoolMemory, Readiness, TableMemory};
+pub use messages::{PoolDebug, PoolMsg, PoolReport};

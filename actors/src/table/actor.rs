@@ -1,19 +1,26 @@
-//! The TableActor itself.
+//! The TableActor itself: one table's buffer and flush triggers, and the owner of the
+//! table's own backoff. A batch that is due asks the table's backoff, then the pool, for
+//! a flight; the flight runs as a task and its verdict comes back as a message.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::buffer::{row_bytes, Buffer};
-use super::flush::{hand_back, spawn_flight, FlightCtx};
-use super::messages::TableMsg;
-use crate::gate::GatePass;
-use crate::observe::{NodeState, Publisher, TableSnapshot};
-use crate::pool::PoolMsg;
+use super::flight::{
+    spawn_flight, FlightCtx, FlightLinks, FlightOutcome, FlightVerdict, PoolVerdict, Tickets,
+    Verdict,
+};
+use super::messages::{TableDebug, TableMsg, TableReport};
+use crate::batch::Batch;
+use crate::breaker::{Admission, Ticket};
+use crate::observe::{NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{Delivery, Inserter};
+use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
+use crate::settle::hand_back;
 
 pub struct TableActor<I, D>(PhantomData<fn() -> (I, D)>);
 
@@ -23,40 +30,105 @@ impl<I, D> Default for TableActor<I, D> {
     }
 }
 
-pub struct TableArgs<I, D> {
+pub struct TableArgs<I> {
     pub ctx: Arc<FlightCtx<I>>,
-    pub pool: ActorRef<PoolMsg<D>>,
+    /// The pool, as far as a table speaks to it.
+    pub pool: DerivedActorRef<TableReport>,
+    /// The root, for the reports of flights that outlive this table and its pool.
+    pub orphans: DerivedActorRef<TableReport>,
     pub node_id: String,
+    /// The backoff the table's predecessor left (a new one when `None`).
+    pub backoff: Option<ScopedBreaker>,
 }
 
-pub struct TableState<I, D> {
-    ctx: Arc<FlightCtx<I>>,
-    pool: ActorRef<PoolMsg<D>>,
-    node_id: String,
-    buffer: Buffer<D>,
-    flights: usize,
-    age_gen: u64,
-    age_armed: Option<Instant>,
-    /// Shutdown: flush everything at once.
-    draining: bool,
-    /// Reaped: flush what is left, then stop.
-    retiring: bool,
+/// The table's totals, for its snapshot.
+#[derive(Debug, Default)]
+struct Totals {
     inserted: u64,
     parked: u64,
     handed_back: u64,
     dlq_failures: u64,
     last_error: Option<String>,
+}
+
+/// The age trigger: armed for the oldest buffered row, generation-stamped so a timer
+/// set for rows already flushed does nothing.
+#[derive(Debug, Default)]
+struct AgeTimer {
+    generation: u64,
+    armed: Option<Instant>,
+}
+
+pub struct TableState<I, D> {
+    ctx: Arc<FlightCtx<I>>,
+    pool: DerivedActorRef<TableReport>,
+    orphans: DerivedActorRef<TableReport>,
+    node_id: String,
+    buffer: Buffer<D>,
+    backoff: ScopedBreaker,
+    flights: usize,
+    /// A flight was asked of the pool and its answer has not come: the table's own
+    /// ticket for it. One request at a time.
+    awaiting_permit: Option<Ticket>,
+    age: AgeTimer,
+    /// Shutdown: flush everything at once; answered once the buffer is empty.
+    draining: Option<Vec<RpcReplyPort<()>>>,
+    /// Reaped: flush what is left, then stop.
+    retiring: bool,
+    totals: Totals,
     last_activity: Instant,
     idle_reported: bool,
-    publisher: Publisher,
+    throttle: SnapshotThrottle,
     publish_armed: bool,
-    last_heartbeat: Instant,
     /// When the buffered rows last got `progress()` (rows buffered past `ack_wait / 2`,
     /// e.g. with a long `batch_age` or while the flights are full).
     last_progress: Option<Instant>,
 }
 
+// === impl TableState ===
+
 impl<I: Inserter, D: Delivery> TableState<I, D> {
+    fn new(args: TableArgs<I>) -> Self {
+        let now = Instant::now();
+        let ctx = args.ctx;
+        let common = &ctx.common;
+        let backoff = match args.backoff {
+            Some(mut kept) => {
+                kept.take_over(now);
+                kept
+            }
+            None => ScopedBreaker::new(
+                BreakerScope::Table {
+                    target: ctx.target.clone(),
+                    key: ctx.key.clone(),
+                },
+                common.settings.table_backoff,
+                common.settings.log_every,
+                common.jitter(&args.node_id),
+                ctx.metrics.backoff.clone(),
+            ),
+        };
+        Self {
+            throttle: SnapshotThrottle::new(common.settings.snapshot_every),
+            ctx,
+            pool: args.pool,
+            orphans: args.orphans,
+            node_id: args.node_id,
+            buffer: Buffer::default(),
+            backoff,
+            flights: 0,
+            awaiting_permit: None,
+            age: AgeTimer::default(),
+            draining: None,
+            retiring: false,
+            totals: Totals::default(),
+            last_activity: now,
+            idle_reported: false,
+            publish_armed: false,
+            last_progress: None,
+        }
+    }
+
     fn snapshot(&self) -> TableSnapshot {
         TableSnapshot {
             tenant: self.ctx.key.tenant.to_string(),
@@ -64,12 +136,12 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             buffered_rows: self.buffer.len(),
             buffered_bytes: self.buffer.bytes(),
             flights: self.flights,
-            backoff: self.ctx.table_gate.snapshot(),
-            rows_inserted: self.inserted,
-            rows_parked: self.parked,
-            rows_handed_back: self.handed_back,
-            dlq_failures: self.dlq_failures,
-            last_error: self.last_error.clone(),
+            backoff: self.backoff.snapshot(Instant::now()),
+            rows_inserted: self.totals.inserted,
+            rows_parked: self.totals.parked,
+            rows_handed_back: self.totals.handed_back,
+            dlq_failures: self.totals.dlq_failures,
+            last_error: self.totals.last_error.clone(),
         }
     }
 
@@ -77,7 +149,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     /// for when it is due (so a burst followed by silence is still shown).
     fn publish_or_arm(&mut self, myself: &ActorRef<TableMsg<D>>) {
         self.publish(false);
-        if self.publisher.dirty && !self.publish_armed {
+        if self.throttle.dirty && !self.publish_armed {
             self.publish_armed = true;
             myself.send_after(self.ctx.common.settings.snapshot_every, || {
                 TableMsg::Publish
@@ -86,7 +158,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn publish(&mut self, force: bool) {
-        if self.publisher.due(force) {
+        if self.throttle.due(force) {
             self.ctx.metrics.buffered.set(self.buffer.len() as f64);
             self.ctx
                 .common
@@ -96,115 +168,297 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn hand_back(&mut self, rows: Vec<D>, delay: Duration) {
-        self.handed_back += rows.len() as u64;
+        self.totals.handed_back += rows.len() as u64;
         hand_back(&self.ctx.common, Some(&self.ctx.metrics), rows, delay);
     }
 
-    /// The table's backoff, then the pool's breaker. Taking one probe token and being
-    /// turned away by the other gives the token back (the pass is dropped).
-    fn admit(&self) -> Result<(GatePass, GatePass), Duration> {
-        let table = self.ctx.table_gate.admit()?;
-        let pool = self.ctx.pool_gate.admit()?;
-        Ok((pool, table))
-    }
-
     fn on_rows(&mut self, myself: &ActorRef<TableMsg<D>>, rows: Vec<D>) {
-        self.last_activity = Instant::now();
+        let now = Instant::now();
+        self.last_activity = now;
         self.idle_reported = false;
-        let delay = match (
-            self.ctx.pool_gate.arrival_delay(),
-            self.ctx.table_gate.arrival_delay(),
-        ) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        if let Some(d) = delay {
-            // A window is open or a probe is out: nothing is buffered.
-            self.hand_back(rows, d);
-            self.publisher.dirty = true;
-            self.publish_or_arm(myself);
+        if let Some(delay) = self.backoff.arrival_delay(now) {
+            // The table's window is open or its probe is out: nothing is buffered.
+            self.hand_back(rows, delay);
             return;
         }
         let bytes = row_bytes(&rows);
         let s = &self.ctx.settings;
         let cap = self.ctx.common.settings.buffer_cap_batches.max(1);
-        if !self.draining
-            && (self.buffer.len() + rows.len() > s.batch_rows.saturating_mul(cap)
-                || self.buffer.bytes() + bytes > s.batch_bytes.saturating_mul(cap))
-            && !self.buffer.is_empty()
-        {
+        let over = self.buffer.len() + rows.len() > s.batch_rows.saturating_mul(cap)
+            || self.buffer.bytes() + bytes > s.batch_bytes.saturating_mul(cap);
+        if self.draining.is_none() && over && !self.buffer.is_empty() {
             // Memory bound: the table is behind (flights full); let the queue keep them.
-            let d = self.ctx.common.settings.table_backoff.initial;
-            self.hand_back(rows, d);
+            let delay = self.ctx.common.settings.table_backoff.initial;
+            self.hand_back(rows, delay);
         } else {
-            self.buffer.push(rows, bytes, Instant::now());
+            self.buffer.push(rows, bytes, now);
         }
         self.pump(myself);
-        self.publisher.dirty = true;
-        self.publish_or_arm(myself);
     }
 
-    /// Start every flush that is due and allowed.
+    /// Ask for the next flight if a batch is due and allowed: the table's own backoff
+    /// first (it owns it), then the pool (by message; the answer is a `Permit`).
     fn pump(&mut self, myself: &ActorRef<TableMsg<D>>) {
         let now = Instant::now();
-        let forced = self.draining || self.retiring;
-        loop {
-            if self.buffer.is_empty() {
+        let forced = self.draining.is_some() || self.retiring;
+        while !self.buffer.is_empty() && self.awaiting_permit.is_none() {
+            let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
+            if !forced && (busy || self.buffer.due(&self.ctx.settings, now).is_none()) {
                 break;
             }
-            if !forced
-                && (self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1)
-                    || self.buffer.due(&self.ctx.settings, now).is_none())
-            {
-                break;
-            }
-            let (batch, _bytes, held_since) = self
-                .buffer
-                .take(self.ctx.settings.batch_rows, self.ctx.settings.batch_bytes);
-            match self.admit() {
-                Ok((pool, table)) => {
-                    self.flights += 1;
-                    let me = myself.clone();
-                    spawn_flight(
-                        self.ctx.clone(),
-                        batch,
-                        held_since,
-                        pool,
-                        table,
-                        move |out| {
-                            let _ = me.cast(TableMsg::FlightDone(out));
-                        },
-                    );
+            match self.backoff.admit(now) {
+                Admission::Go(ticket) | Admission::Probe(ticket) => {
+                    self.awaiting_permit = Some(ticket);
+                    let asked = self.pool.send_message(TableReport::WantsFlight {
+                        key: self.ctx.key.clone(),
+                        id: myself.get_id(),
+                    });
+                    if asked.is_err() {
+                        // The pool is gone (this table goes with it): nothing to ask.
+                        self.awaiting_permit = None;
+                        self.backoff.release(ticket, now);
+                        break;
+                    }
                 }
-                Err(delay) => {
-                    // Turned away with no request: the rows go back with the remaining
-                    // delay (at once when shutting down: another instance may take them).
-                    let delay = if self.draining { Duration::ZERO } else { delay };
-                    self.hand_back(batch, delay);
+                Admission::Wait(delay) => {
+                    let batch = self.take_batch();
+                    self.hand_back(batch, self.handback_delay(delay));
                 }
             }
-            self.publisher.dirty = true;
         }
         self.arm_age(myself);
+        self.answer_drain();
+    }
+
+    /// Turned away: with the remaining delay, or at once while shutting down (another
+    /// instance may take the rows).
+    fn handback_delay(&self, delay: Duration) -> Duration {
+        if self.draining.is_some() {
+            Duration::ZERO
+        } else {
+            delay
+        }
+    }
+
+    fn take_batch(&mut self) -> Vec<D> {
+        let s = &self.ctx.settings;
+        self.buffer.take(s.batch_rows, s.batch_bytes).0
+    }
+
+    fn on_permit(&mut self, myself: &ActorRef<TableMsg<D>>, permit: Result<Ticket, Duration>) {
+        let now = Instant::now();
+        let Some(table) = self.awaiting_permit.take() else {
+            // Nobody asked (cannot happen): give a granted ticket straight back.
+            if let Ok(pool) = permit {
+                self.tell_pool(PoolVerdict::Unfinished(pool), None);
+            }
+            return;
+        };
+        match permit {
+            Ok(pool) if self.buffer.is_empty() => {
+                // Handed back meanwhile (shutdown): nothing to fly.
+                self.backoff.release(table, now);
+                self.tell_pool(PoolVerdict::Unfinished(pool), None);
+            }
+            Ok(pool) => self.fly(myself, Tickets { pool, table }),
+            Err(delay) => {
+                self.backoff.release(table, now);
+                let batch = self.take_batch();
+                self.hand_back(batch, self.handback_delay(delay));
+            }
+        }
+        self.pump(myself);
+    }
+
+    fn fly(&mut self, myself: &ActorRef<TableMsg<D>>, tickets: Tickets) {
+        let s = &self.ctx.settings;
+        let (rows, _bytes, held_since) = self.buffer.take(s.batch_rows, s.batch_bytes);
+        self.flights += 1;
+        let links = FlightLinks {
+            table: myself.clone(),
+            pool: self.pool.clone(),
+            root: self.orphans.clone(),
+        };
+        spawn_flight(
+            self.ctx.clone(),
+            Batch::new(rows, held_since),
+            tickets,
+            links,
+        );
+    }
+
+    /// A flight's verdict: the table's own backoff learns its part here, the pool its
+    /// own through a report.
+    fn on_verdict(&mut self, v: FlightVerdict) {
+        let now = Instant::now();
+        let generation = self.backoff.generation();
+        let pool_verdict = v.for_pool();
+        let key = self.ctx.key.clone();
+        let mut reply = v.reply;
+        match &v.verdict {
+            Verdict::Answered => {
+                self.backoff.on_answered(v.tickets.table, now, Some(&key));
+            }
+            Verdict::TableOutage(err) => {
+                let failure = self
+                    .backoff
+                    .on_outage(v.tickets.table, err, now, Some(&key));
+                if let Some(reply) = reply.take() {
+                    let _ = reply.send(failure.delay);
+                }
+            }
+            Verdict::PoolOutage(_) | Verdict::Unfinished => {
+                self.backoff.release(v.tickets.table, now);
+            }
+        }
+        self.tell_pool(pool_verdict, reply);
+        if self.backoff.generation() != generation {
+            let _ = self.pool.send_message(TableReport::Backoff {
+                key,
+                memory: Box::new(self.backoff.clone()),
+            });
+        }
+    }
+
+    fn tell_pool(&self, verdict: PoolVerdict, reply: Option<RpcReplyPort<std::time::Duration>>) {
+        let _ = self.pool.send_message(TableReport::Verdict {
+            key: self.ctx.key.clone(),
+            verdict,
+            reply,
+        });
+    }
+
+    fn on_flight_done(&mut self, myself: &ActorRef<TableMsg<D>>, out: FlightOutcome) {
+        self.flights = self.flights.saturating_sub(1);
+        self.totals.inserted += out.inserted as u64;
+        self.totals.parked += out.parked as u64;
+        self.totals.handed_back += out.handed_back as u64;
+        self.totals.dlq_failures += out.dlq_failures as u64;
+        if out.last_error.is_some() {
+            self.totals.last_error = out.last_error;
+        }
+        self.last_activity = Instant::now();
+        self.pump(myself);
+        self.throttle.dirty = true;
+        self.publish(true);
+        self.maybe_stop(myself);
+    }
+
+    fn on_age_due(&mut self, myself: &ActorRef<TableMsg<D>>, generation: u64) {
+        if generation == self.age.generation {
+            self.age.armed = None;
+            self.pump(myself);
+        }
     }
 
     fn arm_age(&mut self, myself: &ActorRef<TableMsg<D>>) {
         let Some(deadline) = self.buffer.age_deadline(&self.ctx.settings) else {
-            self.age_armed = None;
+            self.age.armed = None;
             return;
         };
-        if self.age_armed.is_some_and(|a| a <= deadline) {
+        if self.age.armed.is_some_and(|a| a <= deadline) {
             return;
         }
-        self.age_gen += 1;
-        let gen = self.age_gen;
-        self.age_armed = Some(deadline);
+        self.age.generation += 1;
+        let generation = self.age.generation;
+        self.age.armed = Some(deadline);
         let wait = deadline.saturating_duration_since(Instant::now());
-        myself.send_after(wait, move || TableMsg::AgeDue(gen));
+        myself.send_after(wait, move || TableMsg::AgeDue(generation));
+    }
+
+    fn on_tick(&mut self, myself: &ActorRef<TableMsg<D>>) {
+        let now = Instant::now();
+        self.pump(myself);
+        self.keep_buffered_rows_alive(now);
+        self.ctx.common.registry.beat(&self.node_id);
+        self.report_idle(myself, now);
+    }
+
+    /// Rows buffered past half of `ack_wait` get `progress()`, from a task: the
+    /// mailbox never waits on NATS for them.
+    fn keep_buffered_rows_alive(&mut self, now: Instant) {
+        let half = self.ctx.common.settings.ack_wait / 2;
+        let Some(oldest) = self.buffer.oldest() else {
+            return;
+        };
+        let since = self.last_progress.map_or(oldest, |p| p.max(oldest));
+        if now.saturating_duration_since(since) < half {
+            return;
+        }
+        let touches: Vec<_> = self.buffer.iter().map(Delivery::progress).collect();
+        self.ctx.common.tracker.spawn(async move {
+            for touch in touches {
+                let _ = touch.await;
+            }
+        });
+        self.last_progress = Some(now);
+    }
+
+    fn report_idle(&mut self, myself: &ActorRef<TableMsg<D>>, now: Instant) {
+        let idle_after = self.ctx.common.settings.idle_table_after;
+        if !self.idle_reported
+            && !self.retiring
+            && self.draining.is_none()
+            && self.buffer.is_empty()
+            && self.flights == 0
+            && self.awaiting_permit.is_none()
+            && self.backoff.is_closed()
+            && now.saturating_duration_since(self.last_activity) >= idle_after
+        {
+            self.idle_reported = true;
+            let _ = self.pool.send_message(TableReport::Idle {
+                key: self.ctx.key.clone(),
+                id: myself.get_id(),
+            });
+        }
+    }
+
+    fn on_flush_all(&mut self, myself: &ActorRef<TableMsg<D>>, reply: RpcReplyPort<()>) {
+        self.draining.get_or_insert_with(Vec::new).push(reply);
+        self.pump(myself);
+    }
+
+    /// Shutdown's flush is answered once every batch has gone (or was handed back).
+    fn answer_drain(&mut self) {
+        if self.buffer.is_empty() && self.awaiting_permit.is_none() {
+            if let Some(waiting) = self.draining.as_mut() {
+                for reply in waiting.drain(..) {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+
+    fn on_hand_back_all(&mut self, reply: RpcReplyPort<usize>) {
+        let rows = self.buffer.take_all();
+        let n = rows.len();
+        self.hand_back(rows, Duration::ZERO);
+        self.answer_drain();
+        let _ = reply.send(n);
+    }
+
+    fn on_retire(&mut self, myself: &ActorRef<TableMsg<D>>) {
+        self.retiring = true;
+        self.pump(myself);
+        self.maybe_stop(myself);
+    }
+
+    fn on_publish(&mut self) {
+        self.publish_armed = false;
+    }
+
+    fn on_debug(&self, debug: TableDebug) {
+        match debug {
+            TableDebug::Panic => panic!("injected panic in table actor {}", self.ctx.key),
+        }
     }
 
     fn maybe_stop(&self, myself: &ActorRef<TableMsg<D>>) {
-        if self.retiring && self.flights == 0 && self.buffer.is_empty() {
+        if self.retiring
+            && self.flights == 0
+            && self.buffer.is_empty()
+            && self.awaiting_permit.is_none()
+        {
             myself.stop(Some("idle".into()));
         }
     }
@@ -213,37 +467,14 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
     type Msg = TableMsg<D>;
     type State = TableState<I, D>;
-    type Arguments = TableArgs<I, D>;
+    type Arguments = TableArgs<I>;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let now = Instant::now();
-        let every = args.ctx.common.settings.snapshot_every;
-        Ok(TableState {
-            ctx: args.ctx,
-            pool: args.pool,
-            node_id: args.node_id,
-            buffer: Buffer::default(),
-            flights: 0,
-            age_gen: 0,
-            age_armed: None,
-            draining: false,
-            retiring: false,
-            inserted: 0,
-            parked: 0,
-            handed_back: 0,
-            dlq_failures: 0,
-            last_error: None,
-            last_activity: now,
-            idle_reported: false,
-            publisher: Publisher::new(every),
-            publish_armed: false,
-            last_heartbeat: now,
-            last_progress: None,
-        })
+        Ok(TableState::new(args))
     }
 
     async fn post_start(
@@ -251,7 +482,7 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        myself.send_interval(Duration::from_secs(1), || TableMsg::Tick);
+        myself.send_interval(state.ctx.common.settings.tick_every, || TableMsg::Tick);
         state.publish(true);
         Ok(())
     }
@@ -264,88 +495,19 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             TableMsg::Rows(rows) => state.on_rows(&myself, rows),
-            TableMsg::Publish => {
-                state.publish_armed = false;
-                state.publish_or_arm(&myself);
-            }
-            TableMsg::AgeDue(gen) => {
-                if gen == state.age_gen {
-                    state.age_armed = None;
-                    state.pump(&myself);
-                    state.publish_or_arm(&myself);
-                }
-            }
-            TableMsg::FlightDone(out) => {
-                state.flights = state.flights.saturating_sub(1);
-                state.inserted += out.inserted as u64;
-                state.parked += out.parked as u64;
-                state.handed_back += out.handed_back as u64;
-                state.dlq_failures += out.dlq_failures as u64;
-                if out.last_error.is_some() {
-                    state.last_error = out.last_error;
-                }
-                state.last_activity = Instant::now();
-                state.pump(&myself);
-                state.publish(true);
-                state.maybe_stop(&myself);
-            }
-            TableMsg::Tick => {
-                let now = Instant::now();
-                state.pump(&myself);
-                let half = state.ctx.common.settings.ack_wait / 2;
-                if let Some(oldest) = state.buffer.oldest() {
-                    let since = state.last_progress.map_or(oldest, |p| p.max(oldest));
-                    if now.saturating_duration_since(since) >= half {
-                        for d in state.buffer.iter() {
-                            let _ = d.progress().await;
-                        }
-                        state.last_progress = Some(now);
-                    }
-                }
-                let heartbeat =
-                    now.saturating_duration_since(state.last_heartbeat) >= Duration::from_secs(1);
-                state.publish(heartbeat);
-                if heartbeat {
-                    state.last_heartbeat = now;
-                }
-                let idle_after = state.ctx.common.settings.idle_table_after;
-                if !state.idle_reported
-                    && !state.retiring
-                    && !state.draining
-                    && state.buffer.is_empty()
-                    && state.flights == 0
-                    && state.ctx.table_gate.is_closed()
-                    && now.saturating_duration_since(state.last_activity) >= idle_after
-                {
-                    state.idle_reported = true;
-                    let _ = state.pool.cast(PoolMsg::TableIdle {
-                        key: state.ctx.key.clone(),
-                        id: myself.get_id(),
-                    });
-                }
-            }
-            TableMsg::FlushAll(reply) => {
-                state.draining = true;
-                state.pump(&myself);
-                state.publish(true);
-                let _ = reply.send(());
-            }
-            TableMsg::HandBackAll(reply) => {
-                let rows = state.buffer.take_all();
-                let n = rows.len();
-                state.hand_back(rows, Duration::ZERO);
-                state.publish(true);
-                let _ = reply.send(n);
-            }
-            TableMsg::Retire => {
-                state.retiring = true;
-                state.pump(&myself);
-                state.maybe_stop(&myself);
-            }
-            TableMsg::Panic => {
-                panic!("injected panic in table actor {}", state.ctx.key);
-            }
+            TableMsg::AgeDue(generation) => state.on_age_due(&myself, generation),
+            TableMsg::Permit(permit) => state.on_permit(&myself, permit),
+            TableMsg::Verdict(verdict) => state.on_verdict(verdict),
+            TableMsg::FlightDone(outcome) => state.on_flight_done(&myself, outcome),
+            TableMsg::Tick => state.on_tick(&myself),
+            TableMsg::Publish => state.on_publish(),
+            TableMsg::FlushAll(reply) => state.on_flush_all(&myself, reply),
+            TableMsg::HandBackAll(reply) => state.on_hand_back_all(reply),
+            TableMsg::Retire => state.on_retire(&myself),
+            TableMsg::Debug(debug) => state.on_debug(debug),
         }
+        state.throttle.dirty = true;
+        state.publish_or_arm(&myself);
         Ok(())
     }
 }

@@ -1,17 +1,28 @@
-//! What a TableActor is told.
+//! What a TableActor is told, and what it tells its pool.
 
-use ractor::RpcReplyPort;
+use std::time::Duration;
 
-use super::flush::FlightOutcome;
+use ractor::{ActorId, RpcReplyPort};
+
+use super::flight::{FlightOutcome, FlightVerdict, PoolVerdict};
+use crate::breaker::Ticket;
+use crate::ports::TableKey;
+use crate::scoped_breaker::ScopedBreaker;
 
 pub enum TableMsg<D> {
     /// A group of rows routed to this table (one message per pulled group, never per row).
     Rows(Vec<D>),
     /// The age trigger of the rows buffered at arming time (generation-stamped).
     AgeDue(u64),
-    /// A flight finished: every one of its rows is settled.
+    /// The pool's answer to [`TableReport::WantsFlight`]: go with the pool's ticket, or
+    /// hand the batch back with this delay.
+    Permit(Result<Ticket, Duration>),
+    /// A flight's verdict, sent as soon as it is known (before its rows are settled),
+    /// so the breakers learn it at once.
+    Verdict(FlightVerdict),
+    /// A flight settled every row.
     FlightDone(FlightOutcome),
-    /// Heartbeat: snapshot, age check, idleness.
+    /// Heartbeat: snapshot, age check, progress for rows held long, idleness.
     Tick,
     /// A snapshot publication that was too soon when the state changed.
     Publish,
@@ -21,6 +32,32 @@ pub enum TableMsg<D> {
     HandBackAll(RpcReplyPort<usize>),
     /// The pool reaps this idle table: flush what came meanwhile, then stop.
     Retire,
-    /// Test/debug hook: panic inside the actor.
+    /// Fault injection (tests, and the admin's debug routes when enabled).
+    Debug(TableDebug),
+}
+
+/// The TableActor's one debug message.
+pub enum TableDebug {
     Panic,
+}
+
+/// What a table tells its pool. The pool turns it into its own message (it hands each
+/// table a derived reference), so the table knows nothing of the pool's messages.
+pub enum TableReport {
+    /// A batch is due: may a flight go? Answered by [`TableMsg::Permit`].
+    WantsFlight { key: TableKey, id: ActorId },
+    /// A flight's verdict for the pool's breaker. A pool outage's `reply` gets the delay
+    /// the flight's pending rows go back with.
+    Verdict {
+        key: TableKey,
+        verdict: PoolVerdict,
+        reply: Option<RpcReplyPort<Duration>>,
+    },
+    /// The table's backoff changed: the pool keeps a copy for the table's successor.
+    Backoff {
+        key: TableKey,
+        memory: Box<ScopedBreaker>,
+    },
+    /// The table has been idle long enough to be reaped.
+    Idle { key: TableKey, id: ActorId },
 }

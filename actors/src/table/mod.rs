@@ -1,12 +1,12 @@
 //! TableActor: one table's buffer, flush triggers (rows, bytes, age) and table-scoped
-//! backoff. A flush runs as a spawned task ([`flush`]) whose outcome comes back as a
-//! message, so the mailbox is never blocked by ClickHouse.
+//! backoff (it owns it). A flush runs as a spawned [`flight`] whose verdict and outcome
+//! come back as messages, so the mailbox is never blocked by ClickHouse.
 
 pub mod actor;
 pub mod buffer;
-pub mod flush;
+pub mod flight;
 pub mod messages;
 
 pub use actor::{TableActor, TableArgs};
-pub use flush::{FlightCtx, FlightOutcome};
-pub use messages::TableMsg;
+pub use flight::{FlightCtx, FlightOutcome, FlightVerdict, PoolVerdict, Tickets, Verdict};
+pub use messages::{TableDebug, TableMsg, TableReport};

@@ -1,8 +1,7 @@
-//! The live actor tree for `GET /admin/actors` and `/readyz` (quickwit's observe
-//! pattern): each actor publishes a serializable snapshot of its state into this shared
-//! registry when it changes (after a batch, a flush, a breaker transition; at most every
-//! ~200 ms), and an observer reads the registry without messaging or waiting on any
-//! actor. A snapshot older than `stale_after` is reported stale, with its age.
+//! The registry of published snapshots: each actor publishes its state into it when
+//! it changes, and an observer (the admin endpoint, `/readyz`) reads it without
+//! messaging or waiting on any actor. A snapshot older than `stale_after` while its
+//! actor should have published is reported stale, with its age.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,76 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::gate::GateSnapshot;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeKind {
-    Root,
-    Consumer,
-    Pool,
-    Table,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeStatus {
-    Starting,
-    Running,
-    Stopping,
-    Failed,
-    Restarting,
-}
-
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct ConsumerSnapshot {
-    pub connected: bool,
-    pub pulled_total: u64,
-    /// The stream's pending count (lag), when the source knows it.
-    pub pending: Option<u64>,
-    pub reconnects: u64,
-    pub last_error: Option<String>,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct PoolSnapshot {
-    pub target: String,
-    pub breaker: GateSnapshot,
-    /// The target answered one probe (readiness).
-    pub probed_ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_version: Option<String>,
-    pub tables: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_probe_error: Option<String>,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct TableSnapshot {
-    pub tenant: String,
-    pub table: String,
-    pub buffered_rows: usize,
-    pub buffered_bytes: usize,
-    pub flights: usize,
-    pub backoff: GateSnapshot,
-    pub rows_inserted: u64,
-    pub rows_parked: u64,
-    /// Rows handed back (naked with a delay) by this table.
-    pub rows_handed_back: u64,
-    pub dlq_failures: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-/// A node's kind-specific state.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-#[serde(untagged)]
-pub enum NodeState {
-    None {},
-    Consumer(ConsumerSnapshot),
-    Pool(PoolSnapshot),
-    Table(TableSnapshot),
-}
+use super::snapshots::{NodeKind, NodeState, NodeStatus};
 
 #[derive(Clone, Debug)]
 struct Node {
@@ -92,6 +22,9 @@ struct Node {
     last_error: Option<String>,
     state: NodeState,
     updated: Instant,
+    /// The actor says it is alive at least every tick (`beat`): only such a node can go
+    /// stale. The root publishes once and has nothing to say after.
+    beats: bool,
 }
 
 /// One node of the tree as the admin endpoint shows it.
@@ -155,7 +88,17 @@ impl Registry {
             last_error: None,
             state: NodeState::None {},
             updated: Instant::now(),
+            beats: false,
         });
+    }
+
+    /// The actor is alive and its snapshot is current (its heartbeat, when nothing
+    /// changed since it last published).
+    pub fn beat(&self, id: &str) {
+        if let Some(n) = self.lock().get_mut(id) {
+            n.updated = Instant::now();
+            n.beats = true;
+        }
     }
 
     pub fn set_status(&self, id: &str, status: NodeStatus) {
@@ -247,7 +190,7 @@ impl Registry {
                 restarts: n.restarts,
                 last_error: n.last_error.clone(),
                 snapshot_age_ms: age.as_millis() as u64,
-                stale: age > stale_after,
+                stale: n.beats && age > stale_after,
                 state: n.state.clone(),
                 children: children
                     .get(id)
@@ -318,46 +261,13 @@ fn status_word(s: NodeStatus) -> &'static str {
     }
 }
 
-/// Rate-limits snapshot publication: publish when something changed and at least
-/// `every` passed, or at once for transitions (`force`).
-#[derive(Debug)]
-pub struct Publisher {
-    every: Duration,
-    last: Option<Instant>,
-    pub dirty: bool,
-}
-
-impl Publisher {
-    pub fn new(every: Duration) -> Self {
-        Self {
-            every,
-            last: None,
-            dirty: true,
-        }
-    }
-
-    /// Should the actor publish now?
-    pub fn due(&mut self, force: bool) -> bool {
-        let now = Instant::now();
-        let due = force
-            || (self.dirty
-                && self
-                    .last
-                    .is_none_or(|l| now.saturating_duration_since(l) >= self.every));
-        if due {
-            self.last = Some(now);
-            self.dirty = false;
-        }
-        due
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::snapshots::ConsumerSnapshot;
 
     #[tokio::test(start_paused = true)]
-    async fn tree_nests_and_marks_stale_snapshots() {
+    async fn tree_nests_and_marks_stale_only_what_should_have_beaten() {
         let r = Registry::new(Duration::from_secs(5));
         r.register(ROOT_ID, NodeKind::Root, "root", None);
         r.register(CONSUMER_ID, NodeKind::Consumer, "INGEST", Some(ROOT_ID));
@@ -370,18 +280,21 @@ mod tests {
                 ..Default::default()
             }),
         );
+        r.beat(CONSUMER_ID);
+        r.beat("pool/main");
         tokio::time::advance(Duration::from_secs(6)).await;
-        r.publish(ROOT_ID, NodeState::None {});
+        r.beat("pool/main");
         let t = r.tree().unwrap();
         assert_eq!(t.children.len(), 2);
-        let consumer = t
-            .children
-            .iter()
-            .find(|c| c.kind == NodeKind::Consumer)
-            .unwrap();
-        assert!(consumer.stale);
-        assert_eq!(consumer.snapshot_age_ms, 6000);
-        assert!(!t.stale);
+        let child = |kind| t.children.iter().find(|c| c.kind == kind).unwrap();
+        // The consumer beats and went silent: stale, with its age.
+        assert!(child(NodeKind::Consumer).stale);
+        assert_eq!(child(NodeKind::Consumer).snapshot_age_ms, 6000);
+        // The pool beat just now.
+        assert!(!child(NodeKind::Pool).stale);
+        // The root said all it has to say at start: never stale, even hours later.
+        tokio::time::advance(Duration::from_secs(3 * 3600)).await;
+        assert!(!r.tree().unwrap().stale);
         let reasons = r.readiness().unwrap_err();
         assert_eq!(reasons, vec!["target main: not probed yet".to_owned()]);
     }

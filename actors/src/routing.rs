@@ -1,16 +1,23 @@
 //! Subjects to tables to pools: `<prefix>.<tenant>.<table>` with identifier tokens
 //! (tenant `[A-Za-z_][A-Za-z0-9_-]*`, table `[A-Za-z_][A-Za-z0-9_]*`). A tenant with no
 //! ClickHouse target, or a subject that does not parse, is parked with a clear error.
+//!
+//! Neutral ground between the consumer, which routes, and the pools, which receive
+//! [`RoutedRows`]: neither module knows the other's messages.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-
-use ractor::ActorRef;
+use std::sync::Arc;
 
 use crate::metrics::TableMetrics;
-use crate::pool::PoolMsg;
 use crate::ports::TableKey;
 use crate::settings::TableSettingsResolver;
+use crate::settle::ParkReason;
+
+/// One group of rows for one table, as the consumer hands it to the table's pool.
+pub struct RoutedRows<D> {
+    pub key: TableKey,
+    pub rows: Vec<D>,
+}
 
 /// Where the rows of one subject go.
 #[derive(Clone)]
@@ -29,12 +36,6 @@ pub enum Route {
         reason: ParkReason,
         metrics: TableMetrics,
     },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParkReason {
-    NoTarget,
-    InvalidSubject,
 }
 
 pub fn is_tenant(s: &str) -> bool {
@@ -56,35 +57,19 @@ pub fn parse_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, &'a
     (is_tenant(tenant) && is_table(table)).then_some((tenant, table))
 }
 
-/// The tenant → target map and the live pool actors (replaced when one restarts).
-pub struct Router<D> {
+/// The tenant → target map (targets by index, in configuration order).
+pub struct Router {
     pub prefix: String,
     tenants: HashMap<String, usize>,
     pub targets: Vec<Arc<str>>,
-    pools: Vec<RwLock<Option<ActorRef<PoolMsg<D>>>>>,
 }
 
-impl<D> Router<D> {
+impl Router {
     pub fn new(prefix: &str, targets: Vec<Arc<str>>, tenants: HashMap<String, usize>) -> Self {
         Self {
             prefix: prefix.to_owned(),
-            pools: targets.iter().map(|_| RwLock::new(None)).collect(),
             tenants,
             targets,
-        }
-    }
-
-    pub fn pool(&self, idx: usize) -> Option<ActorRef<PoolMsg<D>>> {
-        self.pools
-            .get(idx)?
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub fn set_pool(&self, idx: usize, actor: Option<ActorRef<PoolMsg<D>>>) {
-        if let Some(slot) = self.pools.get(idx) {
-            *slot.write().unwrap_or_else(|e| e.into_inner()) = actor;
         }
     }
 

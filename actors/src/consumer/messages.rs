@@ -1,0 +1,28 @@
+//! What the ConsumerActor is told.
+
+use ractor::{DerivedActorRef, RpcReplyPort};
+
+use crate::routing::RoutedRows;
+
+pub enum ConsumerMsg<D> {
+    Connect,
+    Pull,
+    /// The root (re)spawned pool number `index`: route its tenants' rows there.
+    PoolUp {
+        index: usize,
+        pool: DerivedActorRef<RoutedRows<D>>,
+    },
+    /// Pool number `index` is down (restarting): its rows go back for a moment.
+    PoolDown {
+        index: usize,
+    },
+    /// Shutdown: stop pulling; answers once the batch in hand is routed.
+    StopPulling(RpcReplyPort<()>),
+    /// Fault injection (tests, and the admin's debug routes when enabled).
+    Debug(ConsumerDebug),
+}
+
+/// The ConsumerActor's one debug message.
+pub enum ConsumerDebug {
+    Panic,
+}

@@ -1,0 +1,20 @@
+//! The live actor tree for `GET /admin/actors` and `/readyz` (quickwit's observe
+//! pattern): each actor publishes a serializable snapshot of its state into a shared
+//! registry when it changes, and an observer reads the registry without messaging or
+//! waiting on any actor. Beside it, the pipeline's running totals.
+//!
+//! This module and [`crate::metrics`] are the only places in the crate that keep shared
+//! state behind a lock or an atomic: they record what the actors decided, they never
+//! take part in a decision.
+
+mod registry;
+mod snapshots;
+mod stats;
+mod throttle;
+
+pub use registry::{pool_id, table_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID};
+pub use snapshots::{
+    ConsumerSnapshot, NodeKind, NodeState, NodeStatus, PoolSnapshot, TableSnapshot,
+};
+pub use stats::{Stats, StatsSnapshot};
+pub use throttle::SnapshotThrottle;

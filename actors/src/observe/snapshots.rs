@@ -1,0 +1,75 @@
+//! What each actor publishes about itself: the serializable snapshots of the admin
+//! tree (`GET /admin/actors`), one type per kind of node.
+
+use serde::Serialize;
+
+use crate::scoped_breaker::BreakerSnapshot;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    Root,
+    Consumer,
+    Pool,
+    Table,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    Starting,
+    Running,
+    Stopping,
+    Failed,
+    Restarting,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct ConsumerSnapshot {
+    pub connected: bool,
+    pub pulled_total: u64,
+    /// The stream's pending count (lag), when the source knows it.
+    pub pending: Option<u64>,
+    pub reconnects: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PoolSnapshot {
+    pub target: String,
+    pub breaker: BreakerSnapshot,
+    /// The target answered one probe (readiness).
+    pub probed_ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    pub tables: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_probe_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TableSnapshot {
+    pub tenant: String,
+    pub table: String,
+    pub buffered_rows: usize,
+    pub buffered_bytes: usize,
+    pub flights: usize,
+    pub backoff: BreakerSnapshot,
+    pub rows_inserted: u64,
+    pub rows_parked: u64,
+    /// Rows handed back (naked with a delay) by this table.
+    pub rows_handed_back: u64,
+    pub dlq_failures: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A node's kind-specific state.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum NodeState {
+    None {},
+    Consumer(ConsumerSnapshot),
+    Pool(PoolSnapshot),
+    Table(TableSnapshot),
+}
