@@ -22,6 +22,9 @@
 //!   parked only when rejected alone. A hint proven wrong (the named row inserts fine
 //!   alone; e.g. a server counting rows per parsing chunk) turns hints off for the rest
 //!   of the isolation, so a wrong hint costs at most three requests, never row-by-row.
+//! - A rejection the same for the whole batch that names no row (the table or its
+//!   database does not exist) stops the isolation like an outage: splitting cannot
+//!   find a row at fault where none is.
 //! - Any answer that is not Rejected (and not Splittable on several rows) stops the
 //!   isolation: inserted rows stay inserted, rejected rows stay rejected, every row not
 //!   yet judged (the failing range and all untried ones) stays pending, for the caller
@@ -89,6 +92,12 @@ impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
         }
         out
     }
+}
+
+/// A rejection that judges rows: splitting can find the ones at fault. A rejection the
+/// same for every row (the table does not exist) names none: isolation stops there.
+fn judges_rows(err: &InsertError) -> bool {
+    err.class == Class::Rejected && !err.missing_table
 }
 
 fn judge(verdicts: &mut [RowVerdict], lo: usize, hi: usize, verdict: RowVerdict) -> usize {
@@ -160,7 +169,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
                 report.answered = true;
                 report.inserted += judge(verdicts, 0, 1, RowVerdict::Inserted);
             }
-            Err(e) if e.class == Class::Rejected => {
+            Err(e) if judges_rows(&e) => {
                 report.answered = true;
                 report.rejected += judge(verdicts, 0, 1, RowVerdict::Rejected(e.clone().into()));
                 report.last_rejection = Some(e);
@@ -213,7 +222,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
                 }
             }
         };
-        let rejected = err.class == Class::Rejected;
+        let rejected = judges_rows(&err);
         if rejected || (err.splittable && size >= 2) {
             report.answered = true;
             if size == 1 {
@@ -578,6 +587,27 @@ mod tests {
         for seq in [5, 6, 7, 8] {
             assert_eq!(ledger.terminal(seq), vec![Event::Naked(OUTAGE)]);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejection_that_names_no_row_stops_the_isolation_with_nothing_split_further() {
+        let ins = ScriptedInserter::new();
+        // The whole batch: a bad row; then the table is dropped under the isolation.
+        ins.script([Err(rejected(27)), Ok(()), Err(rejected(60).table_missing())]);
+        let ledger = Ledger::new();
+        let r = run(&ins, &ledger, 16, &[], true).await;
+        assert_eq!(
+            ins.request_count(),
+            3,
+            "no split after the table went missing"
+        );
+        assert!(r
+            .report
+            .stopped_by
+            .as_ref()
+            .is_some_and(|e| e.missing_table));
+        assert_eq!((r.inserted, r.parked), (8, 0));
+        assert_eq!(r.pending.len(), 8, "the rest waits for the table");
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,6 +14,7 @@
 //!   the outage that sent rows back) or `backoff` (rows handed back because a window was
 //!   open, a probe was out, or a table was busy/restarting).
 //! - `reason` on `sluice_rows_parked_total`: `rejected` (ClickHouse judged the row),
+//!   `missing_table` (the table still did not exist after `missing_table_grace`),
 //!   `no_target` (tenant without a ClickHouse target), `invalid_subject`.
 //! - `outcome` on `sluice_insert_requests_total`: `ok`, `rejected`, `unavailable`,
 //!   `denied`, `unknown`.
@@ -36,6 +37,9 @@ pub const BATCH_ROWS: &str = "sluice_batch_rows";
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 pub const TABLE_BACKOFF: &str = "sluice_table_backoff";
 pub const BUFFERED_ROWS: &str = "sluice_buffered_rows";
+/// Not in DESIGN's list, needed by its "a table that does not exist is waited for":
+/// 1 while ClickHouse says a table does not exist and its rows wait for it.
+pub const TABLE_MISSING: &str = "sluice_table_missing";
 pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
 pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
 /// Not in DESIGN's list, needed by its "a full DLQ makes parking fail ... an alert
@@ -61,6 +65,7 @@ pub const ALL: &[&str] = &[
     BREAKER_STATE,
     TABLE_BACKOFF,
     BUFFERED_ROWS,
+    TABLE_MISSING,
     CONSUMER_PENDING,
     ACTOR_RESTARTS,
     DLQ_PUBLISH_FAILURES,
@@ -112,6 +117,10 @@ pub fn describe_all() {
         BUFFERED_ROWS,
         Unit::Count,
         "Rows buffered in a table actor, not yet flushed."
+    );
+    describe_gauge!(
+        TABLE_MISSING,
+        "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace)."
     );
     describe_gauge!(
         CONSUMER_PENDING,
@@ -172,6 +181,7 @@ pub struct TableMetrics {
     pub received: Counter,
     pub inserted: Counter,
     pub parked_rejected: Counter,
+    pub parked_missing_table: Counter,
     pub parked_no_target: Counter,
     pub parked_invalid: Counter,
     pub retries_unavailable: Counter,
@@ -182,6 +192,7 @@ pub struct TableMetrics {
     pub batch_rows: Histogram,
     pub buffered: Gauge,
     pub backoff: Gauge,
+    pub missing: Gauge,
 }
 
 impl TableMetrics {
@@ -196,6 +207,7 @@ impl TableMetrics {
             received: tt(ROWS_RECEIVED),
             inserted: tt(ROWS_INSERTED),
             parked_rejected: parked("rejected"),
+            parked_missing_table: parked("missing_table"),
             parked_no_target: parked("no_target"),
             parked_invalid: parked("invalid_subject"),
             retries_unavailable: retries("unavailable"),
@@ -206,6 +218,7 @@ impl TableMetrics {
             batch_rows: histogram!(BATCH_ROWS, "table" => table.clone()),
             buffered: gauge!(BUFFERED_ROWS, "tenant" => tenant.clone(), "table" => table.clone()),
             backoff: gauge!(TABLE_BACKOFF, "tenant" => tenant.clone(), "table" => table.clone()),
+            missing: gauge!(TABLE_MISSING, "tenant" => tenant.clone(), "table" => table.clone()),
         }
     }
 

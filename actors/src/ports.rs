@@ -75,6 +75,10 @@ pub struct InsertError {
     pub table_scoped: bool,
     /// A multi-row batch may succeed when split (too many parts, memory limit).
     pub splittable: bool,
+    /// The table or its database does not exist (yet): the same for every row of the
+    /// batch, it names none. Class stays `Rejected` (the query path answers 404), but
+    /// ingest waits for the table, table-scoped, before it parks anything.
+    pub missing_table: bool,
     /// The HTTP status, when an answer came back at all.
     pub status: Option<u16>,
     /// ClickHouse's message (or the transport error), already capped by the adapter.

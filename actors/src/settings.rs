@@ -20,6 +20,9 @@ pub struct TableSettings {
     pub dlq: bool,
     /// Ask ClickHouse to skip fields the table does not have.
     pub skip_unknown_fields: bool,
+    /// How long rows wait for a table (or database) ClickHouse says does not exist (a
+    /// deploy race: rows before the migration) before they are parked.
+    pub missing_table_grace: Duration,
 }
 
 impl Default for TableSettings {
@@ -30,6 +33,7 @@ impl Default for TableSettings {
             batch_age: Duration::from_secs(1),
             dlq: true,
             skip_unknown_fields: false,
+            missing_table_grace: Duration::from_secs(600),
         }
     }
 }
@@ -42,6 +46,7 @@ pub struct TableOverrides {
     pub batch_age: Option<Duration>,
     pub dlq: Option<bool>,
     pub skip_unknown_fields: Option<bool>,
+    pub missing_table_grace: Option<Duration>,
 }
 
 impl TableOverrides {
@@ -52,6 +57,7 @@ impl TableOverrides {
             batch_age: self.batch_age.unwrap_or(base.batch_age),
             dlq: self.dlq.unwrap_or(base.dlq),
             skip_unknown_fields: self.skip_unknown_fields.unwrap_or(base.skip_unknown_fields),
+            missing_table_grace: self.missing_table_grace.unwrap_or(base.missing_table_grace),
         }
     }
 }

@@ -268,6 +268,7 @@ pub fn answer(class: Class, code: u32) -> InsertError {
         code: Some(code),
         table_scoped: false,
         splittable: false,
+        missing_table: false,
         status: Some(500),
         message: format!("Code: {code}. DB::Exception: scripted"),
     }
@@ -295,6 +296,7 @@ pub fn status(status: u16, class: Class) -> InsertError {
         code: None,
         table_scoped: false,
         splittable: false,
+        missing_table: false,
         status: Some(status),
         message: format!("HTTP {status}"),
     }
@@ -312,6 +314,12 @@ impl InsertError {
         self.splittable = true;
         self
     }
+
+    /// The table or its database does not exist (the whole batch, no row named).
+    pub fn table_missing(mut self) -> Self {
+        self.missing_table = true;
+        self
+    }
 }
 
 /// A transport failure (refused, reset, timeout...).
@@ -321,6 +329,7 @@ pub fn transport(what: &str) -> InsertError {
         code: None,
         table_scoped: false,
         splittable: false,
+        missing_table: false,
         status: None,
         message: what.to_owned(),
     }

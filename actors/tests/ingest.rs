@@ -524,3 +524,109 @@ async fn rows_buffered_past_half_the_ack_wait_get_progress_too() {
     }
     r.handle.shutdown().await;
 }
+
+/// A table that does not exist (yet): its rows wait for it, table-scoped, for the
+/// grace; none is parked meanwhile and nothing is bisected. Past the grace they are
+/// parked in a few requests (one per batch), with the reason in the parking.
+#[tokio::test(start_paused = true)]
+async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
+    let tables = tables(10).with_override(
+        "acme.late",
+        TableOverrides {
+            missing_table_grace: Some(Duration::from_secs(60)),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], tables, settings()).await;
+    r.main()
+        .rule(|req| (&*req.table.table == "late").then(|| Err(rejected(60).table_missing())));
+    let seqs = r.push("ingest.acme.late", 30, &[]);
+    // Inside the grace: waiting, shown, nothing parked, the pool untouched.
+    assert!(
+        r.until(Duration::from_secs(5), |r| r.table_backoff("acme.late")
+            == "open")
+            .await,
+        "{} {:?}",
+        r.handle.tree_json(),
+        r.ledger.events()
+    );
+    assert!(r
+        .table("acme.late")
+        .is_some_and(|t| t["state"]["missing_table"]["grace_left_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0)));
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.pool_state("main"), "closed");
+    assert!(seqs
+        .iter()
+        .all(|s| matches!(r.ledger.terminal(*s)[..], [Event::Naked(_)])));
+    // Past the grace: the rows that come (again) are parked, each with the reason.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let mut late = r.push("ingest.acme.late", 10, &[]);
+    assert!(
+        r.until(Duration::from_secs(60), |r| r.ledger.parked() == 10)
+            .await,
+        "{:?}",
+        r.ledger.events()
+    );
+    // That answer closed the table's wait: what comes next goes straight to the DLQ.
+    late.extend(r.push("ingest.acme.late", 20, &[]));
+    assert!(
+        r.until(Duration::from_secs(120), |r| r.ledger.parked() == 30)
+            .await,
+        "{:?}",
+        r.ledger.events()
+    );
+    for (seq, parking) in r.ledger.parkings() {
+        assert!(late.contains(&seq));
+        assert_eq!(parking.code, Some(60));
+        assert!(
+            parking.error.contains("missing_table_grace"),
+            "{}",
+            parking.error
+        );
+    }
+    // No bisection: every request carried a whole batch.
+    let requests = r.main().requests();
+    assert!(
+        requests.iter().all(|q| q.rows == 10),
+        "{:?}",
+        requests.iter().map(|q| q.rows).collect::<Vec<_>>()
+    );
+    assert!(requests.len() <= 15, "{} requests", requests.len());
+    assert!(r.ledger.not_settled_once().is_empty());
+}
+
+/// The usual cause, a deploy race: the table appears within the grace, and its rows
+/// land at once; none is parked.
+#[tokio::test(start_paused = true)]
+async fn a_table_created_within_the_grace_takes_its_rows() {
+    let r = simple(10).await;
+    r.main()
+        .rule(|req| (&*req.table.table == "late").then(|| Err(rejected(60).table_missing())));
+    r.push("ingest.acme.late", 20, &[]);
+    assert!(
+        r.until(Duration::from_secs(5), |r| r.table_backoff("acme.late")
+            == "open")
+            .await
+    );
+    // The migration runs; the rows come again once the table's wait is over.
+    r.main().clear_rules();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let more = r.push("ingest.acme.late", 10, &[]);
+    r.settled(30).await;
+    assert!(
+        r.until(Duration::from_secs(120), |r| r.ledger.acked() == 10)
+            .await,
+        "{:?}",
+        r.ledger.events()
+    );
+    assert_eq!(r.ledger.parked(), 0);
+    assert!(more
+        .iter()
+        .all(|s| r.ledger.terminal(*s).last() == Some(&Event::Acked)));
+    assert!(r
+        .table("acme.late")
+        .is_some_and(|t| t["state"]["missing_table"].is_null()));
+}

@@ -27,6 +27,11 @@ pub const TABLE_SCOPED_CODES: &[u32] = &[242, 252, 497, 692, 774];
 /// A multi-row batch refused for its size: split it before anything else.
 pub const SPLITTABLE_CODES: &[u32] = &[241, 252];
 
+/// The table or its database does not exist (UNKNOWN_TABLE, UNKNOWN_DATABASE): Rejected,
+/// but the same for the whole batch, so ingest waits for the table (a deploy race is the
+/// usual cause) and never bisects.
+pub const MISSING_TABLE_CODES: &[u32] = &[60, 81];
+
 /// What a code alone says.
 pub fn class_of_code(code: u32) -> Class {
     if UNAVAILABLE_CODES.binary_search(&code).is_ok() {
@@ -72,6 +77,7 @@ pub fn from_code(code: u32, status: Option<u16>, message: String) -> InsertError
         code: Some(code),
         table_scoped: TABLE_SCOPED_CODES.contains(&code),
         splittable: SPLITTABLE_CODES.contains(&code),
+        missing_table: MISSING_TABLE_CODES.contains(&code),
         status,
         message,
     }
@@ -93,6 +99,7 @@ pub fn from_response(status: u16, header: Option<&str>, body: &str) -> InsertErr
             code: None,
             table_scoped: false,
             splittable: false,
+            missing_table: false,
             status: Some(status),
             message: if message.is_empty() {
                 format!("HTTP {status} with no body")
@@ -111,6 +118,7 @@ pub fn transport(message: impl Into<String>) -> InsertError {
         code: None,
         table_scoped: false,
         splittable: false,
+        missing_table: false,
         status: None,
         message: message.into(),
     }

@@ -59,6 +59,7 @@ const TABLE_KEYS: &[(&str, Kind)] = &[
     ("batch_age", Kind::Str),
     ("dlq", Kind::Bool),
     ("skip_unknown_fields", Kind::Bool),
+    ("missing_table_grace", Kind::Str),
 ];
 
 const PIPELINE_KEYS: &[(&str, Kind)] = &[

@@ -153,6 +153,9 @@ pub struct IngestFile {
     pub batch_age: Span,
     pub dlq: bool,
     pub skip_unknown_fields: bool,
+    /// How long rows wait for a table ClickHouse says does not exist before they are
+    /// parked.
+    pub missing_table_grace: Span,
 }
 
 impl Default for IngestFile {
@@ -163,6 +166,7 @@ impl Default for IngestFile {
             batch_age: Span(std::time::Duration::from_secs(1)),
             dlq: true,
             skip_unknown_fields: false,
+            missing_table_grace: Span(std::time::Duration::from_secs(600)),
         }
     }
 }
@@ -175,6 +179,7 @@ pub struct TableFile {
     pub batch_age: Option<Span>,
     pub dlq: Option<bool>,
     pub skip_unknown_fields: Option<bool>,
+    pub missing_table_grace: Option<Span>,
 }
 
 // === [pipeline] ===

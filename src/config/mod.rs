@@ -128,6 +128,7 @@ pub struct TableSettings {
     pub batch_age: Duration,
     pub dlq: bool,
     pub skip_unknown_fields: bool,
+    pub missing_table_grace: Duration,
 }
 
 #[derive(Clone, Debug)]

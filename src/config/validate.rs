@@ -390,6 +390,10 @@ fn table_settings(
         skip_unknown_fields: over
             .skip_unknown_fields
             .unwrap_or(defaults.skip_unknown_fields),
+        missing_table_grace: over
+            .missing_table_grace
+            .unwrap_or(defaults.missing_table_grace)
+            .get(),
     };
     c.at_least(&format!("{key} batch_rows"), s.batch_rows, 1);
     if s.batch_bytes < 1024 {
@@ -673,11 +677,12 @@ pub(super) fn summary(config: &Config) -> String {
 
 fn describe(s: &TableSettings) -> String {
     format!(
-        "batch_rows {} batch_bytes {} batch_age {} dlq {} skip_unknown_fields {}",
+        "batch_rows {} batch_bytes {} batch_age {} dlq {} skip_unknown_fields {} missing_table_grace {}",
         s.batch_rows,
         super::units::Size(s.batch_bytes as u64),
         humantime::format_duration(s.batch_age),
         if s.dlq { "on" } else { "off" },
-        s.skip_unknown_fields
+        s.skip_unknown_fields,
+        humantime::format_duration(s.missing_table_grace)
     )
 }

@@ -76,6 +76,7 @@ pub fn table_settings(config: &Config) -> TableSettingsResolver {
         batch_age: s.batch_age,
         dlq: s.dlq,
         skip_unknown_fields: s.skip_unknown_fields,
+        missing_table_grace: s.missing_table_grace,
     };
     let mut resolver = TableSettingsResolver::new(convert(&config.ingest));
     for ((tenant, table), s) in &config.tables {
@@ -88,6 +89,7 @@ pub fn table_settings(config: &Config) -> TableSettingsResolver {
                 batch_age: Some(s.batch_age),
                 dlq: Some(s.dlq),
                 skip_unknown_fields: Some(s.skip_unknown_fields),
+                missing_table_grace: Some(s.missing_table_grace),
             },
         );
     }

@@ -14,7 +14,8 @@ mod throttle;
 
 pub use registry::{pool_id, table_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID};
 pub use snapshots::{
-    ConsumerSnapshot, NodeKind, NodeState, NodeStatus, PoolSnapshot, TableSnapshot,
+    ConsumerSnapshot, MissingTableSnapshot, NodeKind, NodeState, NodeStatus, PoolSnapshot,
+    TableSnapshot,
 };
 pub use stats::{Stats, StatsSnapshot};
 pub use throttle::SnapshotThrottle;

@@ -60,8 +60,20 @@ pub struct TableSnapshot {
     /// Rows handed back (naked with a delay) by this table.
     pub rows_handed_back: u64,
     pub dlq_failures: u64,
+    /// ClickHouse says the table does not exist: its rows wait for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_table: Option<MissingTableSnapshot>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// A table its rows wait for.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MissingTableSnapshot {
+    /// How long ClickHouse has said it does not exist, in ms.
+    pub for_ms: u64,
+    /// Time left before its rows are parked, in ms (0: they are parked as they come).
+    pub grace_left_ms: u64,
 }
 
 /// A node's kind-specific state.

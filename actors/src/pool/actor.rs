@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{
     Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort,
@@ -31,7 +30,7 @@ use crate::routing::RoutedRows;
 use crate::scoped_breaker::ScopedBreaker;
 use crate::settle::hand_back;
 use crate::table::{
-    FlightCtx, PoolVerdict, TableActor, TableArgs, TableDebug, TableMsg, TableReport,
+    FlightCtx, PendingRows, PoolVerdict, TableActor, TableArgs, TableDebug, TableMsg, TableReport,
 };
 
 pub struct PoolActor<I, D>(PhantomData<fn() -> (I, D)>);
@@ -422,7 +421,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         &mut self,
         key: TableKey,
         verdict: PoolVerdict,
-        reply: Option<RpcReplyPort<Duration>>,
+        reply: Option<RpcReplyPort<PendingRows>>,
     ) {
         let now = Instant::now();
         let generation = self.breaker.generation();
@@ -436,7 +435,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
                 self.settle_probe(ticket);
                 let failure = self.breaker.on_outage(ticket, &err, now, Some(&key));
                 if let Some(reply) = reply {
-                    let _ = reply.send(failure.delay);
+                    let _ = reply.send(PendingRows::HandBack(failure.delay));
                 }
             }
             PoolVerdict::Unfinished(ticket) => self.forget_ticket(ticket, now),

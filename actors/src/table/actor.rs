@@ -11,14 +11,14 @@ use tokio::time::Instant;
 
 use super::buffer::{row_bytes, Buffer};
 use super::flight::{
-    spawn_flight, FlightCtx, FlightLinks, FlightOutcome, FlightVerdict, PoolVerdict, Tickets,
-    Verdict,
+    spawn_flight, FlightCtx, FlightLinks, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict,
+    Tickets, Verdict,
 };
 use super::messages::{TableDebug, TableMsg, TableReport};
 use crate::batch::Batch;
 use crate::breaker::{Admission, Ticket};
-use crate::observe::{NodeState, SnapshotThrottle, TableSnapshot};
-use crate::ports::{Delivery, Inserter};
+use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
+use crate::ports::{Delivery, InsertError, Inserter};
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
 use crate::settle::hand_back;
 
@@ -83,6 +83,10 @@ pub struct TableState<I, D> {
     /// When the buffered rows last got `progress()` (rows buffered past `ack_wait / 2`,
     /// e.g. with a long `batch_age` or while the flights are full).
     last_progress: Option<Instant>,
+    /// Since when ClickHouse says this table (or its database) does not exist: its rows
+    /// wait, table-scoped, for `missing_table_grace` (a deploy race is the usual cause),
+    /// then are parked (a producer's typo must not fill the stream).
+    missing_since: Option<Instant>,
 }
 
 // === impl TableState ===
@@ -126,6 +130,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             idle_reported: false,
             publish_armed: false,
             last_progress: None,
+            missing_since: None,
         }
     }
 
@@ -141,6 +146,18 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             rows_parked: self.totals.parked,
             rows_handed_back: self.totals.handed_back,
             dlq_failures: self.totals.dlq_failures,
+            missing_table: self.missing_since.map(|since| {
+                let waited = Instant::now().saturating_duration_since(since);
+                MissingTableSnapshot {
+                    for_ms: waited.as_millis() as u64,
+                    grace_left_ms: self
+                        .ctx
+                        .settings
+                        .missing_table_grace
+                        .saturating_sub(waited)
+                        .as_millis() as u64,
+                }
+            }),
             last_error: self.totals.last_error.clone(),
         }
     }
@@ -298,13 +315,20 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         match &v.verdict {
             Verdict::Answered => {
                 self.backoff.on_answered(v.tickets.table, now, Some(&key));
+                self.table_found();
             }
             Verdict::TableOutage(err) => {
                 let failure = self
                     .backoff
                     .on_outage(v.tickets.table, err, now, Some(&key));
                 if let Some(reply) = reply.take() {
-                    let _ = reply.send(failure.delay);
+                    let _ = reply.send(PendingRows::HandBack(failure.delay));
+                }
+            }
+            Verdict::MissingTable(err) => {
+                let pending = self.table_missing(v.tickets.table, err, now);
+                if let Some(reply) = reply.take() {
+                    let _ = reply.send(pending);
                 }
             }
             Verdict::PoolOutage(_) | Verdict::Unfinished => {
@@ -320,7 +344,44 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
     }
 
-    fn tell_pool(&self, verdict: PoolVerdict, reply: Option<RpcReplyPort<std::time::Duration>>) {
+    /// ClickHouse says the table does not exist: wait for it (the table's backoff) while
+    /// the grace lasts, then park what comes.
+    fn table_missing(&mut self, ticket: Ticket, err: &InsertError, now: Instant) -> PendingRows {
+        let key = self.ctx.key.clone();
+        let grace = self.ctx.settings.missing_table_grace;
+        let since = *self.missing_since.get_or_insert_with(|| {
+            tracing::warn!(tenant = %key.tenant, table = %key.table, error = %err.message,
+                grace = %humantime::format_duration(grace),
+                "ClickHouse says the table does not exist: its rows wait for it (a deploy race?), then they are parked");
+            now
+        });
+        self.ctx.metrics.missing.set(1.0);
+        if now.saturating_duration_since(since) < grace {
+            let failure = self.backoff.on_outage(ticket, err, now, Some(&key));
+            return PendingRows::HandBack(failure.delay);
+        }
+        // The grace is over: ClickHouse answered, and the answer is final for these rows.
+        self.backoff.on_answered(ticket, now, Some(&key));
+        let mut reason = err.clone();
+        reason.message = format!(
+            "{} (the table did not appear within missing_table_grace = {})",
+            err.message,
+            humantime::format_duration(grace)
+        );
+        PendingRows::Park(reason)
+    }
+
+    /// An insert went through: the table exists (again).
+    fn table_found(&mut self) {
+        if let Some(since) = self.missing_since.take() {
+            self.ctx.metrics.missing.set(0.0);
+            tracing::info!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table,
+                waited = %humantime::format_duration(Duration::from_millis(since.elapsed().as_millis() as u64)),
+                "the table exists now: its rows are inserted");
+        }
+    }
+
+    fn tell_pool(&self, verdict: PoolVerdict, reply: Option<RpcReplyPort<PendingRows>>) {
         let _ = self.pool.send_message(TableReport::Verdict {
             key: self.ctx.key.clone(),
             verdict,

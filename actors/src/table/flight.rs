@@ -52,8 +52,21 @@ pub enum Verdict {
     /// This table could not take it (read-only, too many parts, a missing grant): its
     /// own backoff opens; the pool's target answered.
     TableOutage(InsertError),
+    /// The table (or its database) does not exist: the same for every row. The table
+    /// waits for it (its own backoff) for `missing_table_grace`, then parks.
+    MissingTable(InsertError),
     /// Nothing to judge by (cancelled at the shutdown deadline): tokens go back.
     Unfinished,
+}
+
+/// What becomes of a flight's pending rows, as the owner of the breaker that sent them
+/// back decides.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingRows {
+    /// Back to the queue, delivered again after this delay.
+    HandBack(Duration),
+    /// Parked, with this reason (a table still missing after its grace).
+    Park(InsertError),
 }
 
 /// The pool's part of a verdict, with the pool's ticket.
@@ -64,12 +77,12 @@ pub enum PoolVerdict {
     Unfinished(Ticket),
 }
 
-/// A flight's verdict for its table. An outage's `reply` gets the delay the flight's
-/// pending rows go back with.
+/// A flight's verdict for its table. When rows are pending, `reply` gets what becomes
+/// of them.
 pub struct FlightVerdict {
     pub tickets: Tickets,
     pub verdict: Verdict,
-    pub reply: Option<RpcReplyPort<Duration>>,
+    pub reply: Option<RpcReplyPort<PendingRows>>,
 }
 
 /// What one flight did, for the table's totals and snapshot.
@@ -100,7 +113,9 @@ impl FlightVerdict {
     pub fn for_pool(&self) -> PoolVerdict {
         let t = self.tickets.pool;
         match &self.verdict {
-            Verdict::Answered | Verdict::TableOutage(_) => PoolVerdict::Answered(t),
+            Verdict::Answered | Verdict::TableOutage(_) | Verdict::MissingTable(_) => {
+                PoolVerdict::Answered(t)
+            }
             Verdict::PoolOutage(e) => PoolVerdict::Outage(t, e.clone()),
             Verdict::Unfinished => PoolVerdict::Unfinished(t),
         }
@@ -144,10 +159,21 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     });
     let has_pending = verdicts.contains(&RowVerdict::Pending);
     let retry_class = match &verdict {
-        Verdict::PoolOutage(e) | Verdict::TableOutage(e) => Some(e.class),
+        Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
+            Some(e.class)
+        }
         _ => None,
     };
-    let pending_delay = report(ctx, links, tickets, verdict, has_pending).await;
+    let pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
+        PendingRows::HandBack(delay) => delay,
+        PendingRows::Park(reason) => {
+            let reason = Arc::new(reason);
+            for v in verdicts.iter_mut().filter(|v| **v == RowVerdict::Pending) {
+                *v = RowVerdict::Rejected(reason.clone());
+            }
+            Duration::ZERO
+        }
+    };
     let plan = SettlePlan {
         table: &ctx.key,
         dlq: ctx.settings.dlq,
@@ -186,6 +212,10 @@ async fn judge<I: Inserter, D: Delivery>(
             verdicts.fill(RowVerdict::Inserted);
             (Verdict::Answered, None)
         }
+        Err(e) if e.missing_table => {
+            let text = e.to_string();
+            (Verdict::MissingTable(e), Some(text))
+        }
         Err(e) if e.class == Class::Rejected || (e.splittable && n > 1) => {
             let report = bisect(&mut iso, verdicts, e).await;
             match report.stopped_by {
@@ -206,8 +236,11 @@ async fn judge<I: Inserter, D: Delivery>(
     }
 }
 
+/// The verdict of an answer that stopped a flight short of judging every row.
 fn outage(e: InsertError) -> Verdict {
-    if e.table_scoped {
+    if e.missing_table {
+        Verdict::MissingTable(e)
+    } else if e.table_scoped {
         Verdict::TableOutage(e)
     } else {
         Verdict::PoolOutage(e)
@@ -215,22 +248,23 @@ fn outage(e: InsertError) -> Verdict {
 }
 
 /// Send the verdict to the table (or, when it is gone, the pool's part to the pool);
-/// when rows are pending, wait for the delay they go back with.
+/// when rows are pending, wait to hear what becomes of them.
 async fn report<I, D: Delivery>(
     ctx: &FlightCtx<I>,
     links: &FlightLinks<D>,
     tickets: Tickets,
     verdict: Verdict,
     has_pending: bool,
-) -> Duration {
+) -> PendingRows {
     let settings = &ctx.common.settings;
     // Unfinished at the shutdown deadline: back at once, another instance may take them.
     let unfinished = verdict == Verdict::Unfinished;
-    let fallback = match &verdict {
-        Verdict::TableOutage(_) => settings.table_backoff.initial,
+    // Nobody answered: back with the first step of the breaker that would have decided.
+    let fallback = PendingRows::HandBack(match &verdict {
+        Verdict::TableOutage(_) | Verdict::MissingTable(_) => settings.table_backoff.initial,
         Verdict::Unfinished => Duration::ZERO,
         _ => settings.pool_backoff.initial,
-    };
+    });
     let wants_delay = has_pending && !unfinished;
     let (reply, answer) = if wants_delay {
         let (tx, rx) = ractor::concurrency::oneshot();
@@ -264,7 +298,7 @@ async fn report<I, D: Delivery>(
         return fallback;
     };
     match tokio::time::timeout(settings.call_timeout, answer).await {
-        Ok(Ok(delay)) => delay,
+        Ok(Ok(pending)) => pending,
         _ => fallback,
     }
 }

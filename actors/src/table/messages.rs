@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ractor::{ActorId, RpcReplyPort};
 
-use super::flight::{FlightOutcome, FlightVerdict, PoolVerdict};
+use super::flight::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict};
 use crate::breaker::Ticket;
 use crate::ports::TableKey;
 use crate::scoped_breaker::ScopedBreaker;
@@ -46,12 +46,12 @@ pub enum TableDebug {
 pub enum TableReport {
     /// A batch is due: may a flight go? Answered by [`TableMsg::Permit`].
     WantsFlight { key: TableKey, id: ActorId },
-    /// A flight's verdict for the pool's breaker. A pool outage's `reply` gets the delay
-    /// the flight's pending rows go back with.
+    /// A flight's verdict for the pool's breaker. A pool outage's `reply` gets what
+    /// becomes of the flight's pending rows.
     Verdict {
         key: TableKey,
         verdict: PoolVerdict,
-        reply: Option<RpcReplyPort<Duration>>,
+        reply: Option<RpcReplyPort<PendingRows>>,
     },
     /// The table's backoff changed: the pool keeps a copy for the table's successor.
     Backoff {

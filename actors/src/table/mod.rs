@@ -8,5 +8,7 @@ pub mod flight;
 pub mod messages;
 
 pub use actor::{TableActor, TableArgs};
-pub use flight::{FlightCtx, FlightOutcome, FlightVerdict, PoolVerdict, Tickets, Verdict};
+pub use flight::{
+    FlightCtx, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
+};
 pub use messages::{TableDebug, TableMsg, TableReport};
