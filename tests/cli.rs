@@ -4,10 +4,15 @@
 //! Every run starts from an empty environment, so a `SLUICE_*` variable of the machine
 //! running the tests cannot change what is checked.
 
+mod query_common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
+use query_common::Gateway;
+use serde_json::json;
+use sluice_harness::{FaultProxy, Respond};
 
 struct Run {
     code: Option<i32>,
@@ -124,6 +129,50 @@ fn classify_status_503_is_unavailable() -> Result<()> {
     assert_eq!(field(&out, "class"), "Denied");
     let out = classify("status:500")?;
     assert_eq!(field(&out, "class"), "Unknown");
+    Ok(())
+}
+
+/// The `query:` line of `sluice classify` is what the gateway does: the status it
+/// answers and whether it retries, checked against the gateway itself with a proxy
+/// answering each code as ClickHouse 18.16 would. 164 is the case that once disagreed:
+/// Unavailable to the classifier, a refused write (403, never retried) to the gateway.
+#[tokio::test]
+async fn classify_says_what_the_gateway_answers() -> Result<()> {
+    // Nothing behind the proxy: it answers every request itself.
+    let proxy = FaultProxy::start("127.0.0.1:9".parse()?).await?;
+    let gw = Gateway::start(&query_common::config(
+        &proxy.url(),
+        "max_attempts = 3\nretry_budget = 100.0",
+    ))
+    .await?;
+    for code in [164u32, 159, 60, 62, 193, 745] {
+        let out = classify(&code.to_string())?;
+        let line = field(&out, "query");
+        let said_status: u16 = line
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("{code}: no status in {line:?}"))?;
+        let said_retried = !line.contains("never retried");
+
+        proxy
+            .set_mode(Respond::clickhouse_old(code, "as ClickHouse says it"))
+            .await?;
+        let before = proxy.requests_seen();
+        let r = gw.query("acme", json!({"sql": "SELECT 1"})).await?;
+        let attempts = proxy.requests_seen() - before;
+        ensure!(
+            r.status == said_status,
+            "{code}: classify says {line:?}, the gateway answered {} {}",
+            r.status,
+            r.body
+        );
+        ensure!(
+            (attempts > 1) == said_retried && r.body["retryable"] == said_retried,
+            "{code}: classify says {line:?}, the gateway sent {attempts} requests and answered {}",
+            r.body
+        );
+    }
     Ok(())
 }
 

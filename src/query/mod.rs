@@ -55,7 +55,7 @@ use axum::routing::post;
 use axum::Router;
 
 pub use backoff::Backoff;
-pub use errors::{map_clickhouse, QueryError, StoppedBy};
+pub use errors::{map_clickhouse, query_action, QueryError, StoppedBy};
 pub use gateway::{server_limit_for, Gateway};
 pub use id::QueryId;
 pub use limits::{Admission, Limits, Refused};
