@@ -15,8 +15,9 @@
 //!   `backoff.rs`);
 //! - the query workload has its own ClickHouse user, its own concurrency limit and a
 //!   per-tenant one; over a limit → 429, no queue (`limits.rs`);
-//! - statements are checked read-only before sending and run with `readonly=2`
-//!   (`sql.rs`); failures map through the shared classifier (`errors.rs`).
+//! - statements are checked before sending (one read statement; no `SETTINGS`, no
+//!   table function or server table outside small allow-lists: `sql/`) and run with
+//!   `readonly=2`; failures map through the shared classifier (`errors.rs`).
 //!
 //! # Mounting
 //!
