@@ -130,7 +130,8 @@ impl fmt::Display for SqlError {
             ),
             SqlError::Show(what) => write!(
                 f,
-                "SHOW {what} is not accepted: the gateway runs SHOW TABLES, SHOW DATABASES, SHOW COLUMNS and SHOW CREATE TABLE"
+                "{} is not accepted: the gateway runs SHOW TABLES, SHOW DATABASES, SHOW COLUMNS and SHOW CREATE TABLE",
+                format!("SHOW {what}").trim_end()
             ),
             SqlError::EscapedIdentifier => write!(
                 f,

@@ -313,6 +313,11 @@ fn show_forms_that_read_the_server_are_refused() {
         let err = refused(sql);
         assert_eq!(err, SqlError::Show(what.into()), "{sql}");
         assert!(err.to_string().contains("SHOW TABLES"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{} is not", format!("SHOW {what}").trim_end())),
+            "{err}"
+        );
     }
 }
 
