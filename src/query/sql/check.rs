@@ -153,6 +153,9 @@ impl<'t> Scan<'t> {
         if token.is_keyword("FORMAT") && !after_dot && self.is_format_clause(i) {
             return Err(SqlError::FormatClause);
         }
+        if let Some(param) = self.identifier_parameter(i) {
+            return Err(SqlError::IdentifierParameter(param.to_string()));
+        }
         let Some(name) = token.name() else {
             return Ok(());
         };
@@ -181,6 +184,21 @@ impl<'t> Scan<'t> {
                 None => true,
                 Some(next) => next.is_keyword("SETTINGS"),
             }
+    }
+
+    /// The name of a query parameter of type `Identifier` opening at `i`
+    /// (`{t:Identifier}`): ClickHouse splices its value in as a name, where the check
+    /// never sees it (`system.processes` passed as a parameter).
+    fn identifier_parameter(&self, i: usize) -> Option<&'t str> {
+        if !self.tokens[i].is_punct('{') || !self.at(i + 2).is_some_and(|t| t.is_punct(':')) {
+            return None;
+        }
+        let name = self.at(i + 1)?.name()?;
+        self.tokens[i + 3..]
+            .iter()
+            .take_while(|t| !t.is_punct('}'))
+            .any(|t| t.is_keyword("Identifier"))
+            .then_some(name)
     }
 
     /// Whether the name at `i` stands where a table goes: right after `FROM`, `JOIN`

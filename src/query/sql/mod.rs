@@ -16,7 +16,9 @@
 //! - a table of `system` or `information_schema` outside a small allow-list, and the
 //!   `SHOW` forms that read the server's state;
 //! - a quoted identifier with a backslash escape, since servers decode those
-//!   differently and what it names cannot be known here.
+//!   differently and what it names cannot be known here, and a query parameter of
+//!   type `Identifier`, whose value ClickHouse splices in as a name the check never
+//!   sees.
 //!
 //! It is a small lexer and a token scan, not a parser. Bare keywords count whatever
 //! their case; quoted identifiers (`"system"`, `` `url` ``) count as the names they
@@ -74,6 +76,8 @@ pub enum SqlError {
     Show(String),
     /// A quoted identifier with a backslash escape.
     EscapedIdentifier,
+    /// A query parameter of type `Identifier` (its name): its value becomes a name.
+    IdentifierParameter(String),
 }
 
 impl SqlError {
@@ -132,6 +136,10 @@ impl fmt::Display for SqlError {
                 f,
                 "{} is not accepted: the gateway runs SHOW TABLES, SHOW DATABASES, SHOW COLUMNS and SHOW CREATE TABLE",
                 format!("SHOW {what}").trim_end()
+            ),
+            SqlError::IdentifierParameter(name) => write!(
+                f,
+                "the query parameter {{{name}:Identifier}} is not accepted: a parameter carries a value, never a table or column name (write names in the sql)"
             ),
             SqlError::EscapedIdentifier => write!(
                 f,

@@ -334,6 +334,26 @@ fn escaped_quoted_names_are_refused() {
 }
 
 #[test]
+fn identifier_parameters_are_refused() {
+    for (sql, name) in [
+        ("SELECT query FROM {t:Identifier}", "t"),
+        ("SELECT {c: identifier} FROM t", "c"),
+        ("SELECT * FROM {db:Identifier}.{t:Identifier}", "db"),
+    ] {
+        assert_eq!(
+            refused(sql),
+            SqlError::IdentifierParameter(name.into()),
+            "{sql}"
+        );
+    }
+    // Parameters that carry values stay.
+    assert_eq!(
+        check_read_only("SELECT * FROM t WHERE id = {id:UInt64} AND s = {s:String}"),
+        Ok(())
+    );
+}
+
+#[test]
 fn refusals_are_bad_requests_not_writes() {
     for sql in [
         "SELECT 1 SETTINGS max_threads = 1",
