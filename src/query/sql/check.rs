@@ -160,10 +160,9 @@ impl<'t> Scan<'t> {
             return Ok(());
         };
         let is_call = self.at(i + 1).is_some_and(|t| t.is_punct('('));
-        if is_call && self.is_table_position(i) && !contains(ALLOWED_TABLE_FUNCTIONS, name) {
-            return Err(SqlError::TableFunction(name.to_string()));
-        }
-        if is_call && contains(TABLE_FUNCTIONS, name) {
+        let table_function = contains(TABLE_FUNCTIONS, name)
+            || (self.is_table_position(i) && !contains(ALLOWED_TABLE_FUNCTIONS, name));
+        if is_call && table_function {
             return Err(SqlError::TableFunction(name.to_string()));
         }
         if contains(SERVER_DATABASES, name) && self.at(i + 1).is_some_and(|t| t.is_punct('.')) {
