@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::file::{AuthMode, FileConfig, IngestFile, TableFile};
+use super::nats_url::hide_credentials;
 use super::{
     is_table_name, is_tenant_name, AdminConfig, ApiConfig, Config, LogConfig, NatsAuth, NatsConfig,
     PipelineConfig, QueryConfig, Secret, TableSettings, TargetConfig, TenantConfig,
@@ -164,6 +165,11 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
     if n.url.trim().is_empty() {
         c.problem("[nats] url is empty");
+    }
+    if let Some(hidden) = hide_credentials(&n.url) {
+        c.problem(format!(
+            "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
+        ));
     }
     for (key, name) in [
         ("stream", &n.stream),
