@@ -410,3 +410,115 @@ fn run_refuses_credentials_in_the_nats_url_and_never_logs_them() -> Result<()> {
     ensure!(stderr.contains("carries credentials"), "{stderr}");
     Ok(())
 }
+
+/// DESIGN.md's example configuration: no `[api] auth`, so the API wants bearer tokens,
+/// and no tenant has one.
+const DESIGN_EXAMPLE: &str = r#"
+[nats]
+url = "nats://127.0.0.1:4222"
+stream = "INGEST"
+subject_prefix = "ingest"
+dlq_stream = "DLQ"
+max_bytes = "1GiB"
+ack_wait = "60s"
+max_ack_pending = 20000
+
+[clickhouse.targets.main]
+url = "http://127.0.0.1:8123"
+user = "default"
+password_env = "SLUICE_CH_MAIN_PASSWORD"
+database = "default"
+insert_timeout = "30s"
+
+[tenants.acme]
+target = "main"
+
+[ingest]
+batch_rows = 10000
+batch_bytes = "8MiB"
+batch_age = "1s"
+dlq = true
+
+[tables."acme.events"]
+batch_rows = 500
+
+[api]
+listen = "127.0.0.1:8080"
+
+[admin]
+listen = "127.0.0.1:9090"
+token_env = "SLUICE_ADMIN_TOKEN"
+"#;
+
+#[test]
+fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, DESIGN_EXAMPLE)?;
+    let path = path.display().to_string();
+    let env = [
+        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
+        ("SLUICE_ADMIN_TOKEN", "admin-secret"),
+    ];
+    let run = sluice(&["check-config", "--config", &path], &env)?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    let problems: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("  - "))
+        .collect();
+    assert_eq!(problems.len(), 1, "one problem: {}", run.stderr);
+    let line = problems[0];
+    for needed in [
+        "[api] auth is \"token\" (the default)",
+        "no tenant has a token",
+        "token_env",
+        "[tenants.<name>]",
+        "auth = \"none\"",
+    ] {
+        assert!(line.contains(needed), "{needed:?} in: {line}");
+    }
+    assert!(!run.stdout.contains("ok"), "{}", run.stdout);
+    Ok(())
+}
+
+/// The configuration README.md's "Run it" shows, copied as it is, with its variables
+/// set: accepted, with tenant tokens.
+#[test]
+fn check_config_accepts_the_readme_first_run_configuration() -> Result<()> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))?;
+    let run_it = readme
+        .split("## Run it")
+        .nth(1)
+        .context("README.md has a \"Run it\" section")?;
+    let toml = run_it
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .context("\"Run it\" shows a configuration in a ```toml block")?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml)?;
+    let path = path.display().to_string();
+    let env = [
+        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
+        ("SLUICE_TOKEN_ACME", "acme-secret"),
+        ("SLUICE_ADMIN_TOKEN", "admin-secret"),
+    ];
+    let run = sluice(&["check-config", "--config", &path], &env)?;
+    assert_eq!(run.code, Some(0), "{}{}\n{toml}", run.stdout, run.stderr);
+    for expected in ["acme: target main token set", "(auth token)", "(token set)"] {
+        assert!(
+            run.stdout.contains(expected),
+            "missing {expected:?} in:\n{}",
+            run.stdout
+        );
+    }
+    for secret in ["hunter2", "acme-secret", "admin-secret"] {
+        assert!(
+            !run.stdout.contains(secret) && !run.stderr.contains(secret),
+            "a secret was printed"
+        );
+    }
+    Ok(())
+}

@@ -428,12 +428,13 @@ fn pipeline(c: &mut Check, file: &FileConfig) -> PipelineConfig {
 fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig>) -> ApiConfig {
     let a = &file.api;
     let listen = c.listen("[api] listen", &a.listen);
+    // A tenant whose token_env names a missing variable is reported with its tenant.
     if a.auth == AuthMode::Token
-        && !tenants.values().any(|t| t.token.is_some())
+        && !file.tenants.values().any(|t| t.token_env.is_some())
         && !tenants.is_empty()
     {
         c.problem(
-            "[api] auth = \"token\", but no tenant has a token: set token_env under [tenants.<name>], or auth = \"none\" to take the tenant from X-Tenant",
+            "[api] auth is \"token\" (the default), but no tenant has a token: give each tenant one with token_env = \"SLUICE_TOKEN_<TENANT>\" under [tenants.<name>] (the variable holds the tenant's bearer token), or set [api] auth = \"none\" to take the tenant from an X-Tenant header (only behind a proxy that authenticates)",
         );
     }
     if a.max_row_bytes > a.max_request_bytes {
