@@ -4,10 +4,15 @@
 //! Every run starts from an empty environment, so a `SLUICE_*` variable of the machine
 //! running the tests cannot change what is checked.
 
+mod query_common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
+use query_common::Gateway;
+use serde_json::json;
+use sluice_harness::{FaultProxy, Respond};
 
 struct Run {
     code: Option<i32>,
@@ -124,6 +129,50 @@ fn classify_status_503_is_unavailable() -> Result<()> {
     assert_eq!(field(&out, "class"), "Denied");
     let out = classify("status:500")?;
     assert_eq!(field(&out, "class"), "Unknown");
+    Ok(())
+}
+
+/// The `query:` line of `sluice classify` is what the gateway does: the status it
+/// answers and whether it retries, checked against the gateway itself with a proxy
+/// answering each code as ClickHouse 18.16 would. 164 is the case that once disagreed:
+/// Unavailable to the classifier, a refused write (403, never retried) to the gateway.
+#[tokio::test]
+async fn classify_says_what_the_gateway_answers() -> Result<()> {
+    // Nothing behind the proxy: it answers every request itself.
+    let proxy = FaultProxy::start("127.0.0.1:9".parse()?).await?;
+    let gw = Gateway::start(&query_common::config(
+        &proxy.url(),
+        "max_attempts = 3\nretry_budget = 100.0",
+    ))
+    .await?;
+    for code in [164u32, 159, 60, 62, 193, 745] {
+        let out = classify(&code.to_string())?;
+        let line = field(&out, "query");
+        let said_status: u16 = line
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("{code}: no status in {line:?}"))?;
+        let said_retried = !line.contains("never retried");
+
+        proxy
+            .set_mode(Respond::clickhouse_old(code, "as ClickHouse says it"))
+            .await?;
+        let before = proxy.requests_seen();
+        let r = gw.query("acme", json!({"sql": "SELECT 1"})).await?;
+        let attempts = proxy.requests_seen() - before;
+        ensure!(
+            r.status == said_status,
+            "{code}: classify says {line:?}, the gateway answered {} {}",
+            r.status,
+            r.body
+        );
+        ensure!(
+            (attempts > 1) == said_retried && r.body["retryable"] == said_retried,
+            "{code}: classify says {line:?}, the gateway sent {attempts} requests and answered {}",
+            r.body
+        );
+    }
     Ok(())
 }
 
@@ -271,5 +320,205 @@ fn check_config_validates_a_configuration_from_the_environment_alone() -> Result
         "{}",
         run.stderr
     );
+    Ok(())
+}
+
+/// A NATS URL with a password in it: `check-config` refuses it, names the keys to use
+/// instead, and never prints the password, whether it came from the file or from
+/// `SLUICE_NATS_URL`.
+#[test]
+fn check_config_refuses_credentials_in_the_nats_url_without_printing_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n",
+    )?;
+    let path = path.display().to_string();
+    let from_file = sluice(&["check-config", "--config", &path], &[])?;
+    let from_env = sluice(
+        &["check-config"],
+        &[(
+            "SLUICE_NATS_URL",
+            "nats://127.0.0.1:4222,nats://hunter2@127.0.0.1:4223",
+        )],
+    )?;
+    for run in [from_file, from_env] {
+        assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("[nats] url") && run.stderr.contains("carries credentials"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("password_env") && run.stderr.contains("token_env"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            !run.stdout.contains("hunter2") && !run.stderr.contains("hunter2"),
+            "the password was printed:\n{}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+    Ok(())
+}
+
+/// `sluice run` with a password in the NATS URL stops before connecting or logging
+/// anything, and nothing it wrote carries the password. (Before the URL was checked it
+/// started, logged the URL and retried the connection forever: the run is bounded and
+/// ended by its PID if it is still going.)
+#[test]
+fn run_refuses_credentials_in_the_nats_url_and_never_logs_them() -> Result<()> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .env_clear()
+        // Nothing listens on port 9; the listeners take free ports.
+        .env("SLUICE_NATS_URL", "nats://alice:hunter2@127.0.0.1:9")
+        .env("SLUICE_API_LISTEN", "127.0.0.1:0")
+        .env("SLUICE_ADMIN_LISTEN", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting sluice run")?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            child.kill()?;
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let Output { stdout, stderr, .. } = child.wait_with_output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&stderr),
+    );
+    assert!(
+        !stdout.contains("hunter2") && !stderr.contains("hunter2"),
+        "the password was logged:\n{stdout}{stderr}"
+    );
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "still running after 10 s, or an unexpected exit:\n{stdout}{stderr}"
+    );
+    ensure!(stderr.contains("carries credentials"), "{stderr}");
+    Ok(())
+}
+
+/// DESIGN.md's example configuration: no `[api] auth`, so the API wants bearer tokens,
+/// and no tenant has one.
+const DESIGN_EXAMPLE: &str = r#"
+[nats]
+url = "nats://127.0.0.1:4222"
+stream = "INGEST"
+subject_prefix = "ingest"
+dlq_stream = "DLQ"
+max_bytes = "1GiB"
+ack_wait = "60s"
+max_ack_pending = 20000
+
+[clickhouse.targets.main]
+url = "http://127.0.0.1:8123"
+user = "default"
+password_env = "SLUICE_CH_MAIN_PASSWORD"
+database = "default"
+insert_timeout = "30s"
+
+[tenants.acme]
+target = "main"
+
+[ingest]
+batch_rows = 10000
+batch_bytes = "8MiB"
+batch_age = "1s"
+dlq = true
+
+[tables."acme.events"]
+batch_rows = 500
+
+[api]
+listen = "127.0.0.1:8080"
+
+[admin]
+listen = "127.0.0.1:9090"
+token_env = "SLUICE_ADMIN_TOKEN"
+"#;
+
+#[test]
+fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, DESIGN_EXAMPLE)?;
+    let path = path.display().to_string();
+    let env = [
+        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
+        ("SLUICE_ADMIN_TOKEN", "admin-secret"),
+    ];
+    let run = sluice(&["check-config", "--config", &path], &env)?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    let problems: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("  - "))
+        .collect();
+    assert_eq!(problems.len(), 1, "one problem: {}", run.stderr);
+    let line = problems[0];
+    for needed in [
+        "[api] auth is \"token\" (the default)",
+        "no tenant has a token",
+        "token_env",
+        "[tenants.<name>]",
+        "auth = \"none\"",
+    ] {
+        assert!(line.contains(needed), "{needed:?} in: {line}");
+    }
+    assert!(!run.stdout.contains("ok"), "{}", run.stdout);
+    Ok(())
+}
+
+/// The configuration README.md's "Run it" shows, copied as it is, with its variables
+/// set: accepted, with tenant tokens.
+#[test]
+fn check_config_accepts_the_readme_first_run_configuration() -> Result<()> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))?;
+    let run_it = readme
+        .split("## Run it")
+        .nth(1)
+        .context("README.md has a \"Run it\" section")?;
+    let toml = run_it
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .context("\"Run it\" shows a configuration in a ```toml block")?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml)?;
+    let path = path.display().to_string();
+    let env = [
+        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
+        ("SLUICE_TOKEN_ACME", "acme-secret"),
+        ("SLUICE_ADMIN_TOKEN", "admin-secret"),
+    ];
+    let run = sluice(&["check-config", "--config", &path], &env)?;
+    assert_eq!(run.code, Some(0), "{}{}\n{toml}", run.stdout, run.stderr);
+    for expected in ["acme: target main token set", "(auth token)", "(token set)"] {
+        assert!(
+            run.stdout.contains(expected),
+            "missing {expected:?} in:\n{}",
+            run.stdout
+        );
+    }
+    for secret in ["hunter2", "acme-secret", "admin-secret"] {
+        assert!(
+            !run.stdout.contains(secret) && !run.stderr.contains(secret),
+            "a secret was printed"
+        );
+    }
     Ok(())
 }

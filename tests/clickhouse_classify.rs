@@ -368,9 +368,11 @@ async fn an_old_server_is_not_sent_async_insert() -> Result<()> {
     );
     assert!(sent[0].query_param("query_id").is_some(), "{}", sent[0].uri);
     assert_eq!(
-        sent[0].query_param("input_format_skip_unknown_fields"),
-        None,
-        "not asked for: {}",
+        sent[0]
+            .query_param("input_format_skip_unknown_fields")
+            .as_deref(),
+        Some("0"),
+        "18.16 knows the setting: the strict default is sent, not left to the profile: {}",
         sent[0].uri
     );
     Ok(())
@@ -420,6 +422,14 @@ async fn a_modern_server_is_sent_async_insert_0() -> Result<()> {
         "{}",
         sent[0].uri
     );
+    assert_eq!(
+        sent[0]
+            .query_param("input_format_skip_unknown_fields")
+            .as_deref(),
+        Some("0"),
+        "a current server defaults it to 1: {}",
+        sent[0].uri
+    );
     assert!(
         sent[0].action.starts_with("rule"),
         "the canned answer took it: {}",
@@ -459,8 +469,10 @@ async fn unknown_fields_are_rejected_unless_the_table_skips_them() -> Result<()>
     let sent = inserts(&proxy);
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert_eq!(
-        sent[0].query_param("input_format_skip_unknown_fields"),
-        None
+        sent[0]
+            .query_param("input_format_skip_unknown_fields")
+            .as_deref(),
+        Some("0")
     );
     assert_eq!(
         sent[1]
@@ -468,6 +480,135 @@ async fn unknown_fields_are_rejected_unless_the_table_skips_them() -> Result<()>
             .as_deref(),
         Some("1")
     );
+    Ok(())
+}
+
+/// A server whose profile skips unknown fields (current releases default
+/// `input_format_skip_unknown_fields` to 1; here an 18.16 profile does): a row with a
+/// field the table lacks is still rejected (117) for a table that did not opt in, and
+/// lands without that field for one that did.
+#[tokio::test]
+async fn unknown_fields_are_rejected_even_where_the_profile_skips_them() -> Result<()> {
+    let Some(ch) =
+        clickhouse_or_skip("unknown_fields_are_rejected_even_where_the_profile_skips_them").await?
+    else {
+        return Ok(());
+    };
+    events_table(&ch).await?;
+    let (user, password) = (clickhouse::SKIPPING_USER, clickhouse::SKIPPING_PASSWORD);
+    // The premise: this user's inserts drop unknown fields unless told otherwise.
+    let setting = ch
+        .exec_as(
+            user,
+            password,
+            "SELECT value FROM system.settings WHERE name = 'input_format_skip_unknown_fields'",
+        )
+        .await?;
+    assert_eq!(setting.trim(), "1", "the profile's default");
+    let row = r#"{"id": 1, "name": "a", "added_later": "x"}"#;
+    ch.exec_as(
+        user,
+        password,
+        &format!("INSERT INTO events FORMAT JSONEachRow {row}"),
+    )
+    .await
+    .context("an insert that pins nothing drops the unknown field")?;
+    assert_eq!(ch.count("events").await?, 1);
+    ch.exec("TRUNCATE TABLE events").await?;
+
+    let inserter = inserter(&ch.http_url(), user, Some(password))?;
+    let error = insert_err(&inserter, request("events", &[row], false)).await?;
+    assert_eq!(
+        (error.class, error.code),
+        (Class::Rejected, Some(117)),
+        "INCORRECT_DATA (unknown field), not silently dropped: {error:?}"
+    );
+    assert_eq!(ch.count("events").await?, 0);
+
+    inserter
+        .insert(request("events", &[row], true))
+        .await
+        .context("the same row for a table that skips unknown fields")?;
+    assert_eq!(ch.exec("SELECT id, name FROM events").await?.trim(), "1\ta");
+    Ok(())
+}
+
+/// The overload codes of DESIGN.md's Unavailable list, answered through the real insert
+/// path as a current server (header) and as 18.16 (body only) answers them: the batch is
+/// never a verdict on its rows. 241 (memory) is splittable too: a smaller batch may fit.
+#[tokio::test]
+async fn overload_answers_are_unavailable_through_the_insert_path() -> Result<()> {
+    let Some((ch, proxy, inserter)) = behind_proxy(
+        "overload_answers_are_unavailable_through_the_insert_path",
+        INSERT_TIMEOUT,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let answers = [
+        (
+            "202 with the modern header",
+            Respond::clickhouse_modern(
+                202,
+                "TOO_MANY_SIMULTANEOUS_QUERIES",
+                "Too many simultaneous queries. Maximum: 100",
+            ),
+            202,
+            false,
+        ),
+        (
+            "202 in an 18.16 body",
+            Respond::clickhouse_old(202, "Too many simultaneous queries. Maximum: 100"),
+            202,
+            false,
+        ),
+        (
+            "241 with the modern header",
+            Respond::clickhouse_modern(
+                241,
+                "MEMORY_LIMIT_EXCEEDED",
+                "Memory limit (total) exceeded: would use 9.31 GiB",
+            ),
+            241,
+            true,
+        ),
+        (
+            "241 in an 18.16 body",
+            Respond::clickhouse_old(241, "Memory limit (for query) exceeded: would use 9.31 GiB"),
+            241,
+            true,
+        ),
+    ];
+    for (what, answer, code, splittable) in answers {
+        proxy.clear_requests();
+        proxy.set_mode(answer).await?;
+        let error = insert_err(
+            &inserter,
+            request("events", &[r#"{"id": 1}"#, r#"{"id": 2}"#], false),
+        )
+        .await?;
+        assert_eq!(
+            (error.class, error.code, error.status),
+            (Class::Unavailable, Some(code), Some(500)),
+            "{what}: {error:?}"
+        );
+        assert_eq!(error.splittable, splittable, "{what}: {error:?}");
+        assert!(!error.table_scoped, "{what}: {error:?}");
+        let sent = inserts(&proxy);
+        assert_eq!(
+            sent.len(),
+            1,
+            "{what}: one insert, answered by the proxy: {sent:?}"
+        );
+        assert!(
+            sent[0].action.starts_with("respond"),
+            "{what}: {}",
+            sent[0].action
+        );
+    }
+    proxy.set_mode(Mode::PassThrough).await?;
+    assert_eq!(ch.count("events").await?, 0);
     Ok(())
 }
 

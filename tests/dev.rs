@@ -1,7 +1,10 @@
 //! `sluice dev` as a newcomer runs it: the servers start, demo rows land in ClickHouse
 //! and bad ones are parked within seconds, and Ctrl-C stops everything with exit 0 and
-//! no server left behind.
+//! no server left behind. `sluice dev` runs the nats-server of this test run
+//! (`SLUICE_TEST_NATS`, passed on as `SLUICE_NATS_SERVER_BIN`), so the test command runs
+//! these against both versions.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -56,21 +59,34 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn servers_or_skip(test: &str) -> Result<bool> {
-    Ok(available(test, NatsFlavor::Debian.binary())?.is_some()
-        && available(test, clickhouse::binary())?.is_some())
+/// The nats-server binary of this test run, when it and clickhouse-server are there.
+fn servers_or_skip(test: &str) -> Result<Option<PathBuf>> {
+    let Some(nats) = available(test, NatsFlavor::from_env()?.binary())? else {
+        return Ok(None);
+    };
+    Ok(available(test, clickhouse::binary())?.map(|_| nats))
+}
+
+/// `sluice dev ARGS` running `nats` as its nats-server.
+fn start_dev(nats: &Path, args: &[&str]) -> Result<SluiceProcess> {
+    let spec = sluice_harness::ProcessSpec::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("dev")
+        .args(args)
+        .env("SLUICE_NATS_SERVER_BIN", nats.as_os_str());
+    SluiceProcess::start_spec(spec)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly() -> Result<()> {
-    if !servers_or_skip("dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly")? {
+    let Some(nats) =
+        servers_or_skip("dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly")?
+    else {
         return Ok(());
-    }
+    };
     let (api, admin) = (free_port()?, free_port()?);
-    let mut dev = SluiceProcess::start(
-        env!("CARGO_BIN_EXE_sluice"),
-        [
-            "dev",
+    let mut dev = start_dev(
+        &nats,
+        &[
             "--demo-traffic",
             "--api",
             &api.to_string(),
@@ -247,13 +263,12 @@ async fn dev_names_the_package_of_a_missing_server() -> Result<()> {
 
 #[tokio::test]
 async fn dev_servers_die_with_it_when_it_is_killed() -> Result<()> {
-    if !servers_or_skip("dev_servers_die_with_it_when_it_is_killed")? {
+    let Some(nats) = servers_or_skip("dev_servers_die_with_it_when_it_is_killed")? else {
         return Ok(());
-    }
-    let mut dev = SluiceProcess::start(
-        env!("CARGO_BIN_EXE_sluice"),
-        [
-            "dev",
+    };
+    let mut dev = start_dev(
+        &nats,
+        &[
             "--api",
             &free_port()?.to_string(),
             "--admin",
@@ -261,6 +276,12 @@ async fn dev_servers_die_with_it_when_it_is_killed() -> Result<()> {
         ],
     )?;
     dev.wait_for_log("sluice dev is running", STARTUP).await?;
+    assert!(
+        dev.logs_contain(&nats.display().to_string()),
+        "runs the nats-server of this test run ({}):\n{}",
+        nats.display(),
+        dev.log_tail(20)
+    );
     let pid = dev.pid().context("sluice dev is running")?;
     let children = children_of(pid);
     assert_eq!(children.len(), 2, "{children:?}");

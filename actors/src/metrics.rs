@@ -271,6 +271,34 @@ impl TargetMetrics {
     }
 }
 
+/// Every `kind` of `sluice_actor_restarts_total`: the supervisor's children and the
+/// pool's.
+pub const RESTART_KINDS: [&str; 3] = ["consumer", "pool", "table"];
+
+/// Registers at 0 every series whose labels are known before any traffic: the restarts
+/// of each actor kind, each target's insert counters, latency and breaker, the stream's
+/// lag, and every series of the tables configured by name. A counter that first
+/// appears at 1 has no increase for Prometheus, so an `increase()` alert would miss the
+/// first restart or park. Tables met later get theirs when they first appear (still
+/// at 0, before their first row is counted).
+pub fn register_known<'a>(
+    targets: impl IntoIterator<Item = &'a str>,
+    stream: &str,
+    tables: impl IntoIterator<Item = &'a TableKey>,
+) {
+    // Touching a handle registers its series; adding 0 says so.
+    for kind in RESTART_KINDS {
+        restarts(kind).increment(0);
+    }
+    for target in targets {
+        TargetMetrics::new(target);
+    }
+    consumer_pending(stream).increment(0.0);
+    for table in tables {
+        TableMetrics::new(table);
+    }
+}
+
 pub fn restarts(kind: &'static str) -> Counter {
     counter!(ACTOR_RESTARTS, "kind" => kind)
 }

@@ -1,8 +1,14 @@
 //! Reading Prometheus text (what `GET /metrics` answers) the way a scraper does:
 //! samples with their labels and values, so tests assert on names, label sets and
-//! values instead of on substrings.
+//! values instead of on substrings; the metric names a PromQL expression uses; and
+//! Prometheus's own checker, `promtool` (Debian's package `prometheus`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _, Result};
 
 /// One sample line: `name{labels} value`.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,6 +105,265 @@ impl Metrics {
         } else {
             Some(matching.iter().sum())
         }
+    }
+
+    /// The family (a `# TYPE` name with samples on the page) a sample name belongs to:
+    /// the name itself, or for `x_bucket` a histogram `x`, for `x_sum` and `x_count` a
+    /// histogram or summary `x`. A counter that happens to end in `_count` is its own
+    /// family, never taken for part of another.
+    pub fn family_of(&self, name: &str) -> Option<&str> {
+        let has_samples = |family: &str| !self.family(family).is_empty();
+        if let Some((family, _)) = self.types.get_key_value(name) {
+            return has_samples(family).then_some(family.as_str());
+        }
+        for suffix in FAMILY_SUFFIXES {
+            let Some(base) = name.strip_suffix(suffix) else {
+                continue;
+            };
+            let Some((family, kind)) = self.types.get_key_value(base) else {
+                continue;
+            };
+            let fits = match *suffix {
+                "_bucket" => kind == "histogram",
+                _ => kind == "histogram" || kind == "summary",
+            };
+            if fits && has_samples(family) {
+                return Some(family.as_str());
+            }
+        }
+        None
+    }
+}
+
+/// PromQL words that are never metric names: aggregations, functions (a name before
+/// `(` is one anyway; these are listed for `sum by (x) (...)`) and keywords; with
+/// [`LABEL_LISTS`], the modifiers.
+const PROMQL_WORDS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+    "start",
+    "end",
+];
+
+/// Words followed by a parenthesised list of label names, not of expressions.
+const LABEL_LISTS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
+/// The metric names a PromQL expression (or a Grafana query, with its `$variables` and
+/// `label_values(metric, label)`) selects: every bare identifier that is not a function,
+/// a keyword, a label list, a label matcher, a string, a range or a number.
+pub fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let chars: Vec<char> = expr.chars().collect();
+    let mut i = 0;
+    // Bounded: every step moves `i` forward by at least one.
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' | '\'' | '`' => i = skip_string(&chars, i),
+            '{' => i = skip_group(&chars, i, '{', '}'),
+            '[' => i = skip_group(&chars, i, '[', ']'),
+            '#' => {
+                i = chars[i..]
+                    .iter()
+                    .position(|c| *c == '\n')
+                    .map_or(chars.len(), |n| i + n)
+            }
+            '$' => {
+                i += 1;
+                if chars.get(i) == Some(&'{') {
+                    i = skip_group(&chars, i, '{', '}');
+                } else {
+                    i = skip_word(&chars, i);
+                }
+            }
+            c if c.is_ascii_digit()
+                || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) =>
+            {
+                i = skip_word(&chars, i);
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let end = skip_word(&chars, i);
+                let word: String = chars[i..end].iter().collect();
+                let next = (end..chars.len()).find(|j| !chars[*j].is_whitespace());
+                let call = next.is_some_and(|j| chars[j] == '(');
+                i = end;
+                if call && LABEL_LISTS.contains(&word.as_str()) {
+                    i = next.map_or(end, |j| skip_group(&chars, j, '(', ')'));
+                } else if call && word == "label_values" {
+                    // Grafana: label_values(label) or label_values(metric, label).
+                    let open = next.unwrap_or(end);
+                    let close = skip_group(&chars, open, '(', ')');
+                    let inner: String = chars[open + 1..close.saturating_sub(1).max(open + 1)]
+                        .iter()
+                        .collect();
+                    if let Some((metric, _label)) = split_top_level_comma(&inner) {
+                        names.extend(metric_names(metric));
+                    }
+                    i = close;
+                } else if !call
+                    && !PROMQL_WORDS.contains(&word.as_str())
+                    && !LABEL_LISTS.contains(&word.as_str())
+                {
+                    names.insert(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+/// The index after the identifier (or number, duration) starting at `i`.
+fn skip_word(chars: &[char], i: usize) -> usize {
+    let mut j = i;
+    while j < chars.len()
+        && (chars[j].is_ascii_alphanumeric() || matches!(chars[j], '_' | ':' | '.'))
+    {
+        j += 1;
+    }
+    j.max(i + 1).min(chars.len())
+}
+
+/// The index after the string starting at `i` (its quote), escapes included.
+fn skip_string(chars: &[char], i: usize) -> usize {
+    let quote = chars[i];
+    let mut j = i + 1;
+    while j < chars.len() {
+        match chars[j] {
+            '\\' if quote != '`' => j += 2,
+            c if c == quote => return j + 1,
+            _ => j += 1,
+        }
+    }
+    chars.len()
+}
+
+/// The index after the group opened at `i`, nested groups and strings included.
+fn skip_group(chars: &[char], i: usize, open: char, close: char) -> usize {
+    let mut depth = 0usize;
+    let mut j = i;
+    while j < chars.len() {
+        match chars[j] {
+            '"' | '\'' | '`' => {
+                j = skip_string(chars, j);
+                continue;
+            }
+            c if c == open => depth += 1,
+            c if c == close => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return j + 1;
+                }
+            }
+            _ => {}
+        }
+        j += 1;
+    }
+    chars.len()
+}
+
+/// `a, b` → (`a`, `b`) at the first comma outside parentheses, braces and strings.
+fn split_top_level_comma(text: &str) -> Option<(&str, &str)> {
+    let mut depth = 0i32;
+    let mut quote = None;
+    for (i, c) in text.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'' | '`') => quote = Some(c),
+            (None, '(' | '{' | '[') => depth += 1,
+            (None, ')' | '}' | ']') => depth -= 1,
+            (None, ',') if depth == 0 => return Some((&text[..i], &text[i + 1..])),
+            _ => {}
+        }
+    }
+    None
+}
+
+// === promtool ===
+
+/// `promtool` on `PATH`, or an error naming the package that provides it.
+pub fn promtool_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("promtool"))
+        .find(|p| p.is_file())
+        .context("promtool is not installed (none on PATH): run `apt-get install prometheus`")
+}
+
+/// `promtool check metrics` on a `/metrics` page: Ok when it finds nothing to say (no
+/// parse error, no lint problem); otherwise an error with what it said.
+pub fn promtool_check_metrics(promtool: &Path, text: &str) -> Result<()> {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {} check metrics", promtool.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .context("writing the page to promtool")?;
+    }
+    let output = child.wait_with_output().context("waiting for promtool")?;
+    promtool_verdict("check metrics", output)
+}
+
+/// `promtool check rules FILE`: Ok when the rules parse and pass its checks.
+pub fn promtool_check_rules(promtool: &Path, file: &Path) -> Result<()> {
+    let output = Command::new(promtool)
+        .args(["check", "rules"])
+        .arg(file)
+        .output()
+        .with_context(|| format!("running {} check rules", promtool.display()))?;
+    if !String::from_utf8_lossy(&output.stdout).contains("SUCCESS") {
+        bail!(
+            "promtool check rules {} found no rules: {}",
+            file.display(),
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
+    promtool_verdict("check rules", output)
+}
+
+fn promtool_verdict(what: &str, output: std::process::Output) -> Result<()> {
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let quiet = what != "check metrics" || said.trim().is_empty();
+    if output.status.success() && quiet {
+        Ok(())
+    } else {
+        bail!("promtool {what} ({}): {said}", output.status)
     }
 }
 
@@ -213,5 +478,100 @@ weird{msg="a \"quoted\", value"} 1 1700000000
         );
         assert_eq!(m.types["sluice_breaker_state"], "gauge");
         assert!(Metrics::parse("garbage line").is_err());
+    }
+
+    #[test]
+    fn a_family_is_found_by_its_sample_names_only_where_its_type_allows() {
+        let text = "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 0\nh_sum 0\nh_count 0\n\
+                    # TYPE c counter\nc 1\n# TYPE g_count gauge\ng_count 2\n\
+                    # TYPE empty counter\n";
+        let m = Metrics::parse(text).expect("parses");
+        for (name, family) in [
+            ("h", Some("h")),
+            ("h_bucket", Some("h")),
+            ("h_sum", Some("h")),
+            ("h_count", Some("h")),
+            ("c", Some("c")),
+            ("c_count", None),
+            ("c_bucket", None),
+            ("g_count", Some("g_count")),
+            ("g", None),
+            ("empty", None),
+            ("missing", None),
+        ] {
+            assert_eq!(m.family_of(name), family, "{name}");
+        }
+    }
+
+    #[test]
+    fn promtool_says_when_a_page_or_a_rule_is_wrong() -> Result<()> {
+        let Some(promtool) = crate::available(
+            "promtool_says_when_a_page_or_a_rule_is_wrong",
+            promtool_binary(),
+        )?
+        else {
+            return Ok(());
+        };
+        let good = "# HELP a_total Things.\n# TYPE a_total counter\na_total{k=\"v\"} 0\n";
+        promtool_check_metrics(&promtool, good)?;
+        let unlinted = "# TYPE a counter\na 1\n";
+        let error = promtool_check_metrics(&promtool, unlinted)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("_total"), "{error}");
+        assert!(promtool_check_metrics(&promtool, "garbage{\n").is_err());
+
+        let dir = tempfile::tempdir()?;
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(
+            &rules,
+            "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: a_total > 0\n",
+        )?;
+        promtool_check_rules(&promtool, &rules)?;
+        std::fs::write(
+            &rules,
+            "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: sum(a_total\n",
+        )?;
+        assert!(promtool_check_rules(&promtool, &rules).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn metric_names_are_read_out_of_promql() {
+        let names = |expr: &str| -> Vec<String> { metric_names(expr).into_iter().collect() };
+        assert_eq!(
+            names(
+                r#"sum by (tenant, table) (increase(sluice_rows_parked_total{reason!="x"}[10m])) > 0"#
+            ),
+            ["sluice_rows_parked_total"]
+        );
+        assert_eq!(
+            names("histogram_quantile(0.99, sum by (target, le) (rate(sluice_insert_duration_seconds_bucket[5m]))) > 20"),
+            ["sluice_insert_duration_seconds_bucket"]
+        );
+        assert_eq!(
+            names("sum(rate(a_total[5m])) / ignoring(x) group_left(y) sum without (z) (b) and on() c offset 5m > bool 1e3"),
+            ["a_total", "b", "c"]
+        );
+        assert_eq!(
+            names(
+                r#"max(sluice_breaker_state{target=~"$target"}) or vector(0) # a comment sluice_x"#
+            ),
+            ["sluice_breaker_state"]
+        );
+        assert_eq!(
+            names("rate(sluice_rows_inserted_total{tenant=\"$tenant\"}[$__rate_interval]) * ${factor} + $other"),
+            ["sluice_rows_inserted_total"]
+        );
+        assert_eq!(
+            names("label_values(sluice_breaker_state, target)"),
+            ["sluice_breaker_state"]
+        );
+        assert_eq!(names("label_values(target)"), Vec::<String>::new());
+        assert_eq!(
+            names("process_resident_memory_bytes"),
+            ["process_resident_memory_bytes"]
+        );
     }
 }

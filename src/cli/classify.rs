@@ -1,8 +1,12 @@
 //! `sluice classify`: what Sluice would do with a ClickHouse failure.
+//!
+//! Each line comes from the path's own rule, never from a table kept here: the ingest
+//! line from the classifier, the query line from the gateway's mapping.
 
 use std::process::ExitCode;
 
 use crate::clickhouse::classify;
+use crate::query;
 
 pub fn run(what: &str) -> ExitCode {
     let Some(error) = classify::from_text(what) else {
@@ -32,6 +36,6 @@ pub fn run(what: &str) -> ExitCode {
         }
     );
     println!("ingest: {}", classify::ingest_action(&error));
-    println!("query: {}", classify::query_action(&error));
+    println!("query: {}", query::query_action(&error));
     ExitCode::SUCCESS
 }

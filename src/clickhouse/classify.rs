@@ -195,24 +195,6 @@ pub fn ingest_action(error: &InsertError) -> &'static str {
     }
 }
 
-/// What the query gateway answers for a failure of this kind, in one sentence.
-pub fn query_action(error: &InsertError) -> &'static str {
-    match (error.class, error.code) {
-        (_, Some(159)) => {
-            "504: ClickHouse's own max_execution_time stopped the query; never retried, a retry repeats the heavy work"
-        }
-        (Class::Rejected, Some(60 | 81 | 47 | 16)) => {
-            "404: the table, database or column does not exist; not retried"
-        }
-        (Class::Rejected, _) => "400: the query is at fault; not retried",
-        (Class::Denied, _) => "403: the query user's configuration or grants; not retried",
-        (Class::Unavailable, _) => {
-            "retried with full-jitter backoff while the retry budget lasts, then 503 with Retry-After and \"retryable\": true"
-        }
-        (Class::Unknown, _) => "502: nothing says what happened; not retried",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,9 @@ pub struct ServerFeatures {
     /// batch merged by the server.
     pub async_insert: bool,
     pub date_time_input_format: bool,
+    /// `input_format_skip_unknown_fields`: sent on every insert, 0 unless the table opts
+    /// in, because current servers default it to 1 and would drop an unknown field
+    /// silently where DESIGN.md parks the row (code 117).
     pub skip_unknown_fields: bool,
     pub insert_deduplication_token: bool,
 }
@@ -151,8 +154,13 @@ impl Inserter for HttpInserter {
         if features.date_time_input_format {
             params.push(("date_time_input_format", "best_effort"));
         }
-        if request.skip_unknown_fields && features.skip_unknown_fields {
-            params.push(("input_format_skip_unknown_fields", "1"));
+        if features.skip_unknown_fields {
+            let skip = if request.skip_unknown_fields {
+                "1"
+            } else {
+                "0"
+            };
+            params.push(("input_format_skip_unknown_fields", skip));
         }
         let url = reqwest::Url::parse_with_params(&self.url, &params)
             .map_err(|e| classify::transport(format!("building the insert URL: {e}")))?;

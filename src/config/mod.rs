@@ -10,6 +10,7 @@
 
 mod env;
 mod file;
+mod nats_url;
 mod secret;
 pub mod units;
 mod validate;
@@ -76,6 +77,8 @@ pub struct Config {
 
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
+    /// One server or a comma-separated list, without credentials (refused there: they
+    /// come from `auth`), so it can be printed and logged.
     pub url: String,
     pub stream: String,
     pub subject_prefix: String,

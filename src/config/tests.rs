@@ -47,6 +47,35 @@ fn an_empty_file_has_defaults() {
 }
 
 #[test]
+fn credentials_in_the_nats_url_are_refused_without_printing_them() {
+    for (text, vars) in [
+        (
+            "[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n",
+            vec![],
+        ),
+        (
+            "",
+            vec![(
+                "SLUICE_NATS_URL",
+                "nats://10.0.0.1:4222,hunter2@10.0.0.2:4222",
+            )],
+        ),
+    ] {
+        let p = problems(text, &vars);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("[nats] url"), "{}", p[0]);
+        assert!(p[0].contains("carries credentials"), "{}", p[0]);
+        assert!(
+            p[0].contains("password_env") && p[0].contains("token_env"),
+            "{}",
+            p[0]
+        );
+        assert!(p[0].contains("***@"), "{}", p[0]);
+        assert!(!p[0].contains("hunter2"), "{}", p[0]);
+    }
+}
+
+#[test]
 fn unknown_key_names_the_key_and_its_line() {
     let p = problems(
         "[nats]\nurl = \"nats://x:4222\"\nmax_byte = \"1GiB\"\n",

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::file::{AuthMode, FileConfig, IngestFile, TableFile};
+use super::nats_url::hide_credentials;
 use super::{
     is_table_name, is_tenant_name, AdminConfig, ApiConfig, Config, LogConfig, NatsAuth, NatsConfig,
     PipelineConfig, QueryConfig, Secret, TableSettings, TargetConfig, TenantConfig,
@@ -164,6 +165,11 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
     if n.url.trim().is_empty() {
         c.problem("[nats] url is empty");
+    }
+    if let Some(hidden) = hide_credentials(&n.url) {
+        c.problem(format!(
+            "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
+        ));
     }
     for (key, name) in [
         ("stream", &n.stream),
@@ -426,12 +432,13 @@ fn pipeline(c: &mut Check, file: &FileConfig) -> PipelineConfig {
 fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig>) -> ApiConfig {
     let a = &file.api;
     let listen = c.listen("[api] listen", &a.listen);
+    // A tenant whose token_env names a missing variable is reported with its tenant.
     if a.auth == AuthMode::Token
-        && !tenants.values().any(|t| t.token.is_some())
+        && !file.tenants.values().any(|t| t.token_env.is_some())
         && !tenants.is_empty()
     {
         c.problem(
-            "[api] auth = \"token\", but no tenant has a token: set token_env under [tenants.<name>], or auth = \"none\" to take the tenant from X-Tenant",
+            "[api] auth is \"token\" (the default), but no tenant has a token: give each tenant one with token_env = \"SLUICE_TOKEN_<TENANT>\" under [tenants.<name>] (the variable holds the tenant's bearer token), or set [api] auth = \"none\" to take the tenant from an X-Tenant header (only behind a proxy that authenticates)",
         );
     }
     if a.max_row_bytes > a.max_request_bytes {

@@ -110,14 +110,27 @@ pub fn map_clickhouse(class: Class, code: Option<u32>) -> (StatusCode, &'static 
 /// ClickHouse's message with a sentence in front saying what it means here.
 fn clickhouse_message(error: &InsertError, status: StatusCode) -> String {
     let ch = error.message.trim();
-    let lead = match error.code {
+    let lead = meaning(error, status);
+    if ch.is_empty() {
+        lead.to_string()
+    } else {
+        format!("{lead}: {ch}")
+    }
+}
+
+/// What a ClickHouse failure means on the query path, in a few words.
+fn meaning(error: &InsertError, status: StatusCode) -> &'static str {
+    match error.code {
         Some(READONLY) => {
             "the query gateway is read-only: ClickHouse refused the statement in readonly mode"
+        }
+        Some(TIMEOUT_EXCEEDED) => {
+            "ClickHouse stopped the query at its time limit (max_execution_time, the request's timeout less the server margin); a retry would repeat the same heavy work"
         }
         Some(TOO_MANY_ROWS_OR_BYTES) => {
             "the result is larger than the gateway allows (max_result_rows / max_result_bytes): add a LIMIT or aggregate"
         }
-        Some(UNKNOWN_SETTING) if ch.contains("param_") => {
+        Some(UNKNOWN_SETTING) if error.message.contains("param_") => {
             "this ClickHouse server does not support query parameters ({name:Type} with params); inline the values or upgrade ClickHouse"
         }
         _ => match status {
@@ -127,11 +140,21 @@ fn clickhouse_message(error: &InsertError, status: StatusCode) -> String {
             StatusCode::SERVICE_UNAVAILABLE => "ClickHouse is unavailable",
             _ => "ClickHouse answered with an error nothing explains",
         },
-    };
-    if ch.is_empty() {
-        lead.to_string()
+    }
+}
+
+/// What the gateway answers for a ClickHouse failure, in one line, read off
+/// [`map_clickhouse`]: `sluice classify` prints it, so the two cannot disagree.
+pub fn query_action(error: &InsertError) -> String {
+    let (status, label, retryable) = map_clickhouse(error.class, error.code);
+    let status_code = status.as_u16();
+    let meaning = meaning(error, status);
+    if retryable {
+        format!(
+            "{status_code} {label}, retried: with full-jitter backoff inside the request's deadline, at most [query] max_attempts attempts, each taking a token from the retry budget; then {status_code} with Retry-After and \"retryable\": true ({meaning})"
+        )
     } else {
-        format!("{lead}: {ch}")
+        format!("{status_code} {label}, never retried: {meaning}")
     }
 }
 
@@ -412,6 +435,38 @@ mod tests {
                 "{class:?} {code:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_action_line_is_read_off_the_mapping() {
+        let line = |code: u32| query_action(&classify::from_code(code, Some(500), String::new()));
+        // 164 is Unavailable to the classifier, a refused write to the gateway.
+        assert!(
+            line(164).starts_with("403 denied, never retried"),
+            "{}",
+            line(164)
+        );
+        assert!(
+            line(159).starts_with("504 timeout, never retried"),
+            "{}",
+            line(159)
+        );
+        assert!(
+            line(60).starts_with("404 rejected, never retried"),
+            "{}",
+            line(60)
+        );
+        assert!(
+            line(745).starts_with("503 unavailable, retried"),
+            "{}",
+            line(745)
+        );
+        assert!(line(745).contains("retry budget"), "{}", line(745));
+        let codeless = query_action(&classify::from_response(500, None, "<html>"));
+        assert!(
+            codeless.starts_with("502 unknown, never retried"),
+            "{codeless}"
+        );
     }
 
     #[test]

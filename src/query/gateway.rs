@@ -27,7 +27,6 @@ use sluice_actors::InsertError;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
-use super::budget::RetryBudget;
 use super::endpoint::{self, Endpoint};
 use super::errors::{map_clickhouse, QueryError, StoppedBy, TIMEOUT_EXCEEDED};
 use super::id::QueryId;
@@ -36,6 +35,7 @@ use super::limits::Limits;
 use super::metrics;
 use super::request::{RequestLimits, ValidQuery};
 use super::response::{self, Relay, RelayError};
+use super::retry_budget::RetryBudget;
 use crate::config::QueryConfig;
 
 /// The query gateway proper: endpoint, killer, budget, limits.

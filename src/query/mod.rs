@@ -11,12 +11,13 @@
 //! - past the deadline Sluice sends `KILL QUERY` on its own connection and confirms the
 //!   query gone before answering 504 (`gateway.rs`, `kill.rs`);
 //! - only Unavailable failures are retried, with full-jitter backoff, under a global
-//!   token-bucket budget; an empty bucket answers 503 at once (`budget.rs`,
+//!   token-bucket budget; an empty bucket answers 503 at once (`retry_budget.rs`,
 //!   `backoff.rs`);
 //! - the query workload has its own ClickHouse user, its own concurrency limit and a
 //!   per-tenant one; over a limit → 429, no queue (`limits.rs`);
-//! - statements are checked read-only before sending and run with `readonly=2`
-//!   (`sql.rs`); failures map through the shared classifier (`errors.rs`).
+//! - statements are checked before sending (one read statement; no `SETTINGS`, no
+//!   table function or server table outside small allow-lists: `sql/`) and run with
+//!   `readonly=2`; failures map through the shared classifier (`errors.rs`).
 //!
 //! # Mounting
 //!
@@ -35,7 +36,6 @@
 //! configuration does, and a 503 would invite retries.
 
 mod backoff;
-mod budget;
 mod endpoint;
 mod errors;
 mod gateway;
@@ -46,6 +46,7 @@ mod limits;
 pub mod metrics;
 mod request;
 mod response;
+mod retry_budget;
 mod sql;
 
 use std::sync::Arc;
@@ -55,13 +56,13 @@ use axum::routing::post;
 use axum::Router;
 
 pub use backoff::Backoff;
-pub use budget::RetryBudget;
-pub use errors::{map_clickhouse, QueryError, StoppedBy};
+pub use errors::{map_clickhouse, query_action, QueryError, StoppedBy};
 pub use gateway::{server_limit_for, Gateway};
 pub use id::QueryId;
 pub use limits::{Admission, Limits, Refused};
 pub use request::{Format, ValidQuery};
 pub use response::{PREFIX_WINDOW, RESULT_CAP_HEADER};
+pub use retry_budget::RetryBudget;
 pub use sql::{check_read_only, SqlError, READ_KEYWORDS};
 
 use crate::api::tenant::TenantResolver;

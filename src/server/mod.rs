@@ -38,7 +38,7 @@ pub async fn run_until(
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");
     }
-    let metrics = telemetry::prometheus::install()?;
+    let metrics = telemetry::prometheus::install(&config)?;
 
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());

@@ -2,6 +2,9 @@
 //! rest (and re-exported here, every name is reachable from one place).
 
 pub use sluice_actors::metrics::*;
+use sluice_actors::TableKey;
+
+use crate::config::Config;
 
 /// `POST /v1/ingest` requests by HTTP status.
 pub const INGEST_REQUESTS: &str = "sluice_ingest_requests_total";
@@ -9,6 +12,42 @@ pub const INGEST_REQUESTS: &str = "sluice_ingest_requests_total";
 pub const INGEST_ROWS: &str = "sluice_ingest_rows_total";
 /// Rows the ingest API refused (bad JSON, not an object, too large), by tenant and table.
 pub const INGEST_ROWS_REJECTED: &str = "sluice_ingest_rows_rejected_total";
+
+/// The statuses `POST /v1/ingest` answers with, registered at 0 at start (a status
+/// left out here still appears when first answered, only not from 0).
+pub const INGEST_STATUSES: &[u16] = &[202, 400, 401, 403, 404, 413, 415, 503];
+
+/// The statuses `POST /v1/query` answers with (see `query::errors`), registered at 0
+/// when the gateway is on.
+pub const QUERY_STATUSES: &[u16] = &[200, 400, 401, 403, 404, 429, 502, 503, 504];
+
+/// Registers at 0 every series whose labels the configuration tells before any traffic
+/// (see [`sluice_actors::metrics::register_known`]), so that a scraper and an
+/// `increase()` alert see each one before its first event.
+pub fn register_known(config: &Config) {
+    let tables: Vec<TableKey> = config
+        .tables
+        .keys()
+        .map(|(tenant, table)| TableKey::new(tenant, table))
+        .collect();
+    sluice_actors::metrics::register_known(
+        config.targets.keys().map(String::as_str),
+        &config.nats.stream,
+        &tables,
+    );
+    for status in INGEST_STATUSES {
+        metrics::counter!(INGEST_REQUESTS, "status" => status.to_string()).increment(0);
+    }
+    if config.query.is_some() {
+        for status in QUERY_STATUSES {
+            metrics::counter!(QUERY_TOTAL, "status" => status.to_string()).increment(0);
+        }
+        metrics::counter!(QUERY_RETRIES).increment(0);
+        metrics::counter!(QUERY_KILLED).increment(0);
+        // A histogram is registered by taking its handle; there is nothing to record.
+        drop(metrics::histogram!(QUERY_DURATION));
+    }
+}
 
 pub fn describe() {
     use metrics::{describe_counter, Unit};

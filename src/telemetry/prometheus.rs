@@ -5,8 +5,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Install the global recorder (once per process) and describe every metric.
-pub fn install() -> anyhow::Result<PrometheusHandle> {
+use crate::config::Config;
+
+/// Install the global recorder (once per process), describe every metric and register
+/// at 0 the series the configuration knows of.
+pub fn install(config: &Config) -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
@@ -26,6 +29,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .context("installing the metrics recorder")?;
     sluice_actors::metrics::describe_all();
     super::metrics::describe();
+    super::metrics::register_known(config);
     // Histograms and summaries need periodic upkeep when no HTTP listener of the
     // exporter's own runs it.
     let upkeep = handle.clone();

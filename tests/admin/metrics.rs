@@ -1,11 +1,19 @@
 //! `/metrics`: every metric name of DESIGN.md "Metrics" after the traffic that makes it
-//! appear, each with its labels, and values that match what happened.
+//! appear, each with its labels, and values that match what happened; every series with
+//! known labels there from start at 0; every page accepted by `promtool check metrics`;
+//! and the shipped alert rules (`deploy/alerts.yaml`, checked by `promtool check rules`
+//! and agreeing with docs/operations.md) and Grafana dashboard
+//! (`deploy/grafana-dashboard.json`) using only metrics a scrape shows.
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use serde_json::json;
-use sluice_harness::{wait_for, Metrics, Respond, Rule, Stack, StackOptions, TENANT};
+use serde_json::{json, Value};
+use sluice_harness::prom::{
+    metric_names, promtool_binary, promtool_check_metrics, promtool_check_rules,
+};
+use sluice_harness::{available, wait_for, Metrics, Respond, Rule, Stack, StackOptions, TENANT};
 
 use crate::*;
 
@@ -34,6 +42,17 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_query_duration_seconds", &[]),
 ];
 
+/// Turns the query gateway on, as the harness's read-only query user.
+fn with_query_gateway(stack: &mut Stack) {
+    stack.set("query.target", "main");
+    stack.set("query.user", sluice_harness::QUERY_USER);
+    stack.set("query.password_env", "SLUICE_TEST_QUERY_PASSWORD");
+    stack.env.push((
+        "SLUICE_TEST_QUERY_PASSWORD".into(),
+        sluice_harness::QUERY_PASSWORD.into(),
+    ));
+}
+
 fn labels_of(m: &Metrics, name: &str) -> Result<BTreeSet<String>> {
     let sets = m.label_sets(name);
     match sets.len() {
@@ -57,13 +76,7 @@ async fn every_design_metric_appears_with_its_labels() -> Result<()> {
     stack.clickhouse.exec(EVENTS).await?;
     stack.set("pipeline.backoff_initial", "2s");
     stack.set("pipeline.backoff_max", "2s");
-    stack.set("query.target", "main");
-    stack.set("query.user", sluice_harness::QUERY_USER);
-    stack.set("query.password_env", "SLUICE_TEST_QUERY_PASSWORD");
-    stack.env.push((
-        "SLUICE_TEST_QUERY_PASSWORD".into(),
-        sluice_harness::QUERY_PASSWORD.into(),
-    ));
+    with_query_gateway(&mut stack);
     stack.start_sluice(SLUICE).await?;
     let proxy = stack.proxy.as_ref().context("a stack with a proxy")?;
 
@@ -291,4 +304,285 @@ async fn lagging(stack: &Stack, low: f64, high: f64) -> Result<f64> {
         Some(p) if p >= low && p <= high && shown == Some(json!(p as u64)) => Ok(p),
         _ => bail!("sluice_consumer_pending = {pending:?}, the tree shows {shown:?}"),
     }
+}
+
+/// A file of the repository.
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The `expr:` of every rule in `deploy/alerts.yaml`, with the alert's name. The file
+/// keeps each expression on its line (no YAML block scalars), so it is read without a
+/// YAML parser; a rule that breaks that is an error here, not a rule left unchecked.
+fn alert_rules() -> Result<Vec<(String, String)>> {
+    let path = repo_file("deploy/alerts.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut rules = Vec::new();
+    let mut alert: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alert = Some(name.trim().to_string());
+        } else if let Some(expr) = line.strip_prefix("expr:") {
+            let expr = expr.trim();
+            let Some(name) = alert.take() else {
+                bail!("an expr: outside an alert rule: {line}");
+            };
+            if expr.is_empty() || expr.starts_with(['|', '>', '"', '\'']) {
+                bail!("{name}: write the expr on its line, unquoted: {line}");
+            }
+            rules.push((name, expr.to_string()));
+        }
+    }
+    if let Some(name) = alert {
+        bail!("alert {name} has no expr: line");
+    }
+    Ok(rules)
+}
+
+/// Every PromQL query of the Grafana dashboard: panel targets' `expr` and the template
+/// variables' queries.
+fn dashboard_queries() -> Result<Vec<String>> {
+    let path = repo_file("deploy/grafana-dashboard.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let dashboard: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let mut queries = Vec::new();
+    let mut stack = vec![&dashboard];
+    // Bounded by the document's size: each value is visited once.
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(expr)) = map.get("expr") {
+                    queries.push(expr.clone());
+                }
+                stack.extend(map.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if variable["type"] == "query" {
+            let query = &variable["query"];
+            let text = query["query"].as_str().or(query.as_str());
+            queries.push(
+                text.context("a query variable without its query")?
+                    .to_string(),
+            );
+        }
+    }
+    Ok(queries)
+}
+
+/// Each query's metric names that `m` does not show (histogram `_bucket`, `_sum` and
+/// `_count` belong to their histogram); a query that names no metric at all counts too.
+fn unknown_metrics(m: &Metrics, queries: &[(String, String)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (what, query) in queries {
+        let names = metric_names(query);
+        if names.is_empty() {
+            problems.push(format!("{what}: no metric in `{query}`"));
+        }
+        for name in names {
+            if m.family_of(&name).is_none() {
+                problems.push(format!("{what}: {name} is not on /metrics (`{query}`)"));
+            }
+        }
+    }
+    problems
+}
+
+/// Series that must be on the page with value 0 before any traffic.
+fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+    let mut series = Vec::new();
+    for kind in ["consumer", "pool", "table"] {
+        series.push(("sluice_actor_restarts_total", vec![("kind", kind)]));
+    }
+    for outcome in ["ok", "rejected", "unavailable", "denied", "unknown"] {
+        series.push((
+            "sluice_insert_requests_total",
+            vec![("target", "main"), ("outcome", outcome)],
+        ));
+    }
+    series.push((
+        "sluice_insert_duration_seconds_count",
+        vec![("target", "main")],
+    ));
+    series.push(("sluice_breaker_state", vec![("target", "main")]));
+    // The table configured by name under [tables."acme.events"].
+    let events = [("tenant", TENANT), ("table", "events")];
+    for name in [
+        "sluice_rows_received_total",
+        "sluice_rows_inserted_total",
+        "sluice_dlq_publish_failures_total",
+        "sluice_buffered_rows",
+        "sluice_table_backoff",
+    ] {
+        series.push((name, events.to_vec()));
+    }
+    for reason in ["rejected", "no_target", "invalid_subject"] {
+        let mut labels = events.to_vec();
+        labels.push(("reason", reason));
+        series.push(("sluice_rows_parked_total", labels));
+    }
+    for reason in ["unavailable", "denied", "unknown", "backoff"] {
+        series.push((
+            "sluice_retries_total",
+            vec![("table", "events"), ("reason", reason)],
+        ));
+    }
+    for status in ["202", "400", "413", "503"] {
+        series.push(("sluice_ingest_requests_total", vec![("status", status)]));
+    }
+    for status in ["200", "400", "403", "429", "503", "504"] {
+        series.push(("sluice_query_total", vec![("status", status)]));
+    }
+    for name in [
+        "sluice_query_retries_total",
+        "sluice_query_killed_total",
+        "sluice_query_duration_seconds_count",
+    ] {
+        series.push((name, vec![]));
+    }
+    series
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_exist_from_start_pass_promtool_and_back_every_alert_and_panel() -> Result<()> {
+    let test = "metrics_exist_from_start_pass_promtool_and_back_every_alert_and_panel";
+    let Some(promtool) = available(test, promtool_binary())? else {
+        return Ok(());
+    };
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack
+        .clickhouse
+        .exec("CREATE TABLE clicks (id UInt64) ENGINE = MergeTree ORDER BY id")
+        .await?;
+    stack.set("tables.\"acme.events\".batch_rows", 500);
+    with_query_gateway(&mut stack);
+    stack.start_sluice(SLUICE).await?;
+
+    // Before any row or query: every series whose labels are known, at 0.
+    let start = stack.metrics().await?;
+    let m = Metrics::parse(&start)?;
+    let missing: Vec<String> = zero_at_start()
+        .into_iter()
+        .filter(|(name, labels)| m.value(name, labels) != Some(0.0))
+        .map(|(name, labels)| format!("{name}{labels:?} = {:?}", m.value(name, &labels)))
+        .collect();
+    assert!(missing.is_empty(), "not 0 at start: {missing:#?}\n{start}");
+    assert!(
+        m.value("sluice_consumer_pending", &[("stream", "INGEST")])
+            .is_some(),
+        "{start}"
+    );
+    promtool_check_metrics(&promtool, &start).context("the page at start")?;
+
+    // Rows that land, one ClickHouse rejects (parked), rows of a table met only now, a
+    // request the API refuses, and a query.
+    let rows: Vec<_> = (0..10).map(|id| json!({"id": id, "name": "ok"})).collect();
+    ingest_ok(&stack, "events", &rows).await?;
+    ingest_ok(&stack, "events", &[json!({"id": "x", "name": "bad"})]).await?;
+    ingest_ok(&stack, "clicks", &[json!({"id": 1})]).await?;
+    let (status, reply) = stack
+        .ingest_raw(
+            "clicks",
+            "application/x-ndjson",
+            b"{\"id\": 2}\n\"not an object\"\n".to_vec(),
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (status, &reply["accepted"], &reply["rejected"]),
+        (400, &json!(1), &json!(1)),
+        "{reply}"
+    );
+    let answer = stack
+        .http()
+        .post(format!("{}/v1/query", stack.api_url()))
+        .header("X-Tenant", TENANT)
+        .header("Content-Type", "application/json")
+        .body(json!({"sql": "SELECT count() FROM events"}).to_string())
+        .send()
+        .await?;
+    assert_eq!(answer.status().as_u16(), 200, "{:?}", answer.text().await);
+    wait_count(&stack, "SELECT count() FROM events", 10).await?;
+    wait_count(&stack, "SELECT count() FROM clicks", 2).await?;
+    let loaded = wait_for("the load shows on /metrics", DEADLINE, POLL, || async {
+        let text = stack.metrics().await?;
+        let m = Metrics::parse(&text)?;
+        let parked = m.value(
+            "sluice_rows_parked_total",
+            &[("table", "events"), ("reason", "rejected")],
+        );
+        let clicks = m.value("sluice_rows_inserted_total", &[("table", "clicks")]);
+        if parked == Some(1.0) && clicks == Some(2.0) {
+            Ok(text)
+        } else {
+            bail!("parked {parked:?}, clicks inserted {clicks:?}")
+        }
+    })
+    .await?;
+    promtool_check_metrics(&promtool, &loaded).context("the page after load")?;
+    let m = Metrics::parse(&loaded)?;
+    for kind in ["consumer", "pool", "table"] {
+        assert_eq!(
+            m.value("sluice_actor_restarts_total", &[("kind", kind)]),
+            Some(0.0),
+            "still there, and nothing restarted"
+        );
+    }
+
+    // Every metric an alert or a panel uses is on the page.
+    let mut queries: Vec<(String, String)> = alert_rules()?
+        .into_iter()
+        .map(|(name, expr)| (format!("alert {name}"), expr))
+        .collect();
+    queries.extend(
+        dashboard_queries()?
+            .into_iter()
+            .map(|q| ("dashboard".to_string(), q)),
+    );
+    assert!(queries.len() > 20, "{queries:?}");
+    let problems = unknown_metrics(&m, &queries);
+    assert!(problems.is_empty(), "{problems:#?}\n{loaded}");
+    Ok(())
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_agree_with_the_operations_doc() -> Result<()> {
+    let test = "the_alert_rules_pass_promtool_and_agree_with_the_operations_doc";
+    let Some(promtool) = available(test, promtool_binary())? else {
+        return Ok(());
+    };
+    promtool_check_rules(&promtool, &repo_file("deploy/alerts.yaml"))?;
+
+    let in_file: BTreeSet<String> = alert_rules()?.into_iter().map(|(name, _)| name).collect();
+    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
+    let section = doc
+        .split("## Metrics and alerts")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    let in_doc: BTreeSet<String> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            word.starts_with("Sluice") && word.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        in_doc, in_file,
+        "the alerts docs/operations.md names and those deploy/alerts.yaml defines"
+    );
+    Ok(())
 }

@@ -125,9 +125,9 @@ impl Scenario {
         ("api.retry_after", "1s"),
     ];
 
-    /// Starts the servers for scenario `name` (`None`, with a notice, when a server is
-    /// not installed and `SLUICE_TEST_REQUIRE_SERVERS` is not set). `binary` is the
-    /// sluice binary (`env!("CARGO_BIN_EXE_sluice")`).
+    /// Starts the servers for scenario `name` (`None`, with a skip notice, when a server
+    /// is not installed and `SLUICE_TEST_ALLOW_SKIP` allows that; an error naming it
+    /// otherwise). `binary` is the sluice binary (`env!("CARGO_BIN_EXE_sluice")`).
     pub async fn start(
         name: &str,
         binary: impl Into<PathBuf>,
@@ -305,24 +305,7 @@ impl Scenario {
             .await
             .context("counting rows")?;
         tally.settled_in = Some(healing.elapsed());
-        // Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
-        // them with its next lag poll (every 5 s), so they must be gone within a few.
-        let mut stranded = u64::MAX;
-        for _ in 0..STRANDED_POLLS {
-            stranded = self.jet.backlog().await.map(|b| b.stranded()).unwrap_or(0);
-            if stranded == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        tally.stranded = stranded;
-        if stranded > 0 {
-            bail!(
-                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
-                STRANDED_POLLS / 2,
-                self.logs()
-            );
-        }
+        tally.stranded = self.stranded_purged().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
         if verbose() {
@@ -332,6 +315,32 @@ impl Scenario {
             bail!("{e:#}\n{}", self.logs());
         }
         Ok(tally)
+    }
+
+    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
+    /// them with its next lag poll (every 5 s), so they must be gone within a few.
+    /// Returns 0, or fails with how many are left; a backlog that cannot be read is a
+    /// failure too, never taken for an empty one.
+    async fn stranded_purged(&self) -> Result<u64> {
+        let mut last = Err(anyhow!("the backlog was never read"));
+        for _ in 0..STRANDED_POLLS {
+            last = self.jet.backlog().await.map(|b| b.stranded());
+            if matches!(last, Ok(0)) {
+                return Ok(0);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        match last {
+            Ok(stranded) => bail!(
+                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
+                STRANDED_POLLS / 2,
+                self.logs()
+            ),
+            Err(e) => bail!(
+                "cannot tell whether acked messages are left in {INGEST_STREAM}: {e:#}\n{}",
+                self.logs()
+            ),
+        }
     }
 
     /// A metric's value on sluice process `index` (summed over matching series).

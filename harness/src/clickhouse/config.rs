@@ -21,6 +21,13 @@ pub const INGEST_PASSWORD: &str = "ingest-secret";
 pub const QUERY_USER: &str = "query";
 pub const QUERY_PASSWORD: &str = "query-secret";
 
+/// A user like `ingest` whose profile defaults `input_format_skip_unknown_fields` to 1,
+/// as current ClickHouse releases do: there an insert that pins nothing drops an
+/// unknown field silently instead of failing with code 117. Tests use it to prove
+/// that Sluice sends the setting explicitly.
+pub const SKIPPING_USER: &str = "skipping";
+pub const SKIPPING_PASSWORD: &str = "skipping-secret";
+
 /// Ports the server listens on.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ports {
@@ -91,6 +98,10 @@ const USERS_XML: &str = r#"<?xml version="1.0"?>
     <readonly>
       <readonly>2</readonly>
     </readonly>
+    <skips_unknown_fields>
+      <profile>default</profile>
+      <input_format_skip_unknown_fields>1</input_format_skip_unknown_fields>
+    </skips_unknown_fields>
   </profiles>
   <quotas>
     <default>
@@ -117,6 +128,12 @@ const USERS_XML: &str = r#"<?xml version="1.0"?>
       <profile>default</profile>
       <quota>default</quota>
     </ingest>
+    <skipping>
+      <password>skipping-secret</password>
+      <networks><ip>::/0</ip></networks>
+      <profile>skips_unknown_fields</profile>
+      <quota>default</quota>
+    </skipping>
     <query>
       <password>query-secret</password>
       <networks><ip>::/0</ip></networks>
@@ -139,10 +156,10 @@ mod tests {
 
     #[test]
     fn the_users_file_matches_the_constants() {
-        for secret in [INGEST_PASSWORD, QUERY_PASSWORD] {
+        for secret in [INGEST_PASSWORD, QUERY_PASSWORD, SKIPPING_PASSWORD] {
             assert!(USERS_XML.contains(&format!("<password>{secret}</password>")));
         }
-        for user in [DEFAULT_USER, INGEST_USER, QUERY_USER] {
+        for user in [DEFAULT_USER, INGEST_USER, QUERY_USER, SKIPPING_USER] {
             assert!(USERS_XML.contains(&format!("<{user}>")));
         }
     }

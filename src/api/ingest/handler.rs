@@ -187,9 +187,9 @@ async fn handle(
         ("table", table.to_string()),
     ];
     metrics::counter!(m::INGEST_ROWS, &labels).increment(reply.accepted as u64);
-    if reply.rejected > 0 {
-        metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
-    }
+    // Even at 0: the series exists from the table's first request, so an `increase()`
+    // alert sees the first refused row.
+    metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
 
     match stop {
         Some(PublishError::Refused(why)) if reply.not_stored > 0 => {
