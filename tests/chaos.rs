@@ -34,6 +34,8 @@
 //! | `proxy_502_codeless`             | a codeless 502                                          | 3 (e) |
 //! | `proxy_401_denied`               | a codeless 401                                          | 3 (e) |
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
+//! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
+//! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -60,7 +62,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use sluice_harness::chaos::{held_in_tree, Pace, RowSet, Scenario};
-use sluice_harness::{wait_until, Respond, Rule, StackOptions};
+use sluice_harness::{wait_for, wait_until, Respond, Rule, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -580,6 +582,117 @@ async fn read_only_table() -> Result<()> {
     proxy.clear_rules();
     let published_frozen = s.published(frozen).await?;
     s.finish(&[published_frozen, published_healthy]).await?;
+    Ok(())
+}
+
+/// Issue 12: rows for a table that does not exist yet (a deploy race: rows before the
+/// migration, published straight to JetStream). They wait for it, table-scoped, none is
+/// parked; once the table is created every row lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_table_deploy_race() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("missing_table_deploy_race", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("ingest.missing_table_grace", "60s");
+    s.start_sluice().await?;
+    let feed = s.feed_jetstream("events", RowSet::good(0..3000), Pace::new(250, ms(100)));
+    let published = s.published(feed).await?;
+    // Shown as waiting, and nothing parked while it waits.
+    let (status, tree) = s.stack.admin_get_of(0, "/admin/actors").await?;
+    ensure!(status == 200, "/admin/actors answered {status}");
+    let waiting = tree.to_string().contains("\"missing_table\"");
+    ensure!(waiting, "the table is not shown as waiting: {tree}");
+    s.expect_nothing_parked_for(&["events"], secs(4)).await?;
+    ensure!(
+        s.metric(0, "sluice_table_missing", &[("table", "events")])
+            .await?
+            == 1.0,
+        "sluice_table_missing is not 1 while the table is missing"
+    );
+    // The migration runs.
+    s.create_tables(&["events"]).await?;
+    let tally = s.finish(&[published]).await?;
+    ensure!(
+        tally.parked == 0 && tally.inserted_distinct == 3000,
+        "{tally}"
+    );
+    Ok(())
+}
+
+/// Issue 12: rows for a table that never comes (a producer's typo). Past
+/// `missing_table_grace` they are parked with the reason, in a few requests (one per
+/// batch, never row by row): before, every row was bisected out alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_table_grace_runs_out() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "missing_table_grace_runs_out",
+        SLUICE,
+        StackOptions::default(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.stack.set("ingest.missing_table_grace", "2s");
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let typo = s.feed_jetstream("evnets", RowSet::good(0..2000), Pace::burst(500));
+    let good = s.feed_api(
+        "events",
+        RowSet::good(10_000..11_000),
+        Pace::new(100, ms(50)),
+    )?;
+    let published_typo = s.published(typo).await?;
+    let published_good = s.published(good).await?;
+    landing(&s, "events", 1000).await?;
+    let parked = wait_for(
+        "every row of the missing table parked",
+        secs(60),
+        ms(250),
+        || async {
+            let parked = s.jet.parked("evnets").await?;
+            if parked.len() >= 2000 {
+                Ok(parked)
+            } else {
+                Err(anyhow::anyhow!("{} parked so far", parked.len()))
+            }
+        },
+    )
+    .await
+    .with_context(|| s.logs())?;
+    let ids: std::collections::BTreeSet<u64> = parked.iter().filter_map(|r| r.id).collect();
+    ensure!(
+        ids.len() == 2000 && parked.len() == 2000,
+        "parked {} rows, {} distinct",
+        parked.len(),
+        ids.len()
+    );
+    for row in &parked {
+        let h = |name: &str| row.headers.get(name).cloned().unwrap_or_default();
+        ensure!(h("Sluice-Error-Code") == "60", "{:?}", row.headers);
+        ensure!(
+            h("Sluice-Error").contains("missing_table_grace"),
+            "{:?}",
+            row.headers
+        );
+    }
+    let rejected = s
+        .metric(
+            0,
+            "sluice_insert_requests_total",
+            &[("outcome", "rejected")],
+        )
+        .await?;
+    ensure!(
+        rejected <= 40.0,
+        "{rejected} refused insert requests for 2,000 rows: isolation split a batch that names no row"
+    );
+    // The neighbour was never held up.
+    let tally = s.finish(&[published_good]).await?;
+    ensure!(tally.parked == 0, "{tally}");
+    let _ = published_typo;
     Ok(())
 }
 
