@@ -242,6 +242,38 @@ async fn an_idle_pool_closes_its_breaker_by_probing_itself() {
     r.handle.shutdown().await;
 }
 
+/// No traffic at all, and ClickHouse goes down: the pool's idle probe (every
+/// `idle_probe_every`) notices, so the admin page and the breaker gauge say so; when it
+/// comes back, the next probe closes the window again.
+#[tokio::test(start_paused = true)]
+async fn a_target_that_goes_down_while_idle_shows_as_down() {
+    let mut s = settings();
+    s.idle_probe_every = Duration::from_secs(10);
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig(&["main"], &[("acme", "main")], tables(2), s).await;
+    let probes = r.main().probe_count();
+    r.main().set_probe(Some(transport("connection refused")));
+    assert!(
+        r.until(Duration::from_secs(15), |r| r.pool_state("main") == "open")
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    assert!(r.main().probe_count() > probes);
+    assert_eq!(r.main().request_count(), 0, "no insert was needed to find out");
+    r.main().set_probe(None);
+    assert!(
+        r.until(Duration::from_secs(10), |r| r.pool_state("main") == "closed")
+            .await
+    );
+    // And while it answers, the idle probe is modest: about one per interval.
+    let before = r.main().probe_count();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let spent = r.main().probe_count() - before;
+    assert!((5..=7).contains(&spent), "{spent} probes in a quiet minute");
+    r.handle.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_flushes_every_buffer_now() {
     let r = simple(1000).await;
