@@ -75,6 +75,7 @@ fn main() {
             tenants: [("acme".to_string(), "main".to_string())].into(),
             tables: TableSettingsResolver::new(TableSettings { batch_age: Duration::from_millis(200), ..Default::default() }),
             settings,
+            manifests: None,
         })
         .await
         .unwrap();

@@ -1,14 +1,18 @@
-//! One flight's rows: the deliveries it holds, the JSONEachRow body built once from
-//! them (every request of an isolation is a zero-copy slice of it), each row's verdict
-//! as the flight learns it, and the settlement that turns verdicts into acks, parks and
-//! naks once the flight knows everything it will learn.
+//! One flight's rows: the messages it holds (each one row or many, NDJSON), the
+//! JSONEachRow body built once from them (every request of an isolation is a zero-copy
+//! slice of it), and the settlement that turns the rows' verdicts into acks, parks and
+//! naks — per message: a message is acked only when every row in it is settled.
 //!
 //! Verdicts are taken first and settled after, never mid-isolation: the rows of a batch
 //! leave the queue together, when the flight has its last answer. That keeps every
 //! decision in one place (what each row's fate is) apart from the I/O that carries it
-//! out, and lets settlement change (a manifest recorded before the acks, rows that
-//! share a message) without touching the isolation.
+//! out, and lets a manifest be recorded between the two.
+//!
+//! A batch formed again from a manifest may include messages this flight does not hold
+//! (another instance has them, or they wait out a delay): their rows are sent, read from
+//! the stream, and settled by whoever holds them.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,64 +24,202 @@ use crate::ports::{Delivery, InsertError, Parking, TableKey};
 /// What the flight knows of one row.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum RowVerdict {
-    /// Not settled: it goes back to the queue with the outage's delay.
+    /// Not settled: its message goes back to the queue.
     #[default]
     Pending,
-    /// In ClickHouse: ack it.
+    /// In ClickHouse.
     Inserted,
-    /// Rejected alone by ClickHouse: park it with this reason.
+    /// Rejected alone by ClickHouse: parked with this reason.
     Rejected(Arc<InsertError>),
+}
+
+/// One message of a batch.
+struct Part<D> {
+    /// `None`: a message of the batch this flight does not hold.
+    delivery: Option<D>,
+    stream_sequence: u64,
+    /// Its rows in the body, as indexes into the batch.
+    rows: Range<usize>,
+    /// The message's line of each of those rows.
+    lines: Vec<u32>,
+    /// Lines settled by an earlier flight (the message came back with them done):
+    /// not sent again, counted as settled.
+    done: Vec<u32>,
 }
 
 /// The rows of one flight.
 pub struct Batch<D> {
-    deliveries: Vec<D>,
+    parts: Vec<Part<D>>,
     body: Bytes,
     /// Row `i` is `body[offsets[i]..offsets[i + 1]]` (with its `\n`).
     offsets: Vec<usize>,
-    /// When the oldest row arrived: `progress()` is due from `ack_wait / 2` after it.
+    /// When the oldest message arrived: `progress()` is due from `ack_wait / 2` after it.
     held_since: Instant,
 }
 
 /// How a batch's rows are settled.
 pub struct SettlePlan<'a> {
     pub table: &'a TableKey,
-    /// Park rejected rows; when off they are naked with `cap_delay` and come back.
+    /// Park rejected rows; when off their messages are naked with `cap_delay`.
     pub dlq: bool,
-    /// The delay for rows left unacked on purpose (DLQ off, DLQ publish failed).
+    /// The delay for messages left unacked on purpose (DLQ off, DLQ publish failed).
     pub cap_delay: Duration,
-    /// The delay for rows still pending (the outage's window).
+    /// The delay for messages with a row still pending (the outage's window).
     pub pending_delay: Duration,
+    /// Wait for JetStream to confirm the batch's acks (exactly-once: the manifest may be
+    /// forgotten only then).
+    pub confirm: bool,
 }
 
-/// What a settlement did.
+/// What a settlement did, in rows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Settled {
     pub inserted: usize,
     pub parked: usize,
-    /// Naked: pending rows, and rejected rows left unacked.
+    /// Rows whose message was naked: pending rows, rows rejected but left unacked, and
+    /// settled rows sharing a message with those.
     pub handed_back: usize,
-    /// Rejected rows whose DLQ publish failed (counted in `handed_back` too).
+    /// Rejected rows whose DLQ publish failed (their message naked with the cap delay).
     pub dlq_failures: usize,
     /// Of `handed_back`, the rows that were pending (an outage sent them back).
     pub pending: usize,
+    /// Messages naked with some of their rows already in ClickHouse or on the DLQ: the
+    /// lines that need nothing more when the message comes back.
+    pub partly: Vec<(u64, Vec<u32>)>,
+    /// Every ack was sent, and (when asked) the last one confirmed.
+    pub confirmed: bool,
+}
+
+/// The lines of an NDJSON message: one row per non-blank line; a message with none is
+/// one (empty) row, so that every message has a row to settle it by.
+pub fn lines(payload: &Bytes) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, b) in payload.iter().enumerate() {
+        if *b == b'\n' {
+            push_line(payload, start, i, &mut out);
+            start = i + 1;
+        }
+    }
+    push_line(payload, start, payload.len(), &mut out);
+    if out.is_empty() {
+        out.push(payload.clone());
+    }
+    out
+}
+
+fn push_line(payload: &Bytes, start: usize, end: usize, out: &mut Vec<Bytes>) {
+    let line = &payload[start..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().any(|b| !b.is_ascii_whitespace()) {
+        out.push(payload.slice(start..start + line.len()));
+    }
+}
+
+/// How many rows a message carries (what the buffer limits count), without copying.
+pub fn row_count(payload: &[u8]) -> usize {
+    let mut n = 0;
+    let mut blank = true;
+    for b in payload {
+        if *b == b'\n' {
+            n += usize::from(!blank);
+            blank = true;
+        } else if !b.is_ascii_whitespace() {
+            blank = false;
+        }
+    }
+    (n + usize::from(!blank)).max(1)
 }
 
 // === impl Batch ===
 
 impl<D: Delivery> Batch<D> {
+    /// A batch of the messages a flight holds, in the order given.
     pub fn new(deliveries: Vec<D>, held_since: Instant) -> Self {
-        let len: usize = deliveries.iter().map(|d| d.payload().len() + 1).sum();
+        Self::resuming(deliveries, Vec::new(), held_since)
+    }
+
+    /// As [`Batch::new`], some messages coming back with lines an earlier flight
+    /// settled (`done`, by stream sequence): those lines are not sent again.
+    pub fn resuming(deliveries: Vec<D>, done: Vec<(u64, Vec<u32>)>, held_since: Instant) -> Self {
+        let mut done: std::collections::HashMap<u64, Vec<u32>> = done.into_iter().collect();
+        let parts = deliveries
+            .into_iter()
+            .map(|d| {
+                let seq = d.position().stream_sequence;
+                (seq, Some(d), None, done.remove(&seq).unwrap_or_default())
+            })
+            .collect();
+        Self::build(parts, held_since)
+    }
+
+    /// A batch formed again from a manifest's messages (ascending sequences): the ones
+    /// held, and the payloads read for the others.
+    pub fn reformed(
+        sequences: &[u64],
+        mut held: Vec<D>,
+        mut fetched: Vec<(u64, Bytes)>,
+        held_since: Instant,
+    ) -> Self {
+        held.sort_unstable_by_key(|d| d.position().stream_sequence);
+        fetched.sort_unstable_by_key(|(s, _)| *s);
+        let mut held = held.into_iter().peekable();
+        let mut fetched = fetched.into_iter().peekable();
+        let mut parts = Vec::with_capacity(sequences.len());
+        for &seq in sequences {
+            if held
+                .peek()
+                .is_some_and(|d| d.position().stream_sequence == seq)
+            {
+                parts.push((seq, held.next(), None, Vec::new()));
+            } else if fetched.peek().is_some_and(|(s, _)| *s == seq) {
+                parts.push((seq, None, fetched.next().map(|(_, p)| p), Vec::new()));
+            }
+        }
+        Self::build(parts, held_since)
+    }
+
+    fn build(parts: Vec<(u64, Option<D>, Option<Bytes>, Vec<u32>)>, held_since: Instant) -> Self {
+        let len: usize = parts
+            .iter()
+            .map(|(_, d, p, _)| {
+                d.as_ref().map(|d| d.payload().len()).unwrap_or(0)
+                    + p.as_ref().map(Bytes::len).unwrap_or(0)
+                    + 1
+            })
+            .sum();
         let mut body = BytesMut::with_capacity(len);
-        let mut offsets = Vec::with_capacity(deliveries.len() + 1);
-        for d in &deliveries {
-            offsets.push(body.len());
-            body.extend_from_slice(d.payload());
-            body.extend_from_slice(b"\n");
+        let mut offsets = Vec::with_capacity(parts.len() + 1);
+        let mut built = Vec::with_capacity(parts.len());
+        for (stream_sequence, delivery, fetched, done) in parts {
+            let payload = match (&delivery, fetched) {
+                (Some(d), _) => d.payload().clone(),
+                (None, Some(p)) => p,
+                (None, None) => continue,
+            };
+            let first = offsets.len();
+            let mut sent = Vec::new();
+            for (i, line) in lines(&payload).into_iter().enumerate() {
+                let i = i as u32;
+                if done.contains(&i) {
+                    continue;
+                }
+                offsets.push(body.len());
+                body.extend_from_slice(&line);
+                body.extend_from_slice(b"\n");
+                sent.push(i);
+            }
+            built.push(Part {
+                delivery,
+                stream_sequence,
+                rows: first..offsets.len(),
+                lines: sent,
+                done,
+            });
         }
         offsets.push(body.len());
         Self {
-            deliveries,
+            parts: built,
             body: body.freeze(),
             offsets,
             held_since,
@@ -97,65 +239,241 @@ impl<D: Delivery> Batch<D> {
         self.body.slice(self.offsets[lo]..self.offsets[hi])
     }
 
-    pub fn deliveries(&self) -> &[D] {
-        &self.deliveries
+    /// The messages this flight holds (for `progress()`).
+    pub fn deliveries(&self) -> impl Iterator<Item = &D> {
+        self.parts.iter().filter_map(|p| p.delivery.as_ref())
+    }
+
+    /// Every message of the batch by stream sequence, held or not, in body order.
+    pub fn sequences(&self) -> Vec<u64> {
+        self.parts.iter().map(|p| p.stream_sequence).collect()
+    }
+
+    /// Every row of the batch as (stream sequence, line), in body order.
+    pub fn row_ids(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.parts
+            .iter()
+            .flat_map(|p| p.lines.iter().map(move |line| (p.stream_sequence, *line)))
     }
 
     pub fn held_since(&self) -> Instant {
         self.held_since
     }
 
-    /// Carry out the verdicts (one per row): ack the inserted rows, park the rejected
-    /// ones (or nak them with the cap delay), nak the pending ones with the outage's
-    /// delay. Every delivery is settled when this returns.
+    /// Carry out the verdicts (one per row), message by message: a message whose rows
+    /// are all inserted or rejected is acked (its rejected rows parked first: a one-row
+    /// message is parked whole); a message with a row pending is naked with the
+    /// outage's delay; one whose rejected row cannot be parked is naked with the cap
+    /// delay. Every held message is settled when this returns.
     pub async fn settle(self, verdicts: Vec<RowVerdict>, plan: &SettlePlan<'_>) -> Settled {
-        let mut out = Settled::default();
-        for (d, verdict) in self.deliveries.into_iter().zip(verdicts) {
-            match verdict {
-                RowVerdict::Inserted => {
-                    out.inserted += 1;
-                    if let Err(e) = d.ack().await {
-                        tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
-                            "ack after insert failed; the row may be delivered again");
-                    }
-                }
-                RowVerdict::Rejected(err) => park(d, &err, plan, &mut out).await,
-                RowVerdict::Pending => {
-                    out.handed_back += 1;
-                    out.pending += 1;
-                    let _ = d.nak(plan.pending_delay).await;
-                }
+        let mut out = Settled {
+            confirmed: true,
+            ..Default::default()
+        };
+        let mut acks = Vec::new();
+        for part in self.parts {
+            let Some(d) = part.delivery else { continue };
+            let message = Message {
+                verdicts: &verdicts[part.rows.clone()],
+                offsets: &self.offsets[part.rows.start..=part.rows.end],
+                lines: &part.lines,
+                done: &part.done,
+                body: &self.body,
+            };
+            match settle_message(d, &message, plan, &mut out).await {
+                Some(d) => acks.push(d),
+                None => out.confirmed = false,
+            }
+        }
+        let last = if plan.confirm { acks.pop() } else { None };
+        for d in acks {
+            if let Err(e) = d.ack().await {
+                out.confirmed = false;
+                tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
+                    "ack after insert failed; the message may be delivered again");
+            }
+        }
+        if let Some(d) = last {
+            if let Err(e) = d.ack_confirmed().await {
+                out.confirmed = false;
+                tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
+                    "the batch's acks were not confirmed; its manifest is kept until they are");
             }
         }
         out
     }
 
-    /// Hand every row back at once with `delay` (the flight could not run).
+    /// Hand every held message back at once with `delay` (the flight could not run).
     pub async fn hand_back(self, delay: Duration) -> usize {
-        let n = self.deliveries.len();
-        for d in self.deliveries {
-            let _ = d.nak(delay).await;
+        let mut n = 0;
+        for part in self.parts {
+            if let Some(d) = part.delivery {
+                n += part.rows.len();
+                let _ = d.nak(delay).await;
+            }
         }
         n
     }
 }
 
-async fn park<D: Delivery>(d: D, err: &InsertError, plan: &SettlePlan<'_>, out: &mut Settled) {
-    if !plan.dlq {
-        out.handed_back += 1;
-        let _ = d.nak(plan.cap_delay).await;
-        return;
+/// One held message's share of a batch, for its settlement.
+struct Message<'a> {
+    /// The verdicts of its rows in the body.
+    verdicts: &'a [RowVerdict],
+    /// Where those rows are in the body (`verdicts.len() + 1` offsets).
+    offsets: &'a [usize],
+    /// The message's line of each of those rows.
+    lines: &'a [u32],
+    /// Lines settled by an earlier flight.
+    done: &'a [u32],
+    body: &'a Bytes,
+}
+
+impl Message<'_> {
+    fn rows(&self) -> usize {
+        self.verdicts.len() + self.done.len()
     }
-    match d.park(&Parking::from_error(plan.table, err)).await {
-        Ok(()) => out.parked += 1,
-        Err((d, e)) => {
-            tracing::warn!(
-                tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
-                "DLQ publish failed: the rejected row stays unacked"
+
+    fn row(&self, i: usize) -> Bytes {
+        self.body.slice(self.offsets[i]..self.offsets[i + 1] - 1)
+    }
+
+    /// The lines needing nothing more should the message come back: the earlier ones
+    /// and, of this flight's, the inserted ones and the rejected ones parked before
+    /// `parked_before` (a row index).
+    fn settled_lines(&self, parked_before: usize) -> Vec<u32> {
+        let mut lines = self.done.to_vec();
+        for (i, v) in self.verdicts.iter().enumerate() {
+            let parked = i < parked_before && matches!(v, RowVerdict::Rejected(_));
+            if *v == RowVerdict::Inserted || parked {
+                lines.push(self.lines[i]);
+            }
+        }
+        lines.sort_unstable();
+        lines
+    }
+}
+
+/// Settle one message; returns it when it is to be acked (its rows all settled).
+async fn settle_message<D: Delivery>(
+    d: D,
+    m: &Message<'_>,
+    plan: &SettlePlan<'_>,
+    out: &mut Settled,
+) -> Option<D> {
+    let rows = m.rows();
+    let pending = m
+        .verdicts
+        .iter()
+        .filter(|v| **v == RowVerdict::Pending)
+        .count();
+    if pending > 0 {
+        out.handed_back += rows;
+        out.pending += pending;
+        nak_partly(d, m, 0, plan.pending_delay, out).await;
+        return None;
+    }
+    let rejected = m
+        .verdicts
+        .iter()
+        .filter(|v| matches!(v, RowVerdict::Rejected(_)))
+        .count();
+    if rejected == 0 {
+        out.inserted += m.verdicts.len();
+        return Some(d);
+    }
+    if !plan.dlq {
+        out.handed_back += rows;
+        nak_partly(d, m, 0, plan.cap_delay, out).await;
+        return None;
+    }
+    if rows == 1 {
+        // A one-row message is parked whole: the DLQ message is the message itself.
+        let RowVerdict::Rejected(err) = &m.verdicts[0] else {
+            return Some(d);
+        };
+        return match d.park(&Parking::from_error(plan.table, err)).await {
+            Ok(()) => {
+                out.parked += 1;
+                None
+            }
+            Err((d, e)) => {
+                park_failed(plan, &e.0, out);
+                out.handed_back += 1;
+                let _ = d.nak(plan.cap_delay).await;
+                None
+            }
+        };
+    }
+    let mut parked = 0;
+    for (i, verdict) in m.verdicts.iter().enumerate() {
+        let RowVerdict::Rejected(err) = verdict else {
+            continue;
+        };
+        let parking = Parking::from_error(plan.table, err);
+        if let Err(e) = d.park_row(m.lines[i], m.row(i), &parking).await {
+            park_failed(plan, &e.0, out);
+            out.parked += parked;
+            out.handed_back += rows - parked;
+            nak_partly(d, m, i, plan.cap_delay, out).await;
+            return None;
+        }
+        parked += 1;
+    }
+    out.parked += parked;
+    out.inserted += m.verdicts.len() - rejected;
+    Some(d)
+}
+
+/// Nak a message; remember the lines of it that need nothing more, so that they are not
+/// inserted (or parked) again when it comes back.
+async fn nak_partly<D: Delivery>(
+    d: D,
+    m: &Message<'_>,
+    parked_before: usize,
+    delay: Duration,
+    out: &mut Settled,
+) {
+    let lines = m.settled_lines(parked_before);
+    if !lines.is_empty() {
+        out.partly.push((d.position().stream_sequence, lines));
+    }
+    let _ = d.nak(delay).await;
+}
+
+fn park_failed(plan: &SettlePlan<'_>, error: &str, out: &mut Settled) {
+    tracing::warn!(
+        tenant = %plan.table.tenant, table = %plan.table.table, error = %error,
+        "DLQ publish failed: the rejected row stays unacked"
+    );
+    out.dlq_failures += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_one_row_per_non_blank_line() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let texts = |v: Vec<Bytes>| {
+            v.iter()
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(texts(lines(&b(r#"{"a":1}"#))), vec![r#"{"a":1}"#]);
+        assert_eq!(texts(lines(&b("{\"a\":1}\n"))), vec![r#"{"a":1}"#]);
+        assert_eq!(
+            texts(lines(&b("{\"a\":1}\r\n\n  \n{\"a\":2}"))),
+            vec![r#"{"a":1}"#, r#"{"a":2}"#]
+        );
+        assert_eq!(texts(lines(&b(""))), vec![""], "an empty message is one row");
+        for text in ["{}", "{}\n", "{}\n{}", "{}\n\n{}\n", " \n", "", "{}\r\n{}\r\n"] {
+            assert_eq!(
+                row_count(text.as_bytes()),
+                lines(&b(text)).len(),
+                "{text:?}"
             );
-            out.dlq_failures += 1;
-            out.handed_back += 1;
-            let _ = d.nak(plan.cap_delay).await;
         }
     }
 }

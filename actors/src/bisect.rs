@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::batch::{Batch, RowVerdict};
 use crate::keepalive::Keepalive;
+use crate::manifest::Manifest;
 use crate::metrics::TargetMetrics;
 use crate::ports::{Class, Delivery, InsertError, InsertRequest, Inserter, TableKey};
 
@@ -48,6 +49,8 @@ pub struct Isolation<'a, I, D> {
     pub metrics: Option<&'a TargetMetrics>,
     pub keepalive: Keepalive,
     pub batch: &'a Batch<D>,
+    /// A recorded batch (exactly-once): every request carries the token of its range.
+    pub manifest: Option<&'a Manifest>,
 }
 
 /// What an isolation did.
@@ -78,11 +81,14 @@ impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
             body: self.batch.slice(lo, hi),
             rows: hi - lo,
             skip_unknown_fields: self.skip_unknown_fields,
+            dedup_token: self
+                .manifest
+                .map(|m| m.token_of(lo, hi, self.batch.rows())),
         };
         let started = Instant::now();
         let out = self
             .keepalive
-            .run(self.inserter.insert(request), self.batch.deliveries())
+            .run(self.inserter.insert(request), self.batch)
             .await;
         if let Some(m) = self.metrics {
             m.request(
@@ -194,7 +200,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
     let mut hints = true;
 
     while let Some(r) = stack.pop() {
-        iso.keepalive.tick(iso.batch.deliveries()).await;
+        iso.keepalive.tick(iso.batch).await;
         let size = r.hi - r.lo;
         let (err, err_at) = match r.known {
             Some(e) if size >= 2 => (e, r.known_at),
@@ -327,6 +333,7 @@ mod tests {
                 body: batch.slice(0, n),
                 rows: n,
                 skip_unknown_fields: false,
+                dedup_token: None,
             })
             .await
             .unwrap_err();
@@ -339,12 +346,12 @@ mod tests {
                 metrics: None,
                 keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
                 batch: &batch,
+                manifest: None,
             };
             bisect(&mut iso, &mut verdicts, first).await
         };
         let pending = batch
             .deliveries()
-            .iter()
             .zip(&verdicts)
             .filter(|(_, v)| matches!(v, RowVerdict::Pending))
             .map(|(d, _)| d.seq)
@@ -354,6 +361,7 @@ mod tests {
             dlq,
             cap_delay: CAP,
             pending_delay: OUTAGE,
+            confirm: false,
         };
         let settled = batch.settle(verdicts, &plan).await;
         Run {

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backoff::Jitter;
 use crate::observe::{Registry, Stats};
+use crate::ports::ManifestStore;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 
 pub struct Common {
@@ -30,6 +31,9 @@ pub struct Common {
     pub cancel_flights: CancellationToken,
     /// Set once the pipeline cannot go on; the process must exit non-zero.
     pub fatal: watch::Sender<Option<String>>,
+    /// Where batch manifests are recorded (exactly-once on deduplicating tables);
+    /// `None`: every table is at-least-once.
+    pub manifests: Option<Arc<dyn ManifestStore>>,
 }
 
 // === impl Common ===
@@ -39,6 +43,7 @@ impl Common {
         settings: PipelineSettings,
         tables: TableSettingsResolver,
         registry: Arc<Registry>,
+        manifests: Option<Arc<dyn ManifestStore>>,
     ) -> Arc<Self> {
         let shutdown = CancellationToken::new();
         let (fatal, _) = watch::channel(None);
@@ -54,6 +59,7 @@ impl Common {
             cancel_flights: CancellationToken::new(),
             shutdown,
             fatal,
+            manifests,
         })
     }
 

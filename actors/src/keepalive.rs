@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::batch::Batch;
 use crate::ports::Delivery;
 
 #[derive(Debug)]
@@ -25,28 +26,28 @@ impl Keepalive {
     }
 
     /// Tell the queue about every row still held, if it is time.
-    pub async fn tick<D: Delivery>(&mut self, rows: &[D]) {
+    pub async fn tick<D: Delivery>(&mut self, batch: &Batch<D>) {
         if Instant::now() >= self.next {
-            self.touch(rows).await;
+            self.touch(batch).await;
         }
     }
 
-    async fn touch<D: Delivery>(&mut self, rows: &[D]) {
-        for d in rows {
+    async fn touch<D: Delivery>(&mut self, batch: &Batch<D>) {
+        for d in batch.deliveries() {
             let _ = d.progress().await;
         }
         self.next = Instant::now() + self.every;
     }
 
     /// Await `fut`, sending progress for the rows still held every `ack_wait / 2`.
-    pub async fn run<F: Future, D: Delivery>(&mut self, fut: F, rows: &[D]) -> F::Output {
-        self.tick(rows).await;
+    pub async fn run<F: Future, D: Delivery>(&mut self, fut: F, batch: &Batch<D>) -> F::Output {
+        self.tick(batch).await;
         tokio::pin!(fut);
         loop {
             tokio::select! {
                 biased;
                 out = &mut fut => return out,
-                _ = tokio::time::sleep_until(self.next) => self.touch(rows).await,
+                _ = tokio::time::sleep_until(self.next) => self.touch(batch).await,
             }
         }
     }

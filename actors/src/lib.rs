@@ -19,7 +19,7 @@
 //!   with its log lines and gauge, as its owner keeps it; [`backoff`]: delays and
 //!   jitter; [`outage_log`]: the WARN/INFO cadence.
 //! - [`bisect`]: isolation of rejected rows; [`batch`]: a flight's rows, their verdicts
-//!   and their settlement; [`table::flight`]: one flight; [`table::buffer`]: the
+//!   and their settlement; [`manifest`]: batch identities for exactly-once; [`table::flight`]: one flight; [`table::buffer`]: the
 //!   triggers; [`keepalive`]: `progress()` for rows held long.
 //! - [`consumer`], [`pool`], [`table`], [`supervisor`]: the actors; [`routing`]: subjects
 //!   to tables to pools; [`settle`]: rows handed back or parked without an insert;
@@ -35,6 +35,7 @@ pub mod breaker;
 pub mod consumer;
 pub mod context;
 pub mod keepalive;
+pub mod manifest;
 pub mod metrics;
 pub mod observe;
 pub mod outage_log;
@@ -53,9 +54,11 @@ pub mod testkit;
 
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
+pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use ports::{
-    Class, Delivery, DeliveryMeta, InsertError, InsertRequest, Inserter, Parking, ServerInfo,
-    SettleError, Source, SourceError, SourceFactory, TableKey,
+    Class, Dedup, Delivery, DeliveryMeta, InsertError, InsertRequest, Inserter, ManifestStore,
+    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, StoreError,
+    TableKey,
 };
 pub use settings::{
     BackoffPolicy, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,

@@ -37,6 +37,12 @@ pub const BATCH_ROWS: &str = "sluice_batch_rows";
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 pub const TABLE_BACKOFF: &str = "sluice_table_backoff";
 pub const BUFFERED_ROWS: &str = "sluice_buffered_rows";
+/// Not in DESIGN's list: 1 for a table ClickHouse deduplicates (exactly-once), 0 for one
+/// it does not (at-least-once), once Sluice has asked.
+pub const TABLE_EXACTLY_ONCE: &str = "sluice_table_exactly_once";
+/// Not in DESIGN's list: batches that could not be recorded in the manifest store (they
+/// wait; nothing is inserted unrecorded).
+pub const MANIFEST_FAILURES: &str = "sluice_manifest_failures_total";
 /// Not in DESIGN's list, needed by its "a table that does not exist is waited for":
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -66,6 +72,8 @@ pub const ALL: &[&str] = &[
     TABLE_BACKOFF,
     BUFFERED_ROWS,
     TABLE_MISSING,
+    TABLE_EXACTLY_ONCE,
+    MANIFEST_FAILURES,
     CONSUMER_PENDING,
     ACTOR_RESTARTS,
     DLQ_PUBLISH_FAILURES,
@@ -121,6 +129,15 @@ pub fn describe_all() {
     describe_gauge!(
         TABLE_MISSING,
         "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace)."
+    );
+    describe_gauge!(
+        TABLE_EXACTLY_ONCE,
+        "1 when ClickHouse deduplicates the table's inserts (exactly-once), 0 when it does not (at-least-once)."
+    );
+    describe_counter!(
+        MANIFEST_FAILURES,
+        Unit::Count,
+        "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded."
     );
     describe_gauge!(
         CONSUMER_PENDING,
@@ -193,6 +210,8 @@ pub struct TableMetrics {
     pub buffered: Gauge,
     pub backoff: Gauge,
     pub missing: Gauge,
+    pub exactly_once: Gauge,
+    pub manifest_failures: Counter,
 }
 
 impl TableMetrics {
@@ -219,6 +238,8 @@ impl TableMetrics {
             buffered: gauge!(BUFFERED_ROWS, "tenant" => tenant.clone(), "table" => table.clone()),
             backoff: gauge!(TABLE_BACKOFF, "tenant" => tenant.clone(), "table" => table.clone()),
             missing: gauge!(TABLE_MISSING, "tenant" => tenant.clone(), "table" => table.clone()),
+            exactly_once: gauge!(TABLE_EXACTLY_ONCE, "tenant" => tenant.clone(), "table" => table.clone()),
+            manifest_failures: tt(MANIFEST_FAILURES),
         }
     }
 

@@ -27,7 +27,7 @@ use crate::context::Common;
 use crate::metrics::TargetMetrics;
 use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
 use crate::pool::{PoolDebug, PoolMemory, PoolMsg};
-use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
+use crate::ports::{Delivery, Inserter, ManifestStore, Source, SourceFactory, TableKey};
 use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 use crate::supervisor::{Children, PoolSpec, RootArgs, RootDebug, RootMsg, RootSupervisor};
@@ -58,6 +58,9 @@ pub struct PipelineConfig<F, I> {
     pub tenants: HashMap<String, String>,
     pub tables: TableSettingsResolver,
     pub settings: PipelineSettings,
+    /// Where batch manifests are recorded: exactly-once on the tables ClickHouse
+    /// deduplicates. `None`: every table is at-least-once.
+    pub manifests: Option<Arc<dyn ManifestStore>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +119,7 @@ where
         tenants.insert(tenant.clone(), idx);
     }
     let registry = Registry::new(cfg.settings.stale_after);
-    let common = Common::new(cfg.settings, cfg.tables, registry.clone());
+    let common = Common::new(cfg.settings, cfg.tables, registry.clone(), cfg.manifests);
     registry.register(ROOT_ID, NodeKind::Root, "sluice", None);
     registry.register(
         CONSUMER_ID,

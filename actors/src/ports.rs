@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use serde::Serialize;
+
+use crate::manifest::Manifest;
 
 // === Class ===
 
@@ -140,6 +143,21 @@ pub struct InsertRequest {
     pub rows: usize,
     /// Skip fields the table does not have instead of rejecting the row (per-table option).
     pub skip_unknown_fields: bool,
+    /// Set for a table that deduplicates inserts: every attempt of these exact rows
+    /// carries the same token. Sent as `insert_deduplication_token` where the server
+    /// knows the setting, with `insert_deduplicate=1`; older servers deduplicate the
+    /// identical block by its hash.
+    pub dedup_token: Option<String>,
+}
+
+/// Whether ClickHouse deduplicates inserts into a table, which is what makes a retry of
+/// the same rows harmless and exactly-once possible.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Dedup {
+    pub exactly_once: bool,
+    /// Why, in a few words: `ReplicatedMergeTree`, `MergeTree without
+    /// non_replicated_deduplication_window`, ...
+    pub why: String,
 }
 
 /// What a successful probe learnt about the server.
@@ -159,9 +177,27 @@ pub trait Inserter: Send + Sync + 'static {
 
     /// A cheap request proving the target answers (used for readiness).
     fn probe(&self) -> impl Future<Output = Result<ServerInfo, InsertError>> + Send;
+
+    /// Whether ClickHouse deduplicates inserts into `table` (a `Replicated*MergeTree`, or
+    /// a `MergeTree` with `non_replicated_deduplication_window` > 0 where the server has
+    /// it). Asked before a table's batches are formed; the answer may be cached by the
+    /// implementation for a short while (a table's engine rarely changes).
+    fn deduplicates(
+        &self,
+        table: &TableKey,
+    ) -> impl Future<Output = Result<Dedup, InsertError>> + Send;
 }
 
 // === Delivery ===
+
+/// Where a message stands in its stream, read cheaply from its ack address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Position {
+    pub stream_sequence: u64,
+    /// How many times JetStream has delivered the message (1 on the first delivery):
+    /// only a message delivered before can belong to a recorded batch.
+    pub deliveries: u64,
+}
 
 /// Where a delivered row came from, for the DLQ headers and the logs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -216,8 +252,16 @@ pub trait Delivery: Send + Sync + 'static {
 
     fn meta(&self) -> DeliveryMeta;
 
+    /// The message's stream sequence and delivery count, without allocating.
+    fn position(&self) -> Position;
+
     /// The row is in ClickHouse: remove it from the queue.
     fn ack(self) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Ack, and wait until JetStream confirms it. JetStream handles a connection's acks
+    /// in the order they were sent, so once this one is confirmed every ack sent before
+    /// it on the same connection was handled too: one confirmed ack closes a batch.
+    fn ack_confirmed(self) -> impl Future<Output = Result<(), SettleError>> + Send;
 
     /// Tell the queue the row is still being worked on, so `ack_wait` does not run out
     /// and redeliver it while a long flush (a bisection, a slow insert) still holds it.
@@ -229,6 +273,17 @@ pub trait Delivery: Send + Sync + 'static {
     /// Hand the row back to be delivered again after `delay`.
     fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
 
+    /// Publish one row of this message to the dead-letter stream, as its own message,
+    /// with the reason and the row's `line` (0-based) within the message in its headers.
+    /// The message is not acked: its owner acks it once every row in it is settled. A
+    /// row parked twice (its message redelivered after a crash) is stored once.
+    fn park_row(
+        &self,
+        line: u32,
+        row: Bytes,
+        parking: &Parking,
+    ) -> impl Future<Output = Result<(), SettleError>> + Send;
+
     /// Publish the row to the dead-letter stream, then ack it. When the DLQ publish
     /// fails the row is not acked and comes back with the error, for the caller to nak.
     fn park(
@@ -237,6 +292,45 @@ pub trait Delivery: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
     where
         Self: Sized;
+}
+
+// === ManifestStore ===
+
+/// Why the manifest store could not be read or written (NATS down, its stream full).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// Where batch manifests live (a JetStream key-value bucket), shared by every Sluice
+/// instance: a batch's identity is recorded before its first attempt so that any
+/// instance can form exactly that batch again, and a batch's verdicts are recorded
+/// before any of its rows is settled so that a row redelivered afterwards is settled the
+/// same way without another insert. See [`crate::manifest`].
+///
+/// Object-safe (boxed futures): one store serves the whole pipeline; it is asked once
+/// per batch, not per row.
+pub trait ManifestStore: Send + Sync + 'static {
+    /// Write the manifest (create it, or replace an earlier state of it). Once this
+    /// returns `Ok`, every instance's [`ManifestStore::holding`] finds it within a
+    /// moment (well within `ack_wait`).
+    fn record<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Remove the manifest: every row of it is settled and the settlement confirmed.
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The recorded manifest that holds the message at this stream sequence, if any,
+    /// from a local index the store keeps current. Never waits. The index holds every
+    /// manifest recorded before the source connected, so a redelivered message is never
+    /// taken for a fresh one.
+    fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>>;
+
+    /// The payloads of messages this instance does not hold (another instance has them,
+    /// or they wait out a delay), read from the stream by sequence, in the order asked.
+    /// A message no longer in the stream is an error: its batch cannot be formed again.
+    fn fetch<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>>;
 }
 
 // === Source ===

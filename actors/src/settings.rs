@@ -190,6 +190,12 @@ pub struct PipelineSettings {
     pub call_timeout: Duration,
     /// Rows for a pool or table that is restarting come back after this long.
     pub handback_while_restarting: Duration,
+    /// A batch that could not be recorded in the manifest store (exactly-once) comes
+    /// back after this long: nothing is inserted unrecorded.
+    pub store_retry: Duration,
+    /// How long messages of a recorded batch delivered again are gathered before the
+    /// batch flies with what came (the rest read from the stream).
+    pub reform_wait: Duration,
     /// Seed for the jitter (tests); `None` seeds from the OS.
     pub jitter_seed: Option<u64>,
 }
@@ -222,6 +228,8 @@ impl Default for PipelineSettings {
             tick_every: Duration::from_secs(1),
             call_timeout: Duration::from_secs(5),
             handback_while_restarting: Duration::from_secs(1),
+            store_retry: Duration::from_secs(1),
+            reform_wait: Duration::from_secs(1),
             jitter_seed: None,
         }
     }

@@ -18,8 +18,12 @@ use crate::ports::*;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Acked,
+    /// Acked, and JetStream's confirmation awaited.
+    AckedConfirmed,
     Naked(Duration),
     Parked(Parking),
+    /// One row of a many-row message parked (the message is acked after).
+    ParkedRow(u32, Parking),
     /// The DLQ publish failed; the delivery came back to the caller.
     ParkFailed(Parking),
     Progress,
@@ -29,7 +33,10 @@ pub enum Event {
 
 impl Event {
     fn terminal(&self) -> bool {
-        !matches!(self, Event::Progress | Event::ParkFailed(_))
+        !matches!(
+            self,
+            Event::Progress | Event::ParkFailed(_) | Event::ParkedRow(..)
+        )
     }
 }
 
@@ -39,6 +46,8 @@ pub struct Ledger {
     record: bool,
     events: Mutex<Vec<(u64, Event)>>,
     next_seq: AtomicU64,
+    /// Every message made, by sequence: what a store reads from the stream.
+    payloads: Mutex<std::collections::HashMap<u64, (Arc<str>, Bytes)>>,
     pub dlq_fails: AtomicBool,
     acks: AtomicU64,
     naks: AtomicU64,
@@ -65,13 +74,41 @@ impl Ledger {
         subject: &Arc<str>,
         payload: impl Into<Bytes>,
     ) -> FakeDelivery {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let payload = payload.into();
+        if self.record {
+            self.payloads
+                .lock()
+                .unwrap()
+                .insert(seq, (subject.clone(), payload.clone()));
+        }
         FakeDelivery {
-            seq: self.next_seq.fetch_add(1, Ordering::Relaxed) + 1,
+            seq,
+            deliveries: 1,
             subject: subject.clone(),
-            payload: payload.into(),
+            payload,
             ledger: self.clone(),
             settled: false,
         }
+    }
+
+    /// Message `seq` delivered again (its `deliveries`-th delivery), as JetStream does
+    /// after a nak or `ack_wait`.
+    pub fn redeliver(self: &Arc<Self>, seq: u64, deliveries: u64) -> FakeDelivery {
+        let (subject, payload) = self.payload(seq).expect("a message this ledger made");
+        FakeDelivery {
+            seq,
+            deliveries,
+            subject,
+            payload,
+            ledger: self.clone(),
+            settled: false,
+        }
+    }
+
+    /// The subject and payload of message `seq`, as the stream holds it.
+    pub fn payload(&self, seq: u64) -> Option<(Arc<str>, Bytes)> {
+        self.payloads.lock().unwrap().get(&seq).cloned()
     }
 
     /// `n` rows `{"n":i}` on `subject`.
@@ -84,9 +121,9 @@ impl Ledger {
 
     fn push(&self, seq: u64, e: Event) {
         match e {
-            Event::Acked => &self.acks,
+            Event::Acked | Event::AckedConfirmed => &self.acks,
             Event::Naked(_) => &self.naks,
-            Event::Parked(_) => &self.parks,
+            Event::Parked(_) | Event::ParkedRow(..) => &self.parks,
             Event::DroppedUnsettled => &self.dropped,
             _ => {
                 if self.record {
@@ -136,7 +173,7 @@ impl Ledger {
         self.events()
             .into_iter()
             .filter_map(|(s, e)| match e {
-                Event::Parked(p) => Some((s, p)),
+                Event::Parked(p) | Event::ParkedRow(_, p) => Some((s, p)),
                 _ => None,
             })
             .collect()
@@ -186,6 +223,7 @@ impl Ledger {
 #[derive(Debug)]
 pub struct FakeDelivery {
     pub seq: u64,
+    pub deliveries: u64,
     subject: Arc<str>,
     payload: Bytes,
     ledger: Arc<Ledger>,
@@ -220,12 +258,35 @@ impl Delivery for FakeDelivery {
         DeliveryMeta {
             subject: self.subject.to_string(),
             stream_sequence: self.seq,
-            deliveries: 1,
+            deliveries: self.deliveries,
+        }
+    }
+
+    fn position(&self) -> Position {
+        Position {
+            stream_sequence: self.seq,
+            deliveries: self.deliveries,
         }
     }
 
     async fn ack(self) -> Result<(), SettleError> {
         self.settle(Event::Acked);
+        Ok(())
+    }
+
+    async fn ack_confirmed(self) -> Result<(), SettleError> {
+        self.settle(Event::AckedConfirmed);
+        Ok(())
+    }
+
+    async fn park_row(&self, line: u32, _row: Bytes, parking: &Parking) -> Result<(), SettleError> {
+        if self.ledger.dlq_fails.load(Ordering::Relaxed) {
+            self.ledger
+                .push(self.seq, Event::ParkFailed(parking.clone()));
+            return Err(SettleError("DLQ full".into()));
+        }
+        self.ledger
+            .push(self.seq, Event::ParkedRow(line, parking.clone()));
         Ok(())
     }
 
@@ -346,6 +407,7 @@ pub struct Recorded {
     pub table: TableKey,
     pub rows: usize,
     pub body: Bytes,
+    pub token: Option<String>,
     pub answer: Answer,
 }
 
@@ -372,6 +434,8 @@ pub struct ScriptedInserter {
     count: AtomicUsize,
     rows_ok: AtomicUsize,
     probes: AtomicU32,
+    /// What `deduplicates()` answers for every table.
+    dedup: AtomicBool,
 }
 
 impl ScriptedInserter {
@@ -418,6 +482,11 @@ impl ScriptedInserter {
     /// What `probe()` answers (`None`: Ok).
     pub fn set_probe(&self, e: Option<InsertError>) {
         *self.probe.lock().unwrap() = e;
+    }
+
+    /// Whether every table deduplicates inserts (exactly-once) or not (the default).
+    pub fn set_dedup(&self, on: bool) {
+        self.dedup.store(on, Ordering::Relaxed);
     }
 
     /// Every insert takes this long (paused time makes it free).
@@ -473,10 +542,19 @@ impl Inserter for ScriptedInserter {
                 table: request.table.clone(),
                 rows: request.rows,
                 body: request.body.clone(),
+                token: request.dedup_token.clone(),
                 answer: a.clone(),
             });
         }
         a
+    }
+
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+        let exactly_once = self.dedup.load(Ordering::Relaxed);
+        Ok(Dedup {
+            exactly_once,
+            why: if exactly_once { "scripted: deduplicates" } else { "scripted: does not deduplicate" }.into(),
+        })
     }
 
     async fn probe(&self) -> Result<ServerInfo, InsertError> {
@@ -582,6 +660,107 @@ impl SourceFactory for FakeSourceFactory {
         }
         Ok(FakeSource {
             queue: self.queue.clone(),
+        })
+    }
+}
+
+// === ManifestStore ===
+
+/// An in-memory manifest store over a [`Ledger`] (which plays the stream: `fetch` reads
+/// its payloads). Counts what it is asked; can be made to fail.
+#[derive(Debug)]
+pub struct FakeManifestStore {
+    ledger: Arc<Ledger>,
+    manifests: Mutex<std::collections::HashMap<String, Arc<crate::manifest::Manifest>>>,
+    /// Every `record`, in order.
+    pub records: Mutex<Vec<crate::manifest::Manifest>>,
+    pub forgotten: Mutex<Vec<String>>,
+    /// Writes fail while set (NATS down, the bucket full).
+    pub fail_writes: AtomicBool,
+    pub fetches: AtomicUsize,
+}
+
+impl FakeManifestStore {
+    pub fn new(ledger: &Arc<Ledger>) -> Arc<Self> {
+        Arc::new(Self {
+            ledger: ledger.clone(),
+            manifests: Mutex::default(),
+            records: Mutex::default(),
+            forgotten: Mutex::default(),
+            fail_writes: AtomicBool::new(false),
+            fetches: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<crate::manifest::Manifest>> {
+        self.manifests.lock().unwrap().get(id).cloned()
+    }
+
+    /// The manifests recorded and not forgotten.
+    pub fn open_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.manifests.lock().unwrap().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    fn write_fails(&self) -> Result<(), StoreError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            Err(StoreError("the manifest bucket is unavailable (scripted)".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl ManifestStore for FakeManifestStore {
+    fn record<'a>(
+        &'a self,
+        manifest: &'a crate::manifest::Manifest,
+    ) -> futures::future::BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.write_fails()?;
+            self.records.lock().unwrap().push(manifest.clone());
+            self.manifests
+                .lock()
+                .unwrap()
+                .insert(manifest.id.clone(), Arc::new(manifest.clone()));
+            Ok(())
+        })
+    }
+
+    fn forget<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.write_fails()?;
+            self.manifests.lock().unwrap().remove(id);
+            self.forgotten.lock().unwrap().push(id.to_owned());
+            Ok(())
+        })
+    }
+
+    fn holding(&self, stream_sequence: u64) -> Option<Arc<crate::manifest::Manifest>> {
+        self.manifests
+            .lock()
+            .unwrap()
+            .values()
+            .find(|m| m.messages.binary_search(&stream_sequence).is_ok())
+            .cloned()
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+        Box::pin(async move {
+            self.fetches.fetch_add(stream_sequences.len(), Ordering::Relaxed);
+            stream_sequences
+                .iter()
+                .map(|s| {
+                    self.ledger
+                        .payload(*s)
+                        .map(|(_, p)| p)
+                        .ok_or_else(|| StoreError(format!("message {s} is no longer in the stream")))
+                })
+                .collect()
         })
     }
 }

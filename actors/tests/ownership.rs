@@ -126,7 +126,7 @@ fn common(batch_rows: usize) -> Arc<Common> {
         TARGET,
         Some(ROOT_ID),
     );
-    Common::new(settings, tables, registry)
+    Common::new(settings, tables, registry, None)
 }
 
 async fn spawn_pool(

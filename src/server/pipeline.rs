@@ -44,6 +44,7 @@ pub async fn start(
         tenants,
         tables: table_settings(config),
         settings: pipeline_settings(config),
+        manifests: None,
     })
     .await
     .context("starting the actor tree")

@@ -63,6 +63,12 @@ pub struct TableSnapshot {
     /// ClickHouse says the table does not exist: its rows wait for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_table: Option<MissingTableSnapshot>,
+    /// Whether ClickHouse deduplicates the table's inserts (exactly-once) — known once
+    /// a batch was formed — and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exactly_once: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exactly_once_why: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }

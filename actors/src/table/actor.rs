@@ -9,16 +9,17 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::buffer::{row_bytes, Buffer};
-use super::flight::{
-    spawn_flight, FlightCtx, FlightLinks, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict,
-    Tickets, Verdict,
-};
+use super::buffer::{weigh, Buffer};
+use super::flight::{spawn_flight, FlightCtx, FlightLinks, FlightOutcome};
+use super::forming::{settle_by_record, Cargo};
 use super::messages::{TableDebug, TableMsg, TableReport};
-use crate::batch::Batch;
+use super::partly::PartlySettled;
+use super::reforming::Reforming;
+use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::breaker::{Admission, Ticket};
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
-use crate::ports::{Delivery, InsertError, Inserter};
+use crate::manifest::Manifest;
+use crate::ports::{Dedup, Delivery, InsertError, Inserter};
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
 use crate::settle::hand_back;
 
@@ -87,6 +88,12 @@ pub struct TableState<I, D> {
     /// wait, table-scoped, for `missing_table_grace` (a deploy race is the usual cause),
     /// then are parked (a producer's typo must not fill the stream).
     missing_since: Option<Instant>,
+    /// Messages of recorded batches delivered again, gathered per batch.
+    reforming: Reforming<D>,
+    /// Lines of messages handed back with some rows settled.
+    partly: PartlySettled,
+    /// Whether ClickHouse deduplicates this table's inserts, as the last flight found.
+    dedup: Option<Dedup>,
 }
 
 // === impl TableState ===
@@ -131,6 +138,9 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             publish_armed: false,
             last_progress: None,
             missing_since: None,
+            reforming: Reforming::default(),
+            partly: PartlySettled::default(),
+            dedup: None,
         }
     }
 
@@ -138,7 +148,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         TableSnapshot {
             tenant: self.ctx.key.tenant.to_string(),
             table: self.ctx.key.table.to_string(),
-            buffered_rows: self.buffer.len(),
+            buffered_rows: self.buffer.len() + self.reforming.len(),
             buffered_bytes: self.buffer.bytes(),
             flights: self.flights,
             backoff: self.backoff.snapshot(Instant::now()),
@@ -158,6 +168,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                         .as_millis() as u64,
                 }
             }),
+            exactly_once: self.dedup.as_ref().map(|d| d.exactly_once),
+            exactly_once_why: self.dedup.as_ref().map(|d| d.why.clone()),
             last_error: self.totals.last_error.clone(),
         }
     }
@@ -198,18 +210,70 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             self.hand_back(rows, delay);
             return;
         }
-        let bytes = row_bytes(&rows);
+        let fresh = self.sort_out_recorded(myself, rows, now);
+        let weight = weigh(&fresh);
         let s = &self.ctx.settings;
         let cap = self.ctx.common.settings.buffer_cap_batches.max(1);
-        let over = self.buffer.len() + rows.len() > s.batch_rows.saturating_mul(cap)
-            || self.buffer.bytes() + bytes > s.batch_bytes.saturating_mul(cap);
+        let over = self.buffer.len() + weight.0 > s.batch_rows.saturating_mul(cap)
+            || self.buffer.bytes() + weight.1 > s.batch_bytes.saturating_mul(cap);
         if self.draining.is_none() && over && !self.buffer.is_empty() {
             // Memory bound: the table is behind (flights full); let the queue keep them.
             let delay = self.ctx.common.settings.table_backoff.initial;
-            self.hand_back(rows, delay);
+            self.hand_back(fresh, delay);
         } else {
-            self.buffer.push(rows, bytes, now);
+            self.buffer.push(fresh, weight, now);
         }
+        self.pump(myself);
+    }
+
+    /// Messages delivered before may belong to a recorded batch: one whose verdicts are
+    /// recorded is settled by them at once; one still open is gathered to fly again as
+    /// that batch. Returns the others.
+    fn sort_out_recorded(
+        &mut self,
+        myself: &ActorRef<TableMsg<D>>,
+        rows: Vec<D>,
+        now: Instant,
+    ) -> Vec<D> {
+        let Some(store) = self.ctx.common.manifests.clone() else {
+            return rows;
+        };
+        if rows.iter().all(|d| d.position().deliveries <= 1) {
+            return rows;
+        }
+        let mut fresh = Vec::with_capacity(rows.len());
+        let mut settled: Vec<(Arc<Manifest>, Vec<D>)> = Vec::new();
+        for d in rows {
+            let position = d.position();
+            let recorded = (position.deliveries > 1)
+                .then(|| store.holding(position.stream_sequence))
+                .flatten();
+            match recorded {
+                None => fresh.push(d),
+                Some(m) if m.is_settled() => match settled.iter_mut().find(|(s, _)| s.id == m.id) {
+                    Some((_, held)) => held.push(d),
+                    None => settled.push((m, vec![d])),
+                },
+                Some(m) => {
+                    let id = m.id.clone();
+                    if self.reforming.add(m, d, now) {
+                        let wait = self.ctx.common.settings.reform_wait;
+                        myself.send_after(wait, move || TableMsg::ReformDue(id));
+                    }
+                }
+            }
+        }
+        for (manifest, held) in settled {
+            let ctx = self.ctx.clone();
+            self.ctx.common.tracker.spawn(async move {
+                settle_by_record(&ctx, &manifest, held).await;
+            });
+        }
+        fresh
+    }
+
+    fn on_reform_due(&mut self, myself: &ActorRef<TableMsg<D>>, id: String) {
+        self.reforming.wait_over(&id);
         self.pump(myself);
     }
 
@@ -218,9 +282,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     fn pump(&mut self, myself: &ActorRef<TableMsg<D>>) {
         let now = Instant::now();
         let forced = self.draining.is_some() || self.retiring;
-        while !self.buffer.is_empty() && self.awaiting_permit.is_none() {
+        while self.has_work() && self.awaiting_permit.is_none() {
             let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
-            if !forced && (busy || self.buffer.due(&self.ctx.settings, now).is_none()) {
+            let due = self.reforming.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
+            if !forced && (busy || !due) {
                 break;
             }
             match self.backoff.admit(now) {
@@ -238,13 +303,18 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     }
                 }
                 Admission::Wait(delay) => {
-                    let batch = self.take_batch();
+                    let batch = self.take_next();
                     self.hand_back(batch, self.handback_delay(delay));
                 }
             }
         }
         self.arm_age(myself);
         self.answer_drain();
+    }
+
+    /// Something to fly: buffered messages, or a recorded batch gathered and ready.
+    fn has_work(&self) -> bool {
+        !self.buffer.is_empty() || self.reforming.has_ready()
     }
 
     /// Turned away: with the remaining delay, or at once while shutting down (another
@@ -257,7 +327,11 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
     }
 
-    fn take_batch(&mut self) -> Vec<D> {
+    /// The messages of the next batch, to hand back (a recorded batch ready first).
+    fn take_next(&mut self) -> Vec<D> {
+        if let Some(g) = self.reforming.next_ready() {
+            return g.held;
+        }
         let s = &self.ctx.settings;
         self.buffer.take(s.batch_rows, s.batch_bytes).0
     }
@@ -272,7 +346,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             return;
         };
         match permit {
-            Ok(pool) if self.buffer.is_empty() => {
+            Ok(pool) if !self.has_work() => {
                 // Handed back meanwhile (shutdown): nothing to fly.
                 self.backoff.release(table, now);
                 self.tell_pool(PoolVerdict::Unfinished(pool), None);
@@ -280,7 +354,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             Ok(pool) => self.fly(myself, Tickets { pool, table }),
             Err(delay) => {
                 self.backoff.release(table, now);
-                let batch = self.take_batch();
+                let batch = self.take_next();
                 self.hand_back(batch, self.handback_delay(delay));
             }
         }
@@ -288,20 +362,31 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn fly(&mut self, myself: &ActorRef<TableMsg<D>>, tickets: Tickets) {
-        let s = &self.ctx.settings;
-        let (rows, _bytes, held_since) = self.buffer.take(s.batch_rows, s.batch_bytes);
+        let (cargo, held_since) = match self.reforming.next_ready() {
+            Some(g) => (
+                Cargo::Reformed {
+                    manifest: g.manifest,
+                    held: g.held,
+                },
+                g.since,
+            ),
+            None => {
+                let s = &self.ctx.settings;
+                let (deliveries, _bytes, held_since) =
+                    self.buffer.take(s.batch_rows, s.batch_bytes);
+                let done = self
+                    .partly
+                    .take(deliveries.iter().map(|d| d.position().stream_sequence));
+                (Cargo::Fresh { deliveries, done }, held_since)
+            }
+        };
         self.flights += 1;
         let links = FlightLinks {
             table: myself.clone(),
             pool: self.pool.clone(),
             root: self.orphans.clone(),
         };
-        spawn_flight(
-            self.ctx.clone(),
-            Batch::new(rows, held_since),
-            tickets,
-            links,
-        );
+        spawn_flight(self.ctx.clone(), cargo, held_since, tickets, links);
     }
 
     /// A flight's verdict: the table's own backoff learns its part here, the pool its
@@ -331,7 +416,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     let _ = reply.send(pending);
                 }
             }
-            Verdict::PoolOutage(_) | Verdict::Unfinished => {
+            Verdict::PoolOutage(_) | Verdict::Unfinished | Verdict::StoreDown(_) => {
                 self.backoff.release(v.tickets.table, now);
             }
         }
@@ -398,6 +483,14 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if out.last_error.is_some() {
             self.totals.last_error = out.last_error;
         }
+        self.partly.remember(out.partly);
+        if let Some(dedup) = out.dedup {
+            self.ctx
+                .metrics
+                .exactly_once
+                .set(if dedup.exactly_once { 1.0 } else { 0.0 });
+            self.dedup = Some(dedup);
+        }
         self.last_activity = Instant::now();
         self.pump(myself);
         self.throttle.dirty = true;
@@ -461,6 +554,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             && !self.retiring
             && self.draining.is_none()
             && self.buffer.is_empty()
+            && self.reforming.is_empty()
             && self.flights == 0
             && self.awaiting_permit.is_none()
             && self.backoff.is_closed()
@@ -481,7 +575,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// Shutdown's flush is answered once every batch has gone (or was handed back).
     fn answer_drain(&mut self) {
-        if self.buffer.is_empty() && self.awaiting_permit.is_none() {
+        if !self.has_work() && self.awaiting_permit.is_none() {
             if let Some(waiting) = self.draining.as_mut() {
                 for reply in waiting.drain(..) {
                     let _ = reply.send(());
@@ -491,7 +585,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn on_hand_back_all(&mut self, reply: RpcReplyPort<usize>) {
-        let rows = self.buffer.take_all();
+        let mut rows = self.buffer.take_all();
+        rows.extend(self.reforming.take_all());
         let n = rows.len();
         self.hand_back(rows, Duration::ZERO);
         self.answer_drain();
@@ -518,6 +613,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if self.retiring
             && self.flights == 0
             && self.buffer.is_empty()
+            && self.reforming.is_empty()
             && self.awaiting_permit.is_none()
         {
             myself.stop(Some("idle".into()));
@@ -557,6 +653,7 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
         match msg {
             TableMsg::Rows(rows) => state.on_rows(&myself, rows),
             TableMsg::AgeDue(generation) => state.on_age_due(&myself, generation),
+            TableMsg::ReformDue(id) => state.on_reform_due(&myself, id),
             TableMsg::Permit(permit) => state.on_permit(&myself, permit),
             TableMsg::Verdict(verdict) => state.on_verdict(verdict),
             TableMsg::FlightDone(outcome) => state.on_flight_done(&myself, outcome),

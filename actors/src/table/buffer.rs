@@ -1,10 +1,12 @@
-//! One table's buffer: the rows, their bytes (each with its `\n`), the oldest row's age,
-//! and the flush triggers.
+//! One table's buffer: the messages (each one row or many), their rows and bytes (each
+//! row with its `\n`), the oldest message's age, and the flush triggers. Limits count
+//! rows and bytes, never messages: a message of 100 rows weighs 100.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::batch::row_count;
 use crate::ports::Delivery;
 use crate::settings::TableSettings;
 
@@ -17,7 +19,9 @@ pub enum Trigger {
 
 #[derive(Debug)]
 pub struct Buffer<D> {
-    rows: Vec<D>,
+    messages: Vec<D>,
+    /// Rows in `messages`.
+    rows: usize,
     bytes: usize,
     oldest: Option<Instant>,
 }
@@ -25,24 +29,41 @@ pub struct Buffer<D> {
 impl<D: Delivery> Default for Buffer<D> {
     fn default() -> Self {
         Self {
-            rows: Vec::new(),
+            messages: Vec::new(),
+            rows: 0,
             bytes: 0,
             oldest: None,
         }
     }
 }
 
-pub fn row_bytes<D: Delivery>(rows: &[D]) -> usize {
-    rows.iter().map(|d| d.payload().len() + 1).sum()
+/// The rows and bytes of some messages, as the limits count them.
+pub fn weigh<D: Delivery>(messages: &[D]) -> (usize, usize) {
+    messages.iter().fold((0, 0), |(rows, bytes), d| {
+        let (r, b) = weigh_one(d);
+        (rows + r, bytes + b)
+    })
+}
+
+fn weigh_one<D: Delivery>(d: &D) -> (usize, usize) {
+    let payload = d.payload();
+    // The common case, a one-row message, is found with one memchr.
+    let rows = if payload.contains(&b'\n') {
+        row_count(payload)
+    } else {
+        1
+    };
+    (rows, payload.len() + 1)
 }
 
 impl<D: Delivery> Buffer<D> {
+    /// Rows buffered.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.rows
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.messages.is_empty()
     }
 
     pub fn bytes(&self) -> usize {
@@ -53,17 +74,19 @@ impl<D: Delivery> Buffer<D> {
         self.oldest
     }
 
-    pub fn push(&mut self, mut batch: Vec<D>, bytes: usize, now: Instant) {
+    /// Add messages weighing `rows` and `bytes` (see [`weigh`]).
+    pub fn push(&mut self, mut batch: Vec<D>, (rows, bytes): (usize, usize), now: Instant) {
         if batch.is_empty() {
             return;
         }
-        if self.rows.is_empty() {
+        if self.messages.is_empty() {
             // Take the vector as it is: no copy for the common case.
-            std::mem::swap(&mut self.rows, &mut batch);
-            self.rows.append(&mut batch);
+            std::mem::swap(&mut self.messages, &mut batch);
+            self.messages.append(&mut batch);
         } else {
-            self.rows.append(&mut batch);
+            self.messages.append(&mut batch);
         }
+        self.rows += rows;
         self.bytes += bytes;
         self.oldest.get_or_insert(now);
     }
@@ -71,7 +94,7 @@ impl<D: Delivery> Buffer<D> {
     /// The trigger that makes a flush due now, if any.
     pub fn due(&self, s: &TableSettings, now: Instant) -> Option<Trigger> {
         let oldest = self.oldest?;
-        if self.rows.len() >= s.batch_rows {
+        if self.rows >= s.batch_rows {
             Some(Trigger::Rows)
         } else if self.bytes >= s.batch_bytes {
             Some(Trigger::Bytes)
@@ -87,42 +110,47 @@ impl<D: Delivery> Buffer<D> {
         self.oldest.map(|o| o + s.batch_age)
     }
 
-    /// Take one batch: at most `max_rows` rows and (past the first row) `max_bytes`
-    /// bytes. Returns the rows, their bytes and since when they were held.
+    /// Take one batch: whole messages, at most `max_rows` rows and (past the first
+    /// message) `max_bytes` bytes; a message is never split across batches (its rows
+    /// are settled together). Returns the messages, their bytes and since when they
+    /// were held.
     pub fn take(&mut self, max_rows: usize, max_bytes: usize) -> (Vec<D>, usize, Instant) {
         let held_since = self.oldest.unwrap_or_else(Instant::now);
-        if self.rows.len() <= max_rows && self.bytes <= max_bytes {
+        if self.rows <= max_rows && self.bytes <= max_bytes {
             let bytes = std::mem::take(&mut self.bytes);
+            self.rows = 0;
             self.oldest = None;
-            return (std::mem::take(&mut self.rows), bytes, held_since);
+            return (std::mem::take(&mut self.messages), bytes, held_since);
         }
-        let mut n = 0;
-        let mut bytes = 0;
-        for d in &self.rows {
-            let b = d.payload().len() + 1;
-            if n >= max_rows || (n > 0 && bytes + b > max_bytes) {
+        let (mut n, mut rows, mut bytes) = (0, 0, 0);
+        for d in &self.messages {
+            let (r, b) = weigh_one(d);
+            if n > 0 && (rows + r > max_rows || bytes + b > max_bytes) {
                 break;
             }
             n += 1;
+            rows += r;
             bytes += b;
         }
-        let rest = self.rows.split_off(n);
-        let batch = std::mem::replace(&mut self.rows, rest);
+        let rest = self.messages.split_off(n);
+        let batch = std::mem::replace(&mut self.messages, rest);
+        self.rows -= rows;
         self.bytes -= bytes;
-        if self.rows.is_empty() {
+        if self.messages.is_empty() {
             self.oldest = None;
         }
         (batch, bytes, held_since)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &D> {
-        self.rows.iter()
+        self.messages.iter()
     }
 
     pub fn take_all(&mut self) -> Vec<D> {
+        self.rows = 0;
         self.bytes = 0;
         self.oldest = None;
-        std::mem::take(&mut self.rows)
+        std::mem::take(&mut self.messages)
     }
 
     pub fn age(&self, now: Instant) -> Duration {
@@ -152,9 +180,9 @@ mod tests {
         let now = Instant::now();
         let mut b = Buffer::default();
         let rows = ledger.rows("ingest.a.b", 3); // {"n":0} = 7 bytes + \n
-        let bytes = row_bytes(&rows);
-        assert_eq!(bytes, 24);
-        b.push(rows, bytes, now);
+        let weight = weigh(&rows);
+        assert_eq!(weight, (3, 24));
+        b.push(rows, weight, now);
         assert_eq!(b.due(&settings(3, 1000, 1000), now), Some(Trigger::Rows));
         assert_eq!(b.due(&settings(4, 24, 1000), now), Some(Trigger::Bytes));
         assert_eq!(b.due(&settings(4, 1000, 1000), now), None);
@@ -171,5 +199,30 @@ mod tests {
             "the first row always goes, whatever its size"
         );
         assert!(b.is_empty() && b.oldest().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_row_messages_weigh_their_rows_and_are_never_split() {
+        let ledger = Ledger::new();
+        let subject: std::sync::Arc<str> = std::sync::Arc::from("ingest.a.b");
+        let now = Instant::now();
+        let mut b = Buffer::default();
+        let messages: Vec<_> = (0..3)
+            .map(|m| {
+                let rows: String = (0..4).map(|i| format!("{{\"n\":{}}}\n", m * 4 + i)).collect();
+                ledger.delivery(&subject, rows)
+            })
+            .collect();
+        let weight = weigh(&messages);
+        assert_eq!(weight.0, 12);
+        b.push(messages, weight, now);
+        assert_eq!(b.len(), 12);
+        assert_eq!(b.due(&settings(10, 1 << 20, 1000), now), Some(Trigger::Rows));
+        // 10 rows asked: two whole messages (8 rows), never part of the third.
+        let (batch, _, _) = b.take(10, 1 << 20);
+        assert_eq!((batch.len(), b.len()), (2, 4));
+        // A message bigger than a batch still goes, alone.
+        let (batch, _, _) = b.take(2, 1 << 20);
+        assert_eq!((batch.len(), b.len()), (1, 0));
     }
 }

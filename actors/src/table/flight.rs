@@ -1,8 +1,10 @@
 //! The flight: one batch, run as a task the TableActor spawns once its own backoff and
-//! its pool both let it go. It owns its rows until each is settled, even if the actor
-//! dies meanwhile: it inserts, isolates rejected rows, sends its verdict to its table
-//! (which settles its own backoff and passes the pool's part on), gets back the delay
-//! for the rows an outage leaves pending, settles every row, and reports its counts.
+//! its pool both let it go. It owns its messages until each is settled, even if the
+//! actor dies meanwhile: it forms the batch (and records it, for a table that
+//! deduplicates), inserts, isolates rejected rows, sends its verdict to its table
+//! (which settles its own backoff and passes the pool's part on), learns what becomes of
+//! the rows it could not settle, records the verdicts (exactly-once), settles every
+//! message and reports its counts.
 //!
 //! A flight decides nothing about windows: it reports what ClickHouse answered, and the
 //! owners of the breakers decide.
@@ -11,15 +13,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
+use tokio::time::Instant;
 
+use super::forming::{finish_record, form, Cargo, Formed};
 use super::messages::{TableMsg, TableReport};
+use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::bisect::{bisect, Isolation};
-use crate::breaker::Ticket;
 use crate::context::Common;
 use crate::keepalive::Keepalive;
+use crate::manifest::Manifest;
 use crate::metrics::{retry_reason, TableMetrics, TargetMetrics};
-use crate::ports::{Class, Delivery, InsertError, Inserter, TableKey};
+use crate::ports::{Class, Dedup, Delivery, InsertError, Inserter, TableKey};
 use crate::settings::TableSettings;
 
 /// What every flight of one table needs.
@@ -34,57 +39,6 @@ pub struct FlightCtx<I> {
     pub common: Arc<Common>,
 }
 
-/// The permissions a flight went with: the pool's (outage breaker) and the table's own
-/// (table backoff). Either may be its owner's probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tickets {
-    pub pool: Ticket,
-    pub table: Ticket,
-}
-
-/// How a flight ended, as the breakers see it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Verdict {
-    /// ClickHouse answered: a success, or rows judged (rejected). Closes a probe's window.
-    Answered,
-    /// The target could not take it: the pool's breaker opens or escalates.
-    PoolOutage(InsertError),
-    /// This table could not take it (read-only, too many parts, a missing grant): its
-    /// own backoff opens; the pool's target answered.
-    TableOutage(InsertError),
-    /// The table (or its database) does not exist: the same for every row. The table
-    /// waits for it (its own backoff) for `missing_table_grace`, then parks.
-    MissingTable(InsertError),
-    /// Nothing to judge by (cancelled at the shutdown deadline): tokens go back.
-    Unfinished,
-}
-
-/// What becomes of a flight's pending rows, as the owner of the breaker that sent them
-/// back decides.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PendingRows {
-    /// Back to the queue, delivered again after this delay.
-    HandBack(Duration),
-    /// Parked, with this reason (a table still missing after its grace).
-    Park(InsertError),
-}
-
-/// The pool's part of a verdict, with the pool's ticket.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PoolVerdict {
-    Answered(Ticket),
-    Outage(Ticket, InsertError),
-    Unfinished(Ticket),
-}
-
-/// A flight's verdict for its table. When rows are pending, `reply` gets what becomes
-/// of them.
-pub struct FlightVerdict {
-    pub tickets: Tickets,
-    pub verdict: Verdict,
-    pub reply: Option<RpcReplyPort<PendingRows>>,
-}
-
 /// What one flight did, for the table's totals and snapshot.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FlightOutcome {
@@ -94,6 +48,10 @@ pub struct FlightOutcome {
     pub handed_back: usize,
     pub dlq_failures: usize,
     pub last_error: Option<String>,
+    /// Messages naked with some lines settled: those lines need nothing more.
+    pub partly: Vec<(u64, Vec<u32>)>,
+    /// Whether ClickHouse deduplicates this table's inserts, as the flight found out.
+    pub dedup: Option<Dedup>,
 }
 
 /// Where a flight reports: its table; its pool should the table be gone; the root,
@@ -105,68 +63,60 @@ pub struct FlightLinks<D> {
     pub root: DerivedActorRef<TableReport>,
 }
 
-// === impl FlightVerdict ===
-
-impl FlightVerdict {
-    /// The pool's part: what the table forwards, or the flight sends itself when its
-    /// table is gone.
-    pub fn for_pool(&self) -> PoolVerdict {
-        let t = self.tickets.pool;
-        match &self.verdict {
-            Verdict::Answered | Verdict::TableOutage(_) | Verdict::MissingTable(_) => {
-                PoolVerdict::Answered(t)
-            }
-            Verdict::PoolOutage(e) => PoolVerdict::Outage(t, e.clone()),
-            Verdict::Unfinished => PoolVerdict::Unfinished(t),
-        }
-    }
-}
-
 /// Spawn a flight (a tracked task: a shutdown waits for it).
 pub fn spawn_flight<I: Inserter, D: Delivery>(
     ctx: Arc<FlightCtx<I>>,
-    batch: Batch<D>,
+    cargo: Cargo<D>,
+    held_since: Instant,
     tickets: Tickets,
     links: FlightLinks<D>,
 ) {
     let tracker = ctx.common.tracker.clone();
     tracker.spawn(async move {
-        let outcome = run_flight(&ctx, batch, tickets, &links).await;
+        let outcome = run_flight(&ctx, cargo, held_since, tickets, &links).await;
         let _ = links.table.cast(TableMsg::FlightDone(outcome));
     });
 }
 
-/// Run one flight to the end: every row of `batch` is settled when this returns.
+/// Run one flight to the end: every held message is settled when this returns.
 pub async fn run_flight<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
-    batch: Batch<D>,
+    cargo: Cargo<D>,
+    held_since: Instant,
     tickets: Tickets,
     links: &FlightLinks<D>,
 ) -> FlightOutcome {
+    let Formed {
+        batch,
+        manifest,
+        dedup,
+        failed,
+    } = form(ctx, cargo, held_since).await;
     let n = batch.rows();
-    ctx.metrics.batch_rows.record(n as f64);
     let mut verdicts = vec![RowVerdict::Pending; n];
-    let cancel = ctx.common.cancel_flights.clone();
-    let judged = tokio::select! {
-        biased;
-        judged = judge(ctx, &batch, &mut verdicts) => Some(judged),
-        _ = cancel.cancelled() => None,
+    let (verdict, last_error) = match failed {
+        Some(verdict) => {
+            let text = failure_text(&verdict);
+            (verdict, text)
+        }
+        None => {
+            ctx.metrics.batch_rows.record(n as f64);
+            judge_or_cancel(ctx, &batch, manifest.as_ref(), &mut verdicts).await
+        }
     };
-    let (verdict, last_error) = judged.unwrap_or_else(|| {
-        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
-            "shutdown deadline: handing back the rows of a flight still running");
-        (Verdict::Unfinished, None)
-    });
-    let has_pending = verdicts.contains(&RowVerdict::Pending);
     let retry_class = match &verdict {
         Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
             Some(e.class)
         }
         _ => None,
     };
-    let pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
+    let store_down = matches!(verdict, Verdict::StoreDown(_));
+    let has_pending = verdicts.contains(&RowVerdict::Pending);
+    let mut parked_missing = false;
+    let mut pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
         PendingRows::HandBack(delay) => delay,
         PendingRows::Park(reason) => {
+            parked_missing = true;
             let reason = Arc::new(reason);
             for v in verdicts.iter_mut().filter(|v| **v == RowVerdict::Pending) {
                 *v = RowVerdict::Rejected(reason.clone());
@@ -174,14 +124,28 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
             Duration::ZERO
         }
     };
+    if store_down {
+        pending_delay = ctx.common.settings.store_retry;
+    }
+    let mut last_error = last_error;
+    if let Some(m) = &manifest {
+        if let Err(e) = finish_record(ctx, m, &batch, &mut verdicts).await {
+            pending_delay = ctx.common.settings.store_retry;
+            last_error = Some(e);
+        }
+    }
     let plan = SettlePlan {
         table: &ctx.key,
         dlq: ctx.settings.dlq,
         cap_delay: ctx.common.settings.pool_backoff.max,
         pending_delay,
+        confirm: manifest.is_some(),
     };
     let settled = batch.settle(verdicts, &plan).await;
-    count(ctx, &settled, retry_class);
+    if let (Some(m), true, 0) = (&manifest, settled.confirmed, settled.pending) {
+        forget(ctx, m).await;
+    }
+    count(ctx, &settled, retry_class, parked_missing);
     FlightOutcome {
         rows: n,
         inserted: settled.inserted,
@@ -189,13 +153,57 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         handed_back: settled.handed_back,
         dlq_failures: settled.dlq_failures,
         last_error,
+        partly: settled.partly,
+        dedup,
     }
+}
+
+fn failure_text(verdict: &Verdict) -> Option<String> {
+    match verdict {
+        Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
+            Some(e.to_string())
+        }
+        Verdict::StoreDown(e) => Some(format!("manifest store: {e}")),
+        _ => None,
+    }
+}
+
+/// Every row of a batch whose manifest is settled and whose acks were confirmed is out
+/// of the queue: the manifest goes. A failure leaves it to the store's collection.
+async fn forget<I>(ctx: &FlightCtx<I>, m: &Manifest) {
+    if let Some(store) = &ctx.common.manifests {
+        if let Err(e) = store.forget(&m.id).await {
+            tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, error = %e,
+                "a settled manifest could not be removed now; the store collects it later");
+        }
+    }
+}
+
+/// [`judge`], unless the shutdown deadline cancels it first.
+async fn judge_or_cancel<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    batch: &Batch<D>,
+    manifest: Option<&Manifest>,
+    verdicts: &mut [RowVerdict],
+) -> (Verdict, Option<String>) {
+    let cancel = ctx.common.cancel_flights.clone();
+    let judged = tokio::select! {
+        biased;
+        judged = judge(ctx, batch, manifest, verdicts) => Some(judged),
+        _ = cancel.cancelled() => None,
+    };
+    judged.unwrap_or_else(|| {
+        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
+            "shutdown deadline: handing back the rows of a flight still running");
+        (Verdict::Unfinished, None)
+    })
 }
 
 /// Insert the batch, isolating rejected rows; fills `verdicts` and says how it ended.
 async fn judge<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     batch: &Batch<D>,
+    manifest: Option<&Manifest>,
     verdicts: &mut [RowVerdict],
 ) -> (Verdict, Option<String>) {
     let n = batch.rows();
@@ -206,6 +214,7 @@ async fn judge<I: Inserter, D: Delivery>(
         metrics: Some(&ctx.target_metrics),
         keepalive: Keepalive::new(ctx.common.settings.ack_wait, batch.held_since()),
         batch,
+        manifest,
     };
     match iso.insert(0, n).await {
         Ok(()) => {
@@ -237,7 +246,7 @@ async fn judge<I: Inserter, D: Delivery>(
 }
 
 /// The verdict of an answer that stopped a flight short of judging every row.
-fn outage(e: InsertError) -> Verdict {
+pub fn outage(e: InsertError) -> Verdict {
     if e.missing_table {
         Verdict::MissingTable(e)
     } else if e.table_scoped {
@@ -258,15 +267,16 @@ async fn report<I, D: Delivery>(
 ) -> PendingRows {
     let settings = &ctx.common.settings;
     // Unfinished at the shutdown deadline: back at once, another instance may take them.
-    let unfinished = verdict == Verdict::Unfinished;
+    // A batch that could not be recorded: the flight knows its own delay.
+    let decided_here = matches!(verdict, Verdict::Unfinished | Verdict::StoreDown(_));
     // Nobody answered: back with the first step of the breaker that would have decided.
     let fallback = PendingRows::HandBack(match &verdict {
         Verdict::TableOutage(_) | Verdict::MissingTable(_) => settings.table_backoff.initial,
-        Verdict::Unfinished => Duration::ZERO,
+        Verdict::Unfinished | Verdict::StoreDown(_) => Duration::ZERO,
         _ => settings.pool_backoff.initial,
     });
-    let wants_delay = has_pending && !unfinished;
-    let (reply, answer) = if wants_delay {
+    let wants_answer = has_pending && !decided_here;
+    let (reply, answer) = if wants_answer {
         let (tx, rx) = ractor::concurrency::oneshot();
         (Some(RpcReplyPort::from(tx)), Some(rx))
     } else {
@@ -303,7 +313,12 @@ async fn report<I, D: Delivery>(
     }
 }
 
-fn count<I>(ctx: &FlightCtx<I>, settled: &Settled, retry_class: Option<Class>) {
+fn count<I>(
+    ctx: &FlightCtx<I>,
+    settled: &Settled,
+    retry_class: Option<Class>,
+    parked_missing: bool,
+) {
     let m = &ctx.metrics;
     let stats = &ctx.common.stats;
     if settled.inserted > 0 {
@@ -311,7 +326,12 @@ fn count<I>(ctx: &FlightCtx<I>, settled: &Settled, retry_class: Option<Class>) {
         stats.inserted(settled.inserted);
     }
     if settled.parked > 0 {
-        m.parked_rejected.increment(settled.parked as u64);
+        let parked = if parked_missing {
+            &m.parked_missing_table
+        } else {
+            &m.parked_rejected
+        };
+        parked.increment(settled.parked as u64);
         stats.parked(settled.parked);
     }
     if settled.dlq_failures > 0 {

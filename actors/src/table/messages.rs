@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use ractor::{ActorId, RpcReplyPort};
 
-use super::flight::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict};
+use super::flight::FlightOutcome;
+use super::verdict::{FlightVerdict, PendingRows, PoolVerdict};
 use crate::breaker::Ticket;
 use crate::ports::TableKey;
 use crate::scoped_breaker::ScopedBreaker;
@@ -14,6 +15,9 @@ pub enum TableMsg<D> {
     Rows(Vec<D>),
     /// The age trigger of the rows buffered at arming time (generation-stamped).
     AgeDue(u64),
+    /// The wait for the messages of a recorded batch (by id) is over: it flies with
+    /// what came, the rest read from the stream.
+    ReformDue(String),
     /// The pool's answer to [`TableReport::WantsFlight`]: go with the pool's ticket, or
     /// hand the batch back with this delay.
     Permit(Result<Ticket, Duration>),

@@ -5,10 +5,14 @@
 pub mod actor;
 pub mod buffer;
 pub mod flight;
+pub mod forming;
 pub mod messages;
+pub mod partly;
+pub mod reforming;
+pub mod verdict;
 
 pub use actor::{TableActor, TableArgs};
-pub use flight::{
-    FlightCtx, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
-};
+pub use flight::{FlightCtx, FlightOutcome};
+pub use forming::Cargo;
+pub use verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 pub use messages::{TableDebug, TableMsg, TableReport};

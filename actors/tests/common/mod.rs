@@ -62,6 +62,7 @@ pub async fn rig(
             .collect(),
         tables,
         settings,
+        manifests: None,
     })
     .await
     .expect("pipeline starts");

@@ -1,0 +1,96 @@
+//! Messages of recorded batches delivered again (after a crash, a frozen instance, an
+//! ambiguous failure), gathered per batch: a batch flies again once every message of it
+//! is here, or once `reform_wait` passed since the first came (the rest are read from
+//! the stream: another instance holds them, or they wait out a delay).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::manifest::Manifest;
+use crate::ports::Delivery;
+
+/// One recorded batch being gathered.
+pub struct Gathering<D> {
+    pub manifest: Arc<Manifest>,
+    pub held: Vec<D>,
+    /// When its first message came.
+    pub since: Instant,
+}
+
+pub struct Reforming<D> {
+    gathering: HashMap<String, Gathering<D>>,
+    /// Batches ready to fly, first come first served.
+    ready: VecDeque<Gathering<D>>,
+}
+
+impl<D> Default for Reforming<D> {
+    fn default() -> Self {
+        Self {
+            gathering: HashMap::new(),
+            ready: VecDeque::new(),
+        }
+    }
+}
+
+impl<D: Delivery> Reforming<D> {
+    /// A message of `manifest` came. Returns `true` when it opened a gathering (the
+    /// caller arms its wait).
+    pub fn add(&mut self, manifest: Arc<Manifest>, d: D, now: Instant) -> bool {
+        let id = manifest.id.clone();
+        let mut opened = false;
+        let g = self.gathering.entry(id.clone()).or_insert_with(|| {
+            opened = true;
+            Gathering {
+                manifest,
+                held: Vec::new(),
+                since: now,
+            }
+        });
+        g.held.push(d);
+        if g.held.len() >= g.manifest.messages.len() {
+            if let Some(g) = self.gathering.remove(&id) {
+                self.ready.push_back(g);
+            }
+        }
+        opened
+    }
+
+    /// The wait for `id` is over: it flies with what came.
+    pub fn wait_over(&mut self, id: &str) {
+        if let Some(g) = self.gathering.remove(id) {
+            self.ready.push_back(g);
+        }
+    }
+
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    pub fn next_ready(&mut self) -> Option<Gathering<D>> {
+        self.ready.pop_front()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gathering.is_empty() && self.ready.is_empty()
+    }
+
+    /// Messages held here.
+    pub fn len(&self) -> usize {
+        self.gathering.values().map(|g| g.held.len()).sum::<usize>()
+            + self.ready.iter().map(|g| g.held.len()).sum::<usize>()
+    }
+
+    /// Everything held (shutdown past its deadline, the table's window open).
+    pub fn take_all(&mut self) -> Vec<D> {
+        let mut all = Vec::new();
+        for (_, g) in self.gathering.drain() {
+            all.extend(g.held);
+        }
+        for g in self.ready.drain(..) {
+            all.extend(g.held);
+        }
+        all
+    }
+}

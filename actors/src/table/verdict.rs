@@ -1,0 +1,82 @@
+//! What a flight learnt, as the owners of the breakers see it: the verdict it reports
+//! with the tickets it went with, the pool's part of it, and what becomes of the rows it
+//! could not settle.
+
+use std::time::Duration;
+
+use ractor::RpcReplyPort;
+
+use crate::breaker::Ticket;
+use crate::ports::{InsertError, StoreError};
+
+/// The permissions a flight went with: the pool's (outage breaker) and the table's own
+/// (table backoff). Either may be its owner's probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tickets {
+    pub pool: Ticket,
+    pub table: Ticket,
+}
+
+/// How a flight ended, as the breakers see it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// ClickHouse answered: a success, or rows judged (rejected). Closes a probe's window.
+    Answered,
+    /// The target could not take it: the pool's breaker opens or escalates.
+    PoolOutage(InsertError),
+    /// This table could not take it (read-only, too many parts, a missing grant): its
+    /// own backoff opens; the pool's target answered.
+    TableOutage(InsertError),
+    /// The table (or its database) does not exist: the same for every row. The table
+    /// waits for it (its own backoff) for `missing_table_grace`, then parks.
+    MissingTable(InsertError),
+    /// Nothing to judge by (cancelled at the shutdown deadline): tokens go back.
+    Unfinished,
+    /// The batch could not be recorded (exactly-once) so nothing was sent: tokens go
+    /// back, ClickHouse was not asked.
+    StoreDown(StoreError),
+}
+
+/// What becomes of a flight's pending rows, as the owner of the breaker that sent them
+/// back decides.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingRows {
+    /// Back to the queue, delivered again after this delay.
+    HandBack(Duration),
+    /// Parked, with this reason (a table still missing after its grace).
+    Park(InsertError),
+}
+
+/// The pool's part of a verdict, with the pool's ticket.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolVerdict {
+    Answered(Ticket),
+    Outage(Ticket, InsertError),
+    Unfinished(Ticket),
+}
+
+/// A flight's verdict for its table. When rows are pending, `reply` gets what becomes
+/// of them.
+pub struct FlightVerdict {
+    pub tickets: Tickets,
+    pub verdict: Verdict,
+    pub reply: Option<RpcReplyPort<PendingRows>>,
+}
+
+// === impl FlightVerdict ===
+
+impl FlightVerdict {
+    /// The pool's part: what the table forwards, or the flight sends itself when its
+    /// table is gone.
+    pub fn for_pool(&self) -> PoolVerdict {
+        let t = self.tickets.pool;
+        match &self.verdict {
+            Verdict::Answered | Verdict::TableOutage(_) | Verdict::MissingTable(_) => {
+                PoolVerdict::Answered(t)
+            }
+            Verdict::PoolOutage(e) => PoolVerdict::Outage(t, e.clone()),
+            Verdict::Unfinished | Verdict::StoreDown(_) => PoolVerdict::Unfinished(t),
+        }
+    }
+}
+
