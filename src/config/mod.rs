@@ -147,6 +147,13 @@ pub struct ApiConfig {
     pub max_request_bytes: usize,
     pub max_row_bytes: usize,
     pub retry_after: Duration,
+    /// Rows nested deeper are refused: ClickHouse's JSON parser recurses per level.
+    pub max_json_depth: usize,
+    /// Distinct tables a tenant may write to: each costs an actor and metric series.
+    pub max_tables_per_tenant: usize,
+    /// Descriptors left free for NATS, ClickHouse and files by the connection caps.
+    pub fd_reserve: usize,
+    pub limits: ListenerLimits,
 }
 
 #[derive(Clone, Debug)]
@@ -155,6 +162,22 @@ pub struct AdminConfig {
     /// `None`: no token configured, so the admin endpoint is bound to loopback only.
     pub token: Option<Secret>,
     pub fault_injection: bool,
+    pub limits: ListenerLimits,
+}
+
+/// What bounds the clients of one HTTP listener, so that slow or idle ones cannot hold
+/// it (and the process's descriptors) forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// From a request's first byte to the end of its headers.
+    pub header_timeout: Duration,
+    /// From the end of a request's headers to the end of its body.
+    pub body_timeout: Duration,
+    /// No request in progress, or an answer the client does not read, for this long:
+    /// the connection is closed.
+    pub idle_timeout: Duration,
+    /// Connections at once; `None`: derived from the descriptor limit at start.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
