@@ -280,11 +280,21 @@ impl Config {
             .unwrap_or(&self.ingest)
     }
 
-    /// The tenant whose bearer token this is, compared in constant time.
+    /// The tenant whose bearer token this is. Every tenant's token is compared, each in
+    /// constant time, and no comparison decides whether the next one runs: how long it
+    /// takes tells nothing about which tenant's token, or how much of one, was guessed.
     pub fn tenant_for_token(&self, token: &str) -> Option<&TenantConfig> {
-        self.tenants
-            .values()
-            .find(|t| t.token.as_ref().is_some_and(|s| s.matches(token)))
+        let mut found = None;
+        for tenant in self.tenants.values() {
+            let Some(secret) = &tenant.token else {
+                continue;
+            };
+            // Tokens are distinct (validated), so at most one matches.
+            if secret.matches(token) {
+                found = Some(tenant);
+            }
+        }
+        found
     }
 
     /// A short human summary for `sluice check-config` (no secrets).
