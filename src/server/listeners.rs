@@ -1,5 +1,6 @@
 //! The two HTTP listeners: the API (ingest, query) and the admin endpoint.
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -13,8 +14,10 @@ use tokio::task::JoinHandle;
 use super::signals::Shutdown;
 use super::PipelineAdapter;
 use crate::admin::{self, AdminState};
-use crate::api::ingest::{self, IngestState};
+use crate::api::ingest::{self, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
+use crate::clickhouse::catalog::{self, Catalog};
+use crate::clickhouse::insert::HttpInserter;
 use crate::config::Config;
 use crate::nats::{Dlq, Publisher};
 
@@ -46,15 +49,30 @@ impl Listeners {
     }
 }
 
+/// What the listeners serve, made by `server::run`.
+pub struct Parts {
+    /// The insert client of each target, by name: the table catalogs read through them.
+    pub inserters: BTreeMap<String, Arc<HttpInserter>>,
+    pub publisher: Publisher,
+    pub dlq: Dlq,
+    pub pipeline: Arc<PipelineAdapter>,
+    pub client: async_nats::Client,
+    pub metrics: PrometheusHandle,
+}
+
 pub async fn start(
     config: &Arc<Config>,
-    publisher: Publisher,
-    dlq: Dlq,
-    pipeline: Arc<PipelineAdapter>,
-    client: async_nats::Client,
-    metrics: PrometheusHandle,
+    parts: Parts,
     shutdown: Shutdown,
 ) -> anyhow::Result<Listeners> {
+    let Parts {
+        inserters,
+        publisher,
+        dlq,
+        pipeline,
+        client,
+        metrics,
+    } = parts;
     let tenants = TenantResolver::new(config.clone());
     let ingest_state = Arc::new(IngestState {
         tenants,
@@ -62,7 +80,10 @@ pub async fn start(
         publisher,
         subject_prefix: config.nats.subject_prefix.clone(),
         max_row_bytes: config.api.max_row_bytes,
+        max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
+        catalogs: catalogs(config, &inserters),
+        tables: TenantTables::new(config.api.max_tables_per_tenant),
     });
     let api = Router::new()
         .route("/v1/ingest/{table}", post(ingest::ingest))
@@ -118,4 +139,25 @@ pub async fn start(
         tasks,
         failed,
     })
+}
+
+/// A table catalog per target, on the target's insert client and database.
+fn catalogs(
+    config: &Config,
+    inserters: &BTreeMap<String, Arc<HttpInserter>>,
+) -> HashMap<String, Catalog> {
+    config
+        .targets
+        .values()
+        .filter_map(|target| {
+            let inserter = inserters.get(&target.name)?.clone();
+            let catalog = Catalog::new(
+                &target.name,
+                &target.database,
+                inserter,
+                catalog::READ_TIMEOUT,
+            );
+            Some((target.name.clone(), catalog))
+        })
+        .collect()
 }
