@@ -1,4 +1,6 @@
-//! The two HTTP listeners: the API (ingest, query) and the admin endpoint.
+//! The two HTTP listeners: the API (ingest, query) and the admin endpoint, each with
+//! its timeouts and connection cap (`accept`, `connection`), the caps leaving a reserve
+//! of descriptors (`descriptors`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -11,8 +13,10 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 
+use super::connection::Bounds;
+use super::descriptors::{self, Caps};
 use super::signals::Shutdown;
-use super::PipelineAdapter;
+use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState};
 use crate::api::ingest::{self, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
@@ -109,13 +113,26 @@ pub async fn start(
     });
     let admin = admin::router(admin_state);
 
+    let caps = connection_caps(config)?;
     let (failed_tx, failed) = tokio::sync::watch::channel(None);
     let failed_tx = Arc::new(failed_tx);
     let mut tasks = Vec::new();
     let mut bound = Vec::new();
-    for (name, addr, router) in [
-        ("api", config.api.listen, api),
-        ("admin", config.admin.listen, admin),
+    for (name, addr, router, bounds, cap) in [
+        (
+            "api",
+            config.api.listen,
+            api,
+            Bounds::new("[api]", &config.api.limits),
+            caps.api,
+        ),
+        (
+            "admin",
+            config.admin.listen,
+            admin,
+            Bounds::new("[admin]", &config.admin.limits),
+            caps.admin,
+        ),
     ] {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -124,9 +141,7 @@ pub async fn start(
         let shutdown = shutdown.clone();
         let failed_tx = failed_tx.clone();
         tasks.push(tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { shutdown.wait().await })
-                .await;
+            let served = accept::serve(name, listener, router, bounds, cap, shutdown).await;
             if let Err(e) = &served {
                 failed_tx.send_replace(Some(format!("the {name} listener failed: {e}")));
             }
@@ -139,6 +154,32 @@ pub async fn start(
         tasks,
         failed,
     })
+}
+
+/// Raise the descriptor limit and derive the connection caps from it, keeping
+/// `[api] fd_reserve` free for NATS, ClickHouse and files; log the figures.
+fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
+    let limit = descriptors::raise_limit().context("reading the descriptor limit")?;
+    let admin = config.admin.limits.max_connections.unwrap_or(1);
+    let (caps, lowered) = descriptors::caps(
+        limit.now,
+        config.api.fd_reserve,
+        config.api.limits.max_connections,
+        admin,
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(warning) = lowered {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(
+        limit = limit.now,
+        raised_from = limit.was,
+        reserve = config.api.fd_reserve,
+        api_connections = caps.api,
+        admin_connections = caps.admin,
+        "file descriptors"
+    );
+    Ok(caps)
 }
 
 /// A table catalog per target, on the target's insert client and database.

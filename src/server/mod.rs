@@ -7,6 +7,9 @@
 //! on (a core actor that cannot be restarted) exits 1, so the supervisor (systemd,
 //! Kubernetes) restarts the process rather than leave it up doing nothing.
 
+mod accept;
+mod connection;
+mod descriptors;
 mod listeners;
 mod pipeline;
 mod signals;
