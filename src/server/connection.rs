@@ -31,7 +31,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt as _;
 
@@ -107,6 +107,8 @@ pub async fn serve(
                 stopping = true;
                 connection.as_mut().graceful_shutdown();
             }
+            // The first byte of a request: the header clock, shorter than idle's, starts.
+            _ = activity.head_began.notified() => {}
             _ = tokio::time::sleep_until(wake) => {
                 if activity.deadline(&bounds).is_some_and(|d| d <= Instant::now()) {
                     tracing::debug!(listener = bounds.section, phase = ?activity.phase(), "closing a connection past its timeout");
@@ -136,6 +138,8 @@ enum Phase {
 /// Where a connection is: what its watchdog times.
 struct Activity {
     state: Mutex<Phases>,
+    /// Wakes the watchdog when a request begins to arrive on an idle connection.
+    head_began: Notify,
 }
 
 struct Phases {
@@ -160,6 +164,7 @@ impl Activity {
                 head_since: None,
                 last_write: now,
             }),
+            head_began: Notify::new(),
         }
     }
 
@@ -197,6 +202,7 @@ impl Activity {
         let mut s = self.state();
         if s.handling == 0 && s.answering == 0 && s.head_since.is_none() {
             s.head_since = Some(Instant::now());
+            self.head_began.notify_one();
         }
     }
 
