@@ -64,6 +64,13 @@ async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
     .await?
 }
 
+/// A column of `events`-like `table`, its rows in id order, as ClickHouse prints it.
+async fn stored(stack: &Stack, column: &str, table: &str) -> Result<String> {
+    let sql =
+        format!("SELECT groupArray({column}) FROM (SELECT {column} FROM {table} ORDER BY id)");
+    Ok(stack.clickhouse.exec(&sql).await?.trim().to_string())
+}
+
 /// A row nested `levels` deep in a field the table does not have: the row object is
 /// level 1, the rest are arrays around a number.
 fn nested(id: u64, levels: usize) -> String {
@@ -121,14 +128,7 @@ async fn a_nesting_bomb_is_refused_by_index_and_clickhouse_stays_up() -> Result<
     assert_eq!((n(&r, "accepted"), n(&r, "rejected")), (0, 1), "{r}");
 
     wait_exactly(&stack, "SELECT count() FROM events", 5).await?;
-    assert_eq!(
-        stack
-            .clickhouse
-            .exec("SELECT groupArray(id) FROM (SELECT id FROM events ORDER BY id)")
-            .await?
-            .trim(),
-        "[1,2,4,5,6]"
-    );
+    assert_eq!(stored(&stack, "id", "events").await?, "[1,2,4,5,6]");
     ensure!(
         stack.clickhouse.is_running(),
         "clickhouse-server is gone:\n{}",
@@ -173,14 +173,7 @@ async fn invalid_utf8_is_refused_in_ndjson_too() -> Result<()> {
     );
 
     wait_exactly(&stack, "SELECT count() FROM events", 2).await?;
-    assert_eq!(
-        stack
-            .clickhouse
-            .exec("SELECT groupArray(s) FROM (SELECT s FROM events ORDER BY id)")
-            .await?
-            .trim(),
-        "['ok','€ fine']"
-    );
+    assert_eq!(stored(&stack, "s", "events").await?, "['ok','€ fine']");
     Ok(())
 }
 
@@ -204,11 +197,7 @@ async fn json_text_sequence_records_are_rows() -> Result<()> {
     assert_eq!((status, n(&r, "accepted")), (202, 1), "{r}");
     wait_exactly(&stack, "SELECT count() FROM events", 4).await?;
     assert_eq!(
-        stack
-            .clickhouse
-            .exec("SELECT groupArray(s) FROM (SELECT s FROM events ORDER BY id)")
-            .await?
-            .trim(),
+        stored(&stack, "s", "events").await?,
         "['a','pretty','d','e']"
     );
     Ok(())
