@@ -154,6 +154,8 @@ pub struct ApiConfig {
     /// Descriptors left free for NATS, ClickHouse and files by the connection caps.
     pub fd_reserve: usize,
     pub limits: ListenerLimits,
+    /// Connections at once; `None`: what the descriptor limit leaves, found at start.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -163,6 +165,8 @@ pub struct AdminConfig {
     pub token: Option<Secret>,
     pub fault_injection: bool,
     pub limits: ListenerLimits,
+    /// Connections at once.
+    pub max_connections: usize,
 }
 
 /// What bounds the clients of one HTTP listener, so that slow or idle ones cannot hold
@@ -176,8 +180,6 @@ pub struct ListenerLimits {
     /// No request in progress, or an answer the client does not read, for this long:
     /// the connection is closed.
     pub idle_timeout: Duration,
-    /// Connections at once; `None`: derived from the descriptor limit at start.
-    pub max_connections: Option<usize>,
 }
 
 #[derive(Clone, Debug)]

@@ -274,10 +274,9 @@ fn limits_at_the_door_have_defaults_overrides_and_bounds() {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
-            max_connections: None,
         }
     );
-    assert_eq!(admin.limits.max_connections, Some(64));
+    assert_eq!((api.max_connections, admin.max_connections), (None, 64));
     assert_eq!(admin.limits.idle_timeout, Duration::from_secs(60));
 
     let text =
@@ -297,9 +296,9 @@ fn limits_at_the_door_have_defaults_overrides_and_bounds() {
     assert_eq!(config.api.fd_reserve, 1000);
     assert_eq!(config.api.limits.idle_timeout, Duration::from_secs(5));
     assert_eq!(config.api.limits.body_timeout, Duration::from_secs(60));
-    assert_eq!(config.api.limits.max_connections, Some(100));
+    assert_eq!(config.api.max_connections, Some(100));
     assert_eq!(config.admin.limits.header_timeout, Duration::from_secs(2));
-    assert_eq!(config.admin.limits.max_connections, Some(8));
+    assert_eq!(config.admin.max_connections, 8);
 
     let p = problems(
         "[api]\nmax_json_depth = 0\nmax_tables_per_tenant = 0\nidle_timeout = \"0s\"\nmax_connections = 0\n[admin]\nbody_timeout = \"0s\"\n",

@@ -456,8 +456,10 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
         c,
         "[api]",
         (a.header_timeout, a.body_timeout, a.idle_timeout),
-        a.max_connections,
     );
+    if let Some(n) = a.max_connections {
+        c.at_least("[api] max_connections", n, 1);
+    }
     ApiConfig {
         listen,
         auth: a.auth,
@@ -468,6 +470,7 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
         max_tables_per_tenant: a.max_tables_per_tenant,
         fd_reserve: a.fd_reserve,
         limits,
+        max_connections: a.max_connections,
     }
 }
 
@@ -495,19 +498,14 @@ fn listener_limits(
     c: &mut Check,
     section: &str,
     (header, body, idle): (Span, Span, Span),
-    max_connections: Option<usize>,
 ) -> ListenerLimits {
     c.positive(&format!("{section} header_timeout"), header.get());
     c.positive(&format!("{section} body_timeout"), body.get());
     c.positive(&format!("{section} idle_timeout"), idle.get());
-    if let Some(n) = max_connections {
-        c.at_least(&format!("{section} max_connections"), n, 1);
-    }
     ListenerLimits {
         header_timeout: header.get(),
         body_timeout: body.get(),
         idle_timeout: idle.get(),
-        max_connections,
     }
 }
 
@@ -536,13 +534,14 @@ fn admin(c: &mut Check, file: &FileConfig) -> AdminConfig {
         c,
         "[admin]",
         (a.header_timeout, a.body_timeout, a.idle_timeout),
-        Some(a.max_connections),
     );
+    c.at_least("[admin] max_connections", a.max_connections, 1);
     AdminConfig {
         listen,
         token,
         fault_injection: a.fault_injection,
         limits,
+        max_connections: a.max_connections,
     }
 }
 
@@ -701,27 +700,32 @@ pub(super) fn summary(config: &Config) -> String {
     }
     let _ = writeln!(
         out,
-        "api: {} (auth {}) {}; json depth {}, {} tables per tenant, {} descriptors reserved",
+        "api: {} (auth {}) {}, connections {}; json depth {}, {} tables per tenant, {} descriptors reserved",
         config.api.listen,
         match config.api.auth {
             AuthMode::Token => "token",
             AuthMode::None => "none: tenant from X-Tenant",
         },
         describe_limits(&config.api.limits),
+        config
+            .api
+            .max_connections
+            .map_or("from the descriptor limit".to_string(), |n| n.to_string()),
         config.api.max_json_depth,
         config.api.max_tables_per_tenant,
         config.api.fd_reserve
     );
     let _ = writeln!(
         out,
-        "admin: {} (token {}) {}",
+        "admin: {} (token {}) {}, connections {}",
         config.admin.listen,
         if config.admin.token.is_some() {
             "set"
         } else {
             "none: loopback only"
         },
-        describe_limits(&config.admin.limits)
+        describe_limits(&config.admin.limits),
+        config.admin.max_connections
     );
     match &config.query {
         Some(q) => {
@@ -751,12 +755,10 @@ pub(super) fn summary(config: &Config) -> String {
 
 fn describe_limits(l: &ListenerLimits) -> String {
     format!(
-        "timeouts header {} body {} idle {}, connections {}",
+        "timeouts header {} body {} idle {}",
         humantime::format_duration(l.header_timeout),
         humantime::format_duration(l.body_timeout),
         humantime::format_duration(l.idle_timeout),
-        l.max_connections
-            .map_or("from the descriptor limit".to_string(), |n| n.to_string())
     )
 }
 

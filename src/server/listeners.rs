@@ -160,12 +160,11 @@ pub async fn start(
 /// `[api] fd_reserve` free for NATS, ClickHouse and files; log the figures.
 fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
     let limit = descriptors::raise_limit().context("reading the descriptor limit")?;
-    let admin = config.admin.limits.max_connections.unwrap_or(1);
     let (caps, lowered) = descriptors::caps(
         limit.now,
         config.api.fd_reserve,
-        config.api.limits.max_connections,
-        admin,
+        config.api.max_connections,
+        config.admin.max_connections,
     )
     .map_err(anyhow::Error::msg)?;
     if let Some(warning) = lowered {
