@@ -318,7 +318,6 @@ impl AsyncWrite for Watched {
 
 // === Guarded: the router, each request timed ===
 
-#[derive(Clone)]
 struct Guarded {
     router: Router,
     activity: Arc<Activity>,

@@ -5,6 +5,12 @@
 //! row. A full or unreachable stream stops the request where it is: the rows already
 //! acked stay accepted, the answer is 503 with `Retry-After`, and a client retrying
 //! with the same `Idempotency-Key` does not store the accepted ones twice.
+//!
+//! Before any row is published the request must name a tenant, a table the tenant's
+//! ClickHouse target has (`clickhouse::catalog`) within the tenant's table cap
+//! (`tables`), a media type and a usable key. Rows are then split off the body one at
+//! a time (`parse`) and published as they come, so a request never holds a list of its
+//! rows or of its refusals; the answer lists the first `MAX_LISTED_ERRORS` of those.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -49,10 +55,12 @@ pub struct IngestState {
     pub publisher: Publisher,
     pub subject_prefix: String,
     pub max_row_bytes: usize,
+    /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
     pub max_json_depth: usize,
     pub retry_after: Duration,
     /// The tables of each ClickHouse target, by target name.
     pub catalogs: HashMap<String, Catalog>,
+    /// The tables each tenant writes to, capped.
     pub tables: TenantTables,
 }
 
