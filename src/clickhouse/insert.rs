@@ -110,8 +110,9 @@ impl HttpInserter {
         Ok(features)
     }
 
-    /// A small read on this target, with the ingest credentials.
-    async fn query(&self, sql: &str) -> Result<String, InsertError> {
+    /// A small read on this target, with the ingest credentials (the table catalog's
+    /// too, so it needs no HTTP client of its own).
+    pub async fn query(&self, sql: &str) -> Result<String, InsertError> {
         let request = self
             .authorized(self.client.post(&self.url))
             .timeout(self.insert_timeout)
