@@ -20,28 +20,24 @@
 
 pub mod browser;
 pub mod chaos;
-pub mod clickhouse;
-mod http;
-pub mod nats;
-pub mod ports;
-pub mod process;
 pub mod prom;
 pub mod proxy;
 mod skip;
 mod sluice;
 mod stack;
-mod wait;
 
-pub use clickhouse::{
-    ClickHouseServer, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+// The servers and the process manager live in `sluice-servers` (so the `sluice` binary
+// can start them without linking this crate); every name stays reachable from here.
+use sluice_servers::http;
+pub use sluice_servers::{clickhouse, nats, ports, process};
+pub use sluice_servers::{
+    free_addr, free_port, http_client_builder, loopback_client, process_exists, wait_for,
+    wait_until, ClickHouseServer, ManagedProcess, NatsFlavor, NatsServer, ProcessSpec,
+    DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
-pub use http::{http_client_builder, loopback_client};
-pub use nats::{NatsFlavor, NatsServer};
-pub use ports::{free_addr, free_port};
-pub use process::{process_exists, ManagedProcess, ProcessSpec};
+
 pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;
 pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
-pub use wait::{wait_for, wait_until};

@@ -24,7 +24,7 @@ use crate::ports::free_port;
 use crate::process::ProcessSpec;
 use crate::proxy::FaultProxy;
 use crate::sluice::SluiceProcess;
-use crate::wait::wait_for;
+use crate::wait_for;
 
 /// The tenant every stack defines, with auth off (`X-Tenant`).
 pub const TENANT: &str = "acme";

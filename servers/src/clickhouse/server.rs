@@ -205,7 +205,7 @@ impl ClickHouseServer {
         format!("http://127.0.0.1:{}", self.ports.http)
     }
 
-    /// The HTTP interface's address, e.g. as a [`crate::FaultProxy`] upstream.
+    /// The HTTP interface's address, e.g. as the upstream of a fault proxy.
     pub fn http_addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.ports.http))
     }
