@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use super::config::{self, Ports, DEFAULT_USER};
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE, ERROR_LOG_LINES};
+use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
 
 /// Runs this binary instead of Debian's `/usr/sbin/clickhouse-server`. A binary named
 /// `clickhouse` (the current all-in-one build) is run as `clickhouse server`.
@@ -102,46 +102,17 @@ impl ClickHouseServer {
     /// Polls `/ping` until it answers `Ok.`, failing early (with the log tail) if the
     /// process exits.
     async fn wait_ready(&mut self) -> Result<()> {
-        let end = tokio::time::Instant::now() + CLICKHOUSE_READY_DEADLINE;
-        let mut last_error = anyhow!("no ping finished");
-        loop {
-            if let Some(status) = self.process.exit_status() {
-                bail!(
-                    "clickhouse-server exited during startup with {status}\n{}",
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            match self.ping(Duration::from_secs(1)).await {
-                Ok(()) => return Ok(()),
-                Err(error) => last_error = error,
-            }
-            if tokio::time::Instant::now() >= end {
-                bail!(
-                    "clickhouse-server did not answer /ping within \
-                     {CLICKHOUSE_READY_DEADLINE:?}: {last_error:#}\n{}",
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (http, url) = (self.http.clone(), self.http_url());
+        self.process
+            .wait_ready("clickhouse-server", CLICKHOUSE_READY_DEADLINE, || {
+                ping(&http, &url, Duration::from_secs(1))
+            })
+            .await
     }
 
     /// `GET /ping` within `timeout`; Ok when it answers `Ok.`.
     pub async fn ping(&self, timeout: Duration) -> Result<()> {
-        let response = self
-            .http
-            .get(format!("{}/ping", self.http_url()))
-            .timeout(timeout)
-            .send()
-            .await
-            .context("GET /ping")?;
-        let status = response.status();
-        let body = response.text().await.context("reading /ping")?;
-        if status.is_success() && body.trim() == "Ok." {
-            Ok(())
-        } else {
-            bail!("/ping answered {status}: {body:?}")
-        }
+        ping(&self.http, &self.http_url(), timeout).await
     }
 
     /// Runs one statement as the `default` user and returns the response body. An
@@ -311,6 +282,23 @@ pub fn binary() -> Result<PathBuf> {
          on PATH): run `apt-get install clickhouse-server clickhouse-client`, or set \
          {CLICKHOUSE_BIN_ENV}"
     )
+}
+
+/// `GET /ping` within `timeout`; Ok when it answers `Ok.`.
+async fn ping(http: &reqwest::Client, url: &str, timeout: Duration) -> Result<()> {
+    let response = http
+        .get(format!("{url}/ping"))
+        .timeout(timeout)
+        .send()
+        .await
+        .context("GET /ping")?;
+    let status = response.status();
+    let body = response.text().await.context("reading /ping")?;
+    if status.is_success() && body.trim() == "Ok." {
+        Ok(())
+    } else {
+        bail!("/ping answered {status}: {body:?}")
+    }
 }
 
 /// The first line of a statement, cut to 200 characters, for error messages.

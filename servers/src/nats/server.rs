@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use super::flavor::{version_of, NatsFlavor};
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE, ERROR_LOG_LINES};
+use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
 
 /// How long a (re)started server gets to answer its health check.
 pub const NATS_READY_DEADLINE: Duration = Duration::from_secs(30);
@@ -112,66 +112,16 @@ impl NatsServer {
     /// Polls the monitoring endpoint until the server is healthy with JetStream on,
     /// failing early (with the log tail) if the process exits.
     async fn wait_ready(&mut self) -> Result<()> {
-        let end = tokio::time::Instant::now() + NATS_READY_DEADLINE;
-        let mut last_error = anyhow!("no health check finished");
-        loop {
-            if let Some(status) = self.process.exit_status() {
-                bail!(
-                    "nats-server ({}) exited during startup with {status}\n{}",
-                    self.version,
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            match self.check_health().await {
-                Ok(()) => return Ok(()),
-                Err(error) => last_error = error,
-            }
-            if tokio::time::Instant::now() >= end {
-                bail!(
-                    "nats-server ({}) not healthy within {NATS_READY_DEADLINE:?}: {last_error:#}\n{}",
-                    self.version,
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// `/healthz` answers ok (which, with JetStream on, includes its streams having
-    /// recovered) and `/jsz` shows a JetStream configuration.
-    async fn check_health(&self) -> Result<()> {
-        let response = self
-            .http
-            .get(format!("{}/healthz", self.monitor_url()))
-            .send()
+        let what = format!("nats-server {}", self.version);
+        let (http, monitor) = (self.http.clone(), self.monitor_url());
+        self.process
+            .wait_ready(&what, NATS_READY_DEADLINE, || check_health(&http, &monitor))
             .await
-            .context("GET /healthz")?;
-        let status = response.status();
-        let body = response.text().await.context("reading /healthz")?;
-        if !status.is_success() {
-            bail!("/healthz answered {status}: {body}");
-        }
-        let jsz = self.jsz().await?;
-        if jsz.get("config").is_none() {
-            bail!("JetStream is not enabled: /jsz answered {jsz}");
-        }
-        Ok(())
     }
 
     /// The JetStream report from the monitoring endpoint (`/jsz`).
     pub async fn jsz(&self) -> Result<serde_json::Value> {
-        let response = self
-            .http
-            .get(format!("{}/jsz", self.monitor_url()))
-            .send()
-            .await
-            .context("GET /jsz")?;
-        let status = response.status();
-        let body = response.text().await.context("reading /jsz")?;
-        if !status.is_success() {
-            bail!("/jsz answered {status}: {body}");
-        }
-        serde_json::from_str(&body).with_context(|| format!("/jsz is not JSON: {body}"))
+        jsz(&self.http, &self.monitor_url()).await
     }
 
     /// A stream's state from the monitoring endpoint (`/jsz?streams=true`): the
@@ -305,4 +255,39 @@ impl NatsServer {
     pub fn process_mut(&mut self) -> &mut ManagedProcess {
         &mut self.process
     }
+}
+
+/// `/healthz` answers ok (which, with JetStream on, includes its streams having
+/// recovered) and `/jsz` shows a JetStream configuration.
+async fn check_health(http: &reqwest::Client, monitor_url: &str) -> Result<()> {
+    let response = http
+        .get(format!("{monitor_url}/healthz"))
+        .send()
+        .await
+        .context("GET /healthz")?;
+    let status = response.status();
+    let body = response.text().await.context("reading /healthz")?;
+    if !status.is_success() {
+        bail!("/healthz answered {status}: {body}");
+    }
+    let jsz = jsz(http, monitor_url).await?;
+    if jsz.get("config").is_none() {
+        bail!("JetStream is not enabled: /jsz answered {jsz}");
+    }
+    Ok(())
+}
+
+/// `GET /jsz`, parsed.
+async fn jsz(http: &reqwest::Client, monitor_url: &str) -> Result<serde_json::Value> {
+    let response = http
+        .get(format!("{monitor_url}/jsz"))
+        .send()
+        .await
+        .context("GET /jsz")?;
+    let status = response.status();
+    let body = response.text().await.context("reading /jsz")?;
+    if !status.is_success() {
+        bail!("/jsz answered {status}: {body}");
+    }
+    serde_json::from_str(&body).with_context(|| format!("/jsz is not JSON: {body}"))
 }

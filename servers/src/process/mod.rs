@@ -11,6 +11,7 @@
 //! `try_wait`, and `Drop` can reap synchronously, which tokio's child cannot do.
 
 mod logs;
+mod ready;
 mod spawn;
 mod spec;
 
