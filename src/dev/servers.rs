@@ -7,6 +7,7 @@
 //! them in order) and armed to die with this process should it be killed outright.
 
 use anyhow::{anyhow, bail, Result};
+use sluice_servers::process::on_path;
 use sluice_servers::{clickhouse, nats, NatsFlavor};
 
 const NATS_INSTALL: &str = "install it with `apt-get install nats-server` (Debian, Ubuntu) or \
@@ -58,11 +59,4 @@ pub fn check_clickhouse() -> Result<()> {
             clickhouse::CLICKHOUSE_DEBIAN_BIN,
         ),
     }
-}
-
-fn on_path(name: &str) -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
 }

@@ -10,8 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use tempfile::TempDir;
 
 use super::config::{self, Ports, DEFAULT_USER};
+use super::replication::Replication;
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
+use crate::process::{on_path, ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
 
 /// Runs this binary instead of Debian's `/usr/sbin/clickhouse-server`. A binary named
 /// `clickhouse` (the current all-in-one build) is run as `clickhouse server`.
@@ -38,20 +39,46 @@ pub struct ClickHouseServer {
     binary: PathBuf,
     ports: Ports,
     http: reqwest::Client,
+    replication: Option<Replication>,
     dir: TempDir,
+}
+
+/// How to start a clickhouse-server; the default is what [`ClickHouseServer::start`]
+/// does.
+#[derive(Clone, Debug, Default)]
+pub struct ClickHouseOptions {
+    /// A ZooKeeper root and macros, so that Replicated tables can be created.
+    pub replication: Option<Replication>,
+}
+
+// === impl ClickHouseOptions ===
+
+impl ClickHouseOptions {
+    pub fn replicated(mut self, replication: Replication) -> Self {
+        self.replication = Some(replication);
+        self
+    }
 }
 
 // === impl ClickHouseServer ===
 
 impl ClickHouseServer {
-    /// Starts clickhouse-server with the harness's config and waits for `/ping`.
+    /// Starts clickhouse-server with this crate's config and waits for `/ping`.
     pub async fn start() -> Result<Self> {
+        Self::start_with(ClickHouseOptions::default()).await
+    }
+
+    /// Like [`ClickHouseServer::start`], with `options`.
+    pub async fn start_with(options: ClickHouseOptions) -> Result<Self> {
         let binary = binary()?;
         let mut dir = tempfile::Builder::new()
             .prefix("sluice-clickhouse-")
             .tempdir()
             .context("creating a temp dir for clickhouse-server")?;
         let http = crate::http::loopback_client(EXEC_TIMEOUT)?;
+        if let Some(replication) = &options.replication {
+            replication.write(dir.path())?;
+        }
 
         let mut last_error = anyhow!("clickhouse-server was not started");
         for _ in 0..PORT_ATTEMPTS {
@@ -76,6 +103,7 @@ impl ClickHouseServer {
                 binary: binary.clone(),
                 ports,
                 http: http.clone(),
+                replication: options.replication.clone(),
                 dir,
             };
             match server.wait_ready().await {
@@ -199,6 +227,11 @@ impl ClickHouseServer {
         &self.binary
     }
 
+    /// The ZooKeeper root and macros it was started with, if any.
+    pub fn replication(&self) -> Option<&Replication> {
+        self.replication.as_ref()
+    }
+
     // --- lifecycle ---
 
     /// Graceful stop (SIGTERM, then SIGKILL after 10 s). Tables stay.
@@ -265,17 +298,11 @@ pub fn binary() -> Result<PathBuf> {
     if debian.is_file() {
         return Ok(debian);
     }
-    let on_path = env::var_os("PATH")
-        .map(|path| env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default();
-    for name in ["clickhouse-server", "clickhouse"] {
-        if let Some(found) = on_path
-            .iter()
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-        {
-            return Ok(found);
-        }
+    if let Some(found) = ["clickhouse-server", "clickhouse"]
+        .into_iter()
+        .find_map(on_path)
+    {
+        return Ok(found);
     }
     bail!(
         "clickhouse-server is not installed ({CLICKHOUSE_DEBIAN_BIN} is missing and none is \

@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
-pub use spec::ProcessSpec;
+pub use spec::{on_path, ProcessSpec};
 
 /// How often an exit is checked for while waiting.
 const EXIT_POLL: Duration = Duration::from_millis(10);

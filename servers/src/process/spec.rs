@@ -108,3 +108,12 @@ impl ProcessSpec {
         line
     }
 }
+
+/// The first file called `name` in a directory of `PATH`, for finding a server's binary
+/// where its package did not put it.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
