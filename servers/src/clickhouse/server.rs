@@ -3,16 +3,15 @@
 use std::env;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use tempfile::TempDir;
 
 use super::config::{self, Ports, DEFAULT_USER};
 use super::replication::Replication;
 use crate::ports::free_port;
-use crate::process::{on_path, ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
+use crate::process::{on_path, server_lifecycle, start_ready, ManagedProcess, ProcessSpec};
 
 /// Runs this binary instead of Debian's `/usr/sbin/clickhouse-server`. A binary named
 /// `clickhouse` (the current all-in-one build) is run as `clickhouse server`.
@@ -26,9 +25,6 @@ pub const CLICKHOUSE_READY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How long one statement run through [`ClickHouseServer::exec`] may take.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Attempts with fresh ports when another process took ours between probe and bind.
-const PORT_ATTEMPTS: usize = 3;
 
 /// A running clickhouse-server whose data lives in a temp dir removed on drop (after
 /// the process is killed).
@@ -71,7 +67,7 @@ impl ClickHouseServer {
     /// Like [`ClickHouseServer::start`], with `options`.
     pub async fn start_with(options: ClickHouseOptions) -> Result<Self> {
         let binary = binary()?;
-        let mut dir = tempfile::Builder::new()
+        let dir = tempfile::Builder::new()
             .prefix("sluice-clickhouse-")
             .tempdir()
             .context("creating a temp dir for clickhouse-server")?;
@@ -80,8 +76,7 @@ impl ClickHouseServer {
             replication.write(dir.path())?;
         }
 
-        let mut last_error = anyhow!("clickhouse-server was not started");
-        for _ in 0..PORT_ATTEMPTS {
+        let prepare = || {
             let ports = Ports {
                 http: free_port()?,
                 tcp: free_port()?,
@@ -91,40 +86,35 @@ impl ClickHouseServer {
             if binary.file_name().is_some_and(|name| name == "clickhouse") {
                 spec = spec.arg("server");
             }
-            let spec = spec
+            spec = spec
                 .arg(format!("--config-file={}", config.display()))
                 .current_dir(dir.path());
-            let mut process = ManagedProcess::start(spec, dir.path().join("log"))?;
             for path in config::log_files(dir.path()) {
-                process.add_log_file(path);
+                spec = spec.log_file(path);
             }
-            let mut server = Self {
-                process,
-                binary: binary.clone(),
-                ports,
-                http: http.clone(),
-                replication: options.replication.clone(),
-                dir,
-            };
-            match server.wait_ready().await {
-                Ok(()) => return Ok(server),
-                Err(error) => {
-                    let port_taken = server.process.logs_contain("Address already in use");
-                    last_error = error;
-                    let _ = server.process.kill9().await;
-                    if !port_taken {
-                        break;
-                    }
-                    tracing::warn!("clickhouse-server's port was taken; retrying with new ports");
-                    let Self {
-                        process, dir: kept, ..
-                    } = server;
-                    drop(process);
-                    dir = kept;
-                }
-            }
-        }
-        Err(last_error)
+            Ok((spec, ports))
+        };
+        let check = |ports: &Ports| {
+            let (http, url) = (http.clone(), http_url(ports.http));
+            async move { ping(&http, &url, Duration::from_secs(1)).await }
+        };
+        let logs = dir.path().join("log");
+        let (process, ports) = start_ready(
+            "clickhouse-server",
+            &logs,
+            CLICKHOUSE_READY_DEADLINE,
+            prepare,
+            check,
+        )
+        .await?;
+        Ok(Self {
+            process,
+            binary,
+            ports,
+            http,
+            replication: options.replication,
+            dir,
+        })
     }
 
     /// Polls `/ping` until it answers `Ok.`, failing early (with the log tail) if the
@@ -201,7 +191,7 @@ impl ClickHouseServer {
 
     /// `http://127.0.0.1:HTTP_PORT`.
     pub fn http_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.ports.http)
+        http_url(self.ports.http)
     }
 
     /// The HTTP interface's address, e.g. as the upstream of a fault proxy.
@@ -234,55 +224,7 @@ impl ClickHouseServer {
 
     // --- lifecycle ---
 
-    /// Graceful stop (SIGTERM, then SIGKILL after 10 s). Tables stay.
-    pub async fn stop(&mut self) -> Result<ExitStatus> {
-        self.process.stop(DEFAULT_STOP_GRACE).await
-    }
-
-    /// SIGKILL: a crash.
-    pub async fn kill9(&mut self) -> Result<ExitStatus> {
-        self.process.kill9().await
-    }
-
-    /// Starts the stopped or killed server again on the same ports and data, and waits
-    /// for `/ping`.
-    pub async fn start_again(&mut self) -> Result<()> {
-        self.process.start_again()?;
-        self.wait_ready().await
-    }
-
-    /// Stops (gracefully) if running, then starts again on the same ports and data.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.stop().await?;
-        self.start_again().await
-    }
-
-    /// Freezes the server: connections are accepted by the kernel, nothing answers.
-    pub async fn sigstop(&mut self) -> Result<()> {
-        self.process.sigstop().await
-    }
-
-    pub async fn sigcont(&mut self) -> Result<()> {
-        self.process.sigcont().await
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
-    /// The last `lines` lines of stdout, stderr, server.log and err.log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
-    }
-
-    /// The underlying child, for anything not wrapped here.
-    pub fn process_mut(&mut self) -> &mut ManagedProcess {
-        &mut self.process
-    }
+    server_lifecycle!();
 }
 
 /// The binary to run: the override, Debian's, or one on `PATH`.
@@ -309,6 +251,10 @@ pub fn binary() -> Result<PathBuf> {
          on PATH): run `apt-get install clickhouse-server clickhouse-client`, or set \
          {CLICKHOUSE_BIN_ENV}"
     )
+}
+
+fn http_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
 }
 
 /// `GET /ping` within `timeout`; Ok when it answers `Ok.`.

@@ -3,7 +3,6 @@
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,13 +10,10 @@ use tempfile::TempDir;
 
 use super::flavor::{version_of, NatsFlavor};
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
+use crate::process::{server_lifecycle, start_ready, ManagedProcess, ProcessSpec};
 
 /// How long a (re)started server gets to answer its health check.
 pub const NATS_READY_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Attempts with fresh ports when another process took ours between probe and bind.
-const PORT_ATTEMPTS: usize = 3;
 
 /// A running nats-server with JetStream, its store in a temp dir that is removed when
 /// this is dropped (after the process is killed).
@@ -52,17 +48,15 @@ impl NatsServer {
         let binary = flavor.binary()?;
         let version = version_of(&binary)?;
         let extra: Vec<OsString> = extra_args.into_iter().map(Into::into).collect();
-        let mut dir = tempfile::Builder::new()
+        let dir = tempfile::Builder::new()
             .prefix("sluice-nats-")
             .tempdir()
             .context("creating a temp dir for nats-server")?;
         let store_dir = dir.path().join("store");
         let http = crate::http::loopback_client(Duration::from_secs(2))?;
 
-        let mut last_error = anyhow!("nats-server was not started");
-        for _ in 0..PORT_ATTEMPTS {
-            let port = free_port()?;
-            let monitor_port = free_port()?;
+        let prepare = || {
+            let (port, monitor_port) = (free_port()?, free_port()?);
             let spec = ProcessSpec::new(&binary)
                 .name("nats-server")
                 .args(["-js", "-a", "127.0.0.1"])
@@ -73,40 +67,27 @@ impl NatsServer {
                 .arg("-sd")
                 .arg(&store_dir)
                 .args(&extra);
-            let process = ManagedProcess::start(spec, dir.path().join("logs"))?;
-            let mut server = Self {
-                process,
-                flavor: flavor.clone(),
-                binary: binary.clone(),
-                version: version.clone(),
-                port,
-                monitor_port,
-                store_dir: store_dir.clone(),
-                http: http.clone(),
-                dir,
-            };
-            match server.wait_ready().await {
-                Ok(()) => return Ok(server),
-                Err(error) => {
-                    let port_taken = server.process.logs_contain("address already in use");
-                    last_error = error;
-                    // Take the dir back for the next attempt; the process is killed.
-                    let _ = server.process.kill9().await;
-                    if !port_taken {
-                        break;
-                    }
-                    tracing::warn!("nats-server's port was taken; retrying with new ports");
-                    dir = server.into_dir();
-                }
-            }
-        }
-        Err(last_error)
-    }
-
-    fn into_dir(self) -> TempDir {
-        let Self { process, dir, .. } = self;
-        drop(process);
-        dir
+            Ok((spec, (port, monitor_port)))
+        };
+        let check = |&(_, monitor_port): &(u16, u16)| {
+            let http = http.clone();
+            async move { check_health(&http, &monitor_url(monitor_port)).await }
+        };
+        let what = format!("nats-server {version}");
+        let logs = dir.path().join("logs");
+        let (process, (port, monitor_port)) =
+            start_ready(&what, &logs, NATS_READY_DEADLINE, prepare, check).await?;
+        Ok(Self {
+            process,
+            flavor,
+            binary,
+            version,
+            port,
+            monitor_port,
+            store_dir,
+            http,
+            dir,
+        })
     }
 
     /// Polls the monitoring endpoint until the server is healthy with JetStream on,
@@ -178,7 +159,7 @@ impl NatsServer {
 
     /// `http://127.0.0.1:MONITOR_PORT`, the monitoring endpoint.
     pub fn monitor_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.monitor_port)
+        monitor_url(self.monitor_port)
     }
 
     /// The JetStream store directory (`-sd`), kept across restarts.
@@ -206,55 +187,11 @@ impl NatsServer {
 
     // --- lifecycle ---
 
-    /// Graceful stop (SIGTERM, then SIGKILL after 10 s). The store stays.
-    pub async fn stop(&mut self) -> Result<ExitStatus> {
-        self.process.stop(DEFAULT_STOP_GRACE).await
-    }
+    server_lifecycle!();
+}
 
-    /// SIGKILL: a crash. The store stays as the crash left it.
-    pub async fn kill9(&mut self) -> Result<ExitStatus> {
-        self.process.kill9().await
-    }
-
-    /// Starts the stopped or killed server again on the same ports and store, and
-    /// waits until it is healthy.
-    pub async fn start_again(&mut self) -> Result<()> {
-        self.process.start_again()?;
-        self.wait_ready().await
-    }
-
-    /// Stops (gracefully) if running, then starts again on the same ports and store.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.stop().await?;
-        self.start_again().await
-    }
-
-    /// Freezes the server: connections stay open, nothing is answered.
-    pub async fn sigstop(&mut self) -> Result<()> {
-        self.process.sigstop().await
-    }
-
-    pub async fn sigcont(&mut self) -> Result<()> {
-        self.process.sigcont().await
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
-    /// The last `lines` lines of the server's output.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
-    }
-
-    /// The underlying child, for anything not wrapped here.
-    pub fn process_mut(&mut self) -> &mut ManagedProcess {
-        &mut self.process
-    }
+fn monitor_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
 }
 
 /// `/healthz` answers ok (which, with JetStream on, includes its streams having

@@ -10,6 +10,7 @@
 //! `std::process::Child` is used rather than tokio's: waiting is a short poll of
 //! `try_wait`, and `Drop` can reap synchronously, which tokio's child cannot do.
 
+mod lifecycle;
 mod logs;
 mod ready;
 mod spawn;
@@ -24,6 +25,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
+pub(crate) use lifecycle::server_lifecycle;
+pub use ready::start_ready;
 pub use spec::{on_path, ProcessSpec};
 
 /// How often an exit is checked for while waiting.
@@ -42,8 +45,6 @@ pub struct ManagedProcess {
     log_dir: PathBuf,
     stdout: PathBuf,
     stderr: PathBuf,
-    /// Log files the program writes itself (ClickHouse's server.log), shown in tails.
-    extra_logs: Vec<PathBuf>,
     child: Option<Child>,
     last_exit: Option<ExitStatus>,
     starts: u32,
@@ -65,7 +66,6 @@ impl ManagedProcess {
             log_dir,
             stdout,
             stderr,
-            extra_logs: Vec::new(),
             child: None,
             last_exit: None,
             starts: 0,
@@ -297,15 +297,10 @@ impl ManagedProcess {
         &self.stderr
     }
 
-    /// Adds a log file the program writes itself, so tails and searches include it.
-    pub fn add_log_file(&mut self, path: impl AsRef<Path>) {
-        self.extra_logs.push(path.as_ref().to_path_buf());
-    }
-
     fn log_files(&self) -> impl Iterator<Item = &PathBuf> {
         [&self.stdout, &self.stderr]
             .into_iter()
-            .chain(self.extra_logs.iter())
+            .chain(self.spec.log_files.iter())
     }
 
     /// The last `lines` lines of each log file, each under a heading with its path.
@@ -313,7 +308,7 @@ impl ManagedProcess {
     pub fn log_tail(&self, lines: usize) -> String {
         let mut out = format!("--- logs of {} ---", self.spec.name);
         for path in self.log_files() {
-            if !path.exists() && self.extra_logs.contains(path) {
+            if !path.exists() && self.spec.log_files.contains(path) {
                 continue;
             }
             let text = logs::tail(path, lines);

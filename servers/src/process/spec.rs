@@ -13,6 +13,8 @@ pub struct ProcessSpec {
     pub(crate) env: Vec<(OsString, OsString)>,
     pub(crate) env_remove: Vec<OsString>,
     pub(crate) current_dir: Option<PathBuf>,
+    /// Log files the program writes itself (ClickHouse's server.log), shown in tails.
+    pub(crate) log_files: Vec<PathBuf>,
 }
 
 // === impl ProcessSpec ===
@@ -32,6 +34,7 @@ impl ProcessSpec {
             env: Vec::new(),
             env_remove: Vec::new(),
             current_dir: None,
+            log_files: Vec::new(),
         }
     }
 
@@ -83,6 +86,12 @@ impl ProcessSpec {
 
     pub fn current_dir(mut self, dir: impl AsRef<Path>) -> Self {
         self.current_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// A log file the program writes itself, so that tails and searches include it.
+    pub fn log_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.log_files.push(path.as_ref().to_path_buf());
         self
     }
 

@@ -2,24 +2,20 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use tempfile::TempDir;
 
 use super::client;
 use super::install::Installation;
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE};
+use crate::process::{server_lifecycle, start_ready, ManagedProcess, ProcessSpec};
 
 /// How long a (re)started ZooKeeper gets to serve: a JVM start, about half a second on
 /// an idle 2-core machine and several times that under a parallel build.
 pub const ZOOKEEPER_READY_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Attempts with a fresh port when another process took ours between probe and bind.
-const PORT_ATTEMPTS: usize = 3;
 
 /// Roots handed out by [`ZooKeeper::new_root`] in this process.
 static ROOTS: AtomicU64 = AtomicU64::new(0);
@@ -50,46 +46,30 @@ impl ZooKeeper {
     /// Starts ZooKeeper from Debian's package and waits until it serves clients.
     pub async fn start() -> Result<Self> {
         let install = Installation::find()?;
-        let mut dir = tempfile::Builder::new()
+        let dir = tempfile::Builder::new()
             .prefix("sluice-zookeeper-")
             .tempdir()
             .context("creating a temp dir for ZooKeeper")?;
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
 
-        let mut last_error = anyhow!("ZooKeeper was not started");
-        for _ in 0..PORT_ATTEMPTS {
+        let prepare = || {
             let port = free_port()?;
             let config = dir.path().join("zoo.cfg");
             std::fs::write(&config, zoo_cfg(&data, port))
                 .with_context(|| format!("writing {}", config.display()))?;
-            let spec = server_spec(&install, &config);
-            let process = ManagedProcess::start(spec, dir.path().join("logs"))?;
-            let mut server = Self {
-                process,
-                install: install.clone(),
-                port,
-                dir,
-            };
-            match server.wait_ready().await {
-                Ok(()) => return Ok(server),
-                Err(error) => {
-                    let port_taken = server.process.logs_contain("Address already in use");
-                    last_error = error;
-                    let _ = server.process.kill9().await;
-                    if !port_taken {
-                        break;
-                    }
-                    tracing::warn!("ZooKeeper's port was taken; retrying with a new port");
-                    let Self {
-                        process, dir: kept, ..
-                    } = server;
-                    drop(process);
-                    dir = kept;
-                }
-            }
-        }
-        Err(last_error)
+            Ok((server_spec(&install, &config), port))
+        };
+        let check = |&port: &u16| client::serving(loopback(port));
+        let logs = dir.path().join("logs");
+        let (process, port) =
+            start_ready("zookeeper", &logs, ZOOKEEPER_READY_DEADLINE, prepare, check).await?;
+        Ok(Self {
+            process,
+            install,
+            port,
+            dir,
+        })
     }
 
     /// Polls `srvr` until the server serves, failing early (with the log tail) if the
@@ -135,7 +115,7 @@ impl ZooKeeper {
 
     /// `127.0.0.1:PORT`, the client port.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        loopback(self.port)
     }
 
     pub fn port(&self) -> u16 {
@@ -149,50 +129,11 @@ impl ZooKeeper {
 
     // --- lifecycle ---
 
-    /// Graceful stop (SIGTERM, then SIGKILL after 10 s). The data stays.
-    pub async fn stop(&mut self) -> Result<ExitStatus> {
-        self.process.stop(DEFAULT_STOP_GRACE).await
-    }
+    server_lifecycle!();
+}
 
-    /// SIGKILL: a crash.
-    pub async fn kill9(&mut self) -> Result<ExitStatus> {
-        self.process.kill9().await
-    }
-
-    /// Starts the stopped or killed server again on the same port and data, and waits
-    /// until it serves.
-    pub async fn start_again(&mut self) -> Result<()> {
-        self.process.start_again()?;
-        self.wait_ready().await
-    }
-
-    /// Freezes the server: connections are accepted by the kernel, nothing answers,
-    /// and ClickHouse's session expires after its timeout.
-    pub async fn sigstop(&mut self) -> Result<()> {
-        self.process.sigstop().await
-    }
-
-    pub async fn sigcont(&mut self) -> Result<()> {
-        self.process.sigcont().await
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
-    /// The last `lines` lines of the server's output.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
-    }
-
-    /// The underlying child, for anything not wrapped here.
-    pub fn process_mut(&mut self) -> &mut ManagedProcess {
-        &mut self.process
-    }
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 /// The JVM kept small and quick to start: one GC thread set, the client compiler only,
