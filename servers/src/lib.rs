@@ -15,7 +15,7 @@
 //! - [`free_port`] / [`free_addr`]: loopback ports outside the kernel's ephemeral range.
 //! - [`wait_until`] / [`wait_for`]: poll a condition with a deadline instead of sleeping.
 //!
-//! Everything listens on 127.0.0.1 only. Nothing here is test-only: the fault proxy,
+//! Everything listens on 127.0.0.1 only. No test tooling lives here: the fault proxy,
 //! the chaos tools and whole test stacks live in `sluice-harness`, which re-exports
 //! every name of this crate.
 

@@ -1,11 +1,12 @@
-//! A managed child process: the one way the harness runs anything.
+//! A managed child process: the one way a server (or, in the test harness, a Sluice
+//! under test) is run.
 //!
 //! Every server and every Sluice under test is one of these. Output goes to files (a
 //! pipe nobody reads would fill and block the child); the child is forked so that it
-//! dies with the test process (see [`spawn`]); dropping the handle kills *and reaps*
-//! it, so a failed or panicking test leaves neither a process nor a zombie. The
-//! recipe is kept, so a stopped or killed child starts again with the same arguments,
-//! which is how a restarted server finds its ports and its data again.
+//! dies with the process that started it (see [`spawn`]); dropping the handle kills
+//! *and reaps* it, so a failed or panicking test leaves neither a process nor a zombie.
+//! The recipe is kept, so a stopped or killed child starts again with the same
+//! arguments, which is how a restarted server finds its ports and its data again.
 //!
 //! `std::process::Child` is used rather than tokio's: waiting is a short poll of
 //! `try_wait`, and `Drop` can reap synchronously, which tokio's child cannot do.
