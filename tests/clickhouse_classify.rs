@@ -60,6 +60,7 @@ fn request(table: &str, rows: &[&str], skip_unknown_fields: bool) -> InsertReque
         body: Bytes::from(body),
         rows: rows.len(),
         skip_unknown_fields,
+        dedup_token: None,
     }
 }
 

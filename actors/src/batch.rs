@@ -467,8 +467,20 @@ mod tests {
             texts(lines(&b("{\"a\":1}\r\n\n  \n{\"a\":2}"))),
             vec![r#"{"a":1}"#, r#"{"a":2}"#]
         );
-        assert_eq!(texts(lines(&b(""))), vec![""], "an empty message is one row");
-        for text in ["{}", "{}\n", "{}\n{}", "{}\n\n{}\n", " \n", "", "{}\r\n{}\r\n"] {
+        assert_eq!(
+            texts(lines(&b(""))),
+            vec![""],
+            "an empty message is one row"
+        );
+        for text in [
+            "{}",
+            "{}\n",
+            "{}\n{}",
+            "{}\n\n{}\n",
+            " \n",
+            "",
+            "{}\r\n{}\r\n",
+        ] {
             assert_eq!(
                 row_count(text.as_bytes()),
                 lines(&b(text)).len(),

@@ -81,9 +81,7 @@ impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
             body: self.batch.slice(lo, hi),
             rows: hi - lo,
             skip_unknown_fields: self.skip_unknown_fields,
-            dedup_token: self
-                .manifest
-                .map(|m| m.token_of(lo, hi, self.batch.rows())),
+            dedup_token: self.manifest.map(|m| m.token_of(lo, hi, self.batch.rows())),
         };
         let started = Instant::now();
         let out = self

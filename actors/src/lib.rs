@@ -52,9 +52,9 @@ pub mod table;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
+pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
-pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use ports::{
     Class, Dedup, Delivery, DeliveryMeta, InsertError, InsertRequest, Inserter, ManifestStore,
     Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, StoreError,

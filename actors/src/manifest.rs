@@ -146,10 +146,7 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.messages, vec![3, 5, 7, 9]);
         assert!(a.id.starts_with("3-9-"), "{}", a.id);
-        assert!(a
-            .id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert!(a.id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
         // One message more or less is another batch, with another token.
         let c = Manifest::new(key(), vec![3, 5, 7]);
         let d = Manifest::new(key(), vec![3, 5, 7, 9, 11]);

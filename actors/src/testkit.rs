@@ -553,7 +553,12 @@ impl Inserter for ScriptedInserter {
         let exactly_once = self.dedup.load(Ordering::Relaxed);
         Ok(Dedup {
             exactly_once,
-            why: if exactly_once { "scripted: deduplicates" } else { "scripted: does not deduplicate" }.into(),
+            why: if exactly_once {
+                "scripted: deduplicates"
+            } else {
+                "scripted: does not deduplicate"
+            }
+            .into(),
         })
     }
 
@@ -705,7 +710,9 @@ impl FakeManifestStore {
 
     fn write_fails(&self) -> Result<(), StoreError> {
         if self.fail_writes.load(Ordering::Relaxed) {
-            Err(StoreError("the manifest bucket is unavailable (scripted)".into()))
+            Err(StoreError(
+                "the manifest bucket is unavailable (scripted)".into(),
+            ))
         } else {
             Ok(())
         }
@@ -751,14 +758,14 @@ impl ManifestStore for FakeManifestStore {
         stream_sequences: &'a [u64],
     ) -> futures::future::BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
         Box::pin(async move {
-            self.fetches.fetch_add(stream_sequences.len(), Ordering::Relaxed);
+            self.fetches
+                .fetch_add(stream_sequences.len(), Ordering::Relaxed);
             stream_sequences
                 .iter()
                 .map(|s| {
-                    self.ledger
-                        .payload(*s)
-                        .map(|(_, p)| p)
-                        .ok_or_else(|| StoreError(format!("message {s} is no longer in the stream")))
+                    self.ledger.payload(*s).map(|(_, p)| p).ok_or_else(|| {
+                        StoreError(format!("message {s} is no longer in the stream"))
+                    })
                 })
                 .collect()
         })

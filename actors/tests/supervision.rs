@@ -167,6 +167,7 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
         tenants: [("acme".to_string(), "main".to_string())].into(),
         tables: tables(2),
         settings: settings(),
+        manifests: None,
     })
     .await
     .unwrap();
@@ -260,10 +261,15 @@ async fn a_target_that_goes_down_while_idle_shows_as_down() {
         r.handle.tree_json()
     );
     assert!(r.main().probe_count() > probes);
-    assert_eq!(r.main().request_count(), 0, "no insert was needed to find out");
+    assert_eq!(
+        r.main().request_count(),
+        0,
+        "no insert was needed to find out"
+    );
     r.main().set_probe(None);
     assert!(
-        r.until(Duration::from_secs(10), |r| r.pool_state("main") == "closed")
+        r.until(Duration::from_secs(10), |r| r.pool_state("main")
+            == "closed")
             .await
     );
     // And while it answers, the idle probe is modest: about one per interval.

@@ -3,7 +3,9 @@
 //! - [`NatsServer`]: `nats-server -js` (Debian's 2.9.10 or a current one, see
 //!   [`NatsFlavor`]) on free loopback ports, its store in a temp dir.
 //! - [`ClickHouseServer`]: `clickhouse-server` with users `default`, `ingest` and
-//!   `query` (read-only), on free loopback ports, its data in a temp dir.
+//!   `query` (read-only), on free loopback ports, its data in a temp dir; started with
+//!   a [`Replication`] (a [`ZooKeeper`] root and macros) it holds Replicated tables,
+//!   the only ones that deduplicate inserts on 18.16 ([`create_replicated_like`]).
 //! - [`FaultProxy`]: an HTTP proxy between Sluice and ClickHouse that passes through,
 //!   refuses, resets, stalls or answers anything, per request and scriptable.
 //! - [`SluiceProcess`] / [`ManagedProcess`]: any child (servers included) that can be
@@ -20,28 +22,27 @@
 
 pub mod browser;
 pub mod chaos;
-pub mod clickhouse;
-mod http;
-pub mod nats;
-pub mod ports;
-pub mod process;
 pub mod prom;
 pub mod proxy;
 mod skip;
 mod sluice;
 mod stack;
-mod wait;
+mod tables;
 
-pub use clickhouse::{
-    ClickHouseServer, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+// The servers and the process manager live in `sluice-servers` (so the `sluice` binary
+// can start them without linking this crate); every name stays reachable from here.
+use sluice_servers::http;
+pub use sluice_servers::{clickhouse, nats, ports, process, zookeeper};
+pub use sluice_servers::{
+    free_addr, free_port, http_client_builder, loopback_client, process_exists, wait_for,
+    wait_until, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsFlavor, NatsServer,
+    ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER,
+    QUERY_PASSWORD, QUERY_USER,
 };
-pub use http::{http_client_builder, loopback_client};
-pub use nats::{NatsFlavor, NatsServer};
-pub use ports::{free_addr, free_port};
-pub use process::{process_exists, ManagedProcess, ProcessSpec};
+
 pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;
 pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
-pub use wait::{wait_for, wait_until};
+pub use tables::create_replicated_like;

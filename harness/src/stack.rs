@@ -18,13 +18,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::clickhouse::ClickHouseServer;
+use crate::clickhouse::{ClickHouseOptions, ClickHouseServer, Replication};
 use crate::nats::{NatsFlavor, NatsServer};
 use crate::ports::free_port;
 use crate::process::ProcessSpec;
 use crate::proxy::FaultProxy;
 use crate::sluice::SluiceProcess;
-use crate::wait::wait_for;
+use crate::wait_for;
+use crate::zookeeper::ZooKeeper;
 
 /// The tenant every stack defines, with auth off (`X-Tenant`).
 pub const TENANT: &str = "acme";
@@ -41,11 +42,19 @@ pub struct StackOptions {
     /// Extra nats-server arguments (e.g. `--auth <token>`; set the matching `[nats]`
     /// keys with [`Stack::set`]).
     pub nats_args: Vec<String>,
+    /// Start a ZooKeeper and give ClickHouse a root in it, so that Replicated tables
+    /// can be created ([`Stack::create_replicated_table`]).
+    pub zookeeper: bool,
 }
 
 impl StackOptions {
     pub fn with_proxy(mut self) -> Self {
         self.proxy = true;
+        self
+    }
+
+    pub fn with_zookeeper(mut self) -> Self {
+        self.zookeeper = true;
         self
     }
 
@@ -68,6 +77,8 @@ pub struct Stack {
     pub proxy: Option<FaultProxy>,
     pub nats: NatsServer,
     pub clickhouse: ClickHouseServer,
+    /// ClickHouse's ZooKeeper, with [`StackOptions::with_zookeeper`] (dropped after it).
+    pub zookeeper: Option<ZooKeeper>,
     /// The configuration written for the next `start_sluice`; edit with [`Stack::set`].
     pub config: toml::Table,
     pub api_port: u16,
@@ -86,9 +97,9 @@ impl Stack {
             Some(f) => f,
             None => NatsFlavor::from_env()?,
         };
-        let (nats, clickhouse) = tokio::try_join!(
+        let (nats, (clickhouse, zookeeper)) = tokio::try_join!(
             NatsServer::start_with_args(flavor, options.nats_args.clone()),
-            ClickHouseServer::start()
+            start_clickhouse(options.zookeeper)
         )?;
         let proxy = if options.proxy {
             Some(FaultProxy::start(clickhouse.http_addr()).await?)
@@ -113,6 +124,7 @@ impl Stack {
             proxy,
             nats,
             clickhouse,
+            zookeeper,
             config,
             api_port,
             admin_port,
@@ -457,6 +469,14 @@ impl Stack {
         self.clickhouse.count(table_or_sql).await
     }
 
+    /// Creates `table` as a `ReplicatedMergeTree` copy of the existing table `like`
+    /// (columns, partition and sorting key), for a stack started
+    /// [`StackOptions::with_zookeeper`]: the same rows sent to both show what
+    /// ClickHouse's insert deduplication dropped.
+    pub async fn create_replicated_table(&self, table: &str, like: &str) -> Result<()> {
+        crate::tables::create_replicated_like(&self.clickhouse, table, like).await
+    }
+
     /// Wait until a table holds at least `n` rows; returns the count seen.
     pub async fn wait_for_count(&self, table: &str, n: u64, deadline: Duration) -> Result<u64> {
         let ch = &self.clickhouse;
@@ -490,6 +510,20 @@ impl Stack {
             .cloned()
             .unwrap_or_default())
     }
+}
+
+/// ClickHouse, after its ZooKeeper (and a root of its own there) when asked for one.
+async fn start_clickhouse(zookeeper: bool) -> Result<(ClickHouseServer, Option<ZooKeeper>)> {
+    if !zookeeper {
+        return Ok((ClickHouseServer::start().await?, None));
+    }
+    let zookeeper = ZooKeeper::start().await?;
+    let root = zookeeper.new_root().await?;
+    let options = ClickHouseOptions::default().replicated(Replication::new(root));
+    Ok((
+        ClickHouseServer::start_with(options).await?,
+        Some(zookeeper),
+    ))
 }
 
 async fn admin_answer(

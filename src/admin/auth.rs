@@ -27,6 +27,8 @@ pub async fn require_token(
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
     match presented {
+        // In constant time (`Secret::matches`): how long a refusal takes tells nothing
+        // about how much of the token was right.
         Some(p) if token.matches(p) => next.run(request).await,
         Some(_) => (
             StatusCode::FORBIDDEN,

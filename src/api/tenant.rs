@@ -41,6 +41,9 @@ pub enum TenantError {
     InvalidTenantName(String),
     /// 404: a well-formed name no tenant has.
     UnknownTenant(String),
+    /// 400: `Authorization` or `X-Tenant` sent more than once. Taking the first would
+    /// let a client's own header win over one a proxy appends.
+    RepeatedHeader(&'static str),
 }
 
 impl TenantError {
@@ -50,9 +53,9 @@ impl TenantError {
                 StatusCode::UNAUTHORIZED
             }
             TenantError::UnknownToken => StatusCode::FORBIDDEN,
-            TenantError::MissingTenantHeader | TenantError::InvalidTenantName(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            TenantError::MissingTenantHeader
+            | TenantError::InvalidTenantName(_)
+            | TenantError::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
             TenantError::UnknownTenant(_) => StatusCode::NOT_FOUND,
         }
     }
@@ -94,6 +97,10 @@ impl fmt::Display for TenantError {
                 "X-Tenant {shown} is not a tenant name ([A-Za-z_][A-Za-z0-9_-]*)"
             ),
             TenantError::UnknownTenant(name) => write!(f, "no tenant named {name:?}"),
+            TenantError::RepeatedHeader(name) => write!(
+                f,
+                "the {name} header is sent more than once: send it once (which one counts would be a guess)"
+            ),
         }
     }
 }
@@ -143,8 +150,7 @@ impl TenantResolver {
     }
 
     fn by_token(&self, headers: &HeaderMap) -> Result<Tenant, TenantError> {
-        let value = headers
-            .get(header::AUTHORIZATION)
+        let value = once(headers, header::AUTHORIZATION.as_str(), "Authorization")?
             .ok_or(TenantError::MissingToken)?;
         let value = value
             .to_str()
@@ -168,9 +174,8 @@ impl TenantResolver {
     }
 
     fn by_header(&self, headers: &HeaderMap) -> Result<Tenant, TenantError> {
-        let value = headers
-            .get(TENANT_HEADER)
-            .ok_or(TenantError::MissingTenantHeader)?;
+        let value =
+            once(headers, TENANT_HEADER, "X-Tenant")?.ok_or(TenantError::MissingTenantHeader)?;
         let name = match value.to_str() {
             Ok(s) if is_tenant_name(s) => s,
             Ok(s) => return Err(TenantError::InvalidTenantName(shown(s))),
@@ -185,6 +190,20 @@ impl TenantResolver {
             name: tenant.name.clone(),
             target: tenant.target.clone(),
         })
+    }
+}
+
+/// The one value of a header that names the tenant; sent twice, it is refused.
+fn once<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+    shown: &'static str,
+) -> Result<Option<&'h HeaderValue>, TenantError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    match values.next() {
+        Some(_) => Err(TenantError::RepeatedHeader(shown)),
+        None => Ok(first),
     }
 }
 
@@ -275,6 +294,15 @@ token_env = "GLOBEX_TOKEN"
             (TenantError::UnknownToken, StatusCode::FORBIDDEN)
         );
         assert_eq!(e.www_authenticate(), None);
+        let mut twice = headers(&[("authorization", "Bearer t-acme")]);
+        twice.append(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t-globex"),
+        );
+        assert_eq!(
+            r.resolve(&twice).expect_err("twice"),
+            TenantError::RepeatedHeader("Authorization")
+        );
         // X-Tenant is not a credential in token mode.
         let e = r
             .resolve(&headers(&[("x-tenant", "acme")]))
@@ -310,6 +338,16 @@ token_env = "GLOBEX_TOKEN"
             (
                 TenantError::UnknownTenant("globex".into()),
                 StatusCode::NOT_FOUND
+            )
+        );
+        let mut twice = headers(&[("x-tenant", "acme-eu")]);
+        twice.append(TENANT_HEADER, HeaderValue::from_static("acme-eu"));
+        let e = r.resolve(&twice).expect_err("twice");
+        assert_eq!(
+            (e.clone(), e.status()),
+            (
+                TenantError::RepeatedHeader("X-Tenant"),
+                StatusCode::BAD_REQUEST
             )
         );
         let long = "a".repeat(300);

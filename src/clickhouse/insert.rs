@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::RngExt as _;
-use sluice_actors::{Class, InsertError, InsertRequest, Inserter, ServerInfo};
+use sluice_actors::{Class, Dedup, InsertError, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::classify::{self, MAX_ERROR_BODY};
@@ -110,8 +110,9 @@ impl HttpInserter {
         Ok(features)
     }
 
-    /// A small read on this target, with the ingest credentials.
-    async fn query(&self, sql: &str) -> Result<String, InsertError> {
+    /// A small read on this target, with the ingest credentials (the table catalog's
+    /// too, so it needs no HTTP client of its own).
+    pub async fn query(&self, sql: &str) -> Result<String, InsertError> {
         let request = self
             .authorized(self.client.post(&self.url))
             .timeout(self.insert_timeout)
@@ -178,6 +179,13 @@ impl Inserter for HttpInserter {
             return Ok(());
         }
         Err(failure(response).await)
+    }
+
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+        Ok(Dedup {
+            exactly_once: false,
+            why: "not asked yet".into(),
+        })
     }
 
     async fn probe(&self) -> Result<ServerInfo, InsertError> {

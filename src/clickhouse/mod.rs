@@ -1,6 +1,7 @@
 //! Everything that speaks to ClickHouse: the error classifier, the insert client and
 //! the query gateway.
 
+pub mod catalog;
 pub mod classify;
 pub mod http;
 pub mod insert;

@@ -77,12 +77,23 @@ const API_KEYS: &[(&str, Kind)] = &[
     ("max_request_bytes", Kind::Str),
     ("max_row_bytes", Kind::Str),
     ("retry_after", Kind::Str),
+    ("max_json_depth", Kind::Int),
+    ("max_tables_per_tenant", Kind::Int),
+    ("fd_reserve", Kind::Int),
+    ("header_timeout", Kind::Str),
+    ("body_timeout", Kind::Str),
+    ("idle_timeout", Kind::Str),
+    ("max_connections", Kind::Int),
 ];
 
 const ADMIN_KEYS: &[(&str, Kind)] = &[
     ("listen", Kind::Str),
     ("token_env", Kind::Str),
     ("fault_injection", Kind::Bool),
+    ("header_timeout", Kind::Str),
+    ("body_timeout", Kind::Str),
+    ("idle_timeout", Kind::Str),
+    ("max_connections", Kind::Int),
 ];
 
 const QUERY_KEYS: &[(&str, Kind)] = &[

@@ -226,6 +226,25 @@ pub struct ApiFile {
     pub max_row_bytes: Size,
     /// Answer 503 with this `Retry-After` when the queue is full or unreachable.
     pub retry_after: Span,
+    /// The deepest a row may nest arrays and objects (the row itself is level 1):
+    /// ClickHouse's JSON parser recurses, and a deep enough row crashes the server.
+    pub max_json_depth: usize,
+    /// Distinct tables one tenant may write to (per process): each has an actor and
+    /// metric series of its own.
+    pub max_tables_per_tenant: usize,
+    /// File descriptors kept free for NATS, ClickHouse and files, whatever the clients
+    /// of both listeners hold: the connection caps come from the limit minus this.
+    pub fd_reserve: usize,
+    /// From a request's first byte to the end of its headers.
+    pub header_timeout: Span,
+    /// From the end of a request's headers to the end of its body.
+    pub body_timeout: Span,
+    /// A connection with no request in progress, or whose answer its client does not
+    /// read, is closed after this.
+    pub idle_timeout: Span,
+    /// Connections open at once; further ones wait in the kernel's backlog. Unset: what
+    /// the descriptor limit leaves after `fd_reserve` and the admin listener's cap.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for ApiFile {
@@ -236,9 +255,21 @@ impl Default for ApiFile {
             max_request_bytes: Size(10 << 20),
             max_row_bytes: Size(1 << 20),
             retry_after: Span(std::time::Duration::from_secs(5)),
+            max_json_depth: 64,
+            max_tables_per_tenant: 500,
+            fd_reserve: 256,
+            header_timeout: HEADER_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            max_connections: None,
         }
     }
 }
+
+/// The timeouts both listeners start from.
+const HEADER_TIMEOUT: Span = Span(std::time::Duration::from_secs(10));
+const BODY_TIMEOUT: Span = Span(std::time::Duration::from_secs(30));
+const IDLE_TIMEOUT: Span = Span(std::time::Duration::from_secs(60));
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -259,6 +290,12 @@ pub struct AdminFile {
     /// Lets `POST /admin/debug/panic/...` inject an actor panic (chaos tests). Off in
     /// production.
     pub fault_injection: bool,
+    /// As under `[api]`.
+    pub header_timeout: Span,
+    pub body_timeout: Span,
+    pub idle_timeout: Span,
+    /// Probes, scrapes and an operator's page: a few connections are plenty.
+    pub max_connections: usize,
 }
 
 impl Default for AdminFile {
@@ -267,6 +304,10 @@ impl Default for AdminFile {
             listen: "127.0.0.1:9090".into(),
             token_env: Some("SLUICE_ADMIN_TOKEN".into()),
             fault_injection: false,
+            header_timeout: HEADER_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            max_connections: 64,
         }
     }
 }

@@ -151,6 +151,15 @@ pub struct ApiConfig {
     pub max_request_bytes: usize,
     pub max_row_bytes: usize,
     pub retry_after: Duration,
+    /// Rows nested deeper are refused: ClickHouse's JSON parser recurses per level.
+    pub max_json_depth: usize,
+    /// Distinct tables a tenant may write to: each costs an actor and metric series.
+    pub max_tables_per_tenant: usize,
+    /// Descriptors left free for NATS, ClickHouse and files by the connection caps.
+    pub fd_reserve: usize,
+    pub limits: ListenerLimits,
+    /// Connections at once; `None`: what the descriptor limit leaves, found at start.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +168,22 @@ pub struct AdminConfig {
     /// `None`: no token configured, so the admin endpoint is bound to loopback only.
     pub token: Option<Secret>,
     pub fault_injection: bool,
+    pub limits: ListenerLimits,
+    /// Connections at once.
+    pub max_connections: usize,
+}
+
+/// What bounds the clients of one HTTP listener, so that slow or idle ones cannot hold
+/// it (and the process's descriptors) forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// From a request's first byte to the end of its headers.
+    pub header_timeout: Duration,
+    /// From the end of a request's headers to the end of its body.
+    pub body_timeout: Duration,
+    /// No request in progress, or an answer the client does not read, for this long:
+    /// the connection is closed.
+    pub idle_timeout: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -261,11 +286,21 @@ impl Config {
             .unwrap_or(&self.ingest)
     }
 
-    /// The tenant whose bearer token this is, compared in constant time.
+    /// The tenant whose bearer token this is. Every tenant's token is compared, each in
+    /// constant time, and no comparison decides whether the next one runs: how long it
+    /// takes tells nothing about which tenant's token, or how much of one, was guessed.
     pub fn tenant_for_token(&self, token: &str) -> Option<&TenantConfig> {
-        self.tenants
-            .values()
-            .find(|t| t.token.as_ref().is_some_and(|s| s.matches(token)))
+        let mut found = None;
+        for tenant in self.tenants.values() {
+            let Some(secret) = &tenant.token else {
+                continue;
+            };
+            // Tokens are distinct (validated), so at most one matches.
+            if secret.matches(token) {
+                found = Some(tenant);
+            }
+        }
+        found
     }
 
     /// A short human summary for `sluice check-config` (no secrets).

@@ -3,9 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use subtle::ConstantTimeEq as _;
+
 /// A password or token. `Debug` and `Display` print `***`, so a secret cannot reach a
 /// log line or the admin endpoint by accident; `expose` is the one way to read it.
-#[derive(Clone, PartialEq, Eq)]
+/// There is no `==`: a presented token is compared with `matches` alone.
+#[derive(Clone)]
 pub struct Secret(Arc<str>);
 
 impl Secret {
@@ -17,13 +20,10 @@ impl Secret {
         &self.0
     }
 
-    /// Compare with a presented token in time independent of where they differ.
+    /// Compare with a presented token in time independent of where they differ (only
+    /// a different length answers sooner, and a length is no secret worth keeping).
     pub fn matches(&self, presented: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
-        if a.len() != b.len() {
-            return false;
-        }
-        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
     }
 }
 

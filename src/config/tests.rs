@@ -284,3 +284,83 @@ fn identifiers() {
     assert!(!is_tenant_name("-acme"));
     assert!(!is_tenant_name("acme eu"));
 }
+
+#[test]
+fn limits_at_the_door_have_defaults_overrides_and_bounds() {
+    let config = Config::from_parts("t", "", &env(&[])).expect("defaults");
+    let (api, admin) = (&config.api, &config.admin);
+    assert_eq!(
+        (
+            api.max_json_depth,
+            api.max_tables_per_tenant,
+            api.fd_reserve
+        ),
+        (64, 500, 256)
+    );
+    assert_eq!(
+        api.limits,
+        ListenerLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+        }
+    );
+    assert_eq!((api.max_connections, admin.max_connections), (None, 64));
+    assert_eq!(admin.limits.idle_timeout, Duration::from_secs(60));
+
+    let text =
+        "[api]\nidle_timeout = \"5s\"\nmax_connections = 100\n[admin]\nheader_timeout = \"2s\"\n";
+    let config = Config::from_parts(
+        "t",
+        text,
+        &env(&[
+            ("SLUICE_API_MAX_JSON_DEPTH", "16"),
+            ("SLUICE_API_BODY_TIMEOUT", "1m"),
+            ("SLUICE_ADMIN_MAX_CONNECTIONS", "8"),
+            ("SLUICE_API_FD_RESERVE", "1000"),
+        ]),
+    )
+    .expect("config");
+    assert_eq!(config.api.max_json_depth, 16);
+    assert_eq!(config.api.fd_reserve, 1000);
+    assert_eq!(config.api.limits.idle_timeout, Duration::from_secs(5));
+    assert_eq!(config.api.limits.body_timeout, Duration::from_secs(60));
+    assert_eq!(config.api.max_connections, Some(100));
+    assert_eq!(config.admin.limits.header_timeout, Duration::from_secs(2));
+    assert_eq!(config.admin.max_connections, 8);
+
+    let p = problems(
+        "[api]\nmax_json_depth = 0\nmax_tables_per_tenant = 0\nidle_timeout = \"0s\"\nmax_connections = 0\n[admin]\nbody_timeout = \"0s\"\n",
+        &[],
+    );
+    let all = p.join("\n");
+    for needle in [
+        "[api] max_json_depth = 0",
+        "[api] max_tables_per_tenant = 0",
+        "[api] idle_timeout must be longer than zero",
+        "[api] max_connections = 0",
+        "[admin] body_timeout must be longer than zero",
+    ] {
+        assert!(all.contains(needle), "{needle} not in:\n{all}");
+    }
+    let p = problems("[api]\nheader_timeout = 10\n", &[]);
+    assert!(p[0].contains("needs a unit"), "{}", p[0]);
+    let p = problems("[api]\nmax_json_depth = 5000\n", &[]);
+    assert!(p[0].contains("must be 1 to 1000"), "{}", p[0]);
+
+    // A reserve below what the ClickHouse clients may hold is worth a warning.
+    let config = Config::from_parts(
+        "t",
+        "[api]\nfd_reserve = 10\n[clickhouse.targets.main]\ninsert_concurrency = 50\n",
+        &env(&[]),
+    )
+    .expect("config");
+    assert!(
+        config
+            .warnings
+            .iter()
+            .any(|w| w.contains("fd_reserve = 10")),
+        "{:?}",
+        config.warnings
+    );
+}

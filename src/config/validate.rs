@@ -6,11 +6,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::file::{AuthMode, FileConfig, IngestFile, TableFile};
+use super::file::{AuthMode, ClickHouseFile, FileConfig, IngestFile, QueryFile, TableFile};
 use super::nats_url::hide_credentials;
+use super::units::Span;
 use super::{
-    is_table_name, is_tenant_name, AdminConfig, ApiConfig, Config, LogConfig, NatsAuth, NatsConfig,
-    PipelineConfig, QueryConfig, Secret, TableSettings, TargetConfig, TenantConfig,
+    is_table_name, is_tenant_name, AdminConfig, ApiConfig, Config, ListenerLimits, LogConfig,
+    NatsAuth, NatsConfig, PipelineConfig, QueryConfig, Secret, TableSettings, TargetConfig,
+    TenantConfig,
 };
 
 /// Problems and warnings found along the way.
@@ -447,12 +449,74 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
     if a.max_request_bytes.bytes() == 0 {
         c.problem("[api] max_request_bytes must be above zero");
     }
+    if !(1..=MAX_JSON_DEPTH).contains(&a.max_json_depth) {
+        c.problem(format!(
+            "[api] max_json_depth = {}: must be 1 to {MAX_JSON_DEPTH} (a row is level 1; ClickHouse's parser recurses once per level)",
+            a.max_json_depth
+        ));
+    }
+    c.at_least("[api] max_tables_per_tenant", a.max_tables_per_tenant, 1);
+    let held = descriptors_held(&file.clickhouse, &file.query);
+    if a.fd_reserve < held {
+        c.warn(format!(
+            "[api] fd_reserve = {}: NATS and ClickHouse may hold about {held} descriptors at once with these targets; the HTTP clients could leave them too few",
+            a.fd_reserve
+        ));
+    }
+    let limits = listener_limits(
+        c,
+        "[api]",
+        (a.header_timeout, a.body_timeout, a.idle_timeout),
+    );
+    if let Some(n) = a.max_connections {
+        c.at_least("[api] max_connections", n, 1);
+    }
     ApiConfig {
         listen,
         auth: a.auth,
         max_request_bytes: a.max_request_bytes.as_usize(),
         max_row_bytes: a.max_row_bytes.as_usize(),
         retry_after: a.retry_after.get(),
+        max_json_depth: a.max_json_depth,
+        max_tables_per_tenant: a.max_tables_per_tenant,
+        fd_reserve: a.fd_reserve,
+        limits,
+        max_connections: a.max_connections,
+    }
+}
+
+/// The deepest `[api] max_json_depth` may be: as deep as current ClickHouse parses
+/// (its `max_parser_depth`).
+const MAX_JSON_DEPTH: usize = 1000;
+
+/// Descriptors NATS and ClickHouse may hold at once: pooled and in-flight insert
+/// connections per target, the query gateway's, NATS, and the process's own files.
+fn descriptors_held(clickhouse: &ClickHouseFile, query: &QueryFile) -> usize {
+    let inserts: usize = clickhouse
+        .targets
+        .values()
+        .map(|t| t.insert_concurrency * 3)
+        .sum();
+    let queries = if query.target.is_some() {
+        query.concurrency * 2
+    } else {
+        0
+    };
+    32 + inserts + queries
+}
+
+fn listener_limits(
+    c: &mut Check,
+    section: &str,
+    (header, body, idle): (Span, Span, Span),
+) -> ListenerLimits {
+    c.positive(&format!("{section} header_timeout"), header.get());
+    c.positive(&format!("{section} body_timeout"), body.get());
+    c.positive(&format!("{section} idle_timeout"), idle.get());
+    ListenerLimits {
+        header_timeout: header.get(),
+        body_timeout: body.get(),
+        idle_timeout: idle.get(),
     }
 }
 
@@ -477,10 +541,18 @@ fn admin(c: &mut Check, file: &FileConfig) -> AdminConfig {
     if a.fault_injection {
         c.warn("[admin] fault_injection is on: POST /admin/debug/panic can crash actors (for chaos tests only)");
     }
+    let limits = listener_limits(
+        c,
+        "[admin]",
+        (a.header_timeout, a.body_timeout, a.idle_timeout),
+    );
+    c.at_least("[admin] max_connections", a.max_connections, 1);
     AdminConfig {
         listen,
         token,
         fault_injection: a.fault_injection,
+        limits,
+        max_connections: a.max_connections,
     }
 }
 
@@ -639,22 +711,32 @@ pub(super) fn summary(config: &Config) -> String {
     }
     let _ = writeln!(
         out,
-        "api: {} (auth {})",
+        "api: {} (auth {}) {}, connections {}; json depth {}, {} tables per tenant, {} descriptors reserved",
         config.api.listen,
         match config.api.auth {
             AuthMode::Token => "token",
             AuthMode::None => "none: tenant from X-Tenant",
-        }
+        },
+        describe_limits(&config.api.limits),
+        config
+            .api
+            .max_connections
+            .map_or("from the descriptor limit".to_string(), |n| n.to_string()),
+        config.api.max_json_depth,
+        config.api.max_tables_per_tenant,
+        config.api.fd_reserve
     );
     let _ = writeln!(
         out,
-        "admin: {} (token {})",
+        "admin: {} (token {}) {}, connections {}",
         config.admin.listen,
         if config.admin.token.is_some() {
             "set"
         } else {
             "none: loopback only"
-        }
+        },
+        describe_limits(&config.admin.limits),
+        config.admin.max_connections
     );
     match &config.query {
         Some(q) => {
@@ -680,6 +762,15 @@ pub(super) fn summary(config: &Config) -> String {
         let _ = writeln!(out, "warning: {w}");
     }
     out
+}
+
+fn describe_limits(l: &ListenerLimits) -> String {
+    format!(
+        "timeouts header {} body {} idle {}",
+        humantime::format_duration(l.header_timeout),
+        humantime::format_duration(l.body_timeout),
+        humantime::format_duration(l.idle_timeout),
+    )
 }
 
 fn describe(s: &TableSettings) -> String {

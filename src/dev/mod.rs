@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use sluice_harness::{ClickHouseServer, NatsServer};
+use sluice_servers::{ClickHouseServer, NatsServer};
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -43,7 +43,7 @@ const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS default.events (
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The variable the generated configuration names for the query user's password (the
-/// harness's ClickHouse has a read-only user `query`).
+/// ClickHouse of `sluice-servers` has a read-only user `query`).
 const QUERY_PASSWORD_ENV: &str = "SLUICE_DEV_QUERY_PASSWORD";
 
 /// How long each server gets to stop after being asked.
@@ -151,7 +151,7 @@ async fn serve(
     // deployment must not point the demo at it. Only the query user's password is there.
     let vars = BTreeMap::from([(
         QUERY_PASSWORD_ENV.to_string(),
-        sluice_harness::QUERY_PASSWORD.to_string(),
+        sluice_servers::QUERY_PASSWORD.to_string(),
     )]);
     let config = Config::from_parts(&config_path.display().to_string(), &text, &vars)
         .map_err(|e| anyhow!("the configuration sluice dev wrote is not valid: {e}"))?;
@@ -190,7 +190,7 @@ async fn when_ready(
     {
         Ok(client) => {
             let url = format!("{admin}/readyz");
-            sluice_harness::wait_until(
+            sluice_servers::wait_until(
                 "sluice /readyz to answer 200",
                 READY_DEADLINE,
                 Duration::from_millis(100),
@@ -223,7 +223,7 @@ async fn when_ready(
 
 /// Asks a server to stop with `signal`, then kills it if it has not exited in time.
 async fn stop_child(
-    process: &mut sluice_harness::ManagedProcess,
+    process: &mut sluice_servers::ManagedProcess,
     signal: i32,
 ) -> Result<std::process::ExitStatus> {
     if !process.is_running() {
@@ -335,8 +335,8 @@ listen = "{admin}"
 "#,
         api = options.api,
         admin = options.admin,
-        query_user = sluice_harness::QUERY_USER,
-        query_password = sluice_harness::QUERY_PASSWORD,
+        query_user = sluice_servers::QUERY_USER,
+        query_password = sluice_servers::QUERY_PASSWORD,
     )
 }
 
@@ -386,7 +386,7 @@ impl std::fmt::Display for Banner<'_> {
         writeln!(
             f,
             "  query through Sluice's gateway (read-only user {}):",
-            sluice_harness::QUERY_USER
+            sluice_servers::QUERY_USER
         )?;
         writeln!(
             f,

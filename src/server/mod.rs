@@ -7,15 +7,20 @@
 //! on (a core actor that cannot be restarted) exits 1, so the supervisor (systemd,
 //! Kubernetes) restarts the process rather than leave it up doing nothing.
 
+mod accept;
+mod connection;
+mod descriptors;
 mod listeners;
 mod pipeline;
 mod signals;
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 
+use crate::clickhouse::insert::HttpInserter;
 use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
@@ -59,21 +64,29 @@ pub async fn run_until(
         .build(client.clone());
     let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
 
-    let pipeline = pipeline::start(&config, js.clone(), streams.clone()).await?;
+    // One insert client per target, shared by the actor tree and the ingest API's
+    // table catalogs.
+    let mut inserters = BTreeMap::new();
+    for target in config.targets.values() {
+        let inserter = HttpInserter::new(target)
+            .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
+        inserters.insert(target.name.clone(), Arc::new(inserter));
+    }
+    let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
 
     let shutdown = signals::Shutdown::new();
-    let listeners = listeners::start(
-        &config,
-        ingest_publisher.clone(),
-        nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
-        adapter.clone(),
-        client.clone(),
+    let parts = listeners::Parts {
+        inserters,
+        publisher: ingest_publisher.clone(),
+        dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
+        pipeline: adapter.clone(),
+        client: client.clone(),
         metrics,
-        shutdown.clone(),
-    )
-    .await
-    .context("starting the HTTP listeners")?;
+    };
+    let listeners = listeners::start(&config, parts, shutdown.clone())
+        .await
+        .context("starting the HTTP listeners")?;
     tracing::info!(
         api = %listeners.api,
         admin = %listeners.admin,

@@ -1,6 +1,6 @@
 //! From the configuration to the running actor tree, and the admin endpoint's view of it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -16,23 +16,23 @@ use crate::clickhouse::insert::HttpInserter;
 use crate::config::{self, Config};
 use crate::nats::{DlqWriter, JetStreamSourceFactory, JsDelivery, Publisher, StreamSettings};
 
-/// Start the actor tree: one pool per target, the consumer on the durable consumer.
+/// Start the actor tree: one pool per target (inserting through `inserters`, by target
+/// name), the consumer on the durable consumer.
 pub async fn start(
     config: &Config,
     js: jetstream::Context,
     streams: StreamSettings,
+    inserters: &BTreeMap<String, Arc<HttpInserter>>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
     let dlq = Arc::new(DlqWriter::new(
         Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
         streams.dlq_subject_prefix.clone(),
     ));
     let source = JetStreamSourceFactory::new(js, streams, dlq, config.pipeline.pull_batch);
-    let mut targets = Vec::new();
-    for target in config.targets.values() {
-        let inserter = HttpInserter::new(target)
-            .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
-        targets.push(Target::new(&target.name, Arc::new(inserter)));
-    }
+    let targets = inserters
+        .iter()
+        .map(|(name, inserter)| Target::new(name, inserter.clone()))
+        .collect();
     let tenants: HashMap<String, String> = config
         .tenants
         .values()

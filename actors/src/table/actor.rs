@@ -17,8 +17,8 @@ use super::partly::PartlySettled;
 use super::reforming::Reforming;
 use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::breaker::{Admission, Ticket};
-use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::manifest::Manifest;
+use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{Dedup, Delivery, InsertError, Inserter};
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
 use crate::settle::hand_back;
@@ -284,7 +284,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let forced = self.draining.is_some() || self.retiring;
         while self.has_work() && self.awaiting_permit.is_none() {
             let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
-            let due = self.reforming.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
+            let due =
+                self.reforming.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
             if !forced && (busy || !due) {
                 break;
             }

@@ -209,7 +209,9 @@ mod tests {
         let mut b = Buffer::default();
         let messages: Vec<_> = (0..3)
             .map(|m| {
-                let rows: String = (0..4).map(|i| format!("{{\"n\":{}}}\n", m * 4 + i)).collect();
+                let rows: String = (0..4)
+                    .map(|i| format!("{{\"n\":{}}}\n", m * 4 + i))
+                    .collect();
                 ledger.delivery(&subject, rows)
             })
             .collect();
@@ -217,7 +219,10 @@ mod tests {
         assert_eq!(weight.0, 12);
         b.push(messages, weight, now);
         assert_eq!(b.len(), 12);
-        assert_eq!(b.due(&settings(10, 1 << 20, 1000), now), Some(Trigger::Rows));
+        assert_eq!(
+            b.due(&settings(10, 1 << 20, 1000), now),
+            Some(Trigger::Rows)
+        );
         // 10 rows asked: two whole messages (8 rows), never part of the third.
         let (batch, _, _) = b.take(10, 1 << 20);
         assert_eq!((batch.len(), b.len()), (2, 4));

@@ -55,7 +55,11 @@ mod tests {
         p.remember(vec![(7, vec![0, 2]), (9, vec![1])]);
         assert_eq!(p.take([9, 8].into_iter()), vec![(9, vec![1])]);
         assert_eq!(p.take([9].into_iter()), vec![]);
-        p.remember((0..MAX_REMEMBERED as u64 + 10).map(|s| (1000 + s, vec![0])).collect());
+        p.remember(
+            (0..MAX_REMEMBERED as u64 + 10)
+                .map(|s| (1000 + s, vec![0]))
+                .collect(),
+        );
         assert!(p.lines.len() <= MAX_REMEMBERED);
         assert_eq!(p.take([7].into_iter()), vec![], "the oldest went first");
     }

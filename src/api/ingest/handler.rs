@@ -5,8 +5,14 @@
 //! row. A full or unreachable stream stops the request where it is: the rows already
 //! acked stay accepted, the answer is 503 with `Retry-After`, and a client retrying
 //! with the same `Idempotency-Key` does not store the accepted ones twice.
+//!
+//! Before any row is published the request must name a tenant, a table the tenant's
+//! ClickHouse target has (`clickhouse::catalog`) within the tenant's table cap
+//! (`tables`), a media type and a usable key. Rows are then split off the body one at
+//! a time (`parse`) and published as they come, so a request never holds a list of its
+//! rows or of its refusals; the answer lists the first `MAX_LISTED_ERRORS` of those.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +24,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::parse::{self, Framing, RowError};
-use crate::api::tenant::TenantResolver;
+use super::parse::{self, Framing, Refused, RowError, RowLimits};
+use super::tables::TenantTables;
+use crate::api::tenant::{Tenant, TenantResolver};
+use crate::clickhouse::catalog::Catalog;
 use crate::config::is_table_name;
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
@@ -35,6 +43,10 @@ pub const MAX_PUBLISHING: usize = 64;
 /// The longest `Idempotency-Key` taken (it becomes a JetStream message id).
 const MAX_IDEMPOTENCY_KEY: usize = 128;
 
+/// Refused rows an answer lists (`rejected` counts them all): enough to fix a producer,
+/// and an answer that stays small whatever the body holds.
+pub const MAX_LISTED_ERRORS: usize = 100;
+
 /// What the ingest endpoint needs.
 pub struct IngestState {
     pub tenants: TenantResolver,
@@ -43,7 +55,13 @@ pub struct IngestState {
     pub publisher: Publisher,
     pub subject_prefix: String,
     pub max_row_bytes: usize,
+    /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
+    pub max_json_depth: usize,
     pub retry_after: Duration,
+    /// The tables of each ClickHouse target, by target name.
+    pub catalogs: HashMap<String, Catalog>,
+    /// The tables each tenant writes to, capped.
+    pub tables: TenantTables,
 }
 
 /// The answer to every ingest request.
@@ -54,10 +72,11 @@ pub struct IngestReply {
     /// Of the accepted rows, those JetStream had already stored under the same
     /// `Idempotency-Key`: stored once.
     pub duplicates: usize,
-    /// Rows refused (bad JSON, not an object, too large).
+    /// Rows refused (bad JSON, not an object, too large, too deep, not UTF-8).
     pub rejected: usize,
     /// Rows not stored because the stream was full or unreachable: send them again.
     pub not_stored: usize,
+    /// The first `MAX_LISTED_ERRORS` refused rows, by index (`rejected` counts all).
     pub errors: Vec<RowError>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -98,7 +117,7 @@ async fn handle(
         return failure(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!(
-                "Content-Type {} is not taken: send application/json (an object or an array of objects) or application/x-ndjson (one object per line)",
+                "Content-Type {} is not taken: send application/json (an object or an array of objects), application/x-ndjson (one object per line) or application/json-seq (one object per record)",
                 content_type.unwrap_or("(none)")
             ),
         );
@@ -117,28 +136,28 @@ async fn handle(
         }
         Err(rejection) => return failure(rejection.status(), rejection.body_text()),
     };
-    let max_row = row_limit(
-        state.max_row_bytes,
-        state.publisher.context().client().max_payload(),
-        key.as_deref(),
-    );
-    let parsed = match parse::parse(&body, framing, max_row) {
-        Ok(p) => p,
+    if let Err(refusal) = admit_table(state, &tenant, table).await {
+        return refusal;
+    }
+    let limits = RowLimits {
+        max_bytes: row_limit(
+            state.max_row_bytes,
+            state.publisher.context().client().max_payload(),
+            key.as_deref(),
+        ),
+        max_depth: state.max_json_depth,
+    };
+    let rows = match parse::rows(&body, framing, limits) {
+        Ok(rows) => rows,
         Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
     };
-    let single = framing == Framing::Json
-        && parsed.total() == 1
-        && !body.trim_ascii_start().starts_with(b"[");
+    let single = rows.is_single_object();
 
     let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
     let Ok(_publishing) = state.publishing.acquire().await else {
         return failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
     };
-    let mut reply = IngestReply {
-        rejected: parsed.errors.len(),
-        errors: parsed.errors,
-        ..Default::default()
-    };
+    let mut reply = IngestReply::default();
     let mut stop: Option<PublishError> = None;
     // Without a connection every publish would wait out its ack timeout (and the byte
     // budget's stream lookup) before failing: tell the client at once instead.
@@ -149,15 +168,26 @@ async fn handle(
             "not connected to NATS right now".into(),
         ));
     }
+    // Rows are published as they are split off the body; after a stop the rest are
+    // only counted (as not stored), so the answer still accounts for every row.
+    let mut taken = 0usize;
     let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
-    for (index, row) in &parsed.rows {
+    for item in rows {
+        let (index, row) = match item {
+            Ok(row) => row,
+            Err(refused) => {
+                reply.refuse(refused);
+                continue;
+            }
+        };
+        taken += 1;
         if pending.len() >= PIPELINE_WINDOW {
             if let Some(ack) = pending.pop_front() {
                 confirm(ack, &mut reply, &mut stop).await;
             }
         }
         if stop.is_some() {
-            break;
+            continue;
         }
         let id = key.as_ref().map(|k| {
             if single {
@@ -168,20 +198,20 @@ async fn handle(
         });
         match state
             .publisher
-            .send(subject.clone(), row.clone(), None, id.as_deref())
+            .send(subject.clone(), row, None, id.as_deref())
             .await
         {
             Ok(ack) => pending.push_back(ack),
-            Err(e) => {
-                stop = Some(e);
-                break;
-            }
+            Err(e) => stop = Some(e),
         }
     }
     for ack in pending {
         confirm(ack, &mut reply, &mut stop).await;
     }
-    reply.not_stored = parsed.rows.len() - reply.accepted;
+    if taken + reply.rejected == 0 {
+        return failure(StatusCode::BAD_REQUEST, "the body holds no rows".into());
+    }
+    reply.not_stored = taken - reply.accepted;
     let labels = [
         ("tenant", tenant.name.clone()),
         ("table", table.to_string()),
@@ -208,6 +238,39 @@ async fn handle(
         _ if reply.rejected > 0 => (StatusCode::BAD_REQUEST, Json(reply)).into_response(),
         _ => (StatusCode::ACCEPTED, Json(reply)).into_response(),
     }
+}
+
+/// Whether rows for `table` are taken from this tenant: the tenant's ClickHouse target
+/// must have the table (404 when its latest table list positively lacks it; taken
+/// unchecked when the list cannot be read, since such rows wait out an outage in the
+/// queue like any other), and the tenant must stay within its table cap (403). A
+/// tenant without a target is not checked: its rows are parked whole, as ever.
+async fn admit_table(state: &IngestState, tenant: &Tenant, table: &str) -> Result<(), Response> {
+    let catalog = tenant
+        .target
+        .as_ref()
+        .and_then(|target| state.catalogs.get(target));
+    if let Some(catalog) = catalog {
+        match catalog.lookup(table).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(missing_table(catalog, table)),
+            Err(e) => tracing::debug!(error = %e, table, "ingest: table not checked"),
+        }
+    }
+    state
+        .tables
+        .admit(&tenant.name, table)
+        .map_err(|e| failure(StatusCode::FORBIDDEN, e.to_string()))
+}
+
+fn missing_table(catalog: &Catalog, table: &str) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        format!(
+            "ClickHouse target {} has no table {table:?} in its database (create it first; a new table is seen within a second)",
+            catalog.target()
+        ),
+    )
 }
 
 async fn confirm(
@@ -261,6 +324,18 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
         ));
     }
     Ok(Some(key.to_string()))
+}
+
+// === impl IngestReply ===
+
+impl IngestReply {
+    /// Count a refused row; list it while the list is short.
+    fn refuse(&mut self, refused: Refused) {
+        self.rejected += 1;
+        if self.errors.len() < MAX_LISTED_ERRORS {
+            self.errors.push(refused.into_error());
+        }
+    }
 }
 
 fn failure(status: StatusCode, error: String) -> Response {

@@ -2,5 +2,10 @@
 
 mod handler;
 pub mod parse;
+mod scan;
+mod tables;
 
-pub use handler::{ingest, IngestReply, IngestState, MAX_PUBLISHING, PIPELINE_WINDOW};
+pub use handler::{
+    ingest, IngestReply, IngestState, MAX_LISTED_ERRORS, MAX_PUBLISHING, PIPELINE_WINDOW,
+};
+pub use tables::{TenantTables, TooManyTables};

@@ -3,15 +3,15 @@
 use std::env;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use tempfile::TempDir;
 
 use super::config::{self, Ports, DEFAULT_USER};
+use super::replication::Replication;
 use crate::ports::free_port;
-use crate::process::{ManagedProcess, ProcessSpec, DEFAULT_STOP_GRACE, ERROR_LOG_LINES};
+use crate::process::{on_path, server_lifecycle, start_ready, ManagedProcess, ProcessSpec};
 
 /// Runs this binary instead of Debian's `/usr/sbin/clickhouse-server`. A binary named
 /// `clickhouse` (the current all-in-one build) is run as `clickhouse server`.
@@ -26,9 +26,6 @@ pub const CLICKHOUSE_READY_DEADLINE: Duration = Duration::from_secs(30);
 /// How long one statement run through [`ClickHouseServer::exec`] may take.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Attempts with fresh ports when another process took ours between probe and bind.
-const PORT_ATTEMPTS: usize = 3;
-
 /// A running clickhouse-server whose data lives in a temp dir removed on drop (after
 /// the process is killed).
 #[derive(Debug)]
@@ -38,23 +35,48 @@ pub struct ClickHouseServer {
     binary: PathBuf,
     ports: Ports,
     http: reqwest::Client,
+    replication: Option<Replication>,
     dir: TempDir,
+}
+
+/// How to start a clickhouse-server; the default is what [`ClickHouseServer::start`]
+/// does.
+#[derive(Clone, Debug, Default)]
+pub struct ClickHouseOptions {
+    /// A ZooKeeper root and macros, so that Replicated tables can be created.
+    pub replication: Option<Replication>,
+}
+
+// === impl ClickHouseOptions ===
+
+impl ClickHouseOptions {
+    pub fn replicated(mut self, replication: Replication) -> Self {
+        self.replication = Some(replication);
+        self
+    }
 }
 
 // === impl ClickHouseServer ===
 
 impl ClickHouseServer {
-    /// Starts clickhouse-server with the harness's config and waits for `/ping`.
+    /// Starts clickhouse-server with this crate's config and waits for `/ping`.
     pub async fn start() -> Result<Self> {
+        Self::start_with(ClickHouseOptions::default()).await
+    }
+
+    /// Like [`ClickHouseServer::start`], with `options`.
+    pub async fn start_with(options: ClickHouseOptions) -> Result<Self> {
         let binary = binary()?;
-        let mut dir = tempfile::Builder::new()
+        let dir = tempfile::Builder::new()
             .prefix("sluice-clickhouse-")
             .tempdir()
             .context("creating a temp dir for clickhouse-server")?;
         let http = crate::http::loopback_client(EXEC_TIMEOUT)?;
+        if let Some(replication) = &options.replication {
+            replication.write(dir.path())?;
+        }
 
-        let mut last_error = anyhow!("clickhouse-server was not started");
-        for _ in 0..PORT_ATTEMPTS {
+        let prepare = || {
             let ports = Ports {
                 http: free_port()?,
                 tcp: free_port()?,
@@ -64,84 +86,51 @@ impl ClickHouseServer {
             if binary.file_name().is_some_and(|name| name == "clickhouse") {
                 spec = spec.arg("server");
             }
-            let spec = spec
+            spec = spec
                 .arg(format!("--config-file={}", config.display()))
                 .current_dir(dir.path());
-            let mut process = ManagedProcess::start(spec, dir.path().join("log"))?;
             for path in config::log_files(dir.path()) {
-                process.add_log_file(path);
+                spec = spec.log_file(path);
             }
-            let mut server = Self {
-                process,
-                binary: binary.clone(),
-                ports,
-                http: http.clone(),
-                dir,
-            };
-            match server.wait_ready().await {
-                Ok(()) => return Ok(server),
-                Err(error) => {
-                    let port_taken = server.process.logs_contain("Address already in use");
-                    last_error = error;
-                    let _ = server.process.kill9().await;
-                    if !port_taken {
-                        break;
-                    }
-                    tracing::warn!("clickhouse-server's port was taken; retrying with new ports");
-                    let Self {
-                        process, dir: kept, ..
-                    } = server;
-                    drop(process);
-                    dir = kept;
-                }
-            }
-        }
-        Err(last_error)
+            Ok((spec, ports))
+        };
+        let check = |ports: &Ports| {
+            let (http, url) = (http.clone(), http_url(ports.http));
+            async move { ping(&http, &url, Duration::from_secs(1)).await }
+        };
+        let logs = dir.path().join("log");
+        let (process, ports) = start_ready(
+            "clickhouse-server",
+            &logs,
+            CLICKHOUSE_READY_DEADLINE,
+            prepare,
+            check,
+        )
+        .await?;
+        Ok(Self {
+            process,
+            binary,
+            ports,
+            http,
+            replication: options.replication,
+            dir,
+        })
     }
 
     /// Polls `/ping` until it answers `Ok.`, failing early (with the log tail) if the
     /// process exits.
     async fn wait_ready(&mut self) -> Result<()> {
-        let end = tokio::time::Instant::now() + CLICKHOUSE_READY_DEADLINE;
-        let mut last_error = anyhow!("no ping finished");
-        loop {
-            if let Some(status) = self.process.exit_status() {
-                bail!(
-                    "clickhouse-server exited during startup with {status}\n{}",
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            match self.ping(Duration::from_secs(1)).await {
-                Ok(()) => return Ok(()),
-                Err(error) => last_error = error,
-            }
-            if tokio::time::Instant::now() >= end {
-                bail!(
-                    "clickhouse-server did not answer /ping within \
-                     {CLICKHOUSE_READY_DEADLINE:?}: {last_error:#}\n{}",
-                    self.process.log_tail(ERROR_LOG_LINES)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (http, url) = (self.http.clone(), self.http_url());
+        self.process
+            .wait_ready("clickhouse-server", CLICKHOUSE_READY_DEADLINE, || {
+                ping(&http, &url, Duration::from_secs(1))
+            })
+            .await
     }
 
     /// `GET /ping` within `timeout`; Ok when it answers `Ok.`.
     pub async fn ping(&self, timeout: Duration) -> Result<()> {
-        let response = self
-            .http
-            .get(format!("{}/ping", self.http_url()))
-            .timeout(timeout)
-            .send()
-            .await
-            .context("GET /ping")?;
-        let status = response.status();
-        let body = response.text().await.context("reading /ping")?;
-        if status.is_success() && body.trim() == "Ok." {
-            Ok(())
-        } else {
-            bail!("/ping answered {status}: {body:?}")
-        }
+        ping(&self.http, &self.http_url(), timeout).await
     }
 
     /// Runs one statement as the `default` user and returns the response body. An
@@ -202,10 +191,10 @@ impl ClickHouseServer {
 
     /// `http://127.0.0.1:HTTP_PORT`.
     pub fn http_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.ports.http)
+        http_url(self.ports.http)
     }
 
-    /// The HTTP interface's address, e.g. as a [`crate::FaultProxy`] upstream.
+    /// The HTTP interface's address, e.g. as the upstream of a fault proxy.
     pub fn http_addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.ports.http))
     }
@@ -228,57 +217,14 @@ impl ClickHouseServer {
         &self.binary
     }
 
+    /// The ZooKeeper root and macros it was started with, if any.
+    pub fn replication(&self) -> Option<&Replication> {
+        self.replication.as_ref()
+    }
+
     // --- lifecycle ---
 
-    /// Graceful stop (SIGTERM, then SIGKILL after 10 s). Tables stay.
-    pub async fn stop(&mut self) -> Result<ExitStatus> {
-        self.process.stop(DEFAULT_STOP_GRACE).await
-    }
-
-    /// SIGKILL: a crash.
-    pub async fn kill9(&mut self) -> Result<ExitStatus> {
-        self.process.kill9().await
-    }
-
-    /// Starts the stopped or killed server again on the same ports and data, and waits
-    /// for `/ping`.
-    pub async fn start_again(&mut self) -> Result<()> {
-        self.process.start_again()?;
-        self.wait_ready().await
-    }
-
-    /// Stops (gracefully) if running, then starts again on the same ports and data.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.stop().await?;
-        self.start_again().await
-    }
-
-    /// Freezes the server: connections are accepted by the kernel, nothing answers.
-    pub async fn sigstop(&mut self) -> Result<()> {
-        self.process.sigstop().await
-    }
-
-    pub async fn sigcont(&mut self) -> Result<()> {
-        self.process.sigcont().await
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
-    /// The last `lines` lines of stdout, stderr, server.log and err.log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
-    }
-
-    /// The underlying child, for anything not wrapped here.
-    pub fn process_mut(&mut self) -> &mut ManagedProcess {
-        &mut self.process
-    }
+    server_lifecycle!();
 }
 
 /// The binary to run: the override, Debian's, or one on `PATH`.
@@ -294,23 +240,38 @@ pub fn binary() -> Result<PathBuf> {
     if debian.is_file() {
         return Ok(debian);
     }
-    let on_path = env::var_os("PATH")
-        .map(|path| env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default();
-    for name in ["clickhouse-server", "clickhouse"] {
-        if let Some(found) = on_path
-            .iter()
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-        {
-            return Ok(found);
-        }
+    if let Some(found) = ["clickhouse-server", "clickhouse"]
+        .into_iter()
+        .find_map(on_path)
+    {
+        return Ok(found);
     }
     bail!(
         "clickhouse-server is not installed ({CLICKHOUSE_DEBIAN_BIN} is missing and none is \
          on PATH): run `apt-get install clickhouse-server clickhouse-client`, or set \
          {CLICKHOUSE_BIN_ENV}"
     )
+}
+
+fn http_url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// `GET /ping` within `timeout`; Ok when it answers `Ok.`.
+async fn ping(http: &reqwest::Client, url: &str, timeout: Duration) -> Result<()> {
+    let response = http
+        .get(format!("{url}/ping"))
+        .timeout(timeout)
+        .send()
+        .await
+        .context("GET /ping")?;
+    let status = response.status();
+    let body = response.text().await.context("reading /ping")?;
+    if status.is_success() && body.trim() == "Ok." {
+        Ok(())
+    } else {
+        bail!("/ping answered {status}: {body:?}")
+    }
 }
 
 /// The first line of a statement, cut to 200 characters, for error messages.

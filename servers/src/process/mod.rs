@@ -1,16 +1,19 @@
-//! A managed child process: the one way the harness runs anything.
+//! A managed child process: the one way a server (or, in the test harness, a Sluice
+//! under test) is run.
 //!
 //! Every server and every Sluice under test is one of these. Output goes to files (a
 //! pipe nobody reads would fill and block the child); the child is forked so that it
-//! dies with the test process (see [`spawn`]); dropping the handle kills *and reaps*
-//! it, so a failed or panicking test leaves neither a process nor a zombie. The
-//! recipe is kept, so a stopped or killed child starts again with the same arguments,
-//! which is how a restarted server finds its ports and its data again.
+//! dies with the process that started it (see [`spawn`]); dropping the handle kills
+//! *and reaps* it, so a failed or panicking test leaves neither a process nor a zombie.
+//! The recipe is kept, so a stopped or killed child starts again with the same
+//! arguments, which is how a restarted server finds its ports and its data again.
 //!
 //! `std::process::Child` is used rather than tokio's: waiting is a short poll of
 //! `try_wait`, and `Drop` can reap synchronously, which tokio's child cannot do.
 
+mod lifecycle;
 mod logs;
+mod ready;
 mod spawn;
 mod spec;
 
@@ -23,7 +26,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
-pub use spec::ProcessSpec;
+pub(crate) use lifecycle::server_lifecycle;
+pub use ready::start_ready;
+pub use spec::{on_path, ProcessSpec};
 
 /// How often an exit is checked for while waiting.
 const EXIT_POLL: Duration = Duration::from_millis(10);
@@ -41,8 +46,6 @@ pub struct ManagedProcess {
     log_dir: PathBuf,
     stdout: PathBuf,
     stderr: PathBuf,
-    /// Log files the program writes itself (ClickHouse's server.log), shown in tails.
-    extra_logs: Vec<PathBuf>,
     child: Option<Child>,
     last_exit: Option<ExitStatus>,
     starts: u32,
@@ -64,7 +67,6 @@ impl ManagedProcess {
             log_dir,
             stdout,
             stderr,
-            extra_logs: Vec::new(),
             child: None,
             last_exit: None,
             starts: 0,
@@ -296,15 +298,10 @@ impl ManagedProcess {
         &self.stderr
     }
 
-    /// Adds a log file the program writes itself, so tails and searches include it.
-    pub fn add_log_file(&mut self, path: impl AsRef<Path>) {
-        self.extra_logs.push(path.as_ref().to_path_buf());
-    }
-
     fn log_files(&self) -> impl Iterator<Item = &PathBuf> {
         [&self.stdout, &self.stderr]
             .into_iter()
-            .chain(self.extra_logs.iter())
+            .chain(self.spec.log_files.iter())
     }
 
     /// The last `lines` lines of each log file, each under a heading with its path.
@@ -312,7 +309,7 @@ impl ManagedProcess {
     pub fn log_tail(&self, lines: usize) -> String {
         let mut out = format!("--- logs of {} ---", self.spec.name);
         for path in self.log_files() {
-            if !path.exists() && self.extra_logs.contains(path) {
+            if !path.exists() && self.spec.log_files.contains(path) {
                 continue;
             }
             let text = logs::tail(path, lines);

@@ -1,7 +1,7 @@
-//! Forking children that die with the test process.
+//! Forking children that die with the process that started them (a test, `sluice dev`).
 //!
-//! Each child also leads a process group of its own, so the harness can kill or freeze
-//! it together with anything it forks. The death signal covers the child itself only
+//! Each child also leads a process group of its own, so it can be killed or frozen
+//! together with anything it forks. The death signal covers the child itself only
 //! (the kernel clears it on fork), so a grandchild outlives a test process that was
 //! itself killed; the servers run here do not fork.
 //!
@@ -31,14 +31,14 @@ fn spawner() -> Result<&'static Mutex<mpsc::Sender<(Command, Reply)>>> {
     }
     let (sender, requests) = mpsc::channel::<(Command, Reply)>();
     std::thread::Builder::new()
-        .name("harness-spawner".into())
+        .name("servers-spawner".into())
         .spawn(move || {
             for (mut command, reply) in requests {
                 // The requester may have given up; nothing to do about it then.
                 let _ = reply.send(command.spawn());
             }
         })
-        .context("starting the harness's spawner thread")?;
+        .context("starting the thread that spawns children")?;
     // A concurrent first call may have won the race; its thread serves everyone and
     // ours ends as soon as its (now unused) sender is dropped.
     Ok(SPAWNER.get_or_init(|| Mutex::new(sender)))
@@ -58,10 +58,10 @@ pub(crate) fn spawn(mut command: Command) -> Result<Child> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .send((command, reply))
-        .map_err(|_| anyhow!("the harness's spawner thread is gone"))?;
+        .map_err(|_| anyhow!("the thread that spawns children is gone"))?;
     let child = answer
         .recv()
-        .map_err(|_| anyhow!("the harness's spawner thread dropped the request"))?;
+        .map_err(|_| anyhow!("the thread that spawns children dropped the request"))?;
     Ok(child?)
 }
 

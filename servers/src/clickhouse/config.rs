@@ -144,7 +144,7 @@ const USERS_XML: &str = r#"<?xml version="1.0"?>
 </yandex>
 "#;
 
-fn xml_escape(text: &str) -> String {
+pub(crate) fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

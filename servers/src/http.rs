@@ -1,4 +1,4 @@
-//! The HTTP clients the harness (and its tests) use to talk to loopback servers.
+//! The HTTP clients that talk to loopback servers (here, in the harness and its tests).
 //!
 //! reqwest is built with `rustls-no-provider`, and building a client without a rustls
 //! crypto provider panics even when it will only ever speak plain HTTP. Rather than

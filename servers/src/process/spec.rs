@@ -13,6 +13,8 @@ pub struct ProcessSpec {
     pub(crate) env: Vec<(OsString, OsString)>,
     pub(crate) env_remove: Vec<OsString>,
     pub(crate) current_dir: Option<PathBuf>,
+    /// Log files the program writes itself (ClickHouse's server.log), shown in tails.
+    pub(crate) log_files: Vec<PathBuf>,
 }
 
 // === impl ProcessSpec ===
@@ -32,6 +34,7 @@ impl ProcessSpec {
             env: Vec::new(),
             env_remove: Vec::new(),
             current_dir: None,
+            log_files: Vec::new(),
         }
     }
 
@@ -86,6 +89,12 @@ impl ProcessSpec {
         self
     }
 
+    /// A log file the program writes itself, so that tails and searches include it.
+    pub fn log_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.log_files.push(path.as_ref().to_path_buf());
+        self
+    }
+
     pub fn program(&self) -> &Path {
         &self.program
     }
@@ -107,4 +116,13 @@ impl ProcessSpec {
         }
         line
     }
+}
+
+/// The first file called `name` in a directory of `PATH`, for finding a server's binary
+/// where its package did not put it.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
 }

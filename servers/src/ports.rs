@@ -67,9 +67,10 @@ pub fn free_addr() -> Result<SocketAddr> {
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?)))
 }
 
-/// Marks `port` as taken by this process (a port bound directly, like the fault
-/// proxy's, which it closes and reopens), so [`free_port`] never hands it out.
-pub(crate) fn reserve(port: u16) {
+/// Marks `port` as taken by this process (a port bound directly, like the test
+/// harness's fault proxy's, which it closes and reopens), so [`free_port`] never hands
+/// it out.
+pub fn reserve(port: u16) {
     handed_out()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

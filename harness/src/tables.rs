@@ -1,0 +1,93 @@
+//! Test tables beside the plain ones: a Replicated twin of a table, so the same rows
+//! can go into both and each be counted.
+//!
+//! On ClickHouse 18.16 only Replicated tables deduplicate inserts: a block of rows
+//! inserted again (the same rows, in any order: the hash is taken after the block is
+//! sorted) is dropped, within the last `replicated_deduplication_window` (100) blocks
+//! of the table. A plain MergeTree keeps every copy.
+
+use anyhow::{bail, Context, Result};
+
+use crate::clickhouse::{replicated_merge_tree, ClickHouseServer};
+
+/// Creates `table` as a `ReplicatedMergeTree` with the columns, partition key and
+/// sorting key of the existing table `like` (in the current database). The server
+/// needs a ZooKeeper ([`crate::ClickHouseOptions::replicated`], or
+/// [`crate::StackOptions::with_zookeeper`]).
+pub async fn create_replicated_like(
+    clickhouse: &ClickHouseServer,
+    table: &str,
+    like: &str,
+) -> Result<()> {
+    for name in [table, like] {
+        check_identifier(name)?;
+    }
+    if clickhouse.replication().is_none() {
+        bail!(
+            "cannot create the Replicated table {table}: this clickhouse-server has no \
+             ZooKeeper (start it with ClickHouseOptions::replicated, or the stack with \
+             StackOptions::with_zookeeper)"
+        );
+    }
+    let answer = clickhouse
+        .exec(&format!(
+            "SELECT database, partition_key, sorting_key FROM system.tables \
+             WHERE database = currentDatabase() AND name = '{like}' FORMAT TSV"
+        ))
+        .await?;
+    let Some(line) = answer.lines().next() else {
+        bail!("cannot copy {like} into {table}: there is no table {like} in the current database");
+    };
+    let mut fields = line.split('\t');
+    let (Some(database), Some(partition_key), Some(sorting_key)) =
+        (fields.next(), fields.next(), fields.next())
+    else {
+        bail!("system.tables answered {line:?} for {like}: expected three fields");
+    };
+    let partition_by = if partition_key.is_empty() {
+        String::new()
+    } else {
+        format!(" PARTITION BY ({partition_key})")
+    };
+    let order_by = if sorting_key.is_empty() {
+        "tuple()".to_owned()
+    } else {
+        format!("({sorting_key})")
+    };
+    clickhouse
+        .exec(&format!(
+            "CREATE TABLE {table} AS {like} ENGINE = {}{partition_by} ORDER BY {order_by}",
+            replicated_merge_tree(database, table)
+        ))
+        .await
+        .with_context(|| format!("creating {table} as a Replicated copy of {like}"))?;
+    Ok(())
+}
+
+/// A plain identifier (`[A-Za-z_][A-Za-z0-9_]*`): the names are spliced into SQL.
+fn check_identifier(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        bail!("table name {name:?}: expected letters, digits and `_`, not starting with a digit");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_identifiers_are_table_names() {
+        for good in ["events", "_t", "events_replicated2"] {
+            assert!(check_identifier(good).is_ok(), "{good}");
+        }
+        for bad in ["", "2events", "events; DROP TABLE x", "a.b", "é"] {
+            assert!(check_identifier(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! ZooKeeper as the harness runs it, and what ClickHouse's Replicated tables do with
+//! rows inserted again: on 18.16 they are the only tables that deduplicate inserts,
+//! which is what exactly-once delivery can build on. Each test records what the server
+//! says about a table, so Sluice can tell per table whether a retried insert counts
+//! twice.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use sluice_harness::{
+    available, clickhouse, create_replicated_like, loopback_client, process_exists, zookeeper,
+    ClickHouseOptions, ClickHouseServer, NatsFlavor, Replication, Stack, StackOptions, ZooKeeper,
+};
+
+/// The same three rows, as one JSONEachRow block.
+const ROWS: &str = "{\"id\":1,\"s\":\"a\"}\n{\"id\":2,\"s\":\"b\"}\n{\"id\":3,\"s\":\"c\"}\n";
+/// The same rows in another order.
+const ROWS_REORDERED: &str =
+    "{\"id\":3,\"s\":\"c\"}\n{\"id\":1,\"s\":\"a\"}\n{\"id\":2,\"s\":\"b\"}\n";
+/// Other rows.
+const OTHER_ROWS: &str = "{\"id\":4,\"s\":\"d\"}\n{\"id\":5,\"s\":\"e\"}\n";
+
+const PLAIN: &str = "CREATE TABLE plain (id UInt64, s String) ENGINE = MergeTree ORDER BY id";
+
+/// Whether ZooKeeper and clickhouse-server are installed (a notice if not).
+fn installed(test: &str) -> Result<bool> {
+    Ok(available(test, zookeeper::jar())?.is_some()
+        && available(test, clickhouse::binary())?.is_some())
+}
+
+/// A ZooKeeper, and a ClickHouse with a root of its own in it and a table `plain`
+/// beside its Replicated copy `replicated`.
+async fn replicated_pair() -> Result<(ClickHouseServer, ZooKeeper)> {
+    let zookeeper = ZooKeeper::start().await?;
+    let root = zookeeper.new_root().await?;
+    let options = ClickHouseOptions::default().replicated(Replication::new(root));
+    let clickhouse = ClickHouseServer::start_with(options).await?;
+    clickhouse.exec(PLAIN).await?;
+    create_replicated_like(&clickhouse, "replicated", "plain").await?;
+    Ok((clickhouse, zookeeper))
+}
+
+async fn insert(clickhouse: &ClickHouseServer, table: &str, rows: &str) -> Result<()> {
+    clickhouse
+        .exec(&format!("INSERT INTO {table} FORMAT JSONEachRow\n{rows}"))
+        .await?;
+    Ok(())
+}
+
+/// One column of one row, as text.
+async fn value(clickhouse: &ClickHouseServer, sql: &str) -> Result<String> {
+    Ok(clickhouse
+        .exec(&format!("{sql} FORMAT TSVRaw"))
+        .await?
+        .trim_end()
+        .to_owned())
+}
+
+#[tokio::test]
+async fn zookeeper_serves_on_loopback_and_dies_with_its_handle() -> Result<()> {
+    if !installed("zookeeper_serves_on_loopback_and_dies_with_its_handle")? {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let zookeeper = ZooKeeper::start().await?;
+    eprintln!("ZooKeeper served after {:?}", started.elapsed());
+    assert!(zookeeper.addr().ip().is_loopback());
+    let srvr = zookeeper.four_letter("srvr").await?;
+    assert!(srvr.contains("Mode: standalone"), "{srvr}");
+    assert_eq!(zookeeper.four_letter("ruok").await?, "imok");
+
+    // Roots: fresh ones differ, and asking for an existing one is fine.
+    let first = zookeeper.new_root().await?;
+    let second = zookeeper.new_root().await?;
+    assert_ne!(first.path, second.path);
+    assert_eq!(zookeeper.root(&first.path).await?, first);
+    let bad = zookeeper
+        .root("/a/b")
+        .await
+        .err()
+        .context("a nested root")?;
+    assert!(format!("{bad:#}").contains("one level"), "{bad:#}");
+
+    let pid = zookeeper.pid().context("a running ZooKeeper has a pid")?;
+    let dir = zookeeper.dir().to_path_buf();
+    drop(zookeeper);
+    assert!(!process_exists(pid), "pid {pid} still alive after drop");
+    assert!(!dir.exists(), "temp dir {} left behind", dir.display());
+    Ok(())
+}
+
+#[tokio::test]
+async fn zookeeper_keeps_its_nodes_across_kill9() -> Result<()> {
+    if !installed("zookeeper_keeps_its_nodes_across_kill9")? {
+        return Ok(());
+    }
+    let mut zookeeper = ZooKeeper::start().await?;
+    let node_count = |srvr: String| {
+        srvr.lines()
+            .find_map(|line| line.strip_prefix("Node count: "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .with_context(|| format!("no node count in {srvr:?}"))
+    };
+    let before = node_count(zookeeper.four_letter("srvr").await?)?;
+    zookeeper.new_root().await?;
+    let created = node_count(zookeeper.four_letter("srvr").await?)?;
+    assert_eq!(created, before + 1);
+
+    let status = zookeeper.kill9().await?;
+    assert!(!status.success());
+    assert!(zookeeper.four_letter("srvr").await.is_err());
+    zookeeper.start_again().await?;
+    assert_eq!(node_count(zookeeper.four_letter("srvr").await?)?, created);
+    Ok(())
+}
+
+/// What the issue measured: the same rows inserted three times count once in a
+/// ReplicatedMergeTree table, also in another order, while a plain MergeTree keeps
+/// all three copies. Through the stack, as the chaos suite will use it.
+#[tokio::test]
+async fn a_replicated_table_counts_rows_inserted_again_once() -> Result<()> {
+    let test = "a_replicated_table_counts_rows_inserted_again_once";
+    if !installed(test)? || available(test, NatsFlavor::from_env()?.binary())?.is_none() {
+        return Ok(());
+    }
+    let stack = Stack::start(StackOptions::default().with_zookeeper()).await?;
+    let clickhouse = &stack.clickhouse;
+    clickhouse.exec(PLAIN).await?;
+    stack.create_replicated_table("replicated", "plain").await?;
+
+    for _ in 0..3 {
+        insert(clickhouse, "plain", ROWS).await?;
+        insert(clickhouse, "replicated", ROWS).await?;
+    }
+    assert_eq!(
+        stack.count("plain").await?,
+        9,
+        "a MergeTree keeps every copy"
+    );
+    assert_eq!(stack.count("replicated").await?, 3, "inserted three times");
+
+    // The block's hash is taken after it is sorted by the table's key.
+    insert(clickhouse, "replicated", ROWS_REORDERED).await?;
+    assert_eq!(
+        stack.count("replicated").await?,
+        3,
+        "the same rows reordered"
+    );
+
+    insert(clickhouse, "replicated", OTHER_ROWS).await?;
+    assert_eq!(stack.count("replicated").await?, 5, "other rows count");
+    Ok(())
+}
+
+/// What 18.16 says about a table and the settings that decide deduplication: the
+/// engine name tells a Replicated table, `insert_deduplicate` is on, the window is
+/// 100 blocks, there is no window for plain tables, and `insert_deduplication_token`
+/// is an unknown setting.
+#[tokio::test]
+async fn what_clickhouse_says_about_deduplication() -> Result<()> {
+    if !installed("what_clickhouse_says_about_deduplication")? {
+        return Ok(());
+    }
+    let (clickhouse, _zookeeper) = replicated_pair().await?;
+    let version = clickhouse.version().await?;
+    eprintln!("clickhouse-server {version}");
+
+    for (table, engine) in [
+        ("plain", "MergeTree"),
+        ("replicated", "ReplicatedMergeTree"),
+    ] {
+        let row = value(
+            &clickhouse,
+            &format!(
+                "SELECT concat(engine, '\\n', engine_full, '\\n', create_table_query) \
+                 FROM system.tables WHERE database = currentDatabase() AND name = '{table}'"
+            ),
+        )
+        .await?;
+        eprintln!("system.tables for {table}:\n{row}");
+        let mut lines = row.lines();
+        assert_eq!(lines.next(), Some(engine), "{row}");
+        let engine_full = lines.next().unwrap_or_default();
+        let create = lines.next().unwrap_or_default();
+        assert!(engine_full.starts_with(engine), "{engine_full}");
+        assert!(
+            create.contains(&format!("ENGINE = {engine_full}")),
+            "{create}"
+        );
+    }
+    let path = value(
+        &clickhouse,
+        "SELECT engine_full FROM system.tables \
+         WHERE database = currentDatabase() AND name = 'replicated'",
+    )
+    .await?;
+    // The macros stay unexpanded in the metadata.
+    assert!(
+        path.contains("'/clickhouse/tables/{shard}/default/replicated', '{replica}'"),
+        "{path}"
+    );
+
+    let setting = "SELECT value FROM system.settings WHERE name = 'insert_deduplicate'";
+    assert_eq!(value(&clickhouse, setting).await?, "1");
+    let windows = value(
+        &clickhouse,
+        "SELECT arrayStringConcat(groupArray(concat(name, '=', value)), ',') FROM \
+         (SELECT name, value FROM system.merge_tree_settings \
+          WHERE name LIKE '%deduplication_window%' ORDER BY name)",
+    )
+    .await?;
+    eprintln!("system.merge_tree_settings: {windows}");
+    assert!(
+        windows.contains("replicated_deduplication_window=100"),
+        "{windows}"
+    );
+    if version.starts_with("18.") {
+        assert!(
+            !windows.contains("non_replicated_deduplication_window"),
+            "{windows}"
+        );
+        let token = loopback_client(Duration::from_secs(30))?
+            .post(format!(
+                "{}/?insert_deduplication_token=batch-1",
+                clickhouse.http_url()
+            ))
+            .body(format!("INSERT INTO replicated FORMAT JSONEachRow\n{ROWS}"))
+            .send()
+            .await?;
+        let status = token.status().as_u16();
+        let body = token.text().await?;
+        eprintln!("insert_deduplication_token: {status} {}", body.trim());
+        assert_eq!(status, 404, "{body}");
+        assert!(
+            body.contains("Unknown setting insert_deduplication_token"),
+            "{body}"
+        );
+        assert_eq!(clickhouse.count("replicated").await?, 0);
+    }
+    Ok(())
+}
+
+/// Deduplication is not a property of the engine alone: a request (or a profile) with
+/// `insert_deduplicate=0`, or a table with `replicated_deduplication_window = 0`,
+/// keeps every copy; the table's setting shows in `engine_full`.
+#[tokio::test]
+async fn what_turns_deduplication_off() -> Result<()> {
+    if !installed("what_turns_deduplication_off")? {
+        return Ok(());
+    }
+    let (clickhouse, _zookeeper) = replicated_pair().await?;
+    let http = loopback_client(Duration::from_secs(30))?;
+    for _ in 0..2 {
+        let response = http
+            .post(format!("{}/?insert_deduplicate=0", clickhouse.http_url()))
+            .body(format!("INSERT INTO replicated FORMAT JSONEachRow\n{ROWS}"))
+            .send()
+            .await?;
+        assert!(
+            response.status().is_success(),
+            "{:?}",
+            response.text().await
+        );
+    }
+    assert_eq!(clickhouse.count("replicated").await?, 6);
+
+    clickhouse
+        .exec(&format!(
+            "CREATE TABLE no_window AS plain ENGINE = {} ORDER BY id \
+             SETTINGS replicated_deduplication_window = 0",
+            clickhouse::replicated_merge_tree("default", "no_window")
+        ))
+        .await?;
+    for _ in 0..2 {
+        insert(&clickhouse, "no_window", ROWS).await?;
+    }
+    assert_eq!(clickhouse.count("no_window").await?, 6);
+    let engine_full = value(
+        &clickhouse,
+        "SELECT engine_full FROM system.tables \
+         WHERE database = currentDatabase() AND name = 'no_window'",
+    )
+    .await?;
+    assert!(
+        engine_full.contains("replicated_deduplication_window = 0"),
+        "{engine_full}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replicated_table_needs_a_zookeeper() -> Result<()> {
+    if available("a_replicated_table_needs_a_zookeeper", clickhouse::binary())?.is_none() {
+        return Ok(());
+    }
+    let clickhouse = ClickHouseServer::start().await?;
+    clickhouse.exec(PLAIN).await?;
+    let error = create_replicated_like(&clickhouse, "replicated", "plain")
+        .await
+        .err()
+        .context("a Replicated table without ZooKeeper")?;
+    assert!(
+        format!("{error:#}").contains("has no ZooKeeper"),
+        "{error:#}"
+    );
+    Ok(())
+}

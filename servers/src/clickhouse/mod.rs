@@ -1,0 +1,16 @@
+//! clickhouse-server: its configuration and a running one ([`ClickHouseServer`]),
+//! optionally with a ZooKeeper for Replicated tables ([`Replication`]).
+
+mod config;
+mod replication;
+mod server;
+
+pub use config::{
+    DEFAULT_PASSWORD, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+    SKIPPING_PASSWORD, SKIPPING_USER,
+};
+pub use replication::{replicated_merge_tree, Replication};
+pub use server::{
+    binary, ClickHouseOptions, ClickHouseServer, CLICKHOUSE_BIN_ENV, CLICKHOUSE_DEBIAN_BIN,
+    CLICKHOUSE_READY_DEADLINE,
+};

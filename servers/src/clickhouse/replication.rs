@@ -1,0 +1,105 @@
+//! Replicated tables: the `<zookeeper>` section and the `<macros>` a clickhouse-server
+//! needs for `ReplicatedMergeTree`, written as `config.d/replication.xml` beside the
+//! main config (ClickHouse merges every file of `config.d/` into it).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::config::xml_escape;
+use crate::zookeeper::ZooKeeperRoot;
+
+/// Where a ClickHouse keeps its Replicated tables' metadata, and its names as a replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replication {
+    pub zookeeper: ZooKeeperRoot,
+    /// The `{shard}` macro.
+    pub shard: String,
+    /// The `{replica}` macro: two ClickHouses with one root need different ones.
+    pub replica: String,
+}
+
+// === impl Replication ===
+
+impl Replication {
+    /// Shard `01`, replica `r1`.
+    pub fn new(zookeeper: ZooKeeperRoot) -> Self {
+        Self {
+            zookeeper,
+            shard: "01".into(),
+            replica: "r1".into(),
+        }
+    }
+
+    pub fn replica(mut self, replica: impl Into<String>) -> Self {
+        self.replica = replica.into();
+        self
+    }
+
+    /// Writes `config.d/replication.xml` into the server's dir.
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+        let config_d = dir.join("config.d");
+        std::fs::create_dir_all(&config_d)
+            .with_context(|| format!("creating {}", config_d.display()))?;
+        let path = config_d.join("replication.xml");
+        std::fs::write(&path, self.xml()).with_context(|| format!("writing {}", path.display()))
+    }
+
+    fn xml(&self) -> String {
+        let ZooKeeperRoot { addr, path } = &self.zookeeper;
+        format!(
+            r#"<?xml version="1.0"?>
+<yandex>
+  <zookeeper>
+    <node><host>{host}</host><port>{port}</port></node>
+    <root>{root}</root>
+  </zookeeper>
+  <macros>
+    <shard>{shard}</shard>
+    <replica>{replica}</replica>
+  </macros>
+</yandex>
+"#,
+            host = addr.ip(),
+            port = addr.port(),
+            root = xml_escape(path),
+            shard = xml_escape(&self.shard),
+            replica = xml_escape(&self.replica),
+        )
+    }
+}
+
+/// The engine clause of a Replicated table `database.table` on a server started with
+/// [`Replication`]: its path in ZooKeeper is made of the macros, so each table has its
+/// own and replicas of one table share it.
+pub fn replicated_merge_tree(database: &str, table: &str) -> String {
+    format!("ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{database}/{table}', '{{replica}}')")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+
+    #[test]
+    fn the_section_points_at_the_root_with_the_macros() {
+        let root = ZooKeeperRoot {
+            addr: SocketAddr::from(([127, 0, 0, 1], 2181)),
+            path: "/clickhouse-1-0".into(),
+        };
+        let xml = Replication::new(root).replica("r2").xml();
+        for part in [
+            "<node><host>127.0.0.1</host><port>2181</port></node>",
+            "<root>/clickhouse-1-0</root>",
+            "<shard>01</shard>",
+            "<replica>r2</replica>",
+        ] {
+            assert!(xml.contains(part), "{part} missing from:\n{xml}");
+        }
+        assert_eq!(
+            replicated_merge_tree("default", "events"),
+            "ReplicatedMergeTree('/clickhouse/tables/{shard}/default/events', '{replica}')"
+        );
+    }
+}
