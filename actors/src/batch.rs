@@ -47,6 +47,10 @@ struct Part<D> {
     done: Vec<u32>,
 }
 
+/// A message as a batch is built from it: its sequence, its delivery when held, its
+/// payload when read from the stream instead, the lines an earlier flight settled.
+type Source<D> = (u64, Option<D>, Option<Bytes>, Vec<u32>);
+
 /// The rows of one flight.
 pub struct Batch<D> {
     parts: Vec<Part<D>>,
@@ -179,7 +183,7 @@ impl<D: Delivery> Batch<D> {
         Self::build(parts, held_since)
     }
 
-    fn build(parts: Vec<(u64, Option<D>, Option<Bytes>, Vec<u32>)>, held_since: Instant) -> Self {
+    fn build(parts: Vec<Source<D>>, held_since: Instant) -> Self {
         let len: usize = parts
             .iter()
             .map(|(_, d, p, _)| {

@@ -29,13 +29,19 @@ pub enum Event {
     Progress,
     /// Dropped without being settled (the real adapter naks it at once).
     DroppedUnsettled,
+    /// A manifest was recorded (by a [`FakeManifestStore`] over this ledger; sequence 0):
+    /// `true` once its verdicts are. Orders the store's writes among the acks.
+    ManifestRecorded(bool),
 }
 
 impl Event {
     fn terminal(&self) -> bool {
         !matches!(
             self,
-            Event::Progress | Event::ParkFailed(_) | Event::ParkedRow(..)
+            Event::Progress
+                | Event::ParkFailed(_)
+                | Event::ParkedRow(..)
+                | Event::ManifestRecorded(_)
         )
     }
 }
@@ -726,6 +732,8 @@ impl ManifestStore for FakeManifestStore {
     ) -> futures::future::BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.write_fails()?;
+            self.ledger
+                .push(0, Event::ManifestRecorded(manifest.is_settled()));
             self.records.lock().unwrap().push(manifest.clone());
             self.manifests
                 .lock()

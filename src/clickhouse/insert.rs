@@ -7,15 +7,19 @@
 //! body; and its typed rows need a schema at compile time, where Sluice forwards rows
 //! as they came. A plain HTTP client gives all three with a bounded read.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rand::RngExt as _;
 use sluice_actors::{Class, Dedup, InsertError, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
+use super::catalog::TableInfo;
 use super::classify::{self, MAX_ERROR_BODY};
+use super::dedup::{dedup_of, DedupDefaults};
 use crate::config::TargetConfig;
 
 /// The settings an insert pins where the server knows them. Learnt once per target:
@@ -31,7 +35,11 @@ pub struct ServerFeatures {
     /// in, because current servers default it to 1 and would drop an unknown field
     /// silently where DESIGN.md parks the row (code 117).
     pub skip_unknown_fields: bool,
+    /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
+    /// (exactly-once); older servers deduplicate the identical block by its hash.
     pub insert_deduplication_token: bool,
+    /// The server's deduplication windows, for telling which tables deduplicate.
+    pub dedup_defaults: DedupDefaults,
 }
 
 /// Inserts into one ClickHouse target (URL + user + database).
@@ -49,7 +57,13 @@ pub struct HttpInserter {
     /// A per-process counter in each query id, so ids stay unique and readable.
     sequence: AtomicU64,
     instance: u32,
+    /// Whether each table deduplicates, asked at most every [`DEDUP_TTL`].
+    dedup: Mutex<HashMap<String, (Dedup, Instant)>>,
 }
+
+/// How long a table's deduplication answer is kept (an engine rarely changes; a table
+/// recreated with another engine is seen within this).
+const DEDUP_TTL: Duration = Duration::from_secs(60);
 
 // === impl HttpInserter ===
 
@@ -72,6 +86,7 @@ impl HttpInserter {
             features: OnceCell::new(),
             sequence: AtomicU64::new(0),
             instance: rand::rng().random(),
+            dedup: Mutex::new(HashMap::new()),
         })
     }
 
@@ -99,12 +114,28 @@ impl HttpInserter {
             )
             .await?;
         let has = |name: &str| names.lines().any(|l| l.trim() == name);
+        let windows = self
+            .query(
+                "SELECT name, value FROM system.merge_tree_settings WHERE name IN \
+                 ('replicated_deduplication_window', 'non_replicated_deduplication_window')",
+            )
+            .await?;
+        let window = |name: &str| {
+            windows.lines().find_map(|l| {
+                let (key, value) = l.split_once('\t')?;
+                (key.trim() == name).then(|| value.trim().parse().ok())?
+            })
+        };
         let features = ServerFeatures {
             version: version.trim().to_string(),
             async_insert: has("async_insert"),
             date_time_input_format: has("date_time_input_format"),
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
+            dedup_defaults: DedupDefaults {
+                replicated_window: window("replicated_deduplication_window"),
+                non_replicated_window: window("non_replicated_deduplication_window"),
+            },
         };
         tracing::info!(pool = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
         Ok(features)
@@ -127,6 +158,16 @@ impl HttpInserter {
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         request.basic_auth(&self.user, self.password.as_deref())
+    }
+
+    fn dedup_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Dedup, Instant)>> {
+        self.dedup.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn known_dedup(&self, table: &str) -> Option<Dedup> {
+        let cache = self.dedup_cache();
+        let (dedup, at) = cache.get(table)?;
+        (at.elapsed() < DEDUP_TTL).then(|| dedup.clone())
     }
 
     fn query_id(&self) -> String {
@@ -163,6 +204,14 @@ impl Inserter for HttpInserter {
             };
             params.push(("input_format_skip_unknown_fields", skip));
         }
+        if let Some(token) = &request.dedup_token {
+            // A recorded batch: whatever the user's profile says, ClickHouse must
+            // deduplicate it, by the token where it knows one.
+            params.push(("insert_deduplicate", "1"));
+            if features.insert_deduplication_token {
+                params.push(("insert_deduplication_token", token));
+            }
+        }
         let url = reqwest::Url::parse_with_params(&self.url, &params)
             .map_err(|e| classify::transport(format!("building the insert URL: {e}")))?;
         let response = self
@@ -181,11 +230,33 @@ impl Inserter for HttpInserter {
         Err(failure(response).await)
     }
 
-    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
-        Ok(Dedup {
-            exactly_once: false,
-            why: "not asked yet".into(),
-        })
+    async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, InsertError> {
+        if let Some(known) = self.known_dedup(&table.table) {
+            return Ok(known);
+        }
+        let defaults = self.features().await?.dedup_defaults.clone();
+        // Both are identifiers (checked by the configuration and the subject parser).
+        let sql = format!(
+            "SELECT name, engine, engine_full FROM system.tables WHERE database = '{}' AND name = '{}' FORMAT JSONEachRow",
+            self.database, table.table
+        );
+        let text = self.query(&sql).await.map_err(dedup_lookup_failed)?;
+        let Some(line) = text.lines().find(|l| !l.trim().is_empty()) else {
+            // Not there (yet): not cached, the insert's answer decides what follows.
+            return Ok(Dedup {
+                exactly_once: false,
+                why: "the table does not exist".into(),
+            });
+        };
+        let info: TableInfo = serde_json::from_str(line).map_err(|e| {
+            dedup_lookup_failed(classify::transport(format!(
+                "an unexpected line in system.tables ({e}): {line}"
+            )))
+        })?;
+        let dedup = dedup_of(&info, &defaults);
+        self.dedup_cache()
+            .insert(table.table.to_string(), (dedup.clone(), Instant::now()));
+        Ok(dedup)
     }
 
     async fn probe(&self) -> Result<ServerInfo, InsertError> {
@@ -198,22 +269,36 @@ impl Inserter for HttpInserter {
     }
 }
 
-/// A failed feature lookup judged no row, whatever its code: a proxy that lets only
+/// A failed lookup (features, a table's engine) judged no row, whatever its code: a proxy that lets only
 /// inserts through, or a server that hides its system tables, can answer the lookup
 /// with a code that would be a verdict on rows had an insert drawn it (60, 62...).
 /// Returned as such, the batch would be bisected and every good row parked. So a
 /// `Rejected` lookup is `Unknown` (back off, keep the rows), and no flag of a table or a
 /// batch applies: the lookup is about the whole target.
-fn lookup_failed(mut error: InsertError) -> InsertError {
+fn lookup_failed(error: InsertError) -> InsertError {
+    not_a_verdict(
+        "asking the server which settings it knows (before any insert)",
+        error,
+    )
+}
+
+/// The same for the lookup of whether a table deduplicates (before its batches are
+/// formed).
+fn dedup_lookup_failed(error: InsertError) -> InsertError {
+    not_a_verdict(
+        "asking the server whether the table deduplicates inserts (before its batch is formed)",
+        error,
+    )
+}
+
+fn not_a_verdict(what: &str, mut error: InsertError) -> InsertError {
     if error.class == Class::Rejected {
         error.class = Class::Unknown;
     }
     error.table_scoped = false;
     error.splittable = false;
-    error.message = format!(
-        "asking the server which settings it knows (before any insert): {}",
-        error.message
-    );
+    error.missing_table = false;
+    error.message = format!("{what}: {}", error.message);
     error
 }
 

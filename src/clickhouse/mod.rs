@@ -3,5 +3,6 @@
 
 pub mod catalog;
 pub mod classify;
+pub mod dedup;
 pub mod http;
 pub mod insert;

@@ -141,8 +141,13 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         pending_delay,
         confirm: manifest.is_some(),
     };
+    // Only a flight that held every message of its batch knows them all acked; a batch
+    // formed again with messages held elsewhere is left to the store's collection.
+    let held_all = manifest
+        .as_ref()
+        .is_some_and(|m| batch.deliveries().count() == m.messages.len());
     let settled = batch.settle(verdicts, &plan).await;
-    if let (Some(m), true, 0) = (&manifest, settled.confirmed, settled.pending) {
+    if let (Some(m), true, true, 0) = (&manifest, held_all, settled.confirmed, settled.pending) {
         forget(ctx, m).await;
     }
     count(ctx, &settled, retry_class, parked_missing);

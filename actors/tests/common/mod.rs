@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_actors::testkit::{
-    FakeDelivery, FakeQueue, FakeSourceFactory, Ledger, ScriptedInserter,
+    FakeDelivery, FakeManifestStore, FakeQueue, FakeSourceFactory, Ledger, ScriptedInserter,
 };
 use sluice_actors::*;
 
@@ -16,6 +16,8 @@ pub struct Rig {
     pub queue: Arc<FakeQueue>,
     pub ledger: Arc<Ledger>,
     pub ins: HashMap<String, Arc<ScriptedInserter>>,
+    /// The manifest store, when the rig was made with one (exactly-once).
+    pub store: Option<Arc<FakeManifestStore>>,
 }
 
 pub fn settings() -> PipelineSettings {
@@ -41,6 +43,20 @@ pub async fn rig(
     tables: TableSettingsResolver,
     settings: PipelineSettings,
 ) -> Rig {
+    rig_with_store(targets, tenants, tables, settings, false).await
+}
+
+/// A rig whose pipeline records batch manifests in a [`FakeManifestStore`] (it
+/// deduplicates where its inserter says so: `ScriptedInserter::set_dedup`).
+pub async fn rig_with_store(
+    targets: &[&str],
+    tenants: &[(&str, &str)],
+    tables: TableSettingsResolver,
+    settings: PipelineSettings,
+    with_store: bool,
+) -> Rig {
+    let ledger = Ledger::new();
+    let store = with_store.then(|| FakeManifestStore::new(&ledger));
     let queue = FakeQueue::new();
     let mut ins = HashMap::new();
     let targets = targets
@@ -62,15 +78,18 @@ pub async fn rig(
             .collect(),
         tables,
         settings,
-        manifests: None,
+        manifests: store
+            .clone()
+            .map(|s| s as Arc<dyn sluice_actors::ManifestStore>),
     })
     .await
     .expect("pipeline starts");
     let rig = Rig {
         handle,
         queue,
-        ledger: Ledger::new(),
+        ledger,
         ins,
+        store,
     };
     assert!(
         rig.until(Duration::from_secs(30), |r| r.handle.readiness().is_ok())

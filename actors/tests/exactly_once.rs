@@ -1,0 +1,455 @@
+//! Exactly-once on tables ClickHouse deduplicates, driven on fakes: every attempt of a
+//! batch sends the same rows with the same token, the batch is recorded before its
+//! first attempt and its verdicts before any ack, a redelivered message is put back
+//! into its batch (or settled by the record, with no insert), and nothing is inserted
+//! unrecorded. The real servers' side is in `tests/exactly_once.rs` and the chaos suite.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+const SUBJ: &str = "ingest.acme.events";
+use sluice_actors::testkit::{rejected, transport, Event, FakeManifestStore};
+use sluice_actors::*;
+
+async fn eo_rig(batch_rows: usize) -> Rig {
+    let r = rig_with_store(
+        &["main"],
+        &[("acme", "main")],
+        tables(batch_rows),
+        settings(),
+        true,
+    )
+    .await;
+    r.main().set_dedup(true);
+    r
+}
+
+fn store(r: &Rig) -> &Arc<FakeManifestStore> {
+    r.store.as_ref().expect("a rig with a store")
+}
+
+fn records(r: &Rig) -> Vec<Manifest> {
+    store(r).records.lock().unwrap().clone()
+}
+
+/// Deliver these messages again (JetStream's redelivery after a nak or `ack_wait`).
+fn redeliver(r: &Rig, seqs: &[u64], deliveries: u64) {
+    r.queue
+        .push(seqs.iter().map(|s| r.ledger.redeliver(*s, deliveries)));
+}
+
+/// The last terminal event of each message.
+fn last_events(r: &Rig, seqs: &[u64]) -> Vec<Option<Event>> {
+    seqs.iter()
+        .map(|s| r.ledger.terminal(*s).last().cloned())
+        .collect()
+}
+
+async fn until(r: &Rig, within: Duration, cond: impl Fn(&Rig) -> bool) {
+    assert!(
+        r.until(within, cond).await,
+        "events {:?}\nrecords {:?}\nrequests {:?}",
+        r.ledger.events(),
+        records(r),
+        r.main()
+            .requests()
+            .iter()
+            .map(|q| (q.rows, q.token.clone()))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_recorded_before_its_first_attempt_and_its_verdicts_before_any_ack() {
+    let r = eo_rig(5).await;
+    // At the moment of the insert the batch must be in the store already.
+    let recorded_first = Arc::new(AtomicUsize::new(0));
+    {
+        let (store, seen) = (store(&r).clone(), recorded_first.clone());
+        r.main().rule(move |req| {
+            let token = req.dedup_token.clone();
+            let known = store
+                .records
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|m| Some(m.token()) == token);
+            if known {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            None
+        });
+    }
+    let seqs = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert_eq!(recorded_first.load(Ordering::SeqCst), 1);
+    let recorded = records(&r);
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+    assert_eq!(recorded[0].state, ManifestState::Open);
+    assert_eq!(recorded[0].messages, seqs);
+    assert_eq!(
+        recorded[1].state,
+        ManifestState::Settled { rejected: vec![] }
+    );
+    let requests = r.main().requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].token, Some(recorded[0].token()));
+    // The verdicts were recorded before the first ack; the batch's last ack was
+    // confirmed; then the manifest went.
+    let events = r.ledger.events();
+    let settled_at = events
+        .iter()
+        .position(|(_, e)| *e == Event::ManifestRecorded(true))
+        .expect("the verdicts were recorded");
+    let first_ack = events
+        .iter()
+        .position(|(_, e)| matches!(e, Event::Acked | Event::AckedConfirmed))
+        .expect("acked");
+    assert!(settled_at < first_ack, "{events:?}");
+    assert_eq!(
+        last_events(&r, &seqs).last().cloned().flatten(),
+        Some(Event::AckedConfirmed)
+    );
+    until(&r, Duration::from_secs(1), |r| {
+        store(r).open_ids().is_empty()
+    })
+    .await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_failure_sends_the_same_rows_again_with_the_same_token() {
+    let r = eo_rig(5).await;
+    // The first attempt times out: ClickHouse may or may not have taken it.
+    r.main().script([Err(transport(
+        "operation timed out after the body was sent",
+    ))]);
+    let seqs = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert_eq!(store(&r).open_ids().len(), 1, "the batch stays open");
+    // JetStream delivers the rows again, once the window is over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redeliver(&r, &seqs, 2);
+    until(&r, Duration::from_secs(10), |r| {
+        last_events(r, &seqs)
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed)))
+    })
+    .await;
+    let requests = r.main().requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].token, requests[1].token, "the same token");
+    assert_eq!(
+        requests[0].body, requests[1].body,
+        "the same rows, in the same order"
+    );
+    assert_eq!(
+        store(&r).fetches.load(Ordering::SeqCst),
+        0,
+        "every row was here"
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_record() {
+    let r = eo_rig(100).await;
+    // Another instance inserted these four rows, parked the third, recorded the
+    // verdicts, and died before its acks: JetStream delivers them here.
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let seqs: Vec<u64> = (0..4)
+        .map(|i| {
+            let d = r.ledger.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect();
+    let mut m = Manifest::new(TableKey::new("acme", "events"), seqs.clone());
+    m.state = ManifestState::Settled {
+        rejected: vec![RejectedRow {
+            stream_sequence: seqs[2],
+            line: 0,
+            class: Class::Rejected,
+            code: Some(27),
+            error: "Cannot parse input".into(),
+        }],
+    };
+    futures::executor::block_on(store(&r).record(&m)).unwrap();
+    redeliver(&r, &seqs, 2);
+    until(&r, Duration::from_secs(5), |r| {
+        last_events(r, &seqs).iter().all(Option::is_some)
+    })
+    .await;
+    assert_eq!(r.main().request_count(), 0, "no insert again");
+    let events = last_events(&r, &seqs);
+    assert_eq!(events[0], Some(Event::Acked));
+    assert_eq!(events[1], Some(Event::Acked));
+    assert!(
+        matches!(&events[2], Some(Event::Parked(p)) if p.code == Some(27)),
+        "{events:?}"
+    );
+    assert_eq!(events[3], Some(Event::Acked));
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_once() {
+    let r = eo_rig(100).await;
+    // A recorded, open batch of six messages: this instance receives three of them,
+    // the other three went to another instance (or wait out a delay).
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let seqs: Vec<u64> = (0..6)
+        .map(|i| {
+            let d = r.ledger.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect();
+    let m = Manifest::new(TableKey::new("acme", "events"), seqs.clone());
+    futures::executor::block_on(store(&r).record(&m)).unwrap();
+    redeliver(&r, &seqs[..3], 2);
+    until(&r, Duration::from_secs(5), |r| {
+        last_events(r, &seqs[..3]).iter().all(Option::is_some)
+    })
+    .await;
+    // After the gathering wait the batch flew whole: six rows, the batch's token, the
+    // three missing read from the stream.
+    let requests = r.main().requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].rows, 6);
+    assert_eq!(requests[0].token, Some(m.token()));
+    assert_eq!(store(&r).fetches.load(Ordering::SeqCst), 3);
+    // The other instance's three come back now: settled by the record, no insert.
+    redeliver(&r, &seqs[3..], 3);
+    until(&r, Duration::from_secs(5), |r| {
+        last_events(r, &seqs[3..]).iter().all(Option::is_some)
+    })
+    .await;
+    assert_eq!(r.main().request_count(), 1, "inserted once");
+    assert!(last_events(&r, &seqs)
+        .iter()
+        .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed))));
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_manifest_store_cannot_be_written_nothing_is_inserted() {
+    let r = eo_rig(5).await;
+    store(&r)
+        .fail_writes
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let seqs = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert_eq!(r.main().request_count(), 0, "nothing inserted unrecorded");
+    let retry = PipelineSettings::default().store_retry;
+    assert!(seqs
+        .iter()
+        .all(|s| r.ledger.terminal(*s) == vec![Event::Naked(retry)]));
+    assert!(r
+        .table("acme.events")
+        .and_then(|t| t["state"]["last_error"].as_str().map(str::to_owned))
+        .is_some_and(|e| e.contains("manifest store")));
+    assert_eq!(r.pool_state("main"), "closed", "ClickHouse is not to blame");
+    // The store is back: the rows come again and land.
+    store(&r)
+        .fail_writes
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    redeliver(&r, &seqs, 2);
+    until(&r, Duration::from_secs(5), |r| {
+        r.main().rows_inserted() == 5
+    })
+    .await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_mid_isolation_settles_nothing_and_the_batch_is_isolated_again_the_same_way() {
+    let r = eo_rig(8).await;
+    // A bad row; the server goes away during the isolation (third request), once.
+    let calls = Arc::new(AtomicUsize::new(0));
+    {
+        let calls = calls.clone();
+        r.main().rule(move |req| {
+            if calls.fetch_add(1, Ordering::SeqCst) == 2 {
+                return Some(Err(transport("connection reset by peer")));
+            }
+            String::from_utf8_lossy(&req.body)
+                .contains("bad")
+                .then(|| Err(rejected(27)))
+        });
+    }
+    let seqs = r.push(SUBJ, 8, &[6]);
+    r.settled(8).await;
+    // Nothing settled: not the rows inserted, not the bad one.
+    assert_eq!(r.ledger.acked() + r.ledger.parked(), 0);
+    assert_eq!(records(&r).len(), 1, "open only");
+    let first_run: Vec<(usize, Option<String>)> = r
+        .main()
+        .requests()
+        .iter()
+        .map(|q| (q.rows, q.token.clone()))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redeliver(&r, &seqs, 2);
+    until(&r, Duration::from_secs(10), |r| {
+        last_events(r, &seqs).iter().all(|e| {
+            matches!(
+                e,
+                Some(Event::Acked | Event::AckedConfirmed | Event::Parked(_))
+            )
+        })
+    })
+    .await;
+    let requests = r.main().requests();
+    let second_run: Vec<(usize, Option<String>)> = requests[first_run.len()..]
+        .iter()
+        .map(|q| (q.rows, q.token.clone()))
+        .collect();
+    // The same splits with the same tokens: what the first run inserted is
+    // deduplicated by ClickHouse, not inserted twice.
+    assert_eq!(second_run[..first_run.len()], first_run[..], "{requests:?}");
+    assert_eq!(r.ledger.parked(), 1);
+    let parked = r.ledger.parkings();
+    assert_eq!(parked[0].0, seqs[6]);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_table_that_does_not_deduplicate_records_nothing() {
+    let r = eo_rig(5).await;
+    r.main().set_dedup(false);
+    r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    assert!(records(&r).is_empty());
+    assert!(r.main().requests().iter().all(|q| q.token.is_none()));
+    assert!(r
+        .table("acme.events")
+        .is_some_and(|t| t["state"]["exactly_once"] == false));
+    r.handle.shutdown().await;
+}
+
+/// The counts of each row's content among the rows ClickHouse took.
+fn inserted_lines(r: &Rig) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for q in r.main().requests() {
+        if q.answer.is_ok() {
+            for line in q.lines() {
+                *seen.entry(line).or_default() += 1;
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_row_inside_a_hundred_row_message_is_parked_alone_and_its_neighbours_inserted_once() {
+    let r = simple(100).await;
+    r.main().reject_containing("bad");
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let body: String = (0..100)
+        .map(|i| {
+            if i == 42 {
+                "{\"bad\":42}\n".to_string()
+            } else {
+                format!("{{\"n\":{i}}}\n")
+            }
+        })
+        .collect();
+    let d = r.ledger.delivery(&subject, body);
+    let seq = d.seq;
+    r.queue.push([d]);
+    until(&r, Duration::from_secs(5), |r| {
+        !r.ledger.terminal(seq).is_empty()
+    })
+    .await;
+    let events: Vec<Event> = r
+        .ledger
+        .events()
+        .into_iter()
+        .filter(|(s, _)| *s == seq)
+        .map(|(_, e)| e)
+        .collect();
+    assert!(
+        matches!(&events[..], [Event::ParkedRow(42, _), Event::Acked]),
+        "{events:?}"
+    );
+    let lines = inserted_lines(&r);
+    assert_eq!(lines.len(), 99);
+    assert!(lines.values().all(|n| *n == 1));
+    assert!(!lines.contains_key("{\"bad\":42}"));
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_resume() {
+    let r = simple(20).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    {
+        let calls = calls.clone();
+        r.main().rule(move |req| {
+            // The whole batch is rejected (the bad row); its first half (the first
+            // message) goes in; so does the first half of the second message's rows;
+            // then the server goes away.
+            if calls.fetch_add(1, Ordering::SeqCst) == 3 {
+                return Some(Err(transport("connection reset by peer")));
+            }
+            String::from_utf8_lossy(&req.body)
+                .contains("bad")
+                .then(|| Err(rejected(27)))
+        });
+    }
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let message = |m: usize, bad: Option<usize>| {
+        (0..10)
+            .map(|i| {
+                if Some(i) == bad {
+                    format!("{{\"bad\":{}}}\n", m * 10 + i)
+                } else {
+                    format!("{{\"n\":{}}}\n", m * 10 + i)
+                }
+            })
+            .collect::<String>()
+    };
+    let seqs: Vec<u64> = [message(0, None), message(1, Some(9))]
+        .into_iter()
+        .map(|body| {
+            let d = r.ledger.delivery(&subject, body);
+            let seq = d.seq;
+            r.queue.push([d]);
+            seq
+        })
+        .collect();
+    until(&r, Duration::from_secs(5), |r| {
+        seqs.iter().all(|s| !r.ledger.terminal(*s).is_empty())
+    })
+    .await;
+    // The first message's rows all went in: acked. The second went back with part of
+    // its rows in ClickHouse.
+    assert_eq!(r.ledger.terminal(seqs[0]), vec![Event::Acked]);
+    assert!(matches!(r.ledger.terminal(seqs[1])[..], [Event::Naked(_)]));
+    // It comes back: only its rows not yet in ClickHouse are sent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redeliver(&r, &seqs[1..], 2);
+    // Alone it is not a full batch: its age triggers it.
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    until(&r, Duration::from_secs(5), |r| {
+        r.ledger.terminal(seqs[1]).len() == 2
+    })
+    .await;
+    let lines = inserted_lines(&r);
+    assert_eq!(lines.len(), 19, "{lines:?}");
+    assert!(
+        lines.values().all(|n| *n == 1),
+        "a row went in twice: {lines:?}"
+    );
+    assert_eq!(r.ledger.parked(), 1);
+    r.handle.shutdown().await;
+}
