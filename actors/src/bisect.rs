@@ -33,6 +33,8 @@
 //! The algorithm is a plain async fn over an [`Inserter`] and a [`Batch`]; it only
 //! judges rows (one [`RowVerdict`] each): the batch settles them afterwards.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use crate::batch::{Batch, RowVerdict};
@@ -51,6 +53,11 @@ pub struct Isolation<'a, I, D> {
     pub batch: &'a Batch<D>,
     /// A recorded batch (exactly-once): every request carries the token of its range.
     pub manifest: Option<&'a Manifest>,
+    /// The batch has lost ClickHouse's connection again and again while ClickHouse
+    /// answered in between (it may crash on a row of it): a lost connection is then
+    /// taken as a rejection of what was sent, provided ClickHouse answers again within
+    /// `revive_within` — a real outage still stops the isolation.
+    pub suspect: Option<Duration>,
 }
 
 /// What an isolation did.
@@ -104,6 +111,47 @@ fn judges_rows(err: &InsertError) -> bool {
     err.class == Class::Rejected && !err.missing_table
 }
 
+/// What a lost connection means for a suspect batch: a rejection of the rows sent when
+/// ClickHouse answers again soon after (it went down on them), an outage otherwise.
+pub async fn lost_on_rows<I: Inserter>(
+    inserter: &I,
+    err: InsertError,
+    revive_within: Duration,
+) -> InsertError {
+    if !err.lost_connection() || !answers_again(inserter, revive_within).await {
+        return err;
+    }
+    InsertError {
+        class: Class::Rejected,
+        code: None,
+        table_scoped: false,
+        splittable: false,
+        missing_table: false,
+        status: None,
+        message: format!(
+            "ClickHouse dropped the connection each time these rows were sent, and answered again in between (it may crash on one of them): {}",
+            err.message
+        ),
+    }
+}
+
+/// Whether the target answers a probe within `within` (probing at growing intervals).
+async fn answers_again<I: Inserter>(inserter: &I, within: Duration) -> bool {
+    let give_up = Instant::now() + within;
+    let mut wait = Duration::from_millis(250);
+    loop {
+        if inserter.probe().await.is_ok() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            return false;
+        }
+        tokio::time::sleep(wait.min(give_up - now)).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
 fn judge(verdicts: &mut [RowVerdict], lo: usize, hi: usize, verdict: RowVerdict) -> usize {
     for v in &mut verdicts[lo..hi] {
         *v = verdict.clone();
@@ -149,6 +197,29 @@ pub fn row_hint(err: &InsertError) -> Option<usize> {
     let digits = err.message.get(at..)?;
     let end = digits.find(')')?;
     digits.get(..end)?.trim().parse().ok()
+}
+
+/// A single row judged for a lost connection is sent once more before it is parked: it
+/// must take the server down twice on its own (`Ok`: it went in this time). Anything
+/// else passes through.
+async fn confirm_alone<I: Inserter, D: Delivery>(
+    iso: &mut Isolation<'_, I, D>,
+    lo: usize,
+    hi: usize,
+    err: InsertError,
+) -> Result<(), InsertError> {
+    let Some(within) = iso.suspect else {
+        return Err(err);
+    };
+    let for_a_lost_connection =
+        err.class == Class::Rejected && err.code.is_none() && err.status.is_none();
+    if hi - lo != 1 || !for_a_lost_connection {
+        return Err(err);
+    }
+    match iso.insert(lo, hi).await {
+        Ok(()) => Ok(()),
+        Err(again) => Err(lost_on_rows(iso.inserter, again, within).await),
+    }
 }
 
 /// Isolate the rows of the batch after the whole batch failed with `first`. Every
@@ -222,9 +293,20 @@ pub async fn bisect<I: Inserter, D: Delivery>(
                         }
                         continue;
                     }
-                    Err(e) => (e, Some(r.lo)),
+                    Err(e) => match iso.suspect {
+                        Some(within) => (lost_on_rows(iso.inserter, e, within).await, Some(r.lo)),
+                        None => (e, Some(r.lo)),
+                    },
                 }
             }
+        };
+        let err = match confirm_alone(iso, r.lo, r.hi, err).await {
+            Ok(()) => {
+                report.answered = true;
+                report.inserted += judge(verdicts, r.lo, r.hi, RowVerdict::Inserted);
+                continue;
+            }
+            Err(err) => err,
         };
         let rejected = judges_rows(&err);
         if rejected || (err.splittable && size >= 2) {
@@ -345,6 +427,7 @@ mod tests {
                 keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
                 batch: &batch,
                 manifest: None,
+                suspect: None,
             };
             bisect(&mut iso, &mut verdicts, first).await
         };

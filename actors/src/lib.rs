@@ -61,6 +61,6 @@ pub use ports::{
     TableKey,
 };
 pub use settings::{
-    BackoffPolicy, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,
+    BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,
     TableSettingsResolver,
 };

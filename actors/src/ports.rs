@@ -93,6 +93,16 @@ impl InsertError {
     pub fn reason(&self) -> &'static str {
         self.class.as_str()
     }
+
+    /// The connection went away with no answer and not for a timeout (reset, closed
+    /// mid-answer, refused): what a ClickHouse that crashes on a request looks like. A
+    /// timeout (a frozen or slow server) is not that.
+    pub fn lost_connection(&self) -> bool {
+        self.class == Class::Unavailable
+            && self.code.is_none()
+            && self.status.is_none()
+            && !self.message.contains("timed out")
+    }
 }
 
 impl fmt::Display for InsertError {

@@ -196,8 +196,43 @@ pub struct PipelineSettings {
     /// How long messages of a recorded batch delivered again are gathered before the
     /// batch flies with what came (the rest read from the stream).
     pub reform_wait: Duration,
+    /// A message that was in this many flights that lost ClickHouse's connection while
+    /// ClickHouse was taking inserts (it answered in between) is suspected of crashing
+    /// it: its next batch is isolated, and a row that takes the server down on its own,
+    /// twice, is parked.
+    pub poison_strikes: u32,
+    /// In such an isolation, how long ClickHouse may take to answer again after a lost
+    /// connection before it counts as a real outage (which stops the isolation).
+    pub poison_revive_within: Duration,
     /// Seed for the jitter (tests); `None` seeds from the OS.
     pub jitter_seed: Option<u64>,
+    /// A crash on purpose at one point of a flight (tests of what a crash leaves).
+    pub failpoint: Option<Failpoint>,
+}
+
+/// Where a flight crashes the process on purpose, for the tests that show what a crash
+/// at that point leaves behind (`SLUICE_TEST_FAILPOINT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failpoint {
+    /// After the insert went through, before its verdicts are recorded or any message
+    /// is acked: the batch is recorded open, its rows in ClickHouse.
+    CrashAfterInsert,
+    /// After the verdicts are recorded, before any message is acked.
+    CrashAfterVerdicts,
+}
+
+impl std::str::FromStr for Failpoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "crash-after-insert" => Ok(Failpoint::CrashAfterInsert),
+            "crash-after-verdicts" => Ok(Failpoint::CrashAfterVerdicts),
+            other => Err(format!(
+                "unknown failpoint {other:?}: expected crash-after-insert or crash-after-verdicts"
+            )),
+        }
+    }
 }
 
 impl Default for PipelineSettings {
@@ -230,7 +265,10 @@ impl Default for PipelineSettings {
             handback_while_restarting: Duration::from_secs(1),
             store_retry: Duration::from_secs(1),
             reform_wait: Duration::from_secs(1),
+            poison_strikes: 3,
+            poison_revive_within: Duration::from_secs(30),
             jitter_seed: None,
+            failpoint: None,
         }
     }
 }

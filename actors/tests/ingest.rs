@@ -630,3 +630,124 @@ async fn a_table_created_within_the_grace_takes_its_rows() {
         .table("acme.late")
         .is_some_and(|t| t["state"]["missing_table"].is_null()));
 }
+
+/// A row ClickHouse crashes on (a nesting bomb published straight to JetStream): every
+/// flight holding it loses the connection while ClickHouse took inserts a moment
+/// before, again and again. After `poison_strikes` such losses its batch is isolated:
+/// the row that takes the server down on its own, twice, is parked with the reason;
+/// its neighbours land.
+#[tokio::test(start_paused = true)]
+async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_land() {
+    let mut s = settings();
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig(&["main"], &[("acme", "main")], tables(10), s).await;
+    r.main().rule(|req| {
+        String::from_utf8_lossy(&req.body)
+            .contains("bomb")
+            .then(|| Err(transport("connection closed before message completed")))
+    });
+    let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
+    let seqs: Vec<u64> = (0..10)
+        .map(|i| {
+            let body = if i == 4 {
+                "{\"n\":4,\"x\":[[[[\"bomb\"]]]]}".to_string()
+            } else {
+                format!("{{\"n\":{i}}}")
+            };
+            let d = r.ledger.delivery(&subject, body);
+            let seq = d.seq;
+            r.queue.push([d]);
+            seq
+        })
+        .collect();
+    let settled = |r: &Rig, n: usize| {
+        seqs.iter()
+            .filter(|s| r.ledger.terminal(**s).len() >= n)
+            .count()
+            == seqs.len()
+    };
+    // Each cycle: the batch goes while ClickHouse takes inserts, ClickHouse goes down
+    // on it, comes back (the pool's own probe closes the window), JetStream redelivers.
+    for cycle in 1..=3u64 {
+        assert!(
+            r.until(Duration::from_secs(30), |r| settled(r, cycle as usize))
+                .await
+        );
+        assert_eq!(
+            r.ledger.parked(),
+            0,
+            "nothing parked before the batch is suspect"
+        );
+        assert!(
+            r.until(Duration::from_secs(30), |r| r.pool_state("main")
+                == "closed")
+                .await
+        );
+        r.queue
+            .push(seqs.iter().map(|s| r.ledger.redeliver(*s, cycle + 1)));
+    }
+    assert!(
+        r.until(Duration::from_secs(120), |r| r.ledger.parked() == 1)
+            .await,
+        "{:?}",
+        r.ledger.events()
+    );
+    let parkings = r.ledger.parkings();
+    assert_eq!(parkings[0].0, seqs[4]);
+    assert!(
+        parkings[0].1.error.contains("dropped the connection"),
+        "{}",
+        parkings[0].1.error
+    );
+    assert!(
+        r.until(Duration::from_secs(30), |r| r.main().rows_inserted() == 9)
+            .await
+    );
+    for (i, s) in seqs.iter().enumerate() {
+        if i != 4 {
+            assert_eq!(r.ledger.terminal(*s).last(), Some(&Event::Acked), "row {i}");
+        }
+    }
+}
+
+/// The other side: ClickHouse really down for ten minutes (connections refused, probes
+/// failing), the rows coming back again and again: nothing is parked; once it is back
+/// every row lands.
+#[tokio::test(start_paused = true)]
+async fn a_long_real_outage_never_parks_a_good_row() {
+    let mut s = settings();
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig(&["main"], &[("acme", "main")], tables(10), s).await;
+    r.main().set_default(Some(transport("connection refused")));
+    r.main().set_probe(Some(transport("connection refused")));
+    let seqs = r.push(SUBJ, 10, &[]);
+    for round in 1..=20u64 {
+        assert!(
+            r.until(Duration::from_secs(60), |r| seqs.iter().all(|s| r
+                .ledger
+                .terminal(*s)
+                .len()
+                >= round as usize))
+                .await
+        );
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        r.queue
+            .push(seqs.iter().map(|s| r.ledger.redeliver(*s, round + 1)));
+    }
+    assert_eq!(r.ledger.parked(), 0);
+    // ClickHouse is back; the rows come once more and land.
+    r.main().set_default(None);
+    r.main().set_probe(None);
+    assert!(
+        r.until(Duration::from_secs(60), |r| r.pool_state("main")
+            == "closed")
+            .await
+    );
+    r.queue
+        .push(seqs.iter().map(|s| r.ledger.redeliver(*s, 22)));
+    assert!(
+        r.until(Duration::from_secs(120), |r| r.main().rows_inserted() == 10)
+            .await
+    );
+    assert_eq!(r.ledger.parked(), 0);
+}

@@ -7,8 +7,8 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::future::BoxFuture;
 use sluice_actors::{
-    BackoffPolicy, PipelineConfig, PipelineHandle, PipelineSettings, TableKey, TableOverrides,
-    TableSettings, TableSettingsResolver, Target,
+    BackoffPolicy, Failpoint, PipelineConfig, PipelineHandle, PipelineSettings, TableKey,
+    TableOverrides, TableSettings, TableSettingsResolver, Target,
 };
 
 use crate::admin::PipelineView;
@@ -66,7 +66,26 @@ pub fn pipeline_settings(config: &Config) -> PipelineSettings {
         ack_wait: config.nats.ack_wait,
         pool_backoff: backoff,
         table_backoff: backoff,
+        failpoint: failpoint_from_env(),
         ..PipelineSettings::default()
+    }
+}
+
+/// The environment variable that sets a failpoint: a crash on purpose, for the tests of
+/// what a crash leaves behind. Never set it in production.
+pub const FAILPOINT_ENV: &str = "SLUICE_TEST_FAILPOINT";
+
+fn failpoint_from_env() -> Option<Failpoint> {
+    let value = std::env::var(FAILPOINT_ENV).ok()?;
+    match value.parse() {
+        Ok(failpoint) => {
+            tracing::warn!(failpoint = %value, "{FAILPOINT_ENV} is set: this process crashes on purpose");
+            Some(failpoint)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "{FAILPOINT_ENV} ignored");
+            None
+        }
     }
 }
 

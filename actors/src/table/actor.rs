@@ -15,6 +15,7 @@ use super::forming::{settle_by_record, Cargo};
 use super::messages::{TableDebug, TableMsg, TableReport};
 use super::partly::PartlySettled;
 use super::reforming::Reforming;
+use super::strikes::Strikes;
 use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::breaker::{Admission, Ticket};
 use crate::manifest::Manifest;
@@ -94,6 +95,8 @@ pub struct TableState<I, D> {
     partly: PartlySettled,
     /// Whether ClickHouse deduplicates this table's inserts, as the last flight found.
     dedup: Option<Dedup>,
+    /// Messages suspected of crashing ClickHouse.
+    strikes: Strikes,
 }
 
 // === impl TableState ===
@@ -141,6 +144,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             reforming: Reforming::default(),
             partly: PartlySettled::default(),
             dedup: None,
+            strikes: Strikes::default(),
         }
     }
 
@@ -363,22 +367,32 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn fly(&mut self, myself: &ActorRef<TableMsg<D>>, tickets: Tickets) {
+        let threshold = self.ctx.common.settings.poison_strikes;
         let (cargo, held_since) = match self.reforming.next_ready() {
-            Some(g) => (
-                Cargo::Reformed {
+            Some(g) => {
+                let suspect = self
+                    .strikes
+                    .suspect(g.manifest.messages.iter().copied(), threshold);
+                let cargo = Cargo::Reformed {
                     manifest: g.manifest,
                     held: g.held,
-                },
-                g.since,
-            ),
+                    suspect,
+                };
+                (cargo, g.since)
+            }
             None => {
                 let s = &self.ctx.settings;
                 let (deliveries, _bytes, held_since) =
                     self.buffer.take(s.batch_rows, s.batch_bytes);
-                let done = self
-                    .partly
-                    .take(deliveries.iter().map(|d| d.position().stream_sequence));
-                (Cargo::Fresh { deliveries, done }, held_since)
+                let sequences = || deliveries.iter().map(|d| d.position().stream_sequence);
+                let done = self.partly.take(sequences());
+                let suspect = self.strikes.suspect(sequences(), threshold);
+                let cargo = Cargo::Fresh {
+                    deliveries,
+                    done,
+                    suspect,
+                };
+                (cargo, held_since)
             }
         };
         self.flights += 1;
@@ -485,6 +499,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             self.totals.last_error = out.last_error;
         }
         self.partly.remember(out.partly);
+        self.strikes.strike(&out.struck);
         if let Some(dedup) = out.dedup {
             self.ctx
                 .metrics

@@ -19,13 +19,13 @@ use super::forming::{finish_record, form, Cargo, Formed};
 use super::messages::{TableMsg, TableReport};
 use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
-use crate::bisect::{bisect, Isolation};
+use crate::bisect::{bisect, lost_on_rows, Isolation};
 use crate::context::Common;
 use crate::keepalive::Keepalive;
 use crate::manifest::Manifest;
 use crate::metrics::{retry_reason, TableMetrics, TargetMetrics};
 use crate::ports::{Class, Dedup, Delivery, InsertError, Inserter, TableKey};
-use crate::settings::TableSettings;
+use crate::settings::{Failpoint, TableSettings};
 
 /// What every flight of one table needs.
 pub struct FlightCtx<I> {
@@ -52,6 +52,9 @@ pub struct FlightOutcome {
     pub partly: Vec<(u64, Vec<u32>)>,
     /// Whether ClickHouse deduplicates this table's inserts, as the flight found out.
     pub dedup: Option<Dedup>,
+    /// The flight lost ClickHouse's connection while ClickHouse was taking inserts:
+    /// a strike against each of these messages.
+    pub struck: Vec<u64>,
 }
 
 /// Where a flight reports: its table; its pool should the table be gone; the root,
@@ -86,6 +89,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     tickets: Tickets,
     links: &FlightLinks<D>,
 ) -> FlightOutcome {
+    let suspect = cargo.suspect();
     let Formed {
         batch,
         manifest,
@@ -101,8 +105,15 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         }
         None => {
             ctx.metrics.batch_rows.record(n as f64);
-            judge_or_cancel(ctx, &batch, manifest.as_ref(), &mut verdicts).await
+            judge_or_cancel(ctx, &batch, manifest.as_ref(), &mut verdicts, suspect).await
         }
+    };
+    // Lost while ClickHouse was taking inserts (not a probe's loss): a strike.
+    let struck = match &verdict {
+        Verdict::PoolOutage(e) if e.lost_connection() && !tickets.pool.is_probe() => {
+            batch.sequences()
+        }
+        _ => Vec::new(),
     };
     let retry_class = match &verdict {
         Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
@@ -129,10 +140,12 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     }
     let mut last_error = last_error;
     if let Some(m) = &manifest {
+        crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
         if let Err(e) = finish_record(ctx, m, &batch, &mut verdicts).await {
             pending_delay = ctx.common.settings.store_retry;
             last_error = Some(e);
         }
+        crash_if(ctx, Failpoint::CrashAfterVerdicts, &verdicts);
     }
     let plan = SettlePlan {
         table: &ctx.key,
@@ -160,6 +173,16 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         last_error,
         partly: settled.partly,
         dedup,
+        struck,
+    }
+}
+
+/// The failpoint of the tests: crash here when it is this one and the batch went in.
+fn crash_if<I>(ctx: &FlightCtx<I>, at: Failpoint, verdicts: &[RowVerdict]) {
+    if ctx.common.settings.failpoint == Some(at) && verdicts.contains(&RowVerdict::Inserted) {
+        tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, failpoint = ?at,
+            "failpoint: crashing on purpose");
+        std::process::abort();
     }
 }
 
@@ -190,11 +213,12 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     batch: &Batch<D>,
     manifest: Option<&Manifest>,
     verdicts: &mut [RowVerdict],
+    suspect: bool,
 ) -> (Verdict, Option<String>) {
     let cancel = ctx.common.cancel_flights.clone();
     let judged = tokio::select! {
         biased;
-        judged = judge(ctx, batch, manifest, verdicts) => Some(judged),
+        judged = judge(ctx, batch, manifest, verdicts, suspect) => Some(judged),
         _ = cancel.cancelled() => None,
     };
     judged.unwrap_or_else(|| {
@@ -210,8 +234,10 @@ async fn judge<I: Inserter, D: Delivery>(
     batch: &Batch<D>,
     manifest: Option<&Manifest>,
     verdicts: &mut [RowVerdict],
+    suspect: bool,
 ) -> (Verdict, Option<String>) {
     let n = batch.rows();
+    let revive_within = ctx.common.settings.poison_revive_within;
     let mut iso = Isolation {
         inserter: &*ctx.inserter,
         table: &ctx.key,
@@ -220,8 +246,17 @@ async fn judge<I: Inserter, D: Delivery>(
         keepalive: Keepalive::new(ctx.common.settings.ack_wait, batch.held_since()),
         batch,
         manifest,
+        suspect: suspect.then_some(revive_within),
     };
-    match iso.insert(0, n).await {
+    let first = match iso.insert(0, n).await {
+        Err(e) if suspect => {
+            tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
+                "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
+            Err(lost_on_rows(&*ctx.inserter, e, revive_within).await)
+        }
+        answer => answer,
+    };
+    match first {
         Ok(()) => {
             verdicts.fill(RowVerdict::Inserted);
             (Verdict::Answered, None)

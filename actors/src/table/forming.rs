@@ -21,12 +21,23 @@ pub enum Cargo<D> {
     Fresh {
         deliveries: Vec<D>,
         done: Vec<(u64, Vec<u32>)>,
+        /// A message of it is suspected of crashing ClickHouse (see `table::strikes`).
+        suspect: bool,
     },
     /// A recorded batch, formed again: the messages of it this table holds.
     Reformed {
         manifest: Arc<Manifest>,
         held: Vec<D>,
+        suspect: bool,
     },
+}
+
+impl<D> Cargo<D> {
+    pub fn suspect(&self) -> bool {
+        match self {
+            Cargo::Fresh { suspect, .. } | Cargo::Reformed { suspect, .. } => *suspect,
+        }
+    }
 }
 
 /// The batch a flight sends, and what it knows about it before the first attempt.
@@ -47,10 +58,10 @@ pub async fn form<I: Inserter, D: Delivery>(
     held_since: Instant,
 ) -> Formed<D> {
     match cargo {
-        Cargo::Fresh { deliveries, done } => {
-            form_fresh(ctx, Batch::resuming(deliveries, done, held_since)).await
-        }
-        Cargo::Reformed { manifest, held } => reform(ctx, &manifest, held, held_since).await,
+        Cargo::Fresh {
+            deliveries, done, ..
+        } => form_fresh(ctx, Batch::resuming(deliveries, done, held_since)).await,
+        Cargo::Reformed { manifest, held, .. } => reform(ctx, &manifest, held, held_since).await,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod forming;
 pub mod messages;
 pub mod partly;
 pub mod reforming;
+pub mod strikes;
 pub mod verdict;
 
 pub use actor::{TableActor, TableArgs};

@@ -41,7 +41,9 @@ mod observe;
 mod rows;
 mod tally;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -58,6 +60,11 @@ pub use tally::{counts, ids_in, Tally, REPORT_ENV};
 use crate::nats::NatsFlavor;
 use crate::skip::available;
 use crate::stack::{Stack, StackOptions};
+
+/// A lock of the scenario's own bookkeeping (never held across an await).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How long a feed may take to get all its rows accepted.
 pub const FEED_DEADLINE: Duration = Duration::from_secs(90);
@@ -81,11 +88,26 @@ const QUIET_LOOKS: u32 = 3;
 const STRANDED_POLLS: u32 = 30;
 
 /// A scenario's stack, the test's JetStream client, and the sluice binary.
+///
+/// Every table a scenario creates has a `ReplicatedMergeTree` twin (`<table>_r`), and
+/// every feed to a table is sent to its twin as well, by the same route: ClickHouse
+/// deduplicates inserts into the twin, so its duplicates count is what exactly-once
+/// promises (zero, whatever the fault), beside the plain table's (at-least-once).
 pub struct Scenario {
     pub name: String,
     pub stack: Stack,
     pub jet: JetStreamView,
     binary: PathBuf,
+    /// Tables created with a Replicated twin.
+    twinned: Mutex<HashSet<String>>,
+    /// The twin feeds running, and what the finished ones published.
+    twin_feeds: Mutex<Vec<Feed>>,
+    twin_published: Mutex<Vec<Published>>,
+}
+
+/// The Replicated twin of a scenario table.
+pub fn twin_of(table: &str) -> String {
+    format!("{table}_r")
 }
 
 /// What the pipeline looked like at one moment of [`Scenario::quiesce`].
@@ -143,7 +165,7 @@ impl Scenario {
         if available(name, flavor.binary())?.is_none() {
             return Ok(None);
         }
-        let mut stack = Stack::start(options).await?;
+        let mut stack = Stack::start(options.with_zookeeper()).await?;
         stack.set("ingest.batch_rows", 1000);
         for (key, value) in Self::CHAOS_CONFIG {
             stack.set(key, *value);
@@ -156,6 +178,9 @@ impl Scenario {
             stack,
             jet,
             binary: binary.into(),
+            twinned: Mutex::default(),
+            twin_feeds: Mutex::default(),
+            twin_published: Mutex::default(),
         }))
     }
 
@@ -163,12 +188,25 @@ impl Scenario {
         &self.binary
     }
 
-    /// Creates the scenario tables ([`create_table_sql`]).
+    /// Creates the scenario tables ([`create_table_sql`]), each with its Replicated
+    /// twin ([`twin_of`]).
     pub async fn create_tables(&self, tables: &[&str]) -> Result<()> {
         for table in tables {
             self.stack.clickhouse.exec(&create_table_sql(table)).await?;
+            self.stack
+                .create_replicated_table(&twin_of(table), table)
+                .await?;
+            lock(&self.twinned).insert((*table).to_owned());
         }
         Ok(())
+    }
+
+    /// Starts the same feed to `table`'s twin, when it has one.
+    fn twin_feed(&self, route: Route, table: &str, rows: &RowSet, pace: &Pace) {
+        if lock(&self.twinned).contains(table) {
+            let twin = Feed::start(route, &twin_of(table), rows.clone(), *pace, FEED_DEADLINE);
+            lock(&self.twin_feeds).push(twin);
+        }
     }
 
     /// Starts a sluice process and waits until it is ready; returns its index.
@@ -183,31 +221,59 @@ impl Scenario {
         self.stack.spawn_sluice(binary)
     }
 
-    /// Feeds `rows` to `table` through the ingest API of the newest sluice process.
+    /// Feeds `rows` to `table` (and its twin) through the ingest API of the newest
+    /// sluice process.
     pub fn feed_api(&self, table: &str, rows: RowSet, pace: Pace) -> Result<Feed> {
+        self.twin_feed(Route::api(self.stack.api_url())?, table, &rows, &pace);
         let route = Route::api(self.stack.api_url())?;
         Ok(Feed::start(route, table, rows, pace, FEED_DEADLINE))
     }
 
-    /// Feeds `rows` to `table` through the ingest API of sluice process `index`.
+    /// Feeds `rows` to `table` (and its twin) through the ingest API of sluice process
+    /// `index`.
     pub fn feed_api_of(&self, index: usize, table: &str, rows: RowSet, pace: Pace) -> Result<Feed> {
-        let route = Route::api(self.stack.api_url_of(index)?)?;
-        Ok(Feed::start(route, table, rows, pace, FEED_DEADLINE))
+        let base = self.stack.api_url_of(index)?;
+        self.twin_feed(Route::api(base.clone())?, table, &rows, &pace);
+        Ok(Feed::start(
+            Route::api(base)?,
+            table,
+            rows,
+            pace,
+            FEED_DEADLINE,
+        ))
     }
 
-    /// Feeds `rows` to `table` straight to JetStream (the streams must exist: start a
-    /// sluice first).
+    /// Feeds `rows` to `table` (and its twin) straight to JetStream (the streams must
+    /// exist: start a sluice first).
     pub fn feed_jetstream(&self, table: &str, rows: RowSet, pace: Pace) -> Feed {
-        let route = Route::jetstream(self.jet.context().clone());
-        Feed::start(route, table, rows, pace, FEED_DEADLINE)
+        let route = || Route::jetstream(self.jet.context().clone());
+        self.twin_feed(route(), table, &rows, &pace);
+        Feed::start(route(), table, rows, pace, FEED_DEADLINE)
     }
 
-    /// Waits for a feed to end (within [`FEED_DEADLINE`]); a failure carries the sluice
-    /// logs.
+    /// Waits for a feed (and its twin's) to end (within [`FEED_DEADLINE`]); a failure
+    /// carries the sluice logs.
     pub async fn published(&self, feed: Feed) -> Result<Published> {
-        feed.finish(FEED_DEADLINE)
+        let twin = {
+            let mut feeds = lock(&self.twin_feeds);
+            let twin = twin_of(feed.table());
+            feeds
+                .iter()
+                .position(|f| f.table() == twin)
+                .map(|i| feeds.remove(i))
+        };
+        let published = feed
+            .finish(FEED_DEADLINE)
             .await
-            .with_context(|| self.logs())
+            .with_context(|| self.logs())?;
+        if let Some(twin) = twin {
+            let twin = twin
+                .finish(FEED_DEADLINE)
+                .await
+                .with_context(|| self.logs())?;
+            lock(&self.twin_published).push(twin);
+        }
+        Ok(published)
     }
 
     /// Asserts that nothing is parked for `tables` during the whole `window`, looking
@@ -297,13 +363,31 @@ impl Scenario {
     /// (with the sluice logs) if a row was lost or a good row parked. Returns the
     /// tally for scenario-specific checks.
     pub async fn finish(&mut self, published: &[Published]) -> Result<Tally> {
-        let tables: Vec<String> = published.iter().map(|p| p.table.clone()).collect();
+        let twins: Vec<Published> = {
+            let main: HashSet<String> = published.iter().map(|p| twin_of(&p.table)).collect();
+            lock(&self.twin_published)
+                .iter()
+                .filter(|t| main.contains(&t.table))
+                .cloned()
+                .collect()
+        };
+        let tables: Vec<String> = published
+            .iter()
+            .chain(&twins)
+            .map(|p| p.table.clone())
+            .collect();
         let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
         let healing = Instant::now();
         let quiet = self.quiesce(&tables, QUIESCE_DEADLINE).await;
         let mut tally = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, published)
             .await
             .context("counting rows")?;
+        if !twins.is_empty() {
+            let twin = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, &twins)
+                .await
+                .context("counting rows in the Replicated twins")?;
+            tally.replicated = Some(Box::new(twin));
+        }
         tally.settled_in = Some(healing.elapsed());
         tally.stranded = self.stranded_purged().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));

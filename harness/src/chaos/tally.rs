@@ -56,6 +56,9 @@ pub struct Tally {
     /// Messages left in the ingest stream although the consumer acked everything (see
     /// `Backlog::stranded`): reported, not failed, as their rows are accounted for.
     pub stranded: u64,
+    /// The same counts for the scenario's `ReplicatedMergeTree` twins, where
+    /// exactly-once holds: no duplicate may be there.
+    pub replicated: Option<Box<Tally>>,
 }
 
 // === impl Tally ===
@@ -154,6 +157,12 @@ impl Tally {
         if self.stranded > 0 {
             line.push_str(&format!(" stranded_in_stream={}", self.stranded));
         }
+        if let Some(twin) = &self.replicated {
+            line.push_str(&format!(
+                " | replicated: inserted_distinct={} duplicates={} parked={} lost={}",
+                twin.inserted_distinct, twin.duplicates, twin.parked, twin.lost
+            ));
+        }
         if let Some(took) = self.settled_in {
             line.push_str(&format!(" settled_in={:.1}s", took.as_secs_f64()));
         }
@@ -213,6 +222,17 @@ impl Tally {
         }
         if let Some(why) = &self.not_quiet {
             problems.push(format!("the pipeline never went quiet: {why}"));
+        }
+        if let Some(twin) = &self.replicated {
+            if twin.duplicates > 0 {
+                problems.push(format!(
+                    "{} duplicates in the Replicated twins, where inserts are exactly-once",
+                    twin.duplicates
+                ));
+            }
+            if let Err(e) = twin.check() {
+                problems.push(format!("in the Replicated twins: {e:#}"));
+            }
         }
         if problems.is_empty() {
             Ok(())
