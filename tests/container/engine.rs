@@ -86,6 +86,16 @@ impl Engine {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// The main process of a container, as the host numbers it.
+    pub async fn pid(&self, container: &str) -> Result<u32> {
+        let pid = self
+            .podman(&["inspect", "--format", "{{.State.Pid}}", container])
+            .await?;
+        pid.trim()
+            .parse()
+            .with_context(|| format!("container {container}: pid {pid:?}"))
+    }
+
     /// Runs `podman ARGS` and returns its output whatever its exit status.
     pub async fn podman_output(&self, args: &[&str]) -> Result<Output> {
         let mut command = tokio::process::Command::new("podman");

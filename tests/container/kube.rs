@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -254,9 +254,9 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
         "the example names its image {EXAMPLE_IMAGE} once"
     );
     let example = example.replace(EXAMPLE_IMAGE, &engine.reference());
+    // (podman's remote client has no --configmap: the ConfigMap goes first in the file.)
     let file = dir.path().join("sluice.yaml");
-    std::fs::write(&file, example)?;
-    let configmap = write_configmap(dir.path(), &stack)?;
+    std::fs::write(&file, format!("{}\n{example}", configmap(&stack)?))?;
     let (secret_name, secret_json) = podman_secret(secret)?;
     let secret_file = dir.path().join("secret.json");
     std::fs::write(&secret_file, secret_json)?;
@@ -280,8 +280,6 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
             "play",
             "--network",
             POD_NETWORK,
-            "--configmap",
-            &configmap.to_string_lossy(),
             &file.to_string_lossy(),
         ])
         .await?;
@@ -294,16 +292,17 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
 
     let mut sent = 0;
     for (i, id) in played.containers.iter().enumerate() {
-        let pid: u32 = engine
-            .podman(&["inspect", "--format", "{{.State.Pid}}", id])
-            .await?
-            .trim()
-            .parse()
-            .with_context(|| format!("the pid of container {id}"))?;
-        let user = engine
-            .podman(&["inspect", "--format", "{{.Config.User}}", id])
+        let pid = engine.pid(id).await?;
+        // The securityContexts: uid 10001, a read-only root.
+        let security = engine
+            .podman(&[
+                "inspect",
+                "--format",
+                "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}}",
+                id,
+            ])
             .await?;
-        assert_eq!(user.trim(), "10001", "runAsUser");
+        assert_eq!(security.trim(), "10001 true");
         // The probes, as a kubelet sends them.
         let ready_path = &ready_path;
         let ready = wait_until(
@@ -342,8 +341,8 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
 }
 
 /// The ConfigMap docs/deploy.md shows (`sluice-endpoints`), with this machine's
-/// addresses as a pod sees them. Its keys must be the doc's.
-fn write_configmap(dir: &Path, stack: &Stack) -> Result<PathBuf> {
+/// addresses as a pod sees them, as a YAML document. Its keys must be the doc's.
+fn configmap(stack: &Stack) -> Result<String> {
     let doc = doc_block("ConfigMap")?;
     let docs = documents(&doc)?;
     let (_, configmap) = of_kind(&docs, "ConfigMap")?;
@@ -368,7 +367,5 @@ fn write_configmap(dir: &Path, stack: &Stack) -> Result<PathBuf> {
         "metadata": configmap["metadata"],
         "data": data,
     });
-    let path = dir.join("configmap.yaml");
-    std::fs::write(&path, serde_yaml_ng::to_string(&mine)?)?;
-    Ok(path)
+    Ok(format!("{}---", serde_yaml_ng::to_string(&mine)?))
 }

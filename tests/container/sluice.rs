@@ -10,7 +10,6 @@ use serde_json::Value;
 use sluice_harness::{
     free_port, loopback_client, wait_for, Metrics, Stack, INGEST_PASSWORD, INGEST_USER, TENANT,
 };
-use testcontainers::core::ExecCommand;
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
@@ -303,20 +302,9 @@ impl SluiceContainer {
         Ok(status.trim().to_owned())
     }
 
-    /// Runs a command inside the container; its exit code and output.
-    pub async fn exec(&self, cmd: &[&str]) -> Result<(Option<i64>, String)> {
-        let mut result = self.container.exec(ExecCommand::new(cmd.to_vec())).await?;
-        let stdout = result.stdout_to_vec().await?;
-        let stderr = result.stderr_to_vec().await?;
-        let code = result.exit_code().await?;
-        Ok((
-            code,
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&stdout),
-                String::from_utf8_lossy(&stderr)
-            ),
-        ))
+    /// The container's main process as the host numbers it.
+    pub async fn pid(&self) -> Result<u32> {
+        self.engine.pid(self.id()).await
     }
 
     /// `docker stop` with a grace period: the image's stop signal, then SIGKILL when
