@@ -133,6 +133,9 @@ struct Played {
     engine: Engine,
     file: PathBuf,
     secret: String,
+    /// The pods podman names after the Deployment (`sluice-pod-0`, ...): removed by
+    /// name too, since `kube down` leaves the pods of a play that failed half-way.
+    pods: Vec<String>,
     containers: Vec<String>,
 }
 
@@ -140,8 +143,11 @@ impl Drop for Played {
     fn drop(&mut self) {
         // Drop cannot await; podman's command line is run and waited for as it is.
         let file = self.file.to_string_lossy().into_owned();
+        let mut pod_rm = vec!["pod", "rm", "--force", "--ignore"];
+        pod_rm.extend(self.pods.iter().map(String::as_str));
         for args in [
             vec!["kube", "down", file.as_str()],
+            pod_rm,
             vec!["secret", "rm", self.secret.as_str()],
         ] {
             let _ = std::process::Command::new("podman")
@@ -225,6 +231,9 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
         .as_u64()
         .context("the Service's targetPort is not a number")?;
     let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+    let name = deployment["metadata"]["name"]
+        .as_str()
+        .context("the Deployment has no name")?;
     let user = env_value(container, "SLUICE_CLICKHOUSE_TARGETS_MAIN_USER")
         .context("the example names no ClickHouse user")?;
     let password_var = env_value(container, "SLUICE_CLICKHOUSE_TARGETS_MAIN_PASSWORD_ENV")
@@ -272,6 +281,7 @@ async fn the_kubernetes_example_runs_under_podman_kube_play() -> Result<()> {
         engine: engine.clone(),
         file: file.clone(),
         secret: secret_name,
+        pods: (0..replicas).map(|i| format!("{name}-pod-{i}")).collect(),
         containers: vec![],
     };
     let output = engine
