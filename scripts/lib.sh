@@ -75,12 +75,14 @@ install_current_nats() {
 PODMAN_NPROC_CEILING=32768
 
 # install_container_tools: Debian's podman with runc (crun fails here: cgroup hybrid
-# mode), slirp4netns, uidmap and fuse-overlayfs, and debootstrap for the offline base
-# image (scripts/image), only when something is missing.
+# mode), slirp4netns (the pods of the Kubernetes test), uidmap, fuse-overlayfs and
+# catatonit (the init of podman's pod infra image), and debootstrap for the offline
+# base image (scripts/image), only when something is missing.
 install_container_tools() {
   local missing=() tool package
   for tool in podman:podman runc:runc slirp4netns:slirp4netns newuidmap:uidmap \
-    fuse-overlayfs:fuse-overlayfs debootstrap:debootstrap; do
+    fuse-overlayfs:fuse-overlayfs debootstrap:debootstrap \
+    /usr/libexec/podman/catatonit:catatonit; do
     package=${tool#*:}
     tool=${tool%%:*}
     command -v "$tool" >/dev/null 2>&1 || [[ -x /usr/sbin/$tool ]] || missing+=("$package")
