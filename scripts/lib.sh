@@ -76,3 +76,92 @@ install_current_nats() {
   echo "debian nats-server:  $(/usr/sbin/nats-server --version)"
   echo "current nats-server: $("$SLUICE_NATS_CURRENT_BIN" --version) ($SLUICE_NATS_CURRENT_BIN)"
 }
+
+# --- containers: podman for scripts/image and the container tests --------------------
+
+# The nproc limit podman 4 sets on itself (and so on conmon and runc, measured): a
+# container asking for more fails to start ("error setting rlimit type 6").
+PODMAN_NPROC_CEILING=32768
+
+# install_container_tools: Debian's podman with runc (crun fails here: cgroup hybrid
+# mode), slirp4netns (the pods of the Kubernetes test), uidmap, fuse-overlayfs and
+# catatonit (the init of podman's pod infra image), and debootstrap for the offline
+# base image (scripts/image), only when something is missing.
+install_container_tools() {
+  local missing=() tool package
+  for tool in podman:podman runc:runc slirp4netns:slirp4netns newuidmap:uidmap \
+    fuse-overlayfs:fuse-overlayfs debootstrap:debootstrap \
+    /usr/libexec/podman/catatonit:catatonit; do
+    package=${tool#*:}
+    tool=${tool%%:*}
+    command -v "$tool" >/dev/null 2>&1 || [[ -x /usr/sbin/$tool ]] || missing+=("$package")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "container tools present: $(podman --version), $(runc --version | head -n 1)"
+    return
+  fi
+  echo "missing: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+}
+
+# podman_configure DIR: writes the containers.conf of this run into DIR and exports it
+# as CONTAINERS_CONF, so podman reads it instead of the machine's and the user's (which
+# stay as they are): runtime runc, and ulimits for every container no higher than the
+# hard limits podman can hand on (read now: a container asking for more does not
+# start). Does nothing when CONTAINERS_CONF is set already.
+podman_configure() {
+  local dir=$1 nofile nproc
+  if [[ -n ${CONTAINERS_CONF:-} ]]; then
+    echo "podman: CONTAINERS_CONF=$CONTAINERS_CONF (kept)"
+    return
+  fi
+  nofile=$(ulimit -Hn)
+  nproc=$(ulimit -Hu)
+  [[ $nofile == unlimited ]] && nofile=1048576
+  if [[ $nproc == unlimited ]] || ((nproc > PODMAN_NPROC_CEILING)); then
+    nproc=$PODMAN_NPROC_CEILING
+  fi
+  cat >"$dir/containers.conf" <<CONF
+# Written by scripts/lib.sh podman_configure for one run of scripts/image or scripts/test.
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+
+[engine]
+runtime = "runc"
+CONF
+  export CONTAINERS_CONF=$dir/containers.conf
+  echo "podman: runtime runc, ulimits nofile=$nofile nproc=$nproc," \
+    "storage $(podman info --format '{{.Store.GraphDriverName}}') ($CONTAINERS_CONF)"
+}
+
+# podman_service_start DIR: podman's Docker-compatible API (what testcontainers
+# speaks) on a socket in DIR, until podman_service_stop; exports DOCKER_HOST.
+podman_service_start() {
+  local dir=$1 socket=$1/podman.sock attempt
+  podman system service --time=0 "unix://$socket" >"$dir/podman-service.log" 2>&1 &
+  PODMAN_SERVICE_PID=$!
+  for ((attempt = 0; attempt < 300; attempt++)); do
+    if [[ -S $socket ]]; then
+      export DOCKER_HOST=unix://$socket
+      echo "podman service: pid $PODMAN_SERVICE_PID, DOCKER_HOST=$DOCKER_HOST"
+      return
+    fi
+    if ! kill -0 "$PODMAN_SERVICE_PID" 2>/dev/null; then
+      break
+    fi
+    sleep 0.1
+  done
+  echo "podman system service did not open $socket:" >&2
+  cat "$dir/podman-service.log" >&2
+  podman_service_stop
+  return 1
+}
+
+# podman_service_stop: stops the service podman_service_start started (by its PID).
+podman_service_stop() {
+  [[ -n ${PODMAN_SERVICE_PID:-} ]] || return 0
+  kill "$PODMAN_SERVICE_PID" 2>/dev/null || true
+  wait "$PODMAN_SERVICE_PID" 2>/dev/null || true
+  PODMAN_SERVICE_PID=""
+}
