@@ -1,6 +1,12 @@
-//! Delay escalation: `initial` doubling to the cap, each delay jittered down to as
-//! little as half (uniform in `[d/2, d]`), so that the instances and tables that met
-//! the same outage do not all come back in the same millisecond.
+//! Delay escalation, one rule for every delay Sluice grows: `initial` doubling to a cap
+//! ([`ceiling`]), then jittered by one of two policies ([`Jitter`]):
+//!
+//! - **half** (uniform in `[d/2, d]`): the breakers' windows and the tables' backoffs,
+//!   so that instances and tables that met the same outage do not all come back in the
+//!   same millisecond, yet none comes back much sooner than the policy says;
+//! - **full** (uniform in `[0, d]`, "full jitter"): the query gateway's retries, where
+//!   clients that failed together must spread over the whole window for an overloaded
+//!   server to recover.
 //!
 //! The random source is injectable (`Jitter::seeded`) so tests see fixed delays.
 
@@ -37,7 +43,7 @@ impl Jitter {
         }
     }
 
-    /// Uniform in `[d/2, d]`.
+    /// Half jitter: uniform in `[d/2, d]`.
     pub fn apply(&mut self, d: Duration) -> Duration {
         let hi = d.as_nanos().min(u64::MAX as u128) as u64;
         if hi < 2 {
@@ -46,6 +52,18 @@ impl Jitter {
         let lo = hi / 2;
         Duration::from_nanos(self.rng.random_range(lo..=hi))
     }
+
+    /// Full jitter: uniform in `[0, d]`.
+    pub fn full(&mut self, d: Duration) -> Duration {
+        let hi = d.as_nanos().min(u64::MAX as u128) as u64;
+        Duration::from_nanos(self.rng.random_range(0..=hi))
+    }
+}
+
+/// `initial` doubled `step` times, capped at `max` (no overflow, however many steps).
+pub fn ceiling(initial: Duration, max: Duration, step: u32) -> Duration {
+    let factor = 1u32.checked_shl(step.min(31)).unwrap_or(u32::MAX);
+    initial.checked_mul(factor).unwrap_or(max).min(max)
 }
 
 /// One escalation sequence (a breaker's windows).
@@ -71,12 +89,7 @@ impl Backoff {
 
     /// The un-jittered delay of escalation step `step` (0 → initial).
     pub fn base(policy: &BackoffPolicy, step: u32) -> Duration {
-        let factor = 1u32.checked_shl(step.min(31)).unwrap_or(u32::MAX);
-        policy
-            .initial
-            .checked_mul(factor)
-            .unwrap_or(policy.max)
-            .min(policy.max)
+        ceiling(policy.initial, policy.max, step)
     }
 
     /// The next window: the current step's base delay, jittered; then escalate.
@@ -106,12 +119,7 @@ impl Backoff {
 
 /// A supervisor's respawn delay after `failures` consecutive failures (1 → initial).
 pub fn restart_delay(policy: &RestartPolicy, failures: u32) -> Duration {
-    let p = BackoffPolicy {
-        initial: policy.initial,
-        max: policy.max,
-        probe_handback_min: Duration::ZERO,
-    };
-    Backoff::base(&p, failures.saturating_sub(1))
+    ceiling(policy.initial, policy.max, failures.saturating_sub(1))
 }
 
 #[cfg(test)]

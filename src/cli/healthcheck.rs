@@ -36,7 +36,7 @@ pub fn run(config: Option<&Path>, url: Option<&str>, timeout: Duration) -> ExitC
         }
     };
     runtime.block_on(async move {
-        let client = match crate::clickhouse::http::client_builder()
+        let client = match crate::clickhouse::endpoint::client_builder()
             .timeout(timeout)
             .build()
         {

@@ -12,14 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use rand::RngExt as _;
 use sluice_actors::{Class, Dedup, InsertError, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::catalog::TableInfo;
-use super::classify::{self, MAX_ERROR_BODY};
+use super::classify;
 use super::dedup::{dedup_of, DedupDefaults};
+use super::endpoint::{read_error, transport_error, Connections, Endpoint};
 use crate::config::TargetConfig;
 
 /// The settings an insert pins where the server knows them. Learnt once per target:
@@ -45,11 +45,8 @@ pub struct ServerFeatures {
 /// Inserts into one ClickHouse target (URL + user + database).
 pub struct HttpInserter {
     target: String,
-    url: String,
-    user: String,
-    password: Option<String>,
+    endpoint: Endpoint,
     database: String,
-    client: reqwest::Client,
     insert_timeout: Duration,
     /// Insert requests in flight: the ingest workload class, apart from queries.
     permits: Semaphore,
@@ -69,18 +66,21 @@ const DEDUP_TTL: Duration = Duration::from_secs(60);
 
 impl HttpInserter {
     pub fn new(target: &TargetConfig) -> anyhow::Result<Self> {
-        let client = super::http::client_builder()
-            .connect_timeout(target.connect_timeout)
-            .pool_idle_timeout(target.pool_idle_timeout)
-            .pool_max_idle_per_host(target.insert_concurrency.max(1) * 2)
-            .build()?;
+        let endpoint = Endpoint::new(
+            &target.url,
+            &target.user,
+            target.password.clone(),
+            Connections {
+                connect_timeout: target.connect_timeout,
+                idle_timeout: target.pool_idle_timeout,
+                max_idle: target.insert_concurrency.max(1) * 2,
+                request_timeout: None,
+            },
+        )?;
         Ok(Self {
             target: target.name.clone(),
-            url: format!("{}/", target.url.trim_end_matches('/')),
-            user: target.user.clone(),
-            password: target.password.as_ref().map(|s| s.expose().to_string()),
+            endpoint,
             database: target.database.clone(),
-            client,
             insert_timeout: target.insert_timeout,
             permits: Semaphore::new(target.insert_concurrency.max(1)),
             features: OnceCell::new(),
@@ -144,20 +144,17 @@ impl HttpInserter {
     /// A small read on this target, with the ingest credentials (the table catalog's
     /// too, so it needs no HTTP client of its own).
     pub async fn query(&self, sql: &str) -> Result<String, InsertError> {
-        let request = self
-            .authorized(self.client.post(&self.url))
+        let response = self
+            .endpoint
+            .post::<&str, &str>(&[], sql.to_string())
             .timeout(self.insert_timeout)
-            .body(sql.to_string());
-        let response = request.send().await.map_err(transport)?;
-        let status = response.status();
-        if status.is_success() {
-            return response.text().await.map_err(transport);
+            .send()
+            .await
+            .map_err(transport_error)?;
+        if response.status().is_success() {
+            return response.text().await.map_err(transport_error);
         }
-        Err(failure(response).await)
-    }
-
-    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        request.basic_auth(&self.user, self.password.as_deref())
+        Err(read_error(response).await)
     }
 
     fn dedup_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Dedup, Instant)>> {
@@ -212,22 +209,20 @@ impl Inserter for HttpInserter {
                 params.push(("insert_deduplication_token", token));
             }
         }
-        let url = reqwest::Url::parse_with_params(&self.url, &params)
-            .map_err(|e| classify::transport(format!("building the insert URL: {e}")))?;
         let response = self
-            .authorized(self.client.post(url))
+            .endpoint
+            .post(&params, request.body)
             .timeout(self.insert_timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
-            .body(request.body)
             .send()
             .await
-            .map_err(transport)?;
+            .map_err(transport_error)?;
         if response.status().is_success() {
             // Read the (empty) body so the connection goes back to the pool.
             let _ = response.bytes().await;
             return Ok(());
         }
-        Err(failure(response).await)
+        Err(read_error(response).await)
     }
 
     async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, InsertError> {
@@ -300,48 +295,4 @@ fn not_a_verdict(what: &str, mut error: InsertError) -> InsertError {
     error.missing_table = false;
     error.message = format!("{what}: {}", error.message);
     error
-}
-
-/// Classify a non-success answer from its status, exception header and at most
-/// `MAX_ERROR_BODY` bytes of its body.
-pub async fn failure(mut response: reqwest::Response) -> InsertError {
-    let status = response.status().as_u16();
-    let header = response
-        .headers()
-        .get("X-ClickHouse-Exception-Code")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = read_capped(&mut response, MAX_ERROR_BODY).await;
-    classify::from_response(status, header.as_deref(), &String::from_utf8_lossy(&body))
-}
-
-/// Read at most `max` bytes of a body; the rest is never collected.
-pub async fn read_capped(response: &mut reqwest::Response, max: usize) -> Bytes {
-    let mut out = Vec::new();
-    while out.len() < max {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
-                let take = chunk.len().min(max - out.len());
-                out.extend_from_slice(&chunk[..take]);
-            }
-            Ok(None) | Err(_) => break,
-        }
-    }
-    Bytes::from(out)
-}
-
-/// A request that got no answer: refused, reset, timed out, DNS...
-pub fn transport(e: reqwest::Error) -> InsertError {
-    use std::error::Error as _;
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    if e.is_timeout() && !message.contains("timed out") {
-        message.push_str(" (timed out)");
-    }
-    classify::transport(message)
 }

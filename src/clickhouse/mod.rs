@@ -4,5 +4,5 @@
 pub mod catalog;
 pub mod classify;
 pub mod dedup;
-pub mod http;
+pub mod endpoint;
 pub mod insert;

@@ -184,7 +184,7 @@ async fn when_ready(
     stop: watch::Receiver<Option<&'static str>>,
 ) {
     let admin = format!("http://{}", options.admin);
-    let ready = match crate::clickhouse::http::client_builder()
+    let ready = match crate::clickhouse::endpoint::client_builder()
         .timeout(Duration::from_secs(2))
         .build()
     {

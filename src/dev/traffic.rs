@@ -42,7 +42,7 @@ struct Counts {
 
 /// Sends rows until aborted, logging progress every few seconds.
 pub async fn run(endpoints: Endpoints) {
-    let client = match crate::clickhouse::http::client_builder()
+    let client = match crate::clickhouse::endpoint::client_builder()
         .timeout(Duration::from_secs(10))
         .build()
     {

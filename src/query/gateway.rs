@@ -26,16 +26,16 @@ use std::time::Duration;
 use sluice_actors::InsertError;
 use tokio::time::Instant;
 
-use super::backoff::Backoff;
-use super::endpoint::{self, Endpoint};
 use super::errors::{map_clickhouse, QueryError, StoppedBy, TIMEOUT_EXCEEDED};
 use super::id::QueryId;
 use super::kill::Killer;
 use super::limits::Limits;
 use super::metrics;
+use super::pacing::RetryPacing;
 use super::request::{RequestLimits, ValidQuery};
 use super::response::{self, Relay, RelayError};
 use super::retry_budget::RetryBudget;
+use crate::clickhouse::endpoint::{self, Connections, Endpoint};
 use crate::config::QueryConfig;
 
 /// The query gateway proper: endpoint, killer, budget, limits.
@@ -47,7 +47,7 @@ pub struct Gateway {
     endpoint: Endpoint,
     killer: Killer,
     budget: RetryBudget,
-    backoff: Backoff,
+    pacing: RetryPacing,
     limits: Limits,
 }
 
@@ -71,19 +71,27 @@ enum AttemptFailure {
 
 impl Gateway {
     pub fn new(config: &QueryConfig, retry_after: Duration) -> anyhow::Result<Self> {
+        let connections = |connect_timeout, request_timeout| Connections {
+            connect_timeout,
+            // Below ClickHouse's keep_alive_timeout (3 s, 18.16 too).
+            idle_timeout: Duration::from_secs(2),
+            max_idle: config.concurrency.max(1),
+            request_timeout,
+        };
         let endpoint = Endpoint::new(
             &config.url,
             &config.user,
             config.password.clone(),
-            config.connect_timeout,
-            None,
+            connections(config.connect_timeout, None),
         )?;
         let kill_endpoint = Endpoint::new(
             &config.url,
             &config.user,
             config.password.clone(),
-            config.connect_timeout.min(config.kill_timeout),
-            Some(config.kill_timeout),
+            connections(
+                config.connect_timeout.min(config.kill_timeout),
+                Some(config.kill_timeout),
+            ),
         )?;
         Ok(Gateway {
             config: config.clone(),
@@ -91,7 +99,7 @@ impl Gateway {
             endpoint,
             killer: Killer::new(kill_endpoint, config.kill_timeout),
             budget: RetryBudget::new(config.retry_budget, config.retry_refill_per_sec),
-            backoff: Backoff {
+            pacing: RetryPacing {
                 base: config.backoff_base,
                 max: config.backoff_max,
             },
@@ -165,7 +173,7 @@ impl Gateway {
             if !worth_retrying(&error) || attempts >= self.config.max_attempts {
                 return Err(give_up(error));
             }
-            let pause = self.backoff.delay(attempts - 1);
+            let pause = self.pacing.pause(attempts - 1);
             if Instant::now() + pause >= deadline {
                 return Err(give_up(error));
             }
@@ -247,7 +255,11 @@ impl Gateway {
         server_limit: Duration,
     ) -> Result<Relay, AttemptFailure> {
         let params = self.settings(query, id, server_limit);
-        let response = match self.endpoint.post(&params, query.sql.clone()).send().await {
+        let request = self
+            .endpoint
+            .post(&params, query.sql.clone())
+            .header(reqwest::header::CONTENT_TYPE, endpoint::SQL_CONTENT_TYPE);
+        let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {
                 // A connection never made carried no query; anything later might have.

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::endpoint::{self, Endpoint};
 use super::id::QueryId;
 use super::metrics;
+use crate::clickhouse::endpoint::{self, Endpoint};
 
 #[derive(Clone, Debug)]
 pub struct Killer {
@@ -129,6 +129,7 @@ impl Killer {
         let response = self
             .endpoint
             .post(&params, sql)
+            .header(reqwest::header::CONTENT_TYPE, endpoint::SQL_CONTENT_TYPE)
             .send()
             .await
             .map_err(|e| endpoint::transport_error(e).message)?;

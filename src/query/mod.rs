@@ -35,8 +35,6 @@
 //! says the gateway is off: 404 rather than 503 because nothing will change until the
 //! configuration does, and a 503 would invite retries.
 
-mod backoff;
-mod endpoint;
 mod errors;
 mod gateway;
 mod handler;
@@ -44,6 +42,7 @@ mod id;
 mod kill;
 mod limits;
 pub mod metrics;
+mod pacing;
 mod request;
 mod response;
 mod retry_budget;
@@ -55,11 +54,11 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
 use axum::Router;
 
-pub use backoff::Backoff;
 pub use errors::{map_clickhouse, query_action, QueryError, StoppedBy};
 pub use gateway::{server_limit_for, Gateway};
 pub use id::QueryId;
 pub use limits::{Admission, Limits, Refused};
+pub use pacing::RetryPacing;
 pub use request::{Format, ValidQuery};
 pub use response::{PREFIX_WINDOW, RESULT_CAP_HEADER};
 pub use retry_budget::RetryBudget;

@@ -24,9 +24,9 @@ use bytes::{Bytes, BytesMut};
 use futures::stream;
 use tokio::time::Instant;
 
-use super::endpoint;
 use super::id::QueryId;
 use super::limits::Admission;
+use crate::clickhouse::endpoint;
 use sluice_actors::InsertError;
 
 /// Bytes read before committing to a 200.

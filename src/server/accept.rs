@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::connection::{self, Bounds};
-use super::signals::Shutdown;
+use tokio_util::sync::CancellationToken;
 
 /// How often "at its cap" is logged at most while the cap stays reached.
 const CAP_WARNING_EVERY: Duration = Duration::from_secs(30);
@@ -28,7 +28,7 @@ pub async fn serve(
     router: Router,
     bounds: Bounds,
     cap: usize,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> io::Result<()> {
     let permits = Arc::new(Semaphore::new(cap));
     let mut connections = JoinSet::new();
@@ -47,13 +47,13 @@ pub async fn serve(
                         Ok(permit) => permit,
                         Err(_) => break,
                     },
-                    _ = shutdown.wait() => break,
+                    _ = shutdown.cancelled() => break,
                 }
             }
         };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.wait() => break,
+            _ = shutdown.cancelled() => break,
         };
         match accepted {
             Ok((stream, _peer)) => {
@@ -73,7 +73,7 @@ pub async fn serve(
                 tracing::warn!(listener = name, error = %e, "accepting a connection failed; trying again in 1 s");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = shutdown.wait() => break,
+                    _ = shutdown.cancelled() => break,
                 }
             }
         }

@@ -35,8 +35,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt as _;
 
-use super::signals::Shutdown;
 use crate::config::ListenerLimits;
+use tokio_util::sync::CancellationToken;
 
 /// What a connection is bound by, and how its listener is named in messages.
 #[derive(Clone, Copy, Debug)]
@@ -66,7 +66,7 @@ pub async fn serve(
     stream: TcpStream,
     router: Router,
     bounds: Bounds,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
     let activity = Arc::new(Activity::new(Instant::now()));
@@ -98,7 +98,7 @@ pub async fn serve(
                 }
                 return;
             }
-            _ = shutdown.wait(), if !stopping => {
+            _ = shutdown.cancelled(), if !stopping => {
                 // A request whose headers are not all in has not been taken yet: its
                 // client will send it again elsewhere. One being handled is answered.
                 if matches!(activity.phase(), Phase::Idle | Phase::Headers) {

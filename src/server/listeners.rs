@@ -15,7 +15,6 @@ use tokio::task::JoinHandle;
 
 use super::connection::Bounds;
 use super::descriptors::{self, Caps};
-use super::signals::Shutdown;
 use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState};
 use crate::api::ingest::{self, IngestState, TenantTables};
@@ -24,6 +23,7 @@ use crate::clickhouse::catalog::{self, Catalog};
 use crate::clickhouse::insert::HttpInserter;
 use crate::config::Config;
 use crate::nats::{Dlq, Publisher};
+use tokio_util::sync::CancellationToken;
 
 pub struct Listeners {
     pub api: SocketAddr,
@@ -67,7 +67,7 @@ pub struct Parts {
 pub async fn start(
     config: &Arc<Config>,
     parts: Parts,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) -> anyhow::Result<Listeners> {
     let Parts {
         inserters,

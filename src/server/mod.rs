@@ -75,7 +75,9 @@ pub async fn run_until(
     let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
 
-    let shutdown = signals::Shutdown::new();
+    // The listeners' stop: cancelled once the signal came (one token tree with the
+    // pipeline's own, which stops the actors).
+    let shutdown = tokio_util::sync::CancellationToken::new();
     let parts = listeners::Parts {
         inserters,
         publisher: ingest_publisher.clone(),
@@ -108,7 +110,7 @@ pub async fn run_until(
             ExitCode::FAILURE
         }
     };
-    shutdown.trigger();
+    shutdown.cancel();
     let summary = adapter.handle().shutdown().await;
     tracing::info!(
         flushed = summary.rows_flushed,
