@@ -36,6 +36,7 @@
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
 //! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
+//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone | 13 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -693,6 +694,91 @@ async fn missing_table_grace_runs_out() -> Result<()> {
     let tally = s.finish(&[published_good]).await?;
     ensure!(tally.parked == 0, "{tally}");
     let _ = published_typo;
+    Ok(())
+}
+
+/// Issue 13: a row ClickHouse crashes on (a nesting bomb published straight to
+/// JetStream, where the ingest API's depth limit never saw it; ClickHouse 18.16
+/// segfaults parsing it with `skip_unknown_fields`). ClickHouse is restarted whenever it
+/// dies, as an orchestrator would. Sluice must stop resending the row blindly: after a
+/// few losses while ClickHouse took inserts it isolates the batch, parks the bomb alone
+/// with the reason, and every good row lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_row_crashes_clickhouse() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("poison_row_crashes_clickhouse", SLUICE, StackOptions::default())
+            .await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.stack.set("ingest.batch_rows", 50);
+    s.stack.set("tables.\"acme.events\".skip_unknown_fields", true);
+    s.start_sluice().await?;
+    let good = s.feed_jetstream("events", RowSet::good(0..2000), Pace::new(100, ms(100)));
+    let bomb = format!(
+        "{{\"id\":999999,\"name\":\"bomb\",\"x\":{}1{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    s.jet
+        .context()
+        .publish("ingest.acme.events", bomb.into())
+        .await?
+        .await?;
+    let published = s.published(good).await?;
+    // Restart ClickHouse whenever it died, until the bomb is parked.
+    let mut crashes = 0u32;
+    let deadline = tokio::time::Instant::now() + secs(240);
+    let bomb_row = loop {
+        if !s.stack.clickhouse.is_running() {
+            crashes += 1;
+            s.stack.clickhouse.start_again().await?;
+        }
+        let parked = s.jet.parked("events").await?;
+        if let Some(row) = parked.iter().find(|r| r.payload.contains("bomb")) {
+            break row.clone();
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the bomb is not parked after {crashes} crashes of ClickHouse\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(ms(200)).await;
+    };
+    ensure!(crashes >= 1, "ClickHouse never crashed on the bomb: the scenario proves nothing");
+    let reason = bomb_row.headers.get("Sluice-Error").cloned().unwrap_or_default();
+    ensure!(reason.contains("dropped the connection"), "{:?}", bomb_row.headers);
+    // ClickHouse is started again if the last isolation step left it down; then it stays
+    // up, and every good row lands exactly once.
+    let deadline = tokio::time::Instant::now() + secs(60);
+    let mut restarts_after = 0u32;
+    while s.stack.count("events").await.unwrap_or(0) < 2000 {
+        if !s.stack.clickhouse.is_running() {
+            restarts_after += 1;
+            ensure!(restarts_after <= 1, "ClickHouse crashed again after the bomb was parked");
+            s.stack.clickhouse.start_again().await?;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the good rows did not all land\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(ms(200)).await;
+    }
+    for _ in 0..10 {
+        ensure!(s.stack.clickhouse.is_running(), "ClickHouse crashed again after the bomb was parked");
+        tokio::time::sleep(ms(200)).await;
+    }
+    let parked = s.jet.parked("events").await?;
+    ensure!(parked.len() == 1, "{} rows parked; only the bomb should be", parked.len());
+    let (total, distinct) = sluice_harness::chaos::counts(&s.stack.clickhouse, "events").await?;
+    ensure!(distinct == 2000 && total >= distinct, "count {total}, distinct {distinct}");
+    println!(
+        "chaos: poison_row_crashes_clickhouse published={} inserted_distinct={distinct} duplicates={} parked=1 crashes={crashes}",
+        published.accepted.len() + 1,
+        total - distinct
+    );
     Ok(())
 }
 

@@ -90,7 +90,9 @@ pub struct Settled {
     /// Messages naked with some of their rows already in ClickHouse or on the DLQ: the
     /// lines that need nothing more when the message comes back.
     pub partly: Vec<(u64, Vec<u32>)>,
-    /// Every ack was sent, and (when asked) the last one confirmed.
+    /// Every ack (parks' included) was sent, and (when asked) the last one confirmed:
+    /// JetStream handles a connection's acks in order, so the confirmation covers them
+    /// all. Meaningful only when nothing went back (`pending` and `handed_back` zero).
     pub confirmed: bool,
 }
 
@@ -284,9 +286,8 @@ impl<D: Delivery> Batch<D> {
                 done: &part.done,
                 body: &self.body,
             };
-            match settle_message(d, &message, plan, &mut out).await {
-                Some(d) => acks.push(d),
-                None => out.confirmed = false,
+            if let Some(d) = settle_message(d, &message, plan, &mut out).await {
+                acks.push(d);
             }
         }
         let last = if plan.confirm { acks.pop() } else { None };

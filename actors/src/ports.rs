@@ -94,14 +94,18 @@ impl InsertError {
         self.class.as_str()
     }
 
-    /// The connection went away with no answer and not for a timeout (reset, closed
-    /// mid-answer, refused): what a ClickHouse that crashes on a request looks like. A
-    /// timeout (a frozen or slow server) is not that.
+    /// The connection was made and then went away with no answer (reset, closed
+    /// mid-answer): what a ClickHouse that crashes on a request looks like. A connection
+    /// never made (refused: the server was not there when the rows were sent) and a
+    /// timeout (a frozen or slow server) are not that. Read from the transport error's
+    /// text, as the adapter writes it (`cannot connect ...`, `... (timed out)`).
     pub fn lost_connection(&self) -> bool {
         self.class == Class::Unavailable
             && self.code.is_none()
             && self.status.is_none()
             && !self.message.contains("timed out")
+            && !self.message.contains("cannot connect")
+            && !self.message.contains("onnection refused")
     }
 }
 
@@ -204,8 +208,7 @@ pub trait Inserter: Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Position {
     pub stream_sequence: u64,
-    /// How many times JetStream has delivered the message (1 on the first delivery):
-    /// only a message delivered before can belong to a recorded batch.
+    /// How many times JetStream has delivered the message (1 on the first delivery).
     pub deliveries: u64,
 }
 

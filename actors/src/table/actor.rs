@@ -230,9 +230,9 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.pump(myself);
     }
 
-    /// Messages delivered before may belong to a recorded batch: one whose verdicts are
-    /// recorded is settled by them at once; one still open is gathered to fly again as
-    /// that batch. Returns the others.
+    /// Messages may belong to a recorded batch: one whose verdicts are recorded is
+    /// settled by them at once; one still open is gathered to fly again as that batch.
+    /// Returns the others.
     fn sort_out_recorded(
         &mut self,
         myself: &ActorRef<TableMsg<D>>,
@@ -242,16 +242,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let Some(store) = self.ctx.common.manifests.clone() else {
             return rows;
         };
-        if rows.iter().all(|d| d.position().deliveries <= 1) {
-            return rows;
-        }
         let mut fresh = Vec::with_capacity(rows.len());
         let mut settled: Vec<(Arc<Manifest>, Vec<D>)> = Vec::new();
         for d in rows {
-            let position = d.position();
-            let recorded = (position.deliveries > 1)
-                .then(|| store.holding(position.stream_sequence))
-                .flatten();
+            // Every message is looked up, first deliveries too: nats-server 2.9 hands a
+            // message back to a dropped pull request and then delivers it again as new
+            // (deliveries 1), measured by the manifest store's tests.
+            let recorded = store.holding(d.position().stream_sequence);
             match recorded {
                 None => fresh.push(d),
                 Some(m) if m.is_settled() => match settled.iter_mut().find(|(s, _)| s.id == m.id) {

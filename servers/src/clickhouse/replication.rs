@@ -36,20 +36,28 @@ impl Replication {
         self
     }
 
-    /// Writes `config.d/replication.xml` into the server's dir.
+    /// Writes `config.d/replication.xml` into the server's dir (once: the interserver
+    /// port picked then is the server's for good, restarts included).
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let config_d = dir.join("config.d");
         std::fs::create_dir_all(&config_d)
             .with_context(|| format!("creating {}", config_d.display()))?;
         let path = config_d.join("replication.xml");
-        std::fs::write(&path, self.xml()).with_context(|| format!("writing {}", path.display()))
+        let interserver = crate::ports::free_port()?;
+        std::fs::write(&path, self.xml(interserver))
+            .with_context(|| format!("writing {}", path.display()))
     }
 
-    fn xml(&self) -> String {
+    /// A replica announces where the others can fetch its parts (`interserver_http_*`):
+    /// without it 18.16 takes the table read-only when it starts again ("Parameter
+    /// 'interserver_http(s)_port' required for replication is not specified").
+    fn xml(&self, interserver: u16) -> String {
         let ZooKeeperRoot { addr, path } = &self.zookeeper;
         format!(
             r#"<?xml version="1.0"?>
 <yandex>
+  <interserver_http_host>127.0.0.1</interserver_http_host>
+  <interserver_http_port>{interserver}</interserver_http_port>
   <zookeeper>
     <node><host>{host}</host><port>{port}</port></node>
     <root>{root}</root>
@@ -88,12 +96,13 @@ mod tests {
             addr: SocketAddr::from(([127, 0, 0, 1], 2181)),
             path: "/clickhouse-1-0".into(),
         };
-        let xml = Replication::new(root).replica("r2").xml();
+        let xml = Replication::new(root).replica("r2").xml(18123);
         for part in [
             "<node><host>127.0.0.1</host><port>2181</port></node>",
             "<root>/clickhouse-1-0</root>",
             "<shard>01</shard>",
             "<replica>r2</replica>",
+            "<interserver_http_port>18123</interserver_http_port>",
         ] {
             assert!(xml.contains(part), "{part} missing from:\n{xml}");
         }
