@@ -137,14 +137,14 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
         } else if indexed.incarnation > incarnation {
             // Written for a stream newer than the one just read: not ours to judge.
             None
-        } else if last < first {
-            Some(Reason::Gone)
         } else if m.is_settled() && last <= floor {
             Some(if shared.deferred(&m.id) {
                 Reason::ForgottenAfterReconnect
             } else {
                 Reason::Acked
             })
+        } else if last < first {
+            Some(Reason::Gone)
         } else {
             None
         };

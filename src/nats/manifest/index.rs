@@ -344,7 +344,9 @@ async fn watch_once(
     if let Ok(ingest) = js.get_stream(&settings.stream).await {
         index.set_incarnation(incarnation_of(ingest.cached_info()));
     }
-    let mut watch = match store.watch_all().await {
+    // `watch_with_history`: the last value of every key, then every change
+    // (async-nats's `watch_all` only delivers changes made after it opens).
+    let mut watch = match store.watch_with_history(">").await {
         Ok(watch) => watch,
         Err(e) => return format!("opening a watch of the manifest bucket: {e}"),
     };
