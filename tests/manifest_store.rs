@@ -58,6 +58,7 @@ fn manifest_settings() -> ManifestSettings {
         consumer: "sluice".into(),
         // The tests collect when they mean to.
         collect_every: Duration::from_secs(3600),
+        marker_age: Duration::from_secs(60),
     }
 }
 
@@ -632,5 +633,70 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
         "nats-server {}",
         setup.server.version()
     );
+
+    // A full bucket still lets manifests go (or it could never drain), and then takes
+    // records again.
+    for m in &recorded[..10] {
+        store
+            .forget(&m.id)
+            .await
+            .map_err(|e| anyhow!("forgetting {} in a full bucket: {e}", m.id))?;
+    }
+    assert_eq!(setup.bucket().await?.len(), recorded.len() - 10);
+    let m = Manifest::new(table(), (5_000_000..5_010_000).collect());
+    wait_until(
+        "the bucket takes a record again",
+        DEADLINE,
+        POLL,
+        || async { store.record(&m).await.is_ok() },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
+    let Some(setup) = Setup::start("removal_markers_are_dropped_from_the_bucket_once_seen").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&setup.server).await?;
+    let a = JsManifestStore::start(
+        js,
+        ManifestSettings {
+            marker_age: Duration::ZERO,
+            ..manifest_settings()
+        },
+    );
+    a.ready(READY).await.map_err(|e| anyhow!("{e}"))?;
+    let b = setup.instance().await?;
+    b.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let m = Manifest::new(table(), seqs.clone());
+    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    a.forget(&m.id).await.map_err(|e| anyhow!("{e}"))?;
+    b.wait_holding(seqs[0], None).await?;
+    let mut bucket = setup.js.get_stream(bucket_stream_name(BUCKET)).await?;
+    assert_eq!(
+        bucket.info().await?.state.messages,
+        1,
+        "the removal marker is the key's last value"
+    );
+    // Once the store's watch has seen the marker, a collection drops it.
+    wait_until(
+        "a collection dropped the marker",
+        DEADLINE,
+        POLL,
+        || async { a.collect().await.is_ok_and(|c| c.markers == 1) },
+    )
+    .await?;
+    assert_eq!(
+        bucket.info().await?.state.messages,
+        0,
+        "the bucket is empty"
+    );
+    // The same batch recorded again is found as ever.
+    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    b.wait_holding(seqs[1], Some(&m)).await?;
     Ok(())
 }

@@ -12,7 +12,7 @@
 //! none comes back); (c) any one whose messages are all below the stream's first
 //! sequence (none is left to come back). An open manifest with a message still in the
 //! stream is never removed: that message may come back and must join exactly that
-//! batch. Then the removal markers older than `TOMBSTONE_AGE` are dropped from the
+//! batch. Then the removal markers older than `marker_age` are dropped from the
 //! bucket, so that a new watch does not read a day of them.
 
 use std::time::Duration;
@@ -24,10 +24,6 @@ use sluice_actors::StoreError;
 use super::bucket::{stream_name, subject};
 use super::{incarnation_of, Shared};
 use crate::telemetry::metrics::MANIFESTS_COLLECTED;
-
-/// How long a removal marker stays: every live watch sees it within moments, and a
-/// watch opened later rebuilds without it.
-const TOMBSTONE_AGE: Duration = Duration::from_secs(60);
 
 /// Why a manifest was collected (the metric's `reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +167,7 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
 /// Drop the removal markers every watch has seen by now (up to and including the
 /// marker: a value written after it stays).
 async fn drop_markers(shared: &Shared, out: &mut Collected) {
-    let old = shared.index.take_tombstones(TOMBSTONE_AGE);
+    let old = shared.index.take_tombstones(shared.settings.marker_age);
     if old.is_empty() {
         return;
     }

@@ -50,6 +50,9 @@ use crate::config::NatsConfig;
 
 /// How often every instance collects orphaned manifests.
 const COLLECT_EVERY: Duration = Duration::from_secs(10);
+/// How long a removal marker stays: every live watch sees it within moments, and a
+/// watch opened later rebuilds without it.
+const MARKER_AGE: Duration = Duration::from_secs(60);
 /// Messages read from the stream at once when a batch is formed again.
 const FETCH_CONCURRENCY: usize = 32;
 
@@ -66,6 +69,9 @@ pub struct ManifestSettings {
     pub stream: String,
     pub consumer: String,
     pub collect_every: Duration,
+    /// Removal markers older than this are dropped from the bucket by the collector,
+    /// so that a new watch does not read a day of them.
+    pub marker_age: Duration,
 }
 
 impl From<&NatsConfig> for ManifestSettings {
@@ -77,6 +83,7 @@ impl From<&NatsConfig> for ManifestSettings {
             stream: c.stream.clone(),
             consumer: c.consumer.clone(),
             collect_every: COLLECT_EVERY,
+            marker_age: MARKER_AGE,
         }
     }
 }
