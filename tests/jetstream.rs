@@ -172,6 +172,20 @@ async fn stream_contents(js: &jetstream::Context, name: &str) -> Result<Vec<Stre
     Ok(out)
 }
 
+/// (subject, payload) of every row in the ingest stream, oldest first.
+async fn queued_rows(js: &jetstream::Context) -> Result<Vec<(String, String)>> {
+    Ok(stream_contents(js, "INGEST")
+        .await?
+        .into_iter()
+        .map(|m| {
+            (
+                m.subject.to_string(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect())
+}
+
 async fn wait_for_messages(js: &jetstream::Context, name: &str, n: u64) -> Result<()> {
     wait_for(
         &format!("stream {name} to hold {n} messages"),
@@ -659,16 +673,7 @@ async fn dlq_tools_count_peek_replay_and_purge() -> Result<()> {
         (1, 1, 0),
         "{report:?}"
     );
-    let back: Vec<(String, String)> = stream_contents(&setup.js, "INGEST")
-        .await?
-        .into_iter()
-        .map(|m| {
-            (
-                m.subject.to_string(),
-                String::from_utf8_lossy(&m.payload).into_owned(),
-            )
-        })
-        .collect();
+    let back = queued_rows(&setup.js).await?;
     assert_eq!(
         back,
         vec![
@@ -1045,16 +1050,7 @@ async fn a_row_parked_alone_carries_its_line_is_stored_once_and_replays_alone() 
     assert_eq!(peeked[0].row, json!({"id": "two"}));
     let report = dlq.replay("acme", "events", 10, false).await?;
     assert_eq!((report.replayed, report.failed), (2, 0), "{report:?}");
-    let back: Vec<(String, String)> = stream_contents(&setup.js, "INGEST")
-        .await?
-        .into_iter()
-        .map(|m| {
-            (
-                m.subject.to_string(),
-                String::from_utf8_lossy(&m.payload).into_owned(),
-            )
-        })
-        .collect();
+    let back = queued_rows(&setup.js).await?;
     assert_eq!(
         back,
         vec![

@@ -112,6 +112,14 @@ impl Setup {
         Ok(Instance { js, store, factory })
     }
 
+    /// Two instances, their indexes caught up.
+    async fn two_instances(&self) -> Result<(Instance, Instance)> {
+        let (a, b) = (self.instance().await?, self.instance().await?);
+        a.ready().await?;
+        b.ready().await?;
+        Ok((a, b))
+    }
+
     async fn publish(&self, payload: &str) -> Result<u64> {
         let published = self
             .ingest
@@ -304,9 +312,7 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
     else {
         return Ok(());
     };
-    let (a, b) = (setup.instance().await?, setup.instance().await?);
-    a.ready().await?;
-    b.ready().await?;
+    let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
     let open = Manifest::new(table(), seqs[..3].to_vec());
     a.record(&open).await?;
@@ -437,9 +443,7 @@ async fn a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected() 
     else {
         return Ok(());
     };
-    let (a, b) = (setup.instance().await?, setup.instance().await?);
-    a.ready().await?;
-    b.ready().await?;
+    let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(3).await?;
     let mut source = a.source().await?;
     let mut delivered = pull(&mut source, 3).await?;
@@ -508,9 +512,7 @@ async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collect
     else {
         return Ok(());
     };
-    let (a, b) = (setup.instance().await?, setup.instance().await?);
-    a.ready().await?;
-    b.ready().await?;
+    let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(2).await?;
     let old = Manifest::new(table(), seqs.clone());
     a.record(&old).await?;
@@ -549,9 +551,7 @@ async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
     let Some(mut setup) = Setup::start("the_index_is_rebuilt_after_nats_restarts").await? else {
         return Ok(());
     };
-    let (a, b) = (setup.instance().await?, setup.instance().await?);
-    a.ready().await?;
-    b.ready().await?;
+    let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
     let before = Manifest::new(table(), seqs[..2].to_vec());
     a.record(&before).await?;

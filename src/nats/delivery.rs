@@ -337,7 +337,7 @@ fn header_value(s: &str) -> String {
 }
 
 /// At most `max` bytes, cut at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

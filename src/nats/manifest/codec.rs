@@ -21,7 +21,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
-use crate::nats::delivery::MAX_ERROR_HEADER;
+use crate::nats::delivery::{truncate, MAX_ERROR_HEADER};
 
 const VERSION: u8 = 1;
 const OPEN: u8 = 0;
@@ -62,7 +62,7 @@ pub fn encode(m: &Manifest) -> Bytes {
             put_varint(&mut out, u64::from(r.line));
             out.put_u8(class_byte(r.class));
             put_varint(&mut out, r.code.map_or(0, |c| u64::from(c) + 1));
-            put_str(&mut out, capped(&r.error, MAX_ERROR_HEADER));
+            put_str(&mut out, truncate(&r.error, MAX_ERROR_HEADER));
         }
     }
     out.freeze()
@@ -153,18 +153,6 @@ fn put_varint(out: &mut BytesMut, mut v: u64) {
 fn put_str(out: &mut BytesMut, s: &str) {
     put_varint(out, s.len() as u64);
     out.put_slice(s.as_bytes());
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn capped(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Reads a value front to back.
