@@ -17,8 +17,8 @@ pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
 pub use manifest::{
-    bucket_stream_name, decode_manifest, encode_manifest, Collected, JsManifestStore,
-    ManifestSettings, MANIFEST_MAX_AGE,
+    bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
+    MANIFEST_MAX_AGE,
 };
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};

@@ -18,7 +18,6 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
-use serde::Serialize;
 use sluice_actors::StoreError;
 
 use super::bucket::{stream_name, subject};
@@ -50,7 +49,7 @@ impl Reason {
 }
 
 /// What one collection pass removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Collected {
     pub old_incarnation: u64,
     pub acked: u64,

@@ -41,7 +41,7 @@ use sluice_actors::{Manifest, ManifestStore, StoreError};
 use tokio::task::JoinHandle;
 
 pub use bucket::{stream_name as bucket_stream_name, MAX_AGE as MANIFEST_MAX_AGE};
-pub use codec::{decode as decode_manifest, encode as encode_manifest};
+pub use codec::decode as decode_manifest;
 pub use collect::Collected;
 
 use self::index::Index;
@@ -146,10 +146,6 @@ impl JsManifestStore {
             shared,
             tasks: vec![watch, collector],
         }
-    }
-
-    pub fn settings(&self) -> &ManifestSettings {
-        &self.shared.settings
     }
 
     /// Wait (at most `deadline`) until the index holds every manifest in the bucket,
