@@ -6,8 +6,8 @@
 //! the store reads from the ingest stream.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -20,8 +20,9 @@ use sluice::nats::{
     Publisher, StreamSettings, MANIFEST_MAX_AGE,
 };
 use sluice_actors::{
-    Class, Delivery, Manifest, ManifestState, ManifestStore, RejectedRow, Source, SourceFactory,
-    TableKey,
+    Class, Dedup, Delivery, InsertError, InsertRequest, Inserter, Manifest, ManifestState,
+    ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings, RejectedRow, ServerInfo,
+    Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver, Target,
 };
 use sluice_harness::{available, wait_until, NatsFlavor, NatsServer};
 use tokio::time::Instant;
@@ -698,5 +699,134 @@ async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
     // The same batch recorded again is found as ever.
     a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
     b.wait_holding(seqs[1], Some(&m)).await?;
+    Ok(())
+}
+
+// === The store in the pipeline ===
+
+/// A deduplicating ClickHouse table as the pipeline sees it: it keeps every insert it
+/// is sent (token and rows), and answers as the test says.
+#[derive(Default)]
+struct DedupTable {
+    sent: Mutex<Vec<(Option<String>, String)>>,
+    /// The next insert is taken, then answered with a transport failure (an ambiguous
+    /// failure: the rows may be in).
+    fail_next: AtomicBool,
+    /// Every insert is taken and never answered (an instance that dies mid-insert).
+    hang: AtomicBool,
+}
+
+impl DedupTable {
+    fn sent(&self) -> Vec<(Option<String>, String)> {
+        self.sent.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Inserter for DedupTable {
+    async fn insert(&self, r: InsertRequest) -> Result<(), InsertError> {
+        if let Ok(mut sent) = self.sent.lock() {
+            sent.push((
+                r.dedup_token.clone(),
+                String::from_utf8_lossy(&r.body).into_owned(),
+            ));
+        }
+        if self.hang.load(Ordering::SeqCst) {
+            futures::future::pending::<()>().await;
+        }
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(InsertError {
+                class: Class::Unavailable,
+                code: None,
+                table_scoped: false,
+                splittable: false,
+                missing_table: false,
+                status: None,
+                message: "connection reset by peer after the body was sent".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+        Ok(ServerInfo::default())
+    }
+
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+        Ok(Dedup {
+            exactly_once: true,
+            why: "a test table that deduplicates".into(),
+        })
+    }
+}
+
+impl Setup {
+    /// An instance's pipeline over `table`: batches of 10 rows, flushed after 200 ms.
+    async fn pipeline(
+        &self,
+        instance: Instance,
+        table: Arc<DedupTable>,
+    ) -> Result<PipelineHandle<JsDelivery>> {
+        let settings = PipelineSettings {
+            shutdown_deadline: Duration::from_secs(1),
+            reform_wait: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let tables = TableSettingsResolver::new(TableSettings {
+            batch_rows: 10,
+            batch_age: Duration::from_millis(200),
+            ..Default::default()
+        });
+        sluice_actors::start(PipelineConfig {
+            source: instance.factory,
+            targets: vec![Target::new("main", table)],
+            tenants: [("acme".to_string(), "main".to_string())].into(),
+            tables,
+            settings,
+            manifests: Some(instance.store),
+        })
+        .await
+        .map_err(|e| anyhow!("starting the pipeline: {e}"))
+    }
+
+    async fn wait_queue_empty(&self) -> Result<()> {
+        wait_until("every row acked", Duration::from_secs(30), POLL, || async {
+            match self.js.get_stream("INGEST").await {
+                Ok(s) => s.cached_info().state.messages == 0,
+                Err(_) => false,
+            }
+        })
+        .await
+    }
+}
+
+/// Exactly-once within an instance: an insert that may have landed is repeated with
+/// the same rows and token, and the manifest goes once the rows are acked.
+#[tokio::test]
+async fn a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_token() -> Result<()>
+{
+    let Some(setup) =
+        Setup::start("a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_token")
+            .await?
+    else {
+        return Ok(());
+    };
+    let table = Arc::new(DedupTable::default());
+    table.fail_next.store(true, Ordering::SeqCst);
+    let pipeline = setup
+        .pipeline(setup.instance().await?, table.clone())
+        .await?;
+    setup.publish_rows(10).await?;
+    setup.wait_queue_empty().await?;
+    pipeline.shutdown().await;
+
+    let sent = table.sent();
+    assert_eq!(sent.len(), 2, "the failed attempt and its retry: {sent:#?}");
+    assert!(sent[0].0.is_some(), "a deduplication token");
+    assert_eq!(sent[0], sent[1], "the same rows under the same token");
+    assert_eq!(sent[0].1.lines().count(), 10);
+    wait_until("the manifest removed", DEADLINE, POLL, || async {
+        setup.bucket().await.is_ok_and(|b| b.is_empty())
+    })
+    .await?;
     Ok(())
 }
