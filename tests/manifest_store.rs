@@ -830,3 +830,59 @@ async fn a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_to
     .await?;
     Ok(())
 }
+
+/// Exactly-once across instances: what one instance recorded and sent, another sends
+/// again as exactly that batch (same rows, same token), and nothing else.
+#[tokio::test]
+async fn a_batch_left_by_a_stopped_instance_is_formed_again_by_another() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_batch_left_by_a_stopped_instance_is_formed_again_by_another").await?
+    else {
+        return Ok(());
+    };
+    // The first instance sends a batch and never hears back; it stops, handing the
+    // rows back.
+    let first = Arc::new(DedupTable::default());
+    first.hang.store(true, Ordering::SeqCst);
+    let instance = setup.instance().await?;
+    let a_client = instance.js.client();
+    let a = setup.pipeline(instance, first.clone()).await?;
+    setup.publish_rows(10).await?;
+    wait_until(
+        "the first instance sent the batch",
+        DEADLINE,
+        POLL,
+        || async { !first.sent().is_empty() },
+    )
+    .await?;
+    let recorded = setup.bucket().await?;
+    assert_eq!(
+        recorded.len(),
+        1,
+        "the batch was recorded before it was sent"
+    );
+    a.shutdown().await;
+    // Its process ends: its connection closes (and its pull requests with it).
+    a_client
+        .drain()
+        .await
+        .map_err(|e| anyhow!("closing: {e}"))?;
+
+    // Another instance gets the rows again and sends exactly that batch again.
+    let second = Arc::new(DedupTable::default());
+    let b = setup
+        .pipeline(setup.instance().await?, second.clone())
+        .await?;
+    setup.wait_queue_empty().await?;
+    b.shutdown().await;
+    let (sent_first, sent_second) = (first.sent(), second.sent());
+    assert_eq!(
+        sent_second, sent_first,
+        "the same rows under the same token"
+    );
+    wait_until("the manifest removed", DEADLINE, POLL, || async {
+        setup.bucket().await.is_ok_and(|b| b.is_empty())
+    })
+    .await?;
+    Ok(())
+}
