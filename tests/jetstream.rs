@@ -14,9 +14,9 @@ use bytes::Bytes;
 use serde_json::json;
 use sluice::nats::{
     ensure_consumer, ensure_streams, Dlq, DlqWriter, JetStreamSource, JetStreamSourceFactory,
-    JsDelivery, PublishError, Publisher, StreamSettings,
+    JsDelivery, PublishError, Publisher, StreamSettings, ORIGINAL_LINE_HEADER,
 };
-use sluice_actors::{Class, Delivery, Parking, Source, SourceFactory, TableKey};
+use sluice_actors::{Class, Delivery, Parking, Position, Source, SourceFactory, TableKey};
 use sluice_harness::{available, wait_for, wait_until, NatsFlavor, NatsServer};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -60,7 +60,7 @@ fn settings(max_bytes: u64, ack_wait: Duration) -> StreamSettings {
 
 /// A server with the streams and the consumer set up, and what the tests use on it.
 struct Setup {
-    _server: NatsServer,
+    server: NatsServer,
     js: jetstream::Context,
     settings: StreamSettings,
     ingest: Publisher,
@@ -82,7 +82,7 @@ impl Setup {
             settings.dlq_subject_prefix.clone(),
         ));
         Ok(Some(Setup {
-            _server: server,
+            server,
             js,
             settings,
             ingest,
@@ -170,6 +170,20 @@ async fn stream_contents(js: &jetstream::Context, name: &str) -> Result<Vec<Stre
         }
     }
     Ok(out)
+}
+
+/// (subject, payload) of every row in the ingest stream, oldest first.
+async fn queued_rows(js: &jetstream::Context) -> Result<Vec<(String, String)>> {
+    Ok(stream_contents(js, "INGEST")
+        .await?
+        .into_iter()
+        .map(|m| {
+            (
+                m.subject.to_string(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect())
 }
 
 async fn wait_for_messages(js: &jetstream::Context, name: &str, n: u64) -> Result<()> {
@@ -659,16 +673,7 @@ async fn dlq_tools_count_peek_replay_and_purge() -> Result<()> {
         (1, 1, 0),
         "{report:?}"
     );
-    let back: Vec<(String, String)> = stream_contents(&setup.js, "INGEST")
-        .await?
-        .into_iter()
-        .map(|m| {
-            (
-                m.subject.to_string(),
-                String::from_utf8_lossy(&m.payload).into_owned(),
-            )
-        })
-        .collect();
+    let back = queued_rows(&setup.js).await?;
     assert_eq!(
         back,
         vec![
@@ -883,5 +888,240 @@ async fn a_replay_into_a_full_queue_leaves_the_rows_parked() -> Result<()> {
     let parked = dlq.counts().await?.total;
     assert_eq!(queued, report.replayed, "{report:?}");
     assert_eq!(queued + parked, 40, "{queued} queued, {parked} parked");
+    Ok(())
+}
+
+/// The consumer as the server sees it: (acks pending, ack floor's stream sequence).
+async fn consumer_state(js: &jetstream::Context) -> Result<(usize, u64)> {
+    let mut consumer: consumer::PullConsumer = js
+        .get_stream("INGEST")
+        .await?
+        .get_consumer("sluice")
+        .await
+        .map_err(|e| anyhow!("the consumer: {e}"))?;
+    let info = consumer.info().await?;
+    Ok((info.num_ack_pending, info.ack_floor.stream_sequence))
+}
+
+#[tokio::test]
+async fn a_confirmed_ack_covers_the_plain_acks_sent_before_it() -> Result<()> {
+    let Some(setup) = Setup::start(
+        "a_confirmed_ack_covers_the_plain_acks_sent_before_it",
+        Duration::from_secs(30),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let mut sequences = Vec::new();
+    for i in 0..3 {
+        sequences.push(setup.publish(SUBJECT, format!("{{\"id\":{i}}}")).await?);
+    }
+    let mut source = setup.source().await?;
+    let mut delivered = pull(&mut source, 3, DEADLINE).await?;
+    delivered.sort_by_key(|d| d.position().stream_sequence);
+    let positions: Vec<Position> = delivered.iter().map(|d| d.position()).collect();
+    let first = |stream_sequence| Position {
+        stream_sequence,
+        deliveries: 1,
+    };
+    assert_eq!(
+        positions,
+        sequences.iter().map(|&s| first(s)).collect::<Vec<_>>()
+    );
+
+    // Handed back once: the position counts the second delivery.
+    let last = delivered.pop().context("three")?;
+    last.nak(Duration::ZERO)
+        .await
+        .map_err(|e| anyhow!("nak: {e}"))?;
+    let last = pull(&mut source, 1, DEADLINE)
+        .await?
+        .pop()
+        .context("back")?;
+    assert_eq!(
+        last.position(),
+        Position {
+            stream_sequence: sequences[2],
+            deliveries: 2
+        }
+    );
+    assert_eq!(last.meta().deliveries, 2);
+
+    // Two plain acks, then a confirmed one: once it returns, JetStream has handled all
+    // three (read at once, no waiting).
+    for d in delivered {
+        d.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    last.ack_confirmed()
+        .await
+        .map_err(|e| anyhow!("ack_confirmed: {e}"))?;
+    assert_eq!(consumer_state(&setup.js).await?, (0, sequences[2]));
+    assert_eq!(stream_messages(&setup.js, "INGEST").await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_ack_nobody_confirms_fails_within_its_bound() -> Result<()> {
+    let Some(mut setup) = Setup::start(
+        "an_ack_nobody_confirms_fails_within_its_bound",
+        Duration::from_secs(30),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    setup.publish(SUBJECT, r#"{"id":1}"#).await?;
+    let mut source = setup.source().await?;
+    let delivery = pull(&mut source, 1, DEADLINE).await?.pop().context("one")?;
+    setup.server.sigstop().await?;
+    let started = Instant::now();
+    let outcome = delivery.ack_confirmed().await;
+    let took = started.elapsed();
+    setup.server.sigcont().await?;
+    let error = outcome.expect_err("a frozen server confirms nothing");
+    assert!(error.0.contains("did not confirm an ack"), "{error}");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(10),
+        "gave up after {took:?}"
+    );
+    // The ack itself was sent: once the server runs again the row leaves the queue.
+    wait_for_messages(&setup.js, "INGEST", 0).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_row_parked_alone_carries_its_line_is_stored_once_and_replays_alone() -> Result<()> {
+    let Some(setup) = Setup::start(
+        "a_row_parked_alone_carries_its_line_is_stored_once_and_replays_alone",
+        Duration::from_secs(30),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let rows = [r#"{"id":1}"#, r#"{"id":"two"}"#, r#"{"id":"three"}"#];
+    let sequence = setup.publish(SUBJECT, rows.join("\n")).await?;
+    let mut source = setup.source().await?;
+    let delivery = pull(&mut source, 1, DEADLINE).await?.pop().context("one")?;
+    let reason = rejected("events", Some(27), "Cannot parse input: expected a number");
+
+    // Line 1 parked twice (its message redelivered after a crash): stored once.
+    for line in [1u32, 1, 2] {
+        delivery
+            .park_row(line, Bytes::from(rows[line as usize]), &reason)
+            .await
+            .map_err(|e| anyhow!("park_row({line}): {e}"))?;
+    }
+    let parked = stream_contents(&setup.js, "DLQ").await?;
+    let payloads: Vec<&[u8]> = parked.iter().map(|m| m.payload.as_ref()).collect();
+    assert_eq!(payloads, vec![rows[1].as_bytes(), rows[2].as_bytes()]);
+    for (m, line) in parked.iter().zip(["1", "2"]) {
+        assert_eq!(m.subject.as_str(), "dlq.acme.events");
+        assert_eq!(header(m, ORIGINAL_LINE_HEADER)?, line);
+        assert_eq!(header(m, "Sluice-Tenant")?, "acme");
+        assert_eq!(header(m, "Sluice-Table")?, "events");
+        assert_eq!(header(m, "Sluice-Error-Class")?, "Rejected");
+        assert_eq!(header(m, "Sluice-Error-Code")?, "27");
+        assert_eq!(header(m, "Sluice-Error")?, reason.error);
+        assert_eq!(header(m, "Sluice-Original-Subject")?, SUBJECT);
+        assert_eq!(header(m, "Sluice-Original-Sequence")?, sequence.to_string());
+        assert_eq!(header(m, "Sluice-Deliveries")?, "1");
+        humantime::parse_rfc3339(&header(m, "Sluice-Parked-At")?)?;
+    }
+    // The message itself is not acked: its owner acks it once every row is settled.
+    assert_eq!(consumer_state(&setup.js).await?.0, 1);
+    assert_eq!(stream_messages(&setup.js, "INGEST").await?, 1);
+    delivery
+        .ack_confirmed()
+        .await
+        .map_err(|e| anyhow!("ack: {e}"))?;
+    assert_eq!(stream_messages(&setup.js, "INGEST").await?, 0);
+
+    // The operator sees which line each was, and a replay sends each back alone, as
+    // a one-row message.
+    let dlq = setup.dlq();
+    let peeked = dlq.peek("acme", "events", 10).await?;
+    let lines: Vec<Option<&str>> = peeked
+        .iter()
+        .map(|r| r.headers.get(ORIGINAL_LINE_HEADER).map(String::as_str))
+        .collect();
+    assert_eq!(lines, vec![Some("1"), Some("2")]);
+    assert_eq!(peeked[0].row, json!({"id": "two"}));
+    let report = dlq.replay("acme", "events", 10, false).await?;
+    assert_eq!((report.replayed, report.failed), (2, 0), "{report:?}");
+    let back = queued_rows(&setup.js).await?;
+    assert_eq!(
+        back,
+        vec![
+            (SUBJECT.to_string(), rows[1].to_string()),
+            (SUBJECT.to_string(), rows[2].to_string()),
+        ]
+    );
+    assert_eq!(dlq.counts().await?.total, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_row_that_does_not_fit_the_dlq_fails_with_the_reason_and_stays_queued() -> Result<()> {
+    let Some(server) =
+        nats_or_skip("a_row_that_does_not_fit_the_dlq_fails_with_the_reason_and_stays_queued")
+            .await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let mut settings = settings(64 << 20, Duration::from_secs(30));
+    settings.dlq_max_bytes = 4096;
+    ensure_streams(&js, &settings).await?;
+    ensure_consumer(&js, &settings).await?;
+    let ingest = Publisher::new(js.clone(), &settings.stream, settings.max_bytes);
+    let rows: Vec<String> = (0..40)
+        .map(|i| json!({"id": i, "pad": "p".repeat(300)}).to_string())
+        .collect();
+    ingest
+        .publish(SUBJECT.into(), rows.join("\n").into(), None, None)
+        .await?;
+    let dlq_writer = Arc::new(DlqWriter::new(
+        Publisher::new(js.clone(), &settings.dlq_stream, settings.dlq_max_bytes),
+        settings.dlq_subject_prefix.clone(),
+    ));
+    let mut source = JetStreamSourceFactory::new(js.clone(), settings.clone(), dlq_writer, 10)
+        .connect()
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let delivery = pull(&mut source, 1, DEADLINE).await?.pop().context("one")?;
+    let reason = rejected("events", Some(27), "Cannot parse input");
+    let mut parked = 0;
+    let mut refusal = None;
+    for (line, row) in rows.iter().enumerate() {
+        match delivery
+            .park_row(line as u32, Bytes::from(row.clone()), &reason)
+            .await
+        {
+            Ok(()) => parked += 1,
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+    }
+    let refusal = refusal.context("a 4 KiB DLQ took 12 KB of rows")?;
+    assert!(
+        refusal
+            .0
+            .contains("the DLQ stream is full ([nats] dlq_max_bytes)")
+            && !refusal.0.contains("ingest"),
+        "{refusal}"
+    );
+    assert!(parked > 0, "the DLQ took no row");
+    assert_eq!(stream_messages(&js, &settings.dlq_stream).await?, parked);
+    // The message stays queued, unacked, for its owner to hand back.
+    assert_eq!(stream_messages(&js, &settings.stream).await?, 1);
+    delivery
+        .nak(Duration::from_secs(60))
+        .await
+        .map_err(|e| anyhow!("nak: {e}"))?;
+    assert_eq!(stream_messages(&js, &settings.stream).await?, 1);
     Ok(())
 }

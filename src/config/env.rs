@@ -38,6 +38,8 @@ const NATS_KEYS: &[(&str, Kind)] = &[
     ("token_env", Kind::Str),
     ("creds_file", Kind::Str),
     ("replicas", Kind::Int),
+    ("manifest_bucket", Kind::Str),
+    ("manifest_max_bytes", Kind::Str),
 ];
 
 const TARGET_KEYS: &[(&str, Kind)] = &[
@@ -61,6 +63,9 @@ const TABLE_KEYS: &[(&str, Kind)] = &[
     ("skip_unknown_fields", Kind::Bool),
     ("missing_table_grace", Kind::Str),
 ];
+
+/// Keys of `[ingest]` that `[tables."tenant.table"]` does not have.
+const INGEST_ONLY_KEYS: &[(&str, Kind)] = &[("exactly_once", Kind::Bool)];
 
 const PIPELINE_KEYS: &[(&str, Kind)] = &[
     ("pull_batch", Kind::Int),
@@ -121,6 +126,7 @@ const LOG_KEYS: &[(&str, Kind)] = &[("format", Kind::Str), ("level", Kind::Str)]
 const SECTIONS: &[(&str, &[(&str, Kind)])] = &[
     ("nats", NATS_KEYS),
     ("ingest", TABLE_KEYS),
+    ("ingest", INGEST_ONLY_KEYS),
     ("pipeline", PIPELINE_KEYS),
     ("api", API_KEYS),
     ("admin", ADMIN_KEYS),
@@ -233,8 +239,10 @@ fn locate(rest: &str) -> Option<(Vec<String>, Kind)> {
     }
     for (section, keys) in SECTIONS {
         if let Some(key) = rest.strip_prefix(section).and_then(|r| r.strip_prefix('_')) {
-            let (_, kind) = keys.iter().find(|(k, _)| *k == key)?;
-            return Some((vec![(*section).into(), key.into()], *kind));
+            // A section may be listed more than once (`ingest`): look on.
+            if let Some((_, kind)) = keys.iter().find(|(k, _)| *k == key) {
+                return Some((vec![(*section).into(), key.into()], *kind));
+            }
         }
     }
     None

@@ -66,6 +66,10 @@ pub struct NatsFile {
     pub creds_file: Option<String>,
     /// Single-node servers take 1; a cluster can keep 3.
     pub replicas: usize,
+    /// The key-value bucket where batch manifests are recorded (exactly-once).
+    pub manifest_bucket: String,
+    /// The manifest bucket's budget: when full, batches wait (records fail).
+    pub manifest_max_bytes: Size,
 }
 
 impl Default for NatsFile {
@@ -87,6 +91,8 @@ impl Default for NatsFile {
             token_env: None,
             creds_file: None,
             replicas: 1,
+            manifest_bucket: "SLUICE_MANIFESTS".into(),
+            manifest_max_bytes: Size(256 << 20),
         }
     }
 }
@@ -156,6 +162,9 @@ pub struct IngestFile {
     /// How long rows wait for a table ClickHouse says does not exist before they are
     /// parked.
     pub missing_table_grace: Span,
+    /// Record each batch of a deduplicating table in the manifest bucket before its
+    /// first insert, so no row is inserted twice (`[ingest]` only: no per-table switch).
+    pub exactly_once: bool,
 }
 
 impl Default for IngestFile {
@@ -167,6 +176,7 @@ impl Default for IngestFile {
             dlq: true,
             skip_unknown_fields: false,
             missing_table_grace: Span(std::time::Duration::from_secs(600)),
+            exactly_once: true,
         }
     }
 }

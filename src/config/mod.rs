@@ -64,6 +64,10 @@ pub struct Config {
     pub targets: BTreeMap<String, TargetConfig>,
     pub tenants: BTreeMap<String, TenantConfig>,
     pub ingest: TableSettings,
+    /// `[ingest] exactly_once`: batches of tables ClickHouse deduplicates are recorded
+    /// in the manifest bucket before their first insert. Off: every table is
+    /// at-least-once.
+    pub exactly_once: bool,
     /// Per-table settings that differ from `[ingest]`, keyed by (tenant, table).
     pub tables: BTreeMap<(String, String), TableSettings>,
     pub pipeline: PipelineConfig,
@@ -92,6 +96,12 @@ pub struct NatsConfig {
     pub max_ack_pending: i64,
     pub auth: NatsAuth,
     pub replicas: usize,
+    /// The key-value bucket of batch manifests (exactly-once); its stream is
+    /// `KV_<manifest_bucket>`.
+    pub manifest_bucket: String,
+    /// The manifest bucket's budget: a record that would pass it fails, and the batch
+    /// waits (nothing is inserted unrecorded).
+    pub manifest_max_bytes: u64,
 }
 
 #[derive(Clone, Debug)]

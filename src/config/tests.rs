@@ -364,3 +364,57 @@ fn limits_at_the_door_have_defaults_overrides_and_bounds() {
         config.warnings
     );
 }
+
+#[test]
+fn the_manifest_store_has_defaults_and_overrides() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(config.nats.manifest_bucket, "SLUICE_MANIFESTS");
+    assert_eq!(config.nats.manifest_max_bytes, 256 << 20);
+    assert!(config.exactly_once, "exactly-once is on by default");
+    assert!(config
+        .summary()
+        .contains("manifests in bucket SLUICE_MANIFESTS"));
+
+    let config = Config::from_parts(
+        "env",
+        "[nats]\nmanifest_bucket = \"A\"\n[ingest]\nexactly_once = true\n",
+        &env(&[
+            ("SLUICE_NATS_MANIFEST_BUCKET", "staging_manifests"),
+            ("SLUICE_NATS_MANIFEST_MAX_BYTES", "64MiB"),
+            ("SLUICE_INGEST_EXACTLY_ONCE", "false"),
+        ]),
+    )
+    .expect("overridden");
+    assert_eq!(config.nats.manifest_bucket, "staging_manifests");
+    assert_eq!(config.nats.manifest_max_bytes, 64 << 20);
+    assert!(!config.exactly_once);
+    assert!(config.summary().contains("off: every table at-least-once"));
+}
+
+#[test]
+fn a_bad_manifest_store_is_refused_with_the_reason() {
+    let p = problems(
+        "[nats]\nmanifest_bucket = \"sluice.manifests\"\nmanifest_max_bytes = \"64KiB\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("manifest_bucket = \"sluice.manifests\" is not a valid")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("manifest_max_bytes = 64KiB: must be at least 1MiB")),
+        "{p:?}"
+    );
+    let p = problems("[nats]\nstream = \"KV_M\"\nmanifest_bucket = \"M\"\n", &[]);
+    assert!(p[0].contains("kept in stream KV_M"), "{p:?}");
+    // Exactly-once is one switch for the whole pipeline, not per table.
+    let p = problems(
+        "[tenants.acme]\n[tables.\"acme.events\"]\nexactly_once = false\n",
+        &[],
+    );
+    assert!(p[0].contains("exactly_once"), "{p:?}");
+    let p = problems("", &[("SLUICE_INGEST_EXACTLY_ONCE", "sometimes")]);
+    assert!(p[0].contains("SLUICE_INGEST_EXACTLY_ONCE"), "{p:?}");
+}

@@ -153,6 +153,7 @@ pub(super) fn validate(
         targets,
         tenants,
         ingest,
+        exactly_once: file.ingest.exactly_once,
         tables,
         pipeline,
         api,
@@ -196,6 +197,25 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     }
     if n.stream == n.dlq_stream {
         c.problem("[nats] stream and dlq_stream must differ");
+    }
+    if !is_nats_name(&n.manifest_bucket) {
+        c.problem(format!(
+            "[nats] manifest_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
+            n.manifest_bucket
+        ));
+    }
+    let bucket_stream = format!("KV_{}", n.manifest_bucket);
+    if bucket_stream == n.stream || bucket_stream == n.dlq_stream {
+        c.problem(format!(
+            "[nats] manifest_bucket = \"{}\" is kept in stream {bucket_stream}, which is the name of another of Sluice's streams",
+            n.manifest_bucket
+        ));
+    }
+    if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
+        c.problem(format!(
+            "[nats] manifest_max_bytes = {}: must be at least 1MiB (one manifest of a 10,000-row batch takes about 10KiB)",
+            n.manifest_max_bytes
+        ));
     }
     if n.subject_prefix == n.dlq_subject_prefix
         || n.subject_prefix
@@ -272,8 +292,13 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         max_ack_pending: n.max_ack_pending,
         auth,
         replicas: n.replicas,
+        manifest_bucket: n.manifest_bucket.clone(),
+        manifest_max_bytes: n.manifest_max_bytes.bytes(),
     }
 }
+
+/// The smallest manifest bucket budget taken.
+const MIN_MANIFEST_BYTES: u64 = 1 << 20;
 
 fn targets(c: &mut Check, file: &FileConfig) -> BTreeMap<String, TargetConfig> {
     let mut out = BTreeMap::new();
@@ -669,6 +694,17 @@ pub(super) fn summary(config: &Config) -> String {
         n.consumer,
         humantime::format_duration(n.ack_wait),
         n.max_ack_pending
+    );
+    let _ = writeln!(
+        out,
+        "exactly-once: {} (manifests in bucket {}, max {})",
+        if config.exactly_once {
+            "on for tables ClickHouse deduplicates"
+        } else {
+            "off: every table at-least-once"
+        },
+        n.manifest_bucket,
+        super::units::Size(n.manifest_max_bytes)
     );
     let _ = writeln!(out, "targets:");
     if config.targets.is_empty() {

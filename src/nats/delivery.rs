@@ -1,18 +1,28 @@
-//! A row delivered by JetStream, as the actors' `Delivery`: ack, progress, nak with a
-//! delay, or park on the dead-letter stream with the reason in its headers.
+//! A row delivered by JetStream, as the actors' `Delivery`: ack (and ack confirmed by
+//! the server), progress, nak with a delay, or park on the dead-letter stream with the
+//! reason in its headers (the whole message, or one row of a many-row message).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream::AckKind;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
-use sluice_actors::{Delivery, DeliveryMeta, Parking, SettleError};
+use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 
 use super::publish::{PublishError, Publisher};
+use super::reply::AckAddress;
 
 /// The most of ClickHouse's message a DLQ header carries.
-const MAX_ERROR_HEADER: usize = 1024;
+pub(crate) const MAX_ERROR_HEADER: usize = 1024;
+
+/// How long an ack waits for JetStream's confirmation. The server answers at once when
+/// it is there; no answer in this long means the connection or the server is gone, and
+/// the ack may be lost with it.
+const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The DLQ header that tells which row of a many-row message a parked row was (0-based).
+pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
 
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
 /// delivery settles through. Shared by every delivery.
@@ -32,8 +42,9 @@ impl DlqWriter {
         }
     }
 
-    /// The DLQ headers of DESIGN.md, every one of them.
-    fn headers(parking: &Parking, meta: &DeliveryMeta) -> HeaderMap {
+    /// The DLQ headers of DESIGN.md, every one of them, and the row's line when one row
+    /// of a many-row message is parked on its own.
+    fn headers(parking: &Parking, meta: &DeliveryMeta, line: Option<u32>) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(
             "Sluice-Tenant",
@@ -68,7 +79,39 @@ impl DlqWriter {
                 .to_string()
                 .as_str(),
         );
+        if let Some(line) = line {
+            h.insert(ORIGINAL_LINE_HEADER, line.to_string().as_str());
+        }
         h
+    }
+
+    /// Publish one parked row to `dlq.<tenant>.<table>` under `id` (a row parked twice
+    /// within the DLQ's duplicate window is stored once).
+    async fn publish(
+        &self,
+        parking: &Parking,
+        payload: Bytes,
+        headers: HeaderMap,
+        id: &str,
+    ) -> Result<(), SettleError> {
+        let subject = format!(
+            "{}.{}.{}",
+            self.subject_prefix, parking.table.tenant, parking.table.table
+        );
+        match self
+            .publisher
+            .publish(subject, payload, Some(headers), Some(id))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
+            // operator must not go looking at the wrong stream.
+            Err(PublishError::QueueFull) => Err(SettleError(
+                "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
+                    .into(),
+            )),
+            Err(e) => Err(SettleError(format!("publishing to the DLQ: {e}"))),
+        }
     }
 }
 
@@ -86,16 +129,6 @@ struct Row {
     subject: Subject,
     reply: Option<Subject>,
     payload: Bytes,
-}
-
-/// What the reply subject says of a row (read only when a row is parked).
-#[derive(Default)]
-struct RowInfo {
-    stream: String,
-    stream_sequence: u64,
-    deliveries: u64,
-    /// When the row was published, in ns since the epoch.
-    published: i128,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -126,30 +159,24 @@ impl JsDelivery {
         self.row.as_ref().map(|r| r.subject.as_str()).unwrap_or("")
     }
 
-    /// Where the row stands in its stream, from the reply subject.
-    fn info(&self) -> Option<RowInfo> {
-        let reply = self.row.as_ref()?.reply.clone()?;
-        // The parser is the client's own, reached through a message that borrows the
-        // shared context (this path runs only for rows being parked).
-        let message = jetstream::Message {
-            message: async_nats::Message {
-                subject: Subject::from_static(""),
-                reply: Some(reply),
-                payload: Bytes::new(),
-                headers: None,
-                status: None,
-                description: None,
-                length: 0,
-            },
-            context: self.dlq.publisher.context().clone(),
-        };
-        let info = message.info().ok()?;
-        Some(RowInfo {
-            stream: info.stream.to_string(),
-            stream_sequence: info.stream_sequence,
-            deliveries: u64::try_from(info.delivered).unwrap_or(0),
-            published: info.published.unix_timestamp_nanos(),
-        })
+    /// Where the row stands in its stream, from the reply subject; `None` once settled
+    /// or for a message that did not come from a consumer.
+    fn address(&self) -> Option<AckAddress<'_>> {
+        AckAddress::parse(self.row.as_ref()?.reply.as_ref()?.as_str())
+    }
+
+    /// The DLQ message id of this message's row `line` (`None`: the message is parked
+    /// whole). The publish time is part of it so that a row of a stream recreated within
+    /// the DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
+    fn park_id(&self, line: Option<u32>) -> String {
+        let (stream, sequence, published) = self
+            .address()
+            .map(|a| (a.stream, a.stream_sequence, a.published))
+            .unwrap_or_default();
+        match line {
+            None => format!("park-{stream}-{sequence}-{published}"),
+            Some(line) => format!("park-{stream}-{sequence}-{published}-{line}"),
+        }
     }
 
     async fn send(&self, kind: AckKind) -> Result<(), SettleError> {
@@ -186,39 +213,59 @@ impl Delivery for JsDelivery {
     }
 
     fn meta(&self) -> DeliveryMeta {
-        let info = self.info().unwrap_or_default();
+        let position = self.position();
         DeliveryMeta {
             subject: self.subject().to_string(),
-            stream_sequence: info.stream_sequence,
-            deliveries: info.deliveries,
+            stream_sequence: position.stream_sequence,
+            deliveries: position.deliveries,
         }
     }
 
-    fn position(&self) -> sluice_actors::Position {
-        let info = self.info().unwrap_or_default();
-        sluice_actors::Position {
-            stream_sequence: info.stream_sequence,
-            deliveries: info.deliveries,
-        }
+    fn position(&self) -> Position {
+        self.address()
+            .map(|a| Position {
+                stream_sequence: a.stream_sequence,
+                deliveries: a.deliveries,
+            })
+            .unwrap_or(Position {
+                stream_sequence: 0,
+                deliveries: 0,
+            })
     }
 
     async fn ack(mut self) -> Result<(), SettleError> {
         self.settle(AckKind::Ack).await
     }
 
+    /// The ack as a request: JetStream answers an ack that has a reply subject with an
+    /// empty message once it has handled it (2.9.10 and current alike).
     async fn ack_confirmed(mut self) -> Result<(), SettleError> {
-        self.settle(AckKind::Ack).await
+        let Some(row) = self.row.take() else {
+            return Ok(());
+        };
+        let Some(reply) = row.reply else {
+            return Err(SettleError(
+                "no reply subject: not a JetStream message".into(),
+            ));
+        };
+        let request = self.dlq.client.request(reply, AckKind::Ack.into());
+        match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
+            Err(_) => Err(SettleError(format!(
+                "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"
+            ))),
+        }
     }
 
-    async fn park_row(
-        &self,
-        _line: u32,
-        _row: Bytes,
-        _parking: &Parking,
-    ) -> Result<(), SettleError> {
-        Err(SettleError(
-            "parking one row of a message is not wired yet".into(),
-        ))
+    async fn park_row(&self, line: u32, row: Bytes, parking: &Parking) -> Result<(), SettleError> {
+        if self.row.is_none() {
+            return Err(SettleError("the message is already settled".into()));
+        }
+        let headers = DlqWriter::headers(parking, &self.meta(), Some(line));
+        self.dlq
+            .publish(parking, row, headers, &self.park_id(Some(line)))
+            .await
     }
 
     fn progress(
@@ -247,50 +294,22 @@ impl Delivery for JsDelivery {
     }
 
     async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {
-        let meta = self.meta();
         let Some(row) = self.row.as_ref() else {
             return Ok(());
         };
-        let (stream, published) = self
-            .info()
-            .map(|i| (i.stream, i.published))
-            .unwrap_or_default();
-        let subject = format!(
-            "{}.{}.{}",
-            self.dlq.subject_prefix, parking.table.tenant, parking.table.table
-        );
-        // The same row parked twice (its ack lost after the park) is stored once. The
-        // publish time is part of the id so that a row of a stream recreated within the
-        // DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
-        let id = format!("park-{stream}-{}-{published}", meta.stream_sequence);
-        let headers = DlqWriter::headers(parking, &meta);
+        let headers = DlqWriter::headers(parking, &self.meta(), None);
         let payload = row.payload.clone();
-        match self
-            .dlq
-            .publisher
-            .publish(subject, payload, Some(headers), Some(&id))
-            .await
-        {
-            Ok(_) => {
-                // Parked. Should the ack be lost, the row comes back, is parked again
-                // under the same id, and the DLQ keeps one copy.
-                if let Err(e) = self.settle(AckKind::Ack).await {
-                    tracing::warn!(tenant = %parking.table.tenant, table = %parking.table.table, error = %e,
-                        "row parked but its ack failed; it will be redelivered and parked once more");
-                }
-                Ok(())
-            }
-            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
-            // operator must not go looking at the wrong stream.
-            Err(PublishError::QueueFull) => Err((
-                self,
-                SettleError(
-                    "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
-                        .into(),
-                ),
-            )),
-            Err(e) => Err((self, SettleError(format!("publishing to the DLQ: {e}")))),
+        let id = self.park_id(None);
+        if let Err(e) = self.dlq.publish(parking, payload, headers, &id).await {
+            return Err((self, e));
         }
+        // Parked. Should the ack be lost, the row comes back, is parked again under the
+        // same id, and the DLQ keeps one copy.
+        if let Err(e) = self.settle(AckKind::Ack).await {
+            tracing::warn!(tenant = %parking.table.tenant, table = %parking.table.table, error = %e,
+                "row parked but its ack failed; it will be redelivered and parked once more");
+        }
+        Ok(())
     }
 }
 
@@ -318,7 +337,7 @@ fn header_value(s: &str) -> String {
 }
 
 /// At most `max` bytes, cut at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

@@ -3,7 +3,9 @@
 //! Peeking reads with direct gets (no consumer, nothing consumed). Replaying re-checks
 //! each row, publishes it back to the ingest stream under a message id derived from its
 //! DLQ sequence (a replay retried inside the duplicate window is not doubled), and
-//! deletes it from the DLQ only after the ingest stream acknowledged it.
+//! deletes it from the DLQ only after the ingest stream acknowledged it. A row parked
+//! alone out of a many-row message (`Sluice-Original-Line`) is its own message on the
+//! DLQ, so it goes back alone, as a one-row message.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,8 @@ use super::setup::StreamSettings;
 pub struct ParkedRow {
     pub sequence: u64,
     pub subject: String,
+    /// Every `Sluice-*` header: the reason, where the row came from (with
+    /// `Sluice-Original-Line` for a row parked alone out of a many-row message).
     pub headers: BTreeMap<String, String>,
     /// The row itself: the JSON value when it parses, else the text.
     pub row: serde_json::Value,

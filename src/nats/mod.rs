@@ -1,18 +1,25 @@
 //! Everything that speaks to NATS JetStream: the connection, the INGEST and DLQ streams
 //! and the durable consumer, publishing with message ids, the delivered message as the
-//! actors' `Delivery`, and the consumer as their `Source`.
+//! actors' `Delivery`, the consumer as their `Source`, and the bucket of batch
+//! manifests as their `ManifestStore`.
 
 mod budget;
 mod connect;
 mod delivery;
 mod dlq;
+mod manifest;
 mod publish;
+mod reply;
 mod setup;
 mod source;
 
 pub use connect::{connect, wait_connected};
-pub use delivery::{DlqWriter, JsDelivery};
+pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
+pub use manifest::{
+    bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
+    MANIFEST_MAX_AGE,
+};
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};

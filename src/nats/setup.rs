@@ -142,7 +142,12 @@ pub async fn purge_stranded(stream: &jetstream::stream::Stream, first: u64, floo
     }
 }
 
-async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> anyhow::Result<()> {
+/// Create the stream, or bring an existing one to `config` (a no-op when nothing that
+/// Sluice sets differs). A retention that differs is refused: it cannot change.
+pub(super) async fn create_or_update(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> anyhow::Result<()> {
     let name = config.name.clone();
     match js.get_stream(&name).await {
         Ok(mut existing) => {
@@ -163,7 +168,12 @@ async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> an
                 && current.max_bytes == config.max_bytes
                 && current.duplicate_window == config.duplicate_window
                 && current.storage == config.storage
-                && current.allow_direct == config.allow_direct;
+                && current.allow_direct == config.allow_direct
+                && current.max_age == config.max_age
+                && unlimited_as_zero(current.max_messages_per_subject)
+                    == unlimited_as_zero(config.max_messages_per_subject)
+                && current.allow_rollup == config.allow_rollup
+                && current.deny_delete == config.deny_delete;
             if !same {
                 js.update_stream(config)
                     .await
@@ -180,6 +190,11 @@ async fn create_or_update(js: &jetstream::Context, config: stream::Config) -> an
     }
 }
 
-fn bytes_i64(bytes: u64) -> i64 {
+/// The server answers -1 for a limit left unset (0).
+fn unlimited_as_zero(limit: i64) -> i64 {
+    limit.max(0)
+}
+
+pub(super) fn bytes_i64(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }

@@ -25,6 +25,7 @@ use sluice_actors::{Source, SourceError, SourceFactory};
 use tokio::time::Instant;
 
 use super::delivery::{DlqWriter, JsDelivery};
+use super::manifest::JsManifestStore;
 use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at
@@ -39,6 +40,9 @@ const EXPIRES: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// JetStream's API subject prefix (Sluice uses no domain).
 const API_PREFIX: &str = "$JS.API";
+/// How long a connect (or a pull after a reconnect) waits for the manifest index to
+/// catch up with the bucket before it fails (and the consumer tries again).
+const CATCH_UP_WAIT: Duration = Duration::from_secs(15);
 
 /// Opens the consumer, creating the streams and the consumer first when missing (NATS
 /// may have come up after Sluice, or lost its store).
@@ -50,6 +54,9 @@ pub struct JetStreamSourceFactory {
     pull_batch: usize,
     expires: Duration,
     heartbeat: Duration,
+    /// Exactly-once: no row is pulled before the manifest index holds every manifest
+    /// in the bucket, or a redelivered row could be taken for a fresh one.
+    manifests: Option<Arc<JsManifestStore>>,
 }
 
 impl JetStreamSourceFactory {
@@ -66,7 +73,14 @@ impl JetStreamSourceFactory {
             pull_batch,
             expires: EXPIRES,
             heartbeat: HEARTBEAT,
+            manifests: None,
         }
+    }
+
+    /// Wait for this store's index before pulling (at connect, and after a reconnect).
+    pub fn with_manifests(mut self, store: Option<Arc<JsManifestStore>>) -> Self {
+        self.manifests = store;
+        self
     }
 
     /// How long a pull request waits on the server, and how often the server says it
@@ -90,6 +104,9 @@ impl SourceFactory for JetStreamSourceFactory {
         let consumer = ensure_consumer(&self.js, &self.settings)
             .await
             .map_err(fail)?;
+        if let Some(store) = &self.manifests {
+            wait_for_index(store).await?;
+        }
         let client = self.js.client();
         let inbox = Subject::from(client.new_inbox());
         let subscriber = client.subscribe(inbox.clone()).await.map_err(|e| {
@@ -123,8 +140,17 @@ impl SourceFactory for JetStreamSourceFactory {
             dlq: self.dlq.clone(),
             js: self.js.clone(),
             stream: self.settings.stream.clone(),
+            manifests: self.manifests.clone(),
         })
     }
+}
+
+async fn wait_for_index(store: &JsManifestStore) -> Result<(), SourceError> {
+    store.ready(CATCH_UP_WAIT).await.map_err(|e| {
+        SourceError(format!(
+            "not pulling before the manifest index is complete: {e}"
+        ))
+    })
 }
 
 /// A running pull subscription on the durable consumer.
@@ -151,6 +177,8 @@ pub struct JetStreamSource {
     js: jetstream::Context,
     /// The stream's name, to look for acked rows a crashed server left behind.
     stream: String,
+    /// See [`JetStreamSourceFactory::with_manifests`].
+    manifests: Option<Arc<JsManifestStore>>,
 }
 
 impl JetStreamSource {
@@ -159,7 +187,11 @@ impl JetStreamSource {
         let connects = self.client.statistics().connects.load(Ordering::Relaxed);
         if connects != self.connects {
             // Reconnected: requests waiting on the server may have gone with the old
-            // connection. Ask again (a request that survived only brings rows sooner).
+            // connection. Ask again (a request that survived only brings rows sooner),
+            // once the manifest index has caught up with what changed meanwhile.
+            if let Some(store) = &self.manifests {
+                wait_for_index(store).await?;
+            }
             self.connects = connects;
             self.pending = 0;
         }

@@ -14,7 +14,10 @@ use sluice_actors::{
 use crate::admin::PipelineView;
 use crate::clickhouse::insert::HttpInserter;
 use crate::config::{self, Config};
-use crate::nats::{DlqWriter, JetStreamSourceFactory, JsDelivery, Publisher, StreamSettings};
+use crate::nats::{
+    DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings, Publisher,
+    StreamSettings,
+};
 
 /// Start the actor tree: one pool per target (inserting through `inserters`, by target
 /// name), the consumer on the durable consumer.
@@ -28,7 +31,16 @@ pub async fn start(
         Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
         streams.dlq_subject_prefix.clone(),
     ));
-    let source = JetStreamSourceFactory::new(js, streams, dlq, config.pipeline.pull_batch);
+    // Exactly-once: the store shares the deliveries' client (a confirmed ack covers
+    // the acks sent before it on that connection only).
+    let manifests = config.exactly_once.then(|| {
+        Arc::new(JsManifestStore::start(
+            js.clone(),
+            ManifestSettings::from(&config.nats),
+        ))
+    });
+    let source = JetStreamSourceFactory::new(js, streams, dlq, config.pipeline.pull_batch)
+        .with_manifests(manifests.clone());
     let targets = inserters
         .iter()
         .map(|(name, inserter)| Target::new(name, inserter.clone()))
@@ -44,7 +56,7 @@ pub async fn start(
         tenants,
         tables: table_settings(config),
         settings: pipeline_settings(config),
-        manifests: None,
+        manifests: manifests.map(|m| m as Arc<dyn sluice_actors::ManifestStore>),
     })
     .await
     .context("starting the actor tree")

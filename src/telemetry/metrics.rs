@@ -12,6 +12,9 @@ pub const INGEST_REQUESTS: &str = "sluice_ingest_requests_total";
 pub const INGEST_ROWS: &str = "sluice_ingest_rows_total";
 /// Rows the ingest API refused (bad JSON, not an object, too large), by tenant and table.
 pub const INGEST_ROWS_REJECTED: &str = "sluice_ingest_rows_rejected_total";
+/// Orphaned batch manifests the collector removed from the bucket, by reason
+/// (`old_incarnation`, `acked`, `forgotten_after_reconnect`, `gone_from_stream`).
+pub const MANIFESTS_COLLECTED: &str = "sluice_manifests_collected_total";
 
 /// The statuses `POST /v1/ingest` answers with, registered at 0 at start (a status
 /// left out here still appears when first answered, only not from 0).
@@ -60,6 +63,11 @@ pub fn describe() {
         INGEST_ROWS,
         Unit::Count,
         "Rows the ingest API stored in the stream, by tenant and table."
+    );
+    describe_counter!(
+        MANIFESTS_COLLECTED,
+        Unit::Count,
+        "Orphaned batch manifests removed by the collector, by reason."
     );
     describe_counter!(
         INGEST_ROWS_REJECTED,

@@ -1,0 +1,215 @@
+//! Collection of orphaned manifests: the ones no batch will remove.
+//!
+//! A manifest is normally removed by the flight that settled its batch, once the acks
+//! of every row are confirmed. It is left behind when the flight could not (its acks
+//! unconfirmed, a crash, a reconnect that may have lost acks, a forget that failed),
+//! and the ingest stream being deleted and created again leaves every manifest of the
+//! old one. Every instance collects, every `collect_every`; removing a key twice is
+//! harmless, so the instances need not agree on who does it.
+//!
+//! Removed: (a) a manifest of an older incarnation of the ingest stream; (b) a settled
+//! one whose messages are all at or below the consumer's ack floor (every row acked:
+//! none comes back); (c) any one whose messages are all below the stream's first
+//! sequence (none is left to come back). An open manifest with a message still in the
+//! stream is never removed: that message may come back and must join exactly that
+//! batch. Then the removal markers older than `marker_age` are dropped from the
+//! bucket, so that a new watch does not read a day of them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer;
+use sluice_actors::StoreError;
+
+use super::bucket::{stream_name, subject};
+use super::{incarnation_of, Shared};
+use crate::telemetry::metrics::MANIFESTS_COLLECTED;
+
+/// Why a manifest was collected (the metric's `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reason {
+    /// Of an older incarnation of the ingest stream.
+    OldIncarnation,
+    /// Settled, and every message of it acked.
+    Acked,
+    /// Settled, every message acked, and its flight's forget deferred by a reconnect.
+    ForgottenAfterReconnect,
+    /// Nothing of it is left in the stream.
+    Gone,
+}
+
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::OldIncarnation => "old_incarnation",
+            Reason::Acked => "acked",
+            Reason::ForgottenAfterReconnect => "forgotten_after_reconnect",
+            Reason::Gone => "gone_from_stream",
+        }
+    }
+}
+
+/// What one collection pass removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub old_incarnation: u64,
+    pub acked: u64,
+    pub forgotten_after_reconnect: u64,
+    pub gone_from_stream: u64,
+    /// Removal markers dropped from the bucket.
+    pub markers: u64,
+    /// Removals that failed (left for the next pass).
+    pub failed: u64,
+}
+
+impl Collected {
+    fn count(&mut self, reason: Reason) {
+        match reason {
+            Reason::OldIncarnation => self.old_incarnation += 1,
+            Reason::Acked => self.acked += 1,
+            Reason::ForgottenAfterReconnect => self.forgotten_after_reconnect += 1,
+            Reason::Gone => self.gone_from_stream += 1,
+        }
+    }
+
+    pub fn removed(&self) -> u64 {
+        self.old_incarnation + self.acked + self.forgotten_after_reconnect + self.gone_from_stream
+    }
+}
+
+/// Registers the metric's series at 0.
+pub fn register_metrics() {
+    for reason in [
+        Reason::OldIncarnation,
+        Reason::Acked,
+        Reason::ForgottenAfterReconnect,
+        Reason::Gone,
+    ] {
+        metrics::counter!(MANIFESTS_COLLECTED, "reason" => reason.as_str()).increment(0);
+    }
+}
+
+/// One pass. Reads where the ingest stream and its consumer stand first: without
+/// them nothing is removed.
+pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
+    let s = &shared.settings;
+    let mut ingest = shared
+        .js
+        .get_stream(&s.stream)
+        .await
+        .map_err(|e| StoreError(format!("reading stream {}: {e}", s.stream)))?;
+    let info = ingest
+        .info()
+        .await
+        .map_err(|e| StoreError(format!("reading stream {}: {e}", s.stream)))?;
+    let incarnation = incarnation_of(info);
+    let first = info.state.first_sequence;
+    shared.index.set_incarnation(incarnation);
+    // No consumer (yet): nothing is known acked, (b) removes nothing.
+    let floor = match ingest
+        .get_consumer::<consumer::pull::Config>(&s.consumer)
+        .await
+    {
+        Ok(mut c) => c
+            .info()
+            .await
+            .map(|i| i.ack_floor.stream_sequence)
+            .unwrap_or(0),
+        Err(_) => 0,
+    };
+    let mut out = Collected::default();
+    let snapshot = shared.index.snapshot();
+    shared.keep_only(
+        snapshot
+            .iter()
+            .map(|(_, i)| i.manifest.id.as_str())
+            .collect(),
+    );
+    for (key, indexed) in snapshot {
+        let m = &indexed.manifest;
+        let last = m.messages.last().copied().unwrap_or(0);
+        let reason = if indexed.incarnation < incarnation {
+            Some(Reason::OldIncarnation)
+        } else if indexed.incarnation > incarnation {
+            // Written for a stream newer than the one just read: not ours to judge.
+            None
+        } else if m.is_settled() && last <= floor {
+            Some(if shared.deferred(&m.id) {
+                Reason::ForgottenAfterReconnect
+            } else {
+                Reason::Acked
+            })
+        } else if last < first {
+            Some(Reason::Gone)
+        } else {
+            None
+        };
+        let Some(reason) = reason else { continue };
+        match shared.purge_key(&key).await {
+            Ok(()) => {
+                shared.index.remove(&key, None);
+                shared.settled(&m.id);
+                out.count(reason);
+                metrics::counter!(MANIFESTS_COLLECTED, "reason" => reason.as_str()).increment(1);
+                tracing::debug!(key = %key, reason = reason.as_str(), first_sequence = first,
+                    ack_floor = floor, "collected a manifest");
+            }
+            Err(e) => {
+                out.failed += 1;
+                tracing::debug!(key = %key, error = %e, "a manifest could not be collected now");
+            }
+        }
+    }
+    drop_markers(shared, &mut out).await;
+    Ok(out)
+}
+
+/// Drop the removal markers every watch has seen by now (up to and including the
+/// marker: a value written after it stays).
+async fn drop_markers(shared: &Shared, out: &mut Collected) {
+    let old = shared.index.take_tombstones(shared.settings.marker_age);
+    if old.is_empty() {
+        return;
+    }
+    let bucket = &shared.settings.bucket;
+    let stream = match shared.js.get_stream_no_info(stream_name(bucket)).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not drop old removal markers now");
+            return;
+        }
+    };
+    for (key, revision) in old {
+        match stream
+            .purge()
+            .filter(subject(bucket, &key))
+            .sequence(revision + 1)
+            .await
+        {
+            Ok(_) => out.markers += 1,
+            Err(e) => tracing::debug!(key = %key, error = %e, "a removal marker stays for now"),
+        }
+    }
+}
+
+/// The collection task: a pass every `every`, for as long as the store lives.
+pub async fn keep_collecting(shared: std::sync::Arc<Shared>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if shared.js.client().connection_state() != async_nats::connection::State::Connected {
+            continue;
+        }
+        match collect(&shared).await {
+            Ok(c) if c.removed() + c.markers + c.failed > 0 => tracing::debug!(
+                removed = c.removed(),
+                markers = c.markers,
+                failed = c.failed,
+                "manifest collection"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "manifest collection skipped"),
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The local index of the bucket: stream sequence → the manifest holding it, kept by a
+//! watch of every key, so that `holding()` answers from memory, never waiting.
+//!
+//! The watch delivers the last value of every key, then each change as it is written.
+//! Until it has delivered everything the bucket held when it started, the index is not
+//! "caught up", and the source does not pull (a redelivered message checked against an
+//! index still filling could be taken for a fresh one and sent in a new batch). When
+//! the watch breaks, or the client reconnects (a change made meanwhile may have been
+//! missed), a new watch is opened and the index rebuilt: keys the new watch did not
+//! deliver are dropped once it has caught up. Until then the old entries keep
+//! answering: a manifest that has gone can only make a message wait for a batch that
+//! forms again, never send it twice.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt as _;
+use sluice_actors::Manifest;
+use tokio::time::Instant;
+
+use super::bucket::{ensure_bucket, stream_name};
+use super::codec::decode;
+use super::{incarnation_of, ManifestSettings};
+
+/// How often the watch checks for a reconnect and for a catch-up that takes too long.
+const TICK: Duration = Duration::from_millis(250);
+/// A watch that has not caught up in this long is given up and opened again.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(20);
+/// Backoff between attempts to open a watch.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// One manifest as the index holds it.
+#[derive(Clone)]
+pub struct Indexed {
+    /// The key's incarnation of the ingest stream (see `super::key`).
+    pub incarnation: u64,
+    pub manifest: Arc<Manifest>,
+    /// The bucket's sequence of the value: a later one replaces an earlier one, never
+    /// the other way round (a record and the watch's echo of it can cross).
+    pub revision: u64,
+}
+
+/// Whether the index holds everything the bucket held when its watch opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Readiness {
+    /// The client's connection count when the watch opened: a later reconnect may have
+    /// missed changes, so the index is caught up only for this connection.
+    connects: u64,
+    caught_up: bool,
+}
+
+/// The index, shared by the store, its watch and its collector.
+pub struct Index {
+    /// `<stream>.`: keys of other ingest streams sharing the bucket are not ours.
+    prefix: String,
+    state: RwLock<State>,
+    readiness: tokio::sync::watch::Sender<Readiness>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The ingest stream's current incarnation, once known.
+    incarnation: Option<u64>,
+    by_key: HashMap<String, Indexed>,
+    /// Manifests of the current incarnation by each of their messages.
+    by_seq: HashMap<u64, Arc<Manifest>>,
+    /// Two manifests claimed one sequence (a batch that could not be formed again, its
+    /// held messages recorded anew): removing one must rebuild `by_seq`.
+    overlapped: bool,
+    /// Keys removed, by the revision of their removal marker and when it was seen: the
+    /// collector drops the markers once every watch has had time to see them.
+    tombstones: HashMap<String, (u64, Instant)>,
+}
+
+// === impl Index ===
+
+impl Index {
+    pub fn new(stream: &str) -> Self {
+        Self {
+            prefix: format!("{stream}."),
+            state: RwLock::default(),
+            readiness: tokio::sync::watch::Sender::new(Readiness::default()),
+        }
+    }
+
+    /// `<stream>.<incarnation>.<id>` → (incarnation, id), for keys of our stream.
+    pub fn parse_key<'k>(&self, key: &'k str) -> Option<(u64, &'k str)> {
+        let (incarnation, id) = key.strip_prefix(&self.prefix)?.split_once('.')?;
+        Some((incarnation.parse().ok()?, id))
+    }
+
+    pub fn key(&self, incarnation: u64, id: &str) -> String {
+        format!("{}{incarnation}.{id}", self.prefix)
+    }
+
+    pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
+        self.read().by_seq.get(&stream_sequence).cloned()
+    }
+
+    pub fn incarnation(&self) -> Option<u64> {
+        self.read().incarnation
+    }
+
+    /// The ingest stream as it is now; a new incarnation re-indexes by sequence.
+    pub fn set_incarnation(&self, incarnation: u64) {
+        let mut state = self.write();
+        if state.incarnation != Some(incarnation) {
+            state.incarnation = Some(incarnation);
+            state.rebuild_by_seq();
+        }
+    }
+
+    /// A value of `key` at `revision` (from the watch, or from a record that JetStream
+    /// acknowledged).
+    pub fn put(&self, key: &str, revision: u64, manifest: Manifest) {
+        let Some((incarnation, _)) = self.parse_key(key) else {
+            return;
+        };
+        let mut state = self.write();
+        if state
+            .by_key
+            .get(key)
+            .is_some_and(|known| known.revision >= revision)
+        {
+            return;
+        }
+        if let Some(&(removed_at, _)) = state.tombstones.get(key) {
+            if removed_at > revision {
+                return;
+            }
+            state.tombstones.remove(key);
+        }
+        state.remove_key(key);
+        let indexed = Indexed {
+            incarnation,
+            manifest: Arc::new(manifest),
+            revision,
+        };
+        if Some(incarnation) == state.incarnation {
+            state.index_by_seq(&indexed.manifest);
+        }
+        state.by_key.insert(key.to_string(), indexed);
+    }
+
+    /// `key` is gone; `marker`: the revision of its removal marker, when the watch saw
+    /// one (a value written after it stays).
+    pub fn remove(&self, key: &str, marker: Option<u64>) {
+        let mut state = self.write();
+        if let Some(marker) = marker {
+            if state
+                .by_key
+                .get(key)
+                .is_some_and(|known| known.revision > marker)
+            {
+                return;
+            }
+            state
+                .tombstones
+                .insert(key.to_string(), (marker, Instant::now()));
+        }
+        state.remove_key(key);
+    }
+
+    /// Every manifest of our stream, for the collector.
+    pub fn snapshot(&self) -> Vec<(String, Indexed)> {
+        self.read()
+            .by_key
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Removal markers seen at least `age` ago, forgotten here: the collector drops
+    /// them from the bucket.
+    pub fn take_tombstones(&self, age: Duration) -> Vec<(String, u64)> {
+        let mut state = self.write();
+        let old: Vec<(String, u64)> = state
+            .tombstones
+            .iter()
+            .filter(|(_, (_, seen))| seen.elapsed() >= age)
+            .map(|(k, (revision, _))| (k.clone(), *revision))
+            .collect();
+        for (key, _) in &old {
+            state.tombstones.remove(key);
+        }
+        old
+    }
+
+    /// A watch opened on connection number `connects` has delivered everything the
+    /// bucket held at `upto`: drop what it did not deliver and was indexed before.
+    fn caught_up(&self, seen: &HashSet<String>, upto: u64, connects: u64) {
+        {
+            let mut state = self.write();
+            let gone: Vec<String> = state
+                .by_key
+                .iter()
+                .filter(|(k, v)| v.revision <= upto && !seen.contains(*k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in gone {
+                state.remove_key(&key);
+            }
+        }
+        self.readiness.send_replace(Readiness {
+            connects,
+            caught_up: true,
+        });
+    }
+
+    fn not_caught_up(&self) {
+        self.readiness.send_modify(|r| r.caught_up = false);
+    }
+
+    /// Wait until a watch on the client's current connection has caught up.
+    pub async fn wait_caught_up(
+        &self,
+        client: &async_nats::Client,
+        deadline: Duration,
+    ) -> Result<(), String> {
+        let stats = client.statistics();
+        let mut readiness = self.readiness.subscribe();
+        let wait = async {
+            readiness
+                .wait_for(|r| r.caught_up && r.connects == stats.connects.load(Ordering::Relaxed))
+                .await
+                .map(|_| ())
+        };
+        let outcome = tokio::time::timeout(deadline, wait).await;
+        match outcome {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err("the manifest index is gone".into()),
+            Err(_) => Err(format!(
+                "the manifest index did not catch up with the bucket within {deadline:?}"
+            )),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // A panic while the lock was held left the maps consistent (every change is a
+        // few map operations): keep answering.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+// === impl State ===
+
+impl State {
+    fn index_by_seq(&mut self, manifest: &Arc<Manifest>) {
+        for &seq in &manifest.messages {
+            if let Some(other) = self.by_seq.insert(seq, manifest.clone()) {
+                self.overlapped |= other.id != manifest.id;
+            }
+        }
+    }
+
+    fn remove_key(&mut self, key: &str) {
+        let Some(old) = self.by_key.remove(key) else {
+            return;
+        };
+        if self.overlapped {
+            self.rebuild_by_seq();
+            return;
+        }
+        for seq in &old.manifest.messages {
+            if self
+                .by_seq
+                .get(seq)
+                .is_some_and(|m| Arc::ptr_eq(m, &old.manifest))
+            {
+                self.by_seq.remove(seq);
+            }
+        }
+    }
+
+    /// From `by_key`, the latest value winning where two manifests claim a sequence.
+    fn rebuild_by_seq(&mut self) {
+        let mut current: Vec<&Indexed> = self
+            .by_key
+            .values()
+            .filter(|v| Some(v.incarnation) == self.incarnation)
+            .collect();
+        current.sort_by_key(|v| v.revision);
+        let manifests: Vec<Arc<Manifest>> = current.iter().map(|v| v.manifest.clone()).collect();
+        self.by_seq.clear();
+        self.overlapped = false;
+        for m in &manifests {
+            self.index_by_seq(m);
+        }
+    }
+}
+
+// === The watch ===
+
+/// Keep the index current for as long as the store lives: open a watch, follow it,
+/// and open it again (rebuilding) whenever it breaks or the client reconnects.
+pub async fn keep_watching(
+    index: Arc<Index>,
+    js: jetstream::Context,
+    settings: Arc<ManifestSettings>,
+    on_open: impl Fn(kv::Store) + Send + 'static,
+) {
+    let mut delay = RETRY_MIN;
+    loop {
+        let opened = Instant::now();
+        let why = watch_once(&index, &js, &settings, &on_open).await;
+        index.not_caught_up();
+        if opened.elapsed() > RETRY_MAX * 4 {
+            delay = RETRY_MIN;
+            tracing::info!(bucket = %settings.bucket, why = %why,
+                "the manifest index's watch ended; opening it again and rebuilding the index");
+        } else {
+            tracing::debug!(bucket = %settings.bucket, why = %why, retry_in = ?delay,
+                "the manifest index's watch could not be opened or did not last");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RETRY_MAX);
+    }
+}
+
+/// One watch, from opening to its end; returns why it ended.
+async fn watch_once(
+    index: &Index,
+    js: &jetstream::Context,
+    settings: &ManifestSettings,
+    on_open: &(impl Fn(kv::Store) + Send),
+) -> String {
+    let opened = Instant::now();
+    let client = js.client();
+    let connects = client.statistics().connects.load(Ordering::Relaxed);
+    let store = match ensure_bucket(js, settings).await {
+        Ok(store) => store,
+        Err(e) => return format!("{e:#}"),
+    };
+    on_open(store.clone());
+    // The ingest stream may not exist yet (the source creates it): known later then.
+    if let Ok(ingest) = js.get_stream(&settings.stream).await {
+        index.set_incarnation(incarnation_of(ingest.cached_info()));
+    }
+    // `watch_with_history`: the last value of every key, then every change
+    // (async-nats's `watch_all` only delivers changes made after it opens).
+    let mut watch = match store.watch_with_history(">").await {
+        Ok(watch) => watch,
+        Err(e) => return format!("opening a watch of the manifest bucket: {e}"),
+    };
+    // Everything written before this point is delivered by the watch, at or below
+    // `upto` (a value may be replaced before it is delivered: then by a later one).
+    let bucket = match js.get_stream(stream_name(&settings.bucket)).await {
+        Ok(bucket) => bucket.cached_info().state.clone(),
+        Err(e) => return format!("reading the manifest bucket: {e}"),
+    };
+    let upto = bucket.last_sequence;
+    let mut seen = HashSet::new();
+    let mut caught_up = bucket.messages == 0;
+    if caught_up {
+        index.caught_up(&seen, upto, connects);
+    }
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            entry = watch.next() => match entry {
+                Some(Ok(entry)) => {
+                    apply(index, &entry);
+                    if !caught_up {
+                        seen.insert(entry.key.clone());
+                        if entry.delta == 0 || entry.revision >= upto {
+                            caught_up = true;
+                            index.caught_up(&std::mem::take(&mut seen), upto, connects);
+                        }
+                    }
+                }
+                Some(Err(e)) => return format!("the watch failed: {e}"),
+                None => return "the watch ended".into(),
+            },
+            _ = tick.tick() => {
+                if client.statistics().connects.load(Ordering::Relaxed) != connects {
+                    return "the NATS client reconnected: changes may have been missed".into();
+                }
+                if !caught_up && opened.elapsed() > CATCH_UP_LIMIT {
+                    return format!("the watch did not catch up within {CATCH_UP_LIMIT:?}");
+                }
+            }
+        }
+    }
+}
+
+/// One change of the bucket, into the index.
+fn apply(index: &Index, entry: &kv::Entry) {
+    let Some((_, id)) = index.parse_key(&entry.key) else {
+        return;
+    };
+    match entry.operation {
+        kv::Operation::Put => match decode(&entry.value) {
+            Ok(manifest) if manifest.id == id => index.put(&entry.key, entry.revision, manifest),
+            Ok(manifest) => tracing::warn!(key = %entry.key, id = %manifest.id,
+                "a manifest whose key does not match its messages is ignored"),
+            Err(e) => tracing::warn!(key = %entry.key, error = %e,
+                "a manifest that cannot be read is ignored (it expires with the bucket's max_age)"),
+        },
+        kv::Operation::Delete | kv::Operation::Purge => {
+            index.remove(&entry.key, Some(entry.revision))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_actors::{ManifestState, TableKey};
+
+    use super::*;
+
+    fn manifest(messages: Vec<u64>) -> Manifest {
+        Manifest::new(TableKey::new("acme", "events"), messages)
+    }
+
+    fn index() -> (Index, String, String) {
+        let index = Index::new("INGEST");
+        index.set_incarnation(7);
+        let a = manifest(vec![1, 2, 3]);
+        let b = manifest(vec![3, 4]);
+        let (ka, kb) = (index.key(7, &a.id), index.key(7, &b.id));
+        index.put(&ka, 10, a);
+        index.put(&kb, 11, b);
+        (index, ka, kb)
+    }
+
+    fn held(index: &Index, seq: u64) -> Option<String> {
+        index.holding(seq).map(|m| m.id.clone())
+    }
+
+    #[test]
+    fn keys_of_other_streams_are_not_ours() {
+        let index = Index::new("INGEST");
+        assert_eq!(index.parse_key("INGEST.42.1-2-ab"), Some((42, "1-2-ab")));
+        assert_eq!(index.parse_key("INGEST2.42.1-2-ab"), None);
+        assert_eq!(index.parse_key("INGEST.x.1-2-ab"), None);
+        index.set_incarnation(42);
+        index.put("OTHER.42.1-1-aa", 1, manifest(vec![1]));
+        assert_eq!(held(&index, 1), None);
+        assert!(index.snapshot().is_empty());
+    }
+
+    #[test]
+    fn the_latest_manifest_answers_for_a_shared_sequence_and_removal_restores_the_other() {
+        let (index, ka, kb) = index();
+        let a = held(&index, 1).expect("a");
+        let b = held(&index, 4).expect("b");
+        assert_eq!(held(&index, 3), Some(b.clone()), "the later record wins");
+        index.remove(&kb, Some(12));
+        assert_eq!(held(&index, 3), Some(a.clone()), "a holds 3 again");
+        assert_eq!(held(&index, 4), None);
+        index.remove(&ka, None);
+        assert_eq!(held(&index, 1), None);
+        assert_eq!(held(&index, 3), None);
+    }
+
+    #[test]
+    fn an_older_value_never_replaces_a_newer_one() {
+        let (index, ka, _) = index();
+        let mut settled = manifest(vec![1, 2, 3]);
+        settled.state = ManifestState::Settled { rejected: vec![] };
+        index.put(&ka, 20, settled);
+        // The watch's echo of the first record arrives late.
+        index.put(&ka, 10, manifest(vec![1, 2, 3]));
+        assert!(index.holding(1).expect("held").is_settled());
+        // A removal marker older than the value does not remove it; a newer one does,
+        // and a value older than the marker does not bring it back.
+        index.remove(&ka, Some(15));
+        assert!(index.holding(1).is_some());
+        index.remove(&ka, Some(21));
+        assert!(index.holding(1).is_none());
+        index.put(&ka, 20, manifest(vec![1, 2, 3]));
+        assert!(index.holding(1).is_none());
+        assert_eq!(index.take_tombstones(Duration::ZERO).len(), 1);
+        assert!(index.take_tombstones(Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn only_the_current_incarnation_answers() {
+        let (index, _, _) = index();
+        let old = manifest(vec![100]);
+        index.put(&index.key(6, &old.id), 30, old);
+        assert_eq!(held(&index, 100), None, "an older stream's manifest");
+        assert!(held(&index, 1).is_some());
+        index.set_incarnation(6);
+        assert!(held(&index, 100).is_some());
+        assert_eq!(held(&index, 1), None);
+        assert_eq!(index.snapshot().len(), 3, "all kept for the collector");
+    }
+
+    #[test]
+    fn a_rebuild_drops_what_the_new_watch_did_not_deliver_up_to_its_start() {
+        let (index, ka, kb) = index();
+        let fresh = manifest(vec![9]);
+        let kf = index.key(7, &fresh.id);
+        index.put(&kf, 50, fresh);
+        // A watch opened when the bucket's last sequence was 40 delivered only `a`.
+        index.caught_up(&HashSet::from([ka.clone()]), 40, 3);
+        assert!(held(&index, 1).is_some());
+        assert_eq!(
+            held(&index, 4),
+            None,
+            "b was removed while the watch was away"
+        );
+        assert!(held(&index, 9).is_some(), "recorded after the watch opened");
+        let _ = kb;
+        assert_eq!(
+            *index.readiness.borrow(),
+            Readiness {
+                connects: 3,
+                caught_up: true
+            }
+        );
+    }
+}

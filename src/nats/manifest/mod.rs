@@ -1,0 +1,333 @@
+//! Batch manifests in a JetStream key-value bucket: the actors' `ManifestStore`.
+//!
+//! - `bucket.rs`: the bucket's stream, created by Sluice (async-nats cannot create a
+//!   bucket on nats-server 2.9.10) with a byte budget and a last-resort TTL.
+//! - `codec.rs`: a manifest's value, compact (a 10,000-message batch in ~10 KB).
+//! - `index.rs`: stream sequence → manifest, in memory, kept by a watch of the bucket;
+//!   `holding()` reads it and never waits.
+//! - `collect.rs`: the manifests no batch will remove, collected every few seconds.
+//!
+//! Keys are `<stream>.<incarnation>.<manifest id>`. The incarnation is the ingest
+//! stream's creation time in ns: a stream deleted and created again numbers its
+//! messages from 1 again, and a manifest of the old one must never be taken for a
+//! batch of the new one's messages. Only manifests of the current incarnation answer
+//! `holding()`; the collector removes the others.
+//!
+//! The store must use the same NATS client as the deliveries whose acks it relies on:
+//! a confirmed ack covers the acks sent before it on that connection only, so a
+//! manifest is removed by `forget` only when the client has not reconnected since it
+//! was recorded (otherwise the collector removes it once the consumer's ack floor has
+//! passed it).
+//!
+//! When the store cannot be written (NATS down, the bucket full), `record` fails and
+//! the actors hold the batch: nothing is inserted unrecorded (see docs/operations.md,
+//! "Manifest store").
+
+mod bucket;
+mod codec;
+mod collect;
+mod index;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{StreamExt as _, TryStreamExt as _};
+use sluice_actors::{Manifest, ManifestStore, StoreError};
+use tokio::task::JoinHandle;
+
+pub use bucket::{stream_name as bucket_stream_name, MAX_AGE as MANIFEST_MAX_AGE};
+pub use codec::decode as decode_manifest;
+pub use collect::Collected;
+
+use self::index::Index;
+use super::publish::{PublishError, Publisher};
+use crate::config::NatsConfig;
+
+/// How often every instance collects orphaned manifests.
+const COLLECT_EVERY: Duration = Duration::from_secs(10);
+/// How long a removal marker stays: every live watch sees it within moments, and a
+/// watch opened later rebuilds without it.
+const MARKER_AGE: Duration = Duration::from_secs(60);
+/// Messages read from the stream at once when a batch is formed again.
+const FETCH_CONCURRENCY: usize = 32;
+
+/// What the store is made of, from `[nats]`.
+#[derive(Clone, Debug)]
+pub struct ManifestSettings {
+    /// The bucket's name (its stream is `KV_<bucket>`).
+    pub bucket: String,
+    /// The bucket's byte budget: a record that would pass it fails (inserts wait).
+    pub max_bytes: u64,
+    pub replicas: usize,
+    /// The ingest stream whose messages the manifests list, and its durable consumer
+    /// (whose ack floor tells which settled manifests are done with).
+    pub stream: String,
+    pub consumer: String,
+    pub collect_every: Duration,
+    /// Removal markers older than this are dropped from the bucket by the collector,
+    /// so that a new watch does not read a day of them.
+    pub marker_age: Duration,
+}
+
+impl From<&NatsConfig> for ManifestSettings {
+    fn from(c: &NatsConfig) -> Self {
+        Self {
+            bucket: c.manifest_bucket.clone(),
+            max_bytes: c.manifest_max_bytes,
+            replicas: c.replicas,
+            stream: c.stream.clone(),
+            consumer: c.consumer.clone(),
+            collect_every: COLLECT_EVERY,
+            marker_age: MARKER_AGE,
+        }
+    }
+}
+
+/// The manifest store of one Sluice instance. Its watch and collector run as long as
+/// it lives.
+pub struct JsManifestStore {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What the store, its watch and its collector share.
+pub(crate) struct Shared {
+    js: jetstream::Context,
+    settings: Arc<ManifestSettings>,
+    index: Arc<Index>,
+    /// Writes values within the bucket's budget (see `budget.rs`).
+    puts: Publisher,
+    /// The bucket, once the watch has opened it (removals go through it).
+    kv: RwLock<Option<kv::Store>>,
+    /// Manifest id → the client's connection count when it was last recorded here.
+    recorded: Mutex<HashMap<String, u64>>,
+    /// Manifests whose `forget` came after a reconnect: the collector removes them.
+    deferred: Mutex<HashSet<String>>,
+}
+
+// === impl JsManifestStore ===
+
+impl JsManifestStore {
+    /// Start the store: its watch opens the bucket (creating it when missing) as soon
+    /// as NATS answers. Nothing waits here; [`JsManifestStore::ready`] does.
+    pub fn start(js: jetstream::Context, settings: ManifestSettings) -> Self {
+        let settings = Arc::new(settings);
+        let shared = Arc::new(Shared {
+            puts: Publisher::new(
+                js.clone(),
+                &bucket::stream_name(&settings.bucket),
+                settings.max_bytes,
+            ),
+            index: Arc::new(Index::new(&settings.stream)),
+            kv: RwLock::new(None),
+            recorded: Mutex::default(),
+            deferred: Mutex::default(),
+            settings: settings.clone(),
+            js: js.clone(),
+        });
+        collect::register_metrics();
+        let opened = shared.clone();
+        let watch = tokio::spawn(index::keep_watching(
+            shared.index.clone(),
+            js,
+            settings.clone(),
+            move |store| *opened.kv.write().unwrap_or_else(|e| e.into_inner()) = Some(store),
+        ));
+        let collector = tokio::spawn(collect::keep_collecting(
+            shared.clone(),
+            settings.collect_every,
+        ));
+        Self {
+            shared,
+            tasks: vec![watch, collector],
+        }
+    }
+
+    /// Wait (at most `deadline`) until the index holds every manifest in the bucket,
+    /// for the ingest stream as it is now. The source calls this before it pulls, and
+    /// again after a reconnect.
+    pub async fn ready(&self, deadline: Duration) -> Result<(), String> {
+        let s = &self.shared.settings;
+        let ingest = tokio::time::timeout(deadline, self.shared.js.get_stream(&s.stream))
+            .await
+            .map_err(|_| format!("reading stream {} took over {deadline:?}", s.stream))?
+            .map_err(|e| format!("reading stream {}: {e}", s.stream))?;
+        self.shared
+            .index
+            .set_incarnation(incarnation_of(ingest.cached_info()));
+        self.shared
+            .index
+            .wait_caught_up(&self.shared.js.client(), deadline)
+            .await
+    }
+
+    /// One collection pass now (the store runs one every `collect_every` anyway).
+    pub async fn collect(&self) -> Result<Collected, StoreError> {
+        collect::collect(&self.shared).await
+    }
+}
+
+impl Drop for JsManifestStore {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl ManifestStore for JsManifestStore {
+    fn record<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.shared.record(manifest))
+    }
+
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.shared.forget(id))
+    }
+
+    fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
+        self.shared.index.holding(stream_sequence)
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+        Box::pin(self.shared.fetch(stream_sequences))
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn connects(&self) -> u64 {
+        self.js
+            .client()
+            .statistics()
+            .connects
+            .load(Ordering::Relaxed)
+    }
+
+    fn key_of(&self, id: &str) -> Result<String, StoreError> {
+        let incarnation = self.index.incarnation().ok_or_else(|| {
+            StoreError(format!(
+                "the manifest store has not read stream {} yet (is NATS reachable?)",
+                self.settings.stream
+            ))
+        })?;
+        Ok(self.index.key(incarnation, id))
+    }
+
+    async fn record(&self, m: &Manifest) -> Result<(), StoreError> {
+        let key = self.key_of(&m.id)?;
+        // Read before the write: a reconnect during it makes `forget` defer.
+        let connects = self.connects();
+        let subject = bucket::subject(&self.settings.bucket, &key);
+        let published = self
+            .puts
+            .publish(subject, codec::encode(m), None, None)
+            .await
+            .map_err(|e| match e {
+                PublishError::QueueFull => StoreError(format!(
+                    "the manifest bucket {} is full ([nats] manifest_max_bytes): batches wait until manifests are removed",
+                    self.settings.bucket
+                )),
+                e => StoreError(format!("recording manifest {key}: {e}")),
+            })?;
+        self.index.put(&key, published.sequence, m.clone());
+        lock(&self.recorded).insert(m.id.clone(), connects);
+        Ok(())
+    }
+
+    async fn forget(&self, id: &str) -> Result<(), StoreError> {
+        let recorded_on = lock(&self.recorded).remove(id);
+        if recorded_on != Some(self.connects()) {
+            // Acks sent before the reconnect may be lost, and the confirmed ack after it
+            // does not cover them: the collector removes it once the ack floor says.
+            lock(&self.deferred).insert(id.to_string());
+            tracing::debug!(manifest = %id,
+                "the NATS client reconnected since this manifest was recorded: it is collected once its rows are known acked");
+            return Ok(());
+        }
+        let key = self.key_of(id)?;
+        self.purge_key(&key).await.map_err(StoreError)?;
+        self.index.remove(&key, None);
+        Ok(())
+    }
+
+    async fn fetch(&self, sequences: &[u64]) -> Result<Vec<Bytes>, StoreError> {
+        let name = &self.settings.stream;
+        let stream = self
+            .js
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| StoreError(format!("stream {name}: {e}")))?;
+        let stream = &stream;
+        futures::stream::iter(sequences.iter().copied())
+            .map(|seq| async move {
+                match stream.get_raw_message(seq).await {
+                    Ok(message) => Ok(message.payload),
+                    Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Err(
+                        StoreError(format!("message {seq} is no longer in the stream {name}")),
+                    ),
+                    Err(e) => Err(StoreError(format!(
+                        "reading message {seq} of stream {name}: {e}"
+                    ))),
+                }
+            })
+            .buffered(FETCH_CONCURRENCY)
+            .try_collect()
+            .await
+    }
+
+    /// Remove a key; every watch sees the removal marker.
+    async fn purge_key(&self, key: &str) -> Result<(), String> {
+        let kv = self
+            .kv
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                format!(
+                    "the manifest bucket {} is not open yet",
+                    self.settings.bucket
+                )
+            })?;
+        kv.purge(key)
+            .await
+            .map_err(|e| format!("removing manifest {key}: {e}"))
+    }
+
+    /// Whether the manifest's `forget` was deferred by a reconnect.
+    fn deferred(&self, id: &str) -> bool {
+        lock(&self.deferred).contains(id)
+    }
+
+    /// Forget what is remembered of manifests no longer in the bucket (removed by
+    /// another instance, or expired).
+    fn keep_only(&self, known: HashSet<&str>) {
+        lock(&self.deferred).retain(|id| known.contains(id.as_str()));
+        lock(&self.recorded).retain(|id, _| known.contains(id.as_str()));
+    }
+
+    /// The manifest is gone from the bucket: nothing more to remember about it.
+    fn settled(&self, id: &str) {
+        lock(&self.deferred).remove(id);
+        lock(&self.recorded).remove(id);
+    }
+}
+
+/// The ingest stream's incarnation: its creation time, in ns since the epoch (kept by
+/// the server across restarts).
+fn incarnation_of(info: &stream::Info) -> u64 {
+    u64::try_from(info.created.unix_timestamp_nanos()).unwrap_or(0)
+}
+
+/// A poisoned lock still holds a consistent set (each change is one operation).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

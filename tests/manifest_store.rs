@@ -1,0 +1,888 @@
+//! The manifest store against a real nats-server: Debian's 2.9.10 or the current one
+//! (`SLUICE_TEST_NATS=debian|current`; `scripts/test` runs this binary under both).
+//!
+//! Checked from the outside: what the bucket holds (read back with the key-value API,
+//! apart from the store), what a second instance (its own connection) finds, and what
+//! the store reads from the ingest stream.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use sluice::nats::{
+    bucket_stream_name, decode_manifest, ensure_consumer, ensure_streams, DlqWriter,
+    JetStreamSource, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings,
+    Publisher, StreamSettings, MANIFEST_MAX_AGE,
+};
+use sluice_actors::{
+    Class, Dedup, Delivery, InsertError, InsertRequest, Inserter, Manifest, ManifestState,
+    ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings, RejectedRow, ServerInfo,
+    Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver, Target,
+};
+use sluice_harness::{available, wait_until, NatsFlavor, NatsServer};
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+const POLL: Duration = Duration::from_millis(20);
+const SUBJECT: &str = "ingest.acme.events";
+const BUCKET: &str = "SLUICE_MANIFESTS";
+/// What `ready` may take here (the source waits as long).
+const READY: Duration = Duration::from_secs(15);
+
+fn stream_settings() -> StreamSettings {
+    StreamSettings {
+        stream: "INGEST".into(),
+        subject_prefix: "ingest".into(),
+        consumer: "sluice".into(),
+        dlq_stream: "DLQ".into(),
+        dlq_subject_prefix: "dlq".into(),
+        max_bytes: 64 << 20,
+        dlq_max_bytes: 64 << 20,
+        duplicate_window: Duration::from_secs(120),
+        ack_wait: Duration::from_secs(30),
+        max_ack_pending: 1000,
+        replicas: 1,
+    }
+}
+
+fn manifest_settings() -> ManifestSettings {
+    ManifestSettings {
+        bucket: BUCKET.into(),
+        max_bytes: 16 << 20,
+        replicas: 1,
+        stream: "INGEST".into(),
+        consumer: "sluice".into(),
+        // The tests collect when they mean to.
+        collect_every: Duration::from_secs(3600),
+        marker_age: Duration::from_secs(60),
+    }
+}
+
+fn table() -> TableKey {
+    TableKey::new("acme", "events")
+}
+
+fn settled(mut m: Manifest, rejected: Vec<RejectedRow>) -> Manifest {
+    m.state = ManifestState::Settled { rejected };
+    m
+}
+
+/// A server with the streams and the consumer, and one Sluice instance's connection.
+struct Setup {
+    server: NatsServer,
+    js: jetstream::Context,
+    ingest: Publisher,
+}
+
+/// One Sluice instance: its own connection, store and source factory.
+struct Instance {
+    js: jetstream::Context,
+    store: Arc<JsManifestStore>,
+    factory: JetStreamSourceFactory,
+}
+
+impl Setup {
+    async fn start(test: &str) -> Result<Option<Setup>> {
+        let flavor = NatsFlavor::from_env()?;
+        if available(test, flavor.binary())?.is_none() {
+            return Ok(None);
+        }
+        let server = NatsServer::start(flavor).await?;
+        let js = connect(&server).await?;
+        ensure_streams(&js, &stream_settings()).await?;
+        ensure_consumer(&js, &stream_settings()).await?;
+        let ingest = Publisher::new(js.clone(), "INGEST", 64 << 20);
+        Ok(Some(Setup { server, js, ingest }))
+    }
+
+    /// A new instance, its store started (not waited for).
+    async fn instance(&self) -> Result<Instance> {
+        let js = connect(&self.server).await?;
+        let store = Arc::new(JsManifestStore::start(js.clone(), manifest_settings()));
+        let dlq = Arc::new(DlqWriter::new(
+            Publisher::new(js.clone(), "DLQ", 64 << 20),
+            "dlq",
+        ));
+        let factory = JetStreamSourceFactory::new(js.clone(), stream_settings(), dlq, 100)
+            .with_manifests(Some(store.clone()));
+        Ok(Instance { js, store, factory })
+    }
+
+    /// Two instances, their indexes caught up.
+    async fn two_instances(&self) -> Result<(Instance, Instance)> {
+        let (a, b) = (self.instance().await?, self.instance().await?);
+        a.ready().await?;
+        b.ready().await?;
+        Ok((a, b))
+    }
+
+    async fn publish(&self, payload: &str) -> Result<u64> {
+        let published = self
+            .ingest
+            .publish(SUBJECT.into(), Bytes::from(payload.to_string()), None, None)
+            .await
+            .context("publishing a row")?;
+        Ok(published.sequence)
+    }
+
+    async fn publish_rows(&self, n: usize) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(self.publish(&format!("{{\"id\":{i}}}")).await?);
+        }
+        Ok(out)
+    }
+
+    /// The manifests the bucket holds, by key, read with the key-value API.
+    async fn bucket(&self) -> Result<BTreeMap<String, Manifest>> {
+        live_manifests(&self.js).await
+    }
+}
+
+impl Instance {
+    async fn ready(&self) -> Result<()> {
+        self.store
+            .ready(READY)
+            .await
+            .map_err(|e| anyhow!("the store is not ready: {e}"))
+    }
+
+    async fn source(&self) -> Result<JetStreamSource> {
+        self.factory
+            .connect()
+            .await
+            .map_err(|e| anyhow!("opening the consumer: {e}"))
+    }
+
+    async fn record(&self, m: &Manifest) -> Result<()> {
+        self.store
+            .record(m)
+            .await
+            .map_err(|e| anyhow!("recording {}: {e}", m.id))
+    }
+
+    /// Until this instance's store answers `holding(seq)` as `expect` (an id, or none).
+    async fn wait_holding(&self, seq: u64, expect: Option<&Manifest>) -> Result<()> {
+        let what = match expect {
+            Some(m) => format!("sequence {seq} held by {} ({:?})", m.id, m.state),
+            None => format!("sequence {seq} held by no manifest"),
+        };
+        wait_until(&what, DEADLINE, POLL, || async {
+            self.store.holding(seq).as_deref() == expect
+        })
+        .await
+    }
+
+    fn connects(&self) -> u64 {
+        self.js
+            .client()
+            .statistics()
+            .connects
+            .load(Ordering::Relaxed)
+    }
+}
+
+async fn connect(server: &NatsServer) -> Result<jetstream::Context> {
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .reconnect_delay_callback(|_| Duration::from_millis(100))
+        .connect(server.url())
+        .await
+        .with_context(|| format!("connecting to {}", server.url()))?;
+    Ok(jetstream::new(client))
+}
+
+async fn live_manifests(js: &jetstream::Context) -> Result<BTreeMap<String, Manifest>> {
+    let kv = js
+        .get_key_value(BUCKET)
+        .await
+        .context("opening the bucket")?;
+    let stream = js.get_stream(bucket_stream_name(BUCKET)).await?;
+    let subjects: Vec<(String, usize)> = stream
+        .info_with_subjects(format!("$KV.{BUCKET}.>"))
+        .await?
+        .try_collect()
+        .await?;
+    let mut out = BTreeMap::new();
+    for (subject, _) in subjects {
+        let key = subject
+            .strip_prefix(&format!("$KV.{BUCKET}."))
+            .context("a subject of the bucket")?
+            .to_string();
+        let Some(entry) = kv.entry(key.clone()).await? else {
+            continue;
+        };
+        if entry.operation != kv::Operation::Put {
+            continue;
+        }
+        let manifest = decode_manifest(&entry.value)
+            .map_err(|e| anyhow!("the value of {key} is not a manifest: {e}"))?;
+        ensure!(
+            key.ends_with(&format!(".{}", manifest.id)),
+            "key {key} holds manifest {}",
+            manifest.id
+        );
+        out.insert(key, manifest);
+    }
+    Ok(out)
+}
+
+async fn pull(source: &mut JetStreamSource, n: usize) -> Result<Vec<JsDelivery>> {
+    let end = Instant::now() + DEADLINE;
+    let mut got = Vec::new();
+    while got.len() < n {
+        if Instant::now() >= end {
+            bail!("pulled {} of {n} rows within {DEADLINE:?}", got.len());
+        }
+        let batch = source
+            .pull(n - got.len())
+            .await
+            .map_err(|e| anyhow!("pulling: {e}"))?;
+        got.extend(batch);
+    }
+    Ok(got)
+}
+
+async fn ack_floor(js: &jetstream::Context) -> Result<u64> {
+    let mut consumer: consumer::PullConsumer = js
+        .get_stream("INGEST")
+        .await?
+        .get_consumer("sluice")
+        .await
+        .map_err(|e| anyhow!("the consumer: {e}"))?;
+    Ok(consumer.info().await?.ack_floor.stream_sequence)
+}
+
+#[tokio::test]
+async fn the_bucket_is_created_by_sluice_and_again_harmlessly() -> Result<()> {
+    let Some(setup) = Setup::start("the_bucket_is_created_by_sluice_and_again_harmlessly").await?
+    else {
+        return Ok(());
+    };
+    let first = setup.instance().await?;
+    first.ready().await?;
+    let mut bucket = setup.js.get_stream(bucket_stream_name(BUCKET)).await?;
+    let created = bucket.info().await?.created;
+
+    // A second instance runs the same setup on the existing bucket: nothing changes.
+    let second = setup.instance().await?;
+    second.ready().await?;
+    let info = bucket.info().await?.clone();
+    assert_eq!(info.created, created, "not created anew");
+    let c = &info.config;
+    assert_eq!(c.subjects, vec![format!("$KV.{BUCKET}.>")]);
+    assert_eq!(c.max_messages_per_subject, 1, "one value per key");
+    assert!(c.allow_rollup && c.deny_delete && !c.deny_purge);
+    assert!(c.allow_direct);
+    assert_eq!(c.discard, stream::DiscardPolicy::New);
+    assert_eq!(c.storage, stream::StorageType::File);
+    assert_eq!(c.max_age, MANIFEST_MAX_AGE);
+    assert!(
+        c.max_bytes >= 16 << 20,
+        "the budget, with headroom on servers that need it: {}",
+        c.max_bytes
+    );
+
+    // It is a key-value bucket as any client sees one, and the store's writes are in it.
+    let m = Manifest::new(table(), setup.publish_rows(3).await?);
+    first.record(&m).await?;
+    let kv = setup.js.get_key_value(BUCKET).await?;
+    let keys: Vec<String> = kv.keys().await?.try_collect().await?;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(
+        keys[0].starts_with("INGEST.") && keys[0].ends_with(&m.id),
+        "{keys:?}"
+    );
+    let value = kv.get(&keys[0]).await?.context("the value")?;
+    assert_eq!(decode_manifest(&value).map_err(|e| anyhow!("{e}"))?, m);
+    Ok(())
+}
+
+#[tokio::test]
+async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other_drops(
+) -> Result<()> {
+    let Some(setup) = Setup::start(
+        "what_one_instance_records_the_other_finds_and_what_it_forgets_the_other_drops",
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(4).await?;
+    let open = Manifest::new(table(), seqs[..3].to_vec());
+    a.record(&open).await?;
+    assert_eq!(
+        a.store.holding(seqs[1]).as_deref(),
+        Some(&open),
+        "the recorder holds it at once"
+    );
+    for &seq in &seqs[..3] {
+        b.wait_holding(seq, Some(&open)).await?;
+    }
+    assert_eq!(b.store.holding(seqs[3]), None, "not in the batch");
+
+    // Its verdicts replace it.
+    let done = settled(
+        open.clone(),
+        vec![RejectedRow {
+            stream_sequence: seqs[2],
+            line: 0,
+            class: Class::Rejected,
+            code: Some(27),
+            error: "Cannot parse input".into(),
+        }],
+    );
+    a.record(&done).await?;
+    b.wait_holding(seqs[0], Some(&done)).await?;
+    assert_eq!(
+        setup.bucket().await?.into_values().collect::<Vec<_>>(),
+        vec![done.clone()]
+    );
+
+    a.store
+        .forget(&done.id)
+        .await
+        .map_err(|e| anyhow!("forget: {e}"))?;
+    assert!(setup.bucket().await?.is_empty(), "removed from the bucket");
+    assert_eq!(a.store.holding(seqs[0]), None);
+    for &seq in &seqs[..3] {
+        b.wait_holding(seq, None).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Result<()> {
+    // Enough that reading them takes longer than setting up the consumer does.
+    const N: usize = 1000;
+    let Some(setup) =
+        Setup::start("a_source_does_not_connect_before_its_index_holds_every_manifest").await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let seqs = setup.publish_rows(N * 2).await?;
+    let manifests: Vec<Manifest> = seqs
+        .chunks(2)
+        .map(|pair| Manifest::new(table(), pair.to_vec()))
+        .collect();
+    assert_eq!(manifests.len(), N);
+    for m in &manifests {
+        a.record(m).await?;
+    }
+
+    // A new instance: once its source is connected, every one is found, no waiting.
+    let b = setup.instance().await?;
+    let _source = b.source().await?;
+    for m in &manifests {
+        for &seq in &m.messages {
+            assert_eq!(
+                b.store.holding(seq).as_deref(),
+                Some(m),
+                "sequence {seq} right after connect"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn fetch_reads_rows_by_sequence_in_the_order_asked_and_names_a_missing_one() -> Result<()> {
+    let Some(setup) =
+        Setup::start("fetch_reads_rows_by_sequence_in_the_order_asked_and_names_a_missing_one")
+            .await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let seqs = setup.publish_rows(40).await?;
+    let asked = [seqs[7], seqs[0], seqs[39], seqs[8]];
+    let rows = a
+        .store
+        .fetch(&asked)
+        .await
+        .map_err(|e| anyhow!("fetch: {e}"))?;
+    let expected: Vec<Bytes> = [7, 0, 39, 8]
+        .iter()
+        .map(|i| Bytes::from(format!("{{\"id\":{i}}}")))
+        .collect();
+    assert_eq!(rows, expected);
+
+    // A row acked (gone from the work queue) and one never written.
+    let mut source = a.source().await?;
+    let delivered = pull(&mut source, 40).await?;
+    for d in delivered {
+        if d.position().stream_sequence == seqs[3] {
+            d.ack_confirmed().await.map_err(|e| anyhow!("ack: {e}"))?;
+        }
+    }
+    for missing in [seqs[3], seqs[39] + 1000] {
+        let e = a
+            .store
+            .fetch(&[seqs[1], missing])
+            .await
+            .expect_err("a row not in the stream");
+        assert!(e.0.contains("no longer in the stream"), "{e}");
+        assert!(e.0.contains(&missing.to_string()), "names it: {e}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected")
+            .await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(3).await?;
+    let mut source = a.source().await?;
+    let mut delivered = pull(&mut source, 3).await?;
+    delivered.sort_by_key(|d| d.position().stream_sequence);
+    let done = settled(Manifest::new(table(), seqs[..2].to_vec()), vec![]);
+    let open = Manifest::new(table(), vec![seqs[2]]);
+    a.record(&done).await?;
+    a.record(&open).await?;
+
+    // The client reconnects: acks sent before may be lost, so `forget` removes nothing.
+    let before = a.connects();
+    a.js.client()
+        .force_reconnect()
+        .await
+        .map_err(|e| anyhow!("reconnecting: {e}"))?;
+    wait_until("the client reconnected", DEADLINE, POLL, || async {
+        a.connects() > before
+    })
+    .await?;
+    a.store
+        .forget(&done.id)
+        .await
+        .map_err(|e| anyhow!("forget: {e}"))?;
+    assert_eq!(setup.bucket().await?.len(), 2, "both kept");
+    let collected = a.store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    assert_eq!(collected.removed(), 0, "nothing acked yet: {collected:?}");
+    b.wait_holding(seqs[0], Some(&done)).await?;
+
+    // Its rows are acked: the ack floor passes it, and the collector removes it. The
+    // open manifest's row is still in the stream: it stays.
+    let last = delivered.pop().context("three rows")?;
+    for d in delivered {
+        d.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    wait_until("the ack floor passed the batch", DEADLINE, POLL, || async {
+        ack_floor(&setup.js).await.ok() == Some(seqs[1])
+    })
+    .await?;
+    let collected = a.store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    assert_eq!(collected.forgotten_after_reconnect, 1, "{collected:?}");
+    assert_eq!(collected.removed(), 1, "{collected:?}");
+    let left: Vec<Manifest> = setup.bucket().await?.into_values().collect();
+    assert_eq!(left, vec![open.clone()]);
+    b.wait_holding(seqs[0], None).await?;
+    assert_eq!(b.store.holding(seqs[2]).as_deref(), Some(&open));
+
+    // A second pass, from the other instance, removes nothing more. Once the open
+    // manifest's row is acked too, nothing of it is left in the stream: collected.
+    let collected = b.store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    assert_eq!(collected.removed(), 0, "{collected:?}");
+    last.ack_confirmed()
+        .await
+        .map_err(|e| anyhow!("ack: {e}"))?;
+    let collected = b.store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    assert_eq!(collected.gone_from_stream, 1, "{collected:?}");
+    assert!(setup.bucket().await?.is_empty());
+    a.wait_holding(seqs[2], None).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collected() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collected")
+            .await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let old = Manifest::new(table(), seqs.clone());
+    a.record(&old).await?;
+    b.wait_holding(seqs[0], Some(&old)).await?;
+
+    // The stream is deleted and created again: its sequences start at 1 again.
+    setup.js.delete_stream("INGEST").await?;
+    ensure_streams(&setup.js, &stream_settings()).await?;
+    ensure_consumer(&setup.js, &stream_settings()).await?;
+    let again = setup.publish_rows(2).await?;
+    assert_eq!(again, seqs, "the new stream reuses the sequences");
+    // A source connecting reads the stream as it is now.
+    let _source = b.source().await?;
+    assert_eq!(
+        b.store.holding(seqs[0]),
+        None,
+        "the old batch is not this one"
+    );
+    a.ready().await?;
+    assert_eq!(a.store.holding(seqs[1]), None);
+    assert_eq!(setup.bucket().await?.len(), 1, "kept until collected");
+
+    let collected = a.store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    assert_eq!(collected.old_incarnation, 1, "{collected:?}");
+    assert!(setup.bucket().await?.is_empty());
+
+    // A batch of the new stream is recorded and found as usual.
+    let new = Manifest::new(table(), again);
+    a.record(&new).await?;
+    b.wait_holding(seqs[0], Some(&new)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
+    let Some(mut setup) = Setup::start("the_index_is_rebuilt_after_nats_restarts").await? else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(4).await?;
+    let before = Manifest::new(table(), seqs[..2].to_vec());
+    a.record(&before).await?;
+    b.wait_holding(seqs[0], Some(&before)).await?;
+
+    let connects = (a.connects(), b.connects());
+    setup.server.restart().await?;
+    wait_until("both instances reconnected", DEADLINE, POLL, || async {
+        a.connects() > connects.0 && b.connects() > connects.1
+    })
+    .await?;
+    // The rebuilt index kept what the bucket kept, and follows new writes again.
+    b.ready().await?;
+    a.ready().await?;
+    assert_eq!(b.store.holding(seqs[1]).as_deref(), Some(&before));
+    let after = Manifest::new(table(), seqs[2..].to_vec());
+    a.record(&after).await?;
+    b.wait_holding(seqs[3], Some(&after)).await?;
+    b.store
+        .forget(&before.id)
+        .await
+        .map_err(|e| anyhow!("forget: {e}"))?;
+    // Recorded by `a`, not by `b`: `b` cannot know its acks were confirmed since, so
+    // the removal waits for the collector.
+    assert_eq!(setup.bucket().await?.len(), 2);
+    a.store
+        .forget(&after.id)
+        .await
+        .map_err(|e| anyhow!("forget: {e}"))?;
+    b.wait_holding(seqs[3], None).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
+    let Some(setup) = Setup::start("a_full_bucket_fails_the_record_with_the_reason").await? else {
+        return Ok(());
+    };
+    let js = connect(&setup.server).await?;
+    let store = JsManifestStore::start(
+        js,
+        ManifestSettings {
+            max_bytes: 1 << 20,
+            ..manifest_settings()
+        },
+    );
+    store
+        .ready(READY)
+        .await
+        .map_err(|e| anyhow!("not ready: {e}"))?;
+    // 10,000-message manifests of ~10 KB each: the budget holds about a hundred.
+    let mut recorded = Vec::new();
+    let mut refusal = None;
+    for i in 0..400u64 {
+        let first = 1 + i * 10_000;
+        let m = Manifest::new(table(), (first..first + 10_000).collect());
+        match store.record(&m).await {
+            Ok(()) => recorded.push(m),
+            Err(e) => {
+                refusal = Some(e);
+                break;
+            }
+        }
+    }
+    let refusal = refusal.context("the bucket never filled")?;
+    assert!(
+        refusal
+            .0
+            .contains("manifest bucket SLUICE_MANIFESTS is full")
+            && refusal.0.contains("manifest_max_bytes"),
+        "{refusal}"
+    );
+    assert!(recorded.len() > 50, "{} recorded", recorded.len());
+    // Nothing recorded was pushed out to make room.
+    let held = setup.bucket().await?;
+    assert_eq!(
+        held.len(),
+        recorded.len(),
+        "nats-server {}",
+        setup.server.version()
+    );
+
+    // A full bucket still lets manifests go (or it could never drain), and then takes
+    // records again.
+    for m in &recorded[..10] {
+        store
+            .forget(&m.id)
+            .await
+            .map_err(|e| anyhow!("forgetting {} in a full bucket: {e}", m.id))?;
+    }
+    assert_eq!(setup.bucket().await?.len(), recorded.len() - 10);
+    let m = Manifest::new(table(), (5_000_000..5_010_000).collect());
+    wait_until(
+        "the bucket takes a record again",
+        DEADLINE,
+        POLL,
+        || async { store.record(&m).await.is_ok() },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
+    let Some(setup) = Setup::start("removal_markers_are_dropped_from_the_bucket_once_seen").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&setup.server).await?;
+    let a = JsManifestStore::start(
+        js,
+        ManifestSettings {
+            marker_age: Duration::ZERO,
+            ..manifest_settings()
+        },
+    );
+    a.ready(READY).await.map_err(|e| anyhow!("{e}"))?;
+    let b = setup.instance().await?;
+    b.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let m = Manifest::new(table(), seqs.clone());
+    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    a.forget(&m.id).await.map_err(|e| anyhow!("{e}"))?;
+    b.wait_holding(seqs[0], None).await?;
+    let mut bucket = setup.js.get_stream(bucket_stream_name(BUCKET)).await?;
+    assert_eq!(
+        bucket.info().await?.state.messages,
+        1,
+        "the removal marker is the key's last value"
+    );
+    // Once the store's watch has seen the marker, a collection drops it.
+    wait_until(
+        "a collection dropped the marker",
+        DEADLINE,
+        POLL,
+        || async { a.collect().await.is_ok_and(|c| c.markers == 1) },
+    )
+    .await?;
+    assert_eq!(
+        bucket.info().await?.state.messages,
+        0,
+        "the bucket is empty"
+    );
+    // The same batch recorded again is found as ever.
+    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    b.wait_holding(seqs[1], Some(&m)).await?;
+    Ok(())
+}
+
+// === The store in the pipeline ===
+
+/// A deduplicating ClickHouse table as the pipeline sees it: it keeps every insert it
+/// is sent (token and rows), and answers as the test says.
+#[derive(Default)]
+struct DedupTable {
+    sent: Mutex<Vec<(Option<String>, String)>>,
+    /// The next insert is taken, then answered with a transport failure (an ambiguous
+    /// failure: the rows may be in).
+    fail_next: AtomicBool,
+    /// Every insert is taken and never answered (an instance that dies mid-insert).
+    hang: AtomicBool,
+}
+
+impl DedupTable {
+    fn sent(&self) -> Vec<(Option<String>, String)> {
+        self.sent.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Inserter for DedupTable {
+    async fn insert(&self, r: InsertRequest) -> Result<(), InsertError> {
+        if let Ok(mut sent) = self.sent.lock() {
+            sent.push((
+                r.dedup_token.clone(),
+                String::from_utf8_lossy(&r.body).into_owned(),
+            ));
+        }
+        if self.hang.load(Ordering::SeqCst) {
+            futures::future::pending::<()>().await;
+        }
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(InsertError {
+                class: Class::Unavailable,
+                code: None,
+                table_scoped: false,
+                splittable: false,
+                missing_table: false,
+                status: None,
+                message: "connection reset by peer after the body was sent".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+        Ok(ServerInfo::default())
+    }
+
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+        Ok(Dedup {
+            exactly_once: true,
+            why: "a test table that deduplicates".into(),
+        })
+    }
+}
+
+impl Setup {
+    /// An instance's pipeline over `table`: batches of 10 rows, flushed after 200 ms.
+    async fn pipeline(
+        &self,
+        instance: Instance,
+        table: Arc<DedupTable>,
+    ) -> Result<PipelineHandle<JsDelivery>> {
+        let settings = PipelineSettings {
+            shutdown_deadline: Duration::from_secs(1),
+            reform_wait: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let tables = TableSettingsResolver::new(TableSettings {
+            batch_rows: 10,
+            batch_age: Duration::from_millis(200),
+            ..Default::default()
+        });
+        sluice_actors::start(PipelineConfig {
+            source: instance.factory,
+            targets: vec![Target::new("main", table)],
+            tenants: [("acme".to_string(), "main".to_string())].into(),
+            tables,
+            settings,
+            manifests: Some(instance.store),
+        })
+        .await
+        .map_err(|e| anyhow!("starting the pipeline: {e}"))
+    }
+
+    async fn wait_queue_empty(&self) -> Result<()> {
+        wait_until("every row acked", Duration::from_secs(30), POLL, || async {
+            match self.js.get_stream("INGEST").await {
+                Ok(s) => s.cached_info().state.messages == 0,
+                Err(_) => false,
+            }
+        })
+        .await
+    }
+}
+
+/// Exactly-once within an instance: an insert that may have landed is repeated with
+/// the same rows and token, and the manifest goes once the rows are acked.
+#[tokio::test]
+async fn a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_token() -> Result<()>
+{
+    let Some(setup) =
+        Setup::start("a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_token")
+            .await?
+    else {
+        return Ok(());
+    };
+    let table = Arc::new(DedupTable::default());
+    table.fail_next.store(true, Ordering::SeqCst);
+    let pipeline = setup
+        .pipeline(setup.instance().await?, table.clone())
+        .await?;
+    setup.publish_rows(10).await?;
+    setup.wait_queue_empty().await?;
+    pipeline.shutdown().await;
+
+    let sent = table.sent();
+    assert_eq!(sent.len(), 2, "the failed attempt and its retry: {sent:#?}");
+    assert!(sent[0].0.is_some(), "a deduplication token");
+    assert_eq!(sent[0], sent[1], "the same rows under the same token");
+    assert_eq!(sent[0].1.lines().count(), 10);
+    wait_until("the manifest removed", DEADLINE, POLL, || async {
+        setup.bucket().await.is_ok_and(|b| b.is_empty())
+    })
+    .await?;
+    Ok(())
+}
+
+/// Exactly-once across instances: what one instance recorded and sent, another sends
+/// again as exactly that batch (same rows, same token), and nothing else.
+#[tokio::test]
+async fn a_batch_left_by_a_stopped_instance_is_formed_again_by_another() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_batch_left_by_a_stopped_instance_is_formed_again_by_another").await?
+    else {
+        return Ok(());
+    };
+    // The first instance sends a batch and never hears back; it stops, handing the
+    // rows back.
+    let first = Arc::new(DedupTable::default());
+    first.hang.store(true, Ordering::SeqCst);
+    let instance = setup.instance().await?;
+    let a_client = instance.js.client();
+    let a = setup.pipeline(instance, first.clone()).await?;
+    setup.publish_rows(10).await?;
+    wait_until(
+        "the first instance sent the batch",
+        DEADLINE,
+        POLL,
+        || async { !first.sent().is_empty() },
+    )
+    .await?;
+    let recorded = setup.bucket().await?;
+    assert_eq!(
+        recorded.len(),
+        1,
+        "the batch was recorded before it was sent"
+    );
+    a.shutdown().await;
+    // Its process ends: its connection closes (and its pull requests with it).
+    a_client
+        .drain()
+        .await
+        .map_err(|e| anyhow!("closing: {e}"))?;
+
+    // Another instance gets the rows again and sends exactly that batch again.
+    let second = Arc::new(DedupTable::default());
+    let b = setup
+        .pipeline(setup.instance().await?, second.clone())
+        .await?;
+    setup.wait_queue_empty().await?;
+    b.shutdown().await;
+    let (sent_first, sent_second) = (first.sent(), second.sent());
+    assert_eq!(
+        sent_second, sent_first,
+        "the same rows under the same token"
+    );
+    wait_until("the manifest removed", DEADLINE, POLL, || async {
+        setup.bucket().await.is_ok_and(|b| b.is_empty())
+    })
+    .await?;
+    Ok(())
+}
