@@ -705,15 +705,19 @@ async fn missing_table_grace_runs_out() -> Result<()> {
 /// with the reason, and every good row lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_row_crashes_clickhouse() -> Result<()> {
-    let Some(mut s) =
-        Scenario::start("poison_row_crashes_clickhouse", SLUICE, StackOptions::default())
-            .await?
+    let Some(mut s) = Scenario::start(
+        "poison_row_crashes_clickhouse",
+        SLUICE,
+        StackOptions::default(),
+    )
+    .await?
     else {
         return Ok(());
     };
     s.create_tables(&["events"]).await?;
     s.stack.set("ingest.batch_rows", 50);
-    s.stack.set("tables.\"acme.events\".skip_unknown_fields", true);
+    s.stack
+        .set("tables.\"acme.events\".skip_unknown_fields", true);
     s.start_sluice().await?;
     let good = s.feed_jetstream("events", RowSet::good(0..2000), Pace::new(100, ms(100)));
     let bomb = format!(
@@ -746,9 +750,20 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
         );
         tokio::time::sleep(ms(200)).await;
     };
-    ensure!(crashes >= 1, "ClickHouse never crashed on the bomb: the scenario proves nothing");
-    let reason = bomb_row.headers.get("Sluice-Error").cloned().unwrap_or_default();
-    ensure!(reason.contains("dropped the connection"), "{:?}", bomb_row.headers);
+    ensure!(
+        crashes >= 1,
+        "ClickHouse never crashed on the bomb: the scenario proves nothing"
+    );
+    let reason = bomb_row
+        .headers
+        .get("Sluice-Error")
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        reason.contains("dropped the connection"),
+        "{:?}",
+        bomb_row.headers
+    );
     // ClickHouse is started again if the last isolation step left it down; then it stays
     // up, and every good row lands exactly once.
     let deadline = tokio::time::Instant::now() + secs(60);
@@ -756,7 +771,10 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
     while s.stack.count("events").await.unwrap_or(0) < 2000 {
         if !s.stack.clickhouse.is_running() {
             restarts_after += 1;
-            ensure!(restarts_after <= 1, "ClickHouse crashed again after the bomb was parked");
+            ensure!(
+                restarts_after <= 1,
+                "ClickHouse crashed again after the bomb was parked"
+            );
             s.stack.clickhouse.start_again().await?;
         }
         ensure!(
@@ -767,13 +785,23 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
         tokio::time::sleep(ms(200)).await;
     }
     for _ in 0..10 {
-        ensure!(s.stack.clickhouse.is_running(), "ClickHouse crashed again after the bomb was parked");
+        ensure!(
+            s.stack.clickhouse.is_running(),
+            "ClickHouse crashed again after the bomb was parked"
+        );
         tokio::time::sleep(ms(200)).await;
     }
     let parked = s.jet.parked("events").await?;
-    ensure!(parked.len() == 1, "{} rows parked; only the bomb should be", parked.len());
+    ensure!(
+        parked.len() == 1,
+        "{} rows parked; only the bomb should be",
+        parked.len()
+    );
     let (total, distinct) = sluice_harness::chaos::counts(&s.stack.clickhouse, "events").await?;
-    ensure!(distinct == 2000 && total >= distinct, "count {total}, distinct {distinct}");
+    ensure!(
+        distinct == 2000 && total >= distinct,
+        "count {total}, distinct {distinct}"
+    );
     println!(
         "chaos: poison_row_crashes_clickhouse published={} inserted_distinct={distinct} duplicates={} parked=1 crashes={crashes}",
         published.accepted.len() + 1,

@@ -23,8 +23,7 @@ const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 const TABLE: &str = "events";
 
 async fn stack() -> Result<Option<Stack>> {
-    if sluice_harness::available("exactly_once", sluice_harness::clickhouse::binary())?.is_none()
-    {
+    if sluice_harness::available("exactly_once", sluice_harness::clickhouse::binary())?.is_none() {
         return Ok(None);
     }
     let mut stack = Stack::start(StackOptions::default().with_zookeeper()).await?;
@@ -138,8 +137,7 @@ async fn killed_between_the_record_and_the_acks_the_rows_are_acked_without_anoth
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_redelivered_to_another_instance_is_formed_again_and_inserted_once() -> Result<()>
-{
+async fn a_batch_redelivered_to_another_instance_is_formed_again_and_inserted_once() -> Result<()> {
     let Some(mut stack) = stack().await? else {
         return Ok(());
     };

@@ -97,6 +97,15 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         failed,
     } = form(ctx, cargo, held_since).await;
     let n = batch.rows();
+    if n == 0 && failed.is_none() {
+        // Settled by a record while forming: nothing to send. The tickets go back.
+        let verdict = Verdict::Unfinished;
+        report(ctx, links, tickets, verdict, false).await;
+        return FlightOutcome {
+            dedup,
+            ..Default::default()
+        };
+    }
     let mut verdicts = vec![RowVerdict::Pending; n];
     let (verdict, last_error) = match failed {
         Some(verdict) => {

@@ -42,6 +42,8 @@ impl<D> Cargo<D> {
 
 /// The batch a flight sends, and what it knows about it before the first attempt.
 pub struct Formed<D> {
+    /// Empty when the messages were settled by a record instead (their batch was
+    /// settled while they were gathered).
     pub batch: Batch<D>,
     /// Set when the batch is recorded (exactly-once).
     pub manifest: Option<Manifest>,
@@ -60,9 +62,42 @@ pub async fn form<I: Inserter, D: Delivery>(
     match cargo {
         Cargo::Fresh {
             deliveries, done, ..
-        } => form_fresh(ctx, Batch::resuming(deliveries, done, held_since)).await,
+        } => {
+            let deliveries = set_aside_recorded(ctx, deliveries).await;
+            form_fresh(ctx, Batch::resuming(deliveries, done, held_since)).await
+        }
         Cargo::Reformed { manifest, held, .. } => reform(ctx, &manifest, held, held_since).await,
     }
+}
+
+/// A message may have come twice (nats-server 2.9 delivers a message handed back to a
+/// dropped pull request again as new) or been recorded meanwhile in another batch (by
+/// another flight, another instance): it must not go into a batch of its own as well.
+/// Such copies go back (briefly) and come again as what they are: a redelivery of a
+/// recorded batch, settled or formed again by its manifest.
+async fn set_aside_recorded<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<D>) -> Vec<D> {
+    let store = ctx.common.manifests.as_ref();
+    let mut seen = HashSet::with_capacity(deliveries.len());
+    let mut keep = Vec::with_capacity(deliveries.len());
+    let mut aside = Vec::new();
+    for d in deliveries {
+        let seq = d.position().stream_sequence;
+        let recorded = store.is_some_and(|s| s.holding(seq).is_some());
+        if recorded || !seen.insert(seq) {
+            aside.push(d);
+        } else {
+            keep.push(d);
+        }
+    }
+    if !aside.is_empty() {
+        tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = aside.len(),
+            "messages delivered twice or already in a recorded batch go back");
+        let delay = ctx.common.settings.store_retry;
+        for d in aside {
+            let _ = d.nak(delay).await;
+        }
+    }
+    keep
 }
 
 async fn form_fresh<I: Inserter, D: Delivery>(ctx: &FlightCtx<I>, batch: Batch<D>) -> Formed<D> {
@@ -95,7 +130,9 @@ async fn form_fresh<I: Inserter, D: Delivery>(ctx: &FlightCtx<I>, batch: Batch<D
     formed
 }
 
-/// A recorded batch again: the messages held, the others read from the stream.
+/// A recorded batch again: the messages held, the others read from the stream. The
+/// batch may have been settled meanwhile (by another flight, another instance, while
+/// these messages were gathered): then they are settled by its record.
 async fn reform<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     manifest: &Manifest,
@@ -105,6 +142,9 @@ async fn reform<I: Inserter, D: Delivery>(
     let Some(store) = &ctx.common.manifests else {
         return form_fresh(ctx, Batch::new(held, held_since)).await;
     };
+    if let Some(settled) = settled_now(store.as_ref(), manifest) {
+        return settled_by_record(ctx, &settled, held, held_since).await;
+    }
     let have: HashSet<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
     let missing: Vec<u64> = manifest
         .messages
@@ -118,9 +158,12 @@ async fn reform<I: Inserter, D: Delivery>(
         match store.fetch(&missing).await {
             Ok(payloads) => missing.into_iter().zip(payloads).collect(),
             Err(e) if e.0.contains("no longer") => {
-                // Messages of the batch left the stream without the batch being settled
-                // (purged by hand): it can never be formed again. What is held goes on
-                // as a batch of its own.
+                // Messages of the batch left the stream: acked, so the batch was settled
+                // (its record is here now), or purged by hand, and then it can never be
+                // formed again: what is held goes on as a batch of its own.
+                if let Some(settled) = settled_now(store.as_ref(), manifest) {
+                    return settled_by_record(ctx, &settled, held, held_since).await;
+                }
                 tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %manifest.id,
                     error = %e, "a recorded batch cannot be formed again: its messages held here form a new one");
                 return form_fresh(ctx, Batch::new(held, held_since)).await;
@@ -140,6 +183,33 @@ async fn reform<I: Inserter, D: Delivery>(
     Formed {
         batch: Batch::reformed(&manifest.messages, held, fetched, held_since),
         manifest: Some(open),
+        dedup: None,
+        failed: None,
+    }
+}
+
+/// The manifest as the store has it now, if it is settled.
+fn settled_now(
+    store: &dyn crate::ports::ManifestStore,
+    manifest: &Manifest,
+) -> Option<Arc<Manifest>> {
+    let first = *manifest.messages.first()?;
+    store
+        .holding(first)
+        .filter(|m| m.id == manifest.id && m.is_settled())
+}
+
+/// Settle the held messages by the batch's record; nothing is left to send.
+async fn settled_by_record<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    manifest: &Manifest,
+    held: Vec<D>,
+    held_since: Instant,
+) -> Formed<D> {
+    settle_by_record(ctx, manifest, held).await;
+    Formed {
+        batch: Batch::new(Vec::new(), held_since),
+        manifest: None,
         dedup: None,
         failed: None,
     }
