@@ -12,6 +12,8 @@
 //! (another instance has them, or they wait out a delay): their rows are sent, read from
 //! the stream, and settled by whoever holds them.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,7 +150,7 @@ impl<D: Delivery> Batch<D> {
     /// As [`Batch::new`], some messages coming back with lines an earlier flight
     /// settled (`done`, by stream sequence): those lines are not sent again.
     pub fn resuming(deliveries: Vec<D>, done: Vec<(u64, Vec<u32>)>, held_since: Instant) -> Self {
-        let mut done: std::collections::HashMap<u64, Vec<u32>> = done.into_iter().collect();
+        let mut done: HashMap<u64, Vec<u32>> = done.into_iter().collect();
         let parts = deliveries
             .into_iter()
             .map(|d| {
@@ -160,29 +162,39 @@ impl<D: Delivery> Batch<D> {
     }
 
     /// A batch formed again from a manifest's messages (ascending sequences): the ones
-    /// held, and the payloads read for the others.
+    /// held, and the payloads read for the others. A message held twice (a copy
+    /// delivered again meanwhile) goes in once: the other copies, and anything held
+    /// that is not of the manifest, come back beside the batch for the caller to hand
+    /// back. A sequence neither held nor read is left out: the caller checks
+    /// [`Batch::sequences`] against the manifest before sending.
     pub fn reformed(
         sequences: &[u64],
-        mut held: Vec<D>,
-        mut fetched: Vec<(u64, Bytes)>,
+        held: Vec<D>,
+        fetched: Vec<(u64, Bytes)>,
         held_since: Instant,
-    ) -> Self {
-        held.sort_unstable_by_key(|d| d.position().stream_sequence);
-        fetched.sort_unstable_by_key(|(s, _)| *s);
-        let mut held = held.into_iter().peekable();
-        let mut fetched = fetched.into_iter().peekable();
-        let mut parts = Vec::with_capacity(sequences.len());
-        for &seq in sequences {
-            if held
-                .peek()
-                .is_some_and(|d| d.position().stream_sequence == seq)
-            {
-                parts.push((seq, held.next(), None, Vec::new()));
-            } else if fetched.peek().is_some_and(|(s, _)| *s == seq) {
-                parts.push((seq, None, fetched.next().map(|(_, p)| p), Vec::new()));
+    ) -> (Self, Vec<D>) {
+        let mut copies = Vec::new();
+        let mut by_seq: HashMap<u64, D> =
+            HashMap::with_capacity(held.len());
+        for d in held {
+            match by_seq.entry(d.position().stream_sequence) {
+                Entry::Vacant(slot) => {
+                    slot.insert(d);
+                }
+                Entry::Occupied(_) => copies.push(d),
             }
         }
-        Self::build(parts, held_since)
+        let mut fetched: HashMap<u64, Bytes> = fetched.into_iter().collect();
+        let mut parts = Vec::with_capacity(sequences.len());
+        for &seq in sequences {
+            if let Some(d) = by_seq.remove(&seq) {
+                parts.push((seq, Some(d), None, Vec::new()));
+            } else if let Some(p) = fetched.remove(&seq) {
+                parts.push((seq, None, Some(p), Vec::new()));
+            }
+        }
+        copies.extend(by_seq.into_values());
+        (Self::build(parts, held_since), copies)
     }
 
     fn build(parts: Vec<Source<D>>, held_since: Instant) -> Self {

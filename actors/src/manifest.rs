@@ -92,11 +92,13 @@ impl Manifest {
     }
 
     /// The verdict recorded for one row, once settled: `None` while open; `Some(None)`
-    /// inserted; `Some(Some(reason))` rejected.
+    /// inserted; `Some(Some(reason))` rejected. `None` too for a message not of the batch.
     pub fn verdict(&self, stream_sequence: u64, line: u32) -> Option<Option<Arc<InsertError>>> {
         let ManifestState::Settled { rejected } = &self.state else {
             return None;
         };
+        // Not a message of this batch: its record says nothing of it.
+        self.messages.binary_search(&stream_sequence).ok()?;
         Some(
             rejected
                 .iter()

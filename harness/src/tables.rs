@@ -3,12 +3,20 @@
 //!
 //! On ClickHouse 18.16 only Replicated tables deduplicate inserts: a block of rows
 //! inserted again (the same rows, in any order: the hash is taken after the block is
-//! sorted) is dropped, within the last `replicated_deduplication_window` (100) blocks
-//! of the table. A plain MergeTree keeps every copy.
+//! sorted) is dropped, within the last `replicated_deduplication_window` blocks of the
+//! table. A plain MergeTree keeps every copy.
+//!
+//! The twins are made with the window of current servers (1000; 18.16 has 100): with a
+//! bad row in every batch, isolation inserts a dozen blocks per batch, and 100 blocks
+//! are passed within the `ack_wait` a redelivery waits (measured: `two_instances_sigstop`
+//! counted one isolated batch twice with 100, never with 1000).
 
 use anyhow::{bail, Context, Result};
 
 use crate::clickhouse::{replicated_merge_tree, ClickHouseServer};
+
+/// `replicated_deduplication_window` on current servers (ClickHouse#57335).
+pub const CURRENT_DEDUPLICATION_WINDOW: u32 = 1000;
 
 /// Creates `table` as a `ReplicatedMergeTree` with the columns, partition key and
 /// sorting key of the existing table `like` (in the current database). The server
@@ -56,7 +64,8 @@ pub async fn create_replicated_like(
     };
     clickhouse
         .exec(&format!(
-            "CREATE TABLE {table} AS {like} ENGINE = {}{partition_by} ORDER BY {order_by}",
+            "CREATE TABLE {table} AS {like} ENGINE = {}{partition_by} ORDER BY {order_by} \
+             SETTINGS replicated_deduplication_window = {CURRENT_DEDUPLICATION_WINDOW}",
             replicated_merge_tree(database, table)
         ))
         .await

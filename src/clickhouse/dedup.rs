@@ -19,6 +19,9 @@ use sluice_actors::Dedup;
 
 use super::catalog::TableInfo;
 
+/// `replicated_deduplication_window` of current servers (ClickHouse#57335; 100 before it, 18.16 too).
+const CURRENT_WINDOW: u64 = 1000;
+
 /// The server's defaults for the two windows (`system.merge_tree_settings`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DedupDefaults {
@@ -36,6 +39,11 @@ pub fn dedup_of(table: &TableInfo, defaults: &DedupDefaults) -> Dedup {
             .or(defaults.replicated_window);
         return match window {
             Some(0) => no(format!("{engine} with replicated_deduplication_window = 0")),
+            Some(n) if n < CURRENT_WINDOW => yes(format!(
+                "{engine}: the last {n} inserted blocks (small: a batch retried after more \
+                 than {n} blocks, as isolating bad rows makes quickly, counts twice; current \
+                 servers keep {CURRENT_WINDOW})"
+            )),
             Some(n) => yes(format!("{engine}: the last {n} inserted blocks")),
             None => yes(engine.to_string()),
         };

@@ -92,12 +92,18 @@ async fn set_aside_recorded<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<
     if !aside.is_empty() {
         tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = aside.len(),
             "messages delivered twice or already in a recorded batch go back");
-        let delay = ctx.common.settings.store_retry;
-        for d in aside {
-            let _ = d.nak(delay).await;
-        }
+        hand_back(ctx, aside).await;
     }
     keep
+}
+
+/// Copies that must not go into a batch: back to the queue for a moment, to come again
+/// as what they are (a settled batch's messages are then settled by its record).
+async fn hand_back<I, D: Delivery>(ctx: &FlightCtx<I>, copies: Vec<D>) {
+    let delay = ctx.common.settings.store_retry;
+    for d in copies {
+        let _ = d.nak(delay).await;
+    }
 }
 
 async fn form_fresh<I: Inserter, D: Delivery>(ctx: &FlightCtx<I>, batch: Batch<D>) -> Formed<D> {
@@ -178,10 +184,29 @@ async fn reform<I: Inserter, D: Delivery>(
             }
         }
     };
+    let (batch, copies) = Batch::reformed(&manifest.messages, held, fetched, held_since);
+    if !copies.is_empty() {
+        hand_back(ctx, copies).await;
+    }
+    // A settled record says every message of the batch was judged: it may only follow
+    // an insert of all of them.
+    if batch.sequences() != manifest.messages {
+        let e = StoreError(format!(
+            "recorded batch {} formed again without all of its {} messages",
+            manifest.id,
+            manifest.messages.len()
+        ));
+        return Formed {
+            batch,
+            manifest: None,
+            dedup: None,
+            failed: Some(incomplete(ctx, e)),
+        };
+    }
     let mut open = manifest.clone();
     open.state = ManifestState::Open;
     Formed {
-        batch: Batch::reformed(&manifest.messages, held, fetched, held_since),
+        batch,
         manifest: Some(open),
         dedup: None,
         failed: None,
@@ -219,6 +244,12 @@ fn store_failed<I>(ctx: &FlightCtx<I>, e: StoreError) -> Verdict {
     ctx.metrics.manifest_failures.increment(1);
     tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
         "the manifest store cannot be written: the batch waits (nothing is inserted unrecorded)");
+    Verdict::StoreDown(e)
+}
+
+fn incomplete<I>(ctx: &FlightCtx<I>, e: StoreError) -> Verdict {
+    tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
+        "a recorded batch cannot be sent short of messages: its rows go back");
     Verdict::StoreDown(e)
 }
 

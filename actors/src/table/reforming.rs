@@ -3,7 +3,7 @@
 //! is here, or once `reform_wait` passed since the first came (the rest are read from
 //! the stream: another instance holds them, or they wait out a delay).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -15,6 +15,8 @@ use crate::ports::Delivery;
 pub struct Gathering<D> {
     pub manifest: Arc<Manifest>,
     pub held: Vec<D>,
+    /// The sequences of `held`.
+    distinct: HashSet<u64>,
     /// When its first message came.
     pub since: Instant,
 }
@@ -45,11 +47,14 @@ impl<D: Delivery> Reforming<D> {
             Gathering {
                 manifest,
                 held: Vec::new(),
+                distinct: HashSet::new(),
                 since: now,
             }
         });
+        g.distinct.insert(d.position().stream_sequence);
         g.held.push(d);
-        if g.held.len() >= g.manifest.messages.len() {
+        // Copies of a message (delivered again while gathered) do not make it whole.
+        if g.distinct.len() >= g.manifest.messages.len() {
             if let Some(g) = self.gathering.remove(&id) {
                 self.ready.push_back(g);
             }

@@ -371,9 +371,11 @@ async fn send_jetstream(
         let mut failed = Vec::new();
         for id in &todo {
             let mut headers = async_nats::HeaderMap::new();
+            // The subject is part of the id: a table and its Replicated twin get the same
+            // rows, and JetStream would take the second for a duplicate of the first.
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                format!("chaos-{id}").as_str(),
+                format!("chaos-{subject}-{id}").as_str(),
             );
             match js
                 .publish_with_headers(subject.to_owned(), headers, rows.row(*id).into())
