@@ -153,3 +153,40 @@ async fn a_batch_redelivered_to_another_instance_is_formed_again_and_inserted_on
     // again whole, and ClickHouse deduplicated it.
     Ok(())
 }
+
+/// `sluice check-config` asks the target which tables deduplicate inserts: the
+/// Replicated table is exactly-once (with its window named), the plain one is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
+    let Some(stack) = stack().await? else {
+        return Ok(());
+    };
+    let config = stack.write_config()?;
+    let out = tokio::process::Command::new(SLUICE)
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "exactly-once (ClickHouse deduplicates inserts):",
+        "yes events: ReplicatedMergeTree: the last 1000 inserted blocks",
+        "no  events_plain: MergeTree without non_replicated_deduplication_window",
+    ] {
+        ensure!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+    ensure!(stdout.lines().last() == Some("ok"), "{stdout}");
+    // Offline, ClickHouse is not asked.
+    let out = tokio::process::Command::new(SLUICE)
+        .args(["check-config", "--offline", "--config"])
+        .arg(&config)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && !stdout.contains("(ClickHouse deduplicates inserts)"),
+        "{stdout}"
+    );
+    Ok(())
+}

@@ -283,6 +283,12 @@ pub trait Delivery: Send + Sync + 'static {
     /// so an actor can hand it to a task and never wait on it in its mailbox.
     fn progress(&self) -> impl Future<Output = Result<(), SettleError>> + Send + 'static;
 
+    /// When JetStream last heard the row is in hand: its delivery, or the last
+    /// `progress()` sent for it. Once `ack_wait` has passed since, JetStream may have
+    /// delivered it again, perhaps to another instance (this one was frozen, or its
+    /// runtime stalled): such a row must not start a batch of its own.
+    fn alive_since(&self) -> tokio::time::Instant;
+
     /// Hand the row back to be delivered again after `delay`.
     fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
 

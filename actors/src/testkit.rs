@@ -95,6 +95,7 @@ impl Ledger {
             payload,
             ledger: self.clone(),
             settled: false,
+            alive_since: Mutex::new(tokio::time::Instant::now()),
         }
     }
 
@@ -109,6 +110,7 @@ impl Ledger {
             payload,
             ledger: self.clone(),
             settled: false,
+            alive_since: Mutex::new(tokio::time::Instant::now()),
         }
     }
 
@@ -234,6 +236,8 @@ pub struct FakeDelivery {
     payload: Bytes,
     ledger: Arc<Ledger>,
     settled: bool,
+    /// Moved on by `progress()`.
+    alive_since: Mutex<tokio::time::Instant>,
 }
 
 impl FakeDelivery {
@@ -300,10 +304,15 @@ impl Delivery for FakeDelivery {
         &self,
     ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
         let (ledger, seq) = (self.ledger.clone(), self.seq);
+        *self.alive_since.lock().unwrap() = tokio::time::Instant::now();
         async move {
             ledger.push(seq, Event::Progress);
             Ok(())
         }
+    }
+
+    fn alive_since(&self) -> tokio::time::Instant {
+        *self.alive_since.lock().unwrap()
     }
 
     async fn nak(self, delay: Duration) -> Result<(), SettleError> {

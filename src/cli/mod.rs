@@ -46,11 +46,15 @@ pub enum Command {
         #[arg(long)]
         demo_traffic: bool,
     },
-    /// Validate a configuration without starting anything; prints a summary or every problem.
+    /// Validate a configuration without starting anything; prints a summary or every
+    /// problem, then which tables of each ClickHouse target are exactly-once.
     CheckConfig {
         /// The configuration file; without one, the configuration comes from SLUICE_* variables.
         #[arg(long, short, env = "SLUICE_CONFIG")]
         config: Option<PathBuf>,
+        /// Do not ask ClickHouse which tables deduplicate inserts.
+        #[arg(long)]
+        offline: bool,
     },
     /// Exit 0 when the admin endpoint's /healthz answers 200 (a container HEALTHCHECK).
     Healthcheck {
@@ -86,7 +90,7 @@ pub fn main() -> ExitCode {
             admin,
             demo_traffic,
         }),
-        Command::CheckConfig { config } => check_config::run(config.as_deref()),
+        Command::CheckConfig { config, offline } => check_config::run(config.as_deref(), offline),
         Command::Classify { what } => classify::run(&what.join(" ")),
         Command::Healthcheck {
             config,

@@ -105,6 +105,25 @@ impl HttpInserter {
             .await
     }
 
+    /// Every table of the target's database, and whether ClickHouse deduplicates its
+    /// inserts (what `sluice check-config` shows before anything runs).
+    pub async fn dedup_of_tables(&self) -> Result<Vec<(TableInfo, Dedup)>, String> {
+        let defaults = self
+            .features()
+            .await
+            .map_err(|e| e.message.clone())?
+            .dedup_defaults
+            .clone();
+        let tables = super::catalog::TableSource::list_tables(self, &self.database).await?;
+        Ok(tables
+            .into_iter()
+            .map(|t| {
+                let dedup = dedup_of(&t, &defaults);
+                (t, dedup)
+            })
+            .collect())
+    }
+
     async fn detect(&self) -> Result<ServerFeatures, InsertError> {
         let version = self.query("SELECT version()").await?;
         let names = self

@@ -2,12 +2,14 @@
 //! the server), progress, nak with a delay, or park on the dead-letter stream with the
 //! reason in its headers (the whole message, or one row of a many-row message).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::AckKind;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use tokio::time::Instant;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 
 use super::publish::{PublishError, Publisher};
@@ -137,6 +139,11 @@ struct Row {
 pub struct JsDelivery {
     row: Option<Row>,
     dlq: Arc<DlqWriter>,
+    /// When it came.
+    received: Instant,
+    /// Milliseconds after `received` of the last `progress()` (0: none yet), taken
+    /// when it is sent: JetStream's clock restarts no earlier.
+    progressed_ms: AtomicU32,
 }
 
 // === impl JsDelivery ===
@@ -152,6 +159,8 @@ impl JsDelivery {
                 payload: message.payload,
             }),
             dlq,
+            received: Instant::now(),
+            progressed_ms: AtomicU32::new(0),
         }
     }
 
@@ -273,6 +282,8 @@ impl Delivery for JsDelivery {
     ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
         let client = self.dlq.client.clone();
         let reply = self.row.as_ref().and_then(|r| r.reply.clone());
+        let sent = u32::try_from(self.received.elapsed().as_millis()).unwrap_or(u32::MAX);
+        self.progressed_ms.fetch_max(sent, Ordering::Relaxed);
         async move {
             let Some(reply) = reply else {
                 return Ok(());
@@ -282,6 +293,10 @@ impl Delivery for JsDelivery {
                 .await
                 .map_err(|e| SettleError(format!("sending progress: {e}")))
         }
+    }
+
+    fn alive_since(&self) -> Instant {
+        self.received + Duration::from_millis(self.progressed_ms.load(Ordering::Relaxed).into())
     }
 
     async fn nak(mut self, delay: Duration) -> Result<(), SettleError> {

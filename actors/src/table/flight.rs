@@ -170,7 +170,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         .is_some_and(|m| batch.deliveries().count() == m.messages.len());
     let settled = batch.settle(verdicts, &plan).await;
     if let (Some(m), true, true, 0) = (&manifest, held_all, settled.confirmed, settled.pending) {
-        forget(ctx, m).await;
+        forget_soon(ctx, m);
     }
     count(ctx, &settled, retry_class, parked_missing);
     FlightOutcome {
@@ -205,15 +205,29 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
     }
 }
 
-/// Every row of a batch whose manifest is settled and whose acks were confirmed is out
-/// of the queue: the manifest goes. A failure leaves it to the store's collection.
-async fn forget<I>(ctx: &FlightCtx<I>, m: &Manifest) {
-    if let Some(store) = &ctx.common.manifests {
-        if let Err(e) = store.forget(&m.id).await {
-            tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, error = %e,
+/// JetStream confirms an ack before it has written it down: a nats-server killed
+/// within that moment comes back without the ack and delivers the rows again, and
+/// their manifest must still be there to settle them by (not insert them anew). So a
+/// manifest whose rows are all settled and confirmed goes a little later; one left at
+/// shutdown or by a failure is collected by the store.
+const FORGET_AFTER: Duration = Duration::from_secs(2);
+
+fn forget_soon<I>(ctx: &FlightCtx<I>, m: &Manifest) {
+    let Some(store) = ctx.common.manifests.clone() else {
+        return;
+    };
+    let shutdown = ctx.common.shutdown.clone();
+    let (id, key) = (m.id.clone(), ctx.key.clone());
+    ctx.common.tracker.spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(FORGET_AFTER) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if let Err(e) = store.forget(&id).await {
+            tracing::debug!(tenant = %key.tenant, table = %key.table, manifest = %id, error = %e,
                 "a settled manifest could not be removed now; the store collects it later");
         }
-    }
+    });
 }
 
 /// [`judge`], unless the shutdown deadline cancels it first.

@@ -64,7 +64,7 @@ pub async fn form<I: Inserter, D: Delivery>(
             deliveries, done, ..
         } => {
             let deliveries = set_aside_recorded(ctx, deliveries).await;
-            form_fresh(ctx, Batch::resuming(deliveries, done, held_since)).await
+            form_fresh(ctx, deliveries, done, held_since).await
         }
         Cargo::Reformed { manifest, held, .. } => reform(ctx, &manifest, held, held_since).await,
     }
@@ -106,19 +106,28 @@ async fn hand_back<I, D: Delivery>(ctx: &FlightCtx<I>, copies: Vec<D>) {
     }
 }
 
-async fn form_fresh<I: Inserter, D: Delivery>(ctx: &FlightCtx<I>, batch: Batch<D>) -> Formed<D> {
+/// A batch of the messages as they came. For a table whose inserts ClickHouse
+/// deduplicates, recorded first, and only with rows JetStream still counts as ours.
+async fn form_fresh<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    deliveries: Vec<D>,
+    done: Vec<(u64, Vec<u32>)>,
+    held_since: Instant,
+) -> Formed<D> {
     let mut formed = Formed {
-        batch,
+        batch: Batch::new(Vec::new(), held_since),
         manifest: None,
         dedup: None,
         failed: None,
     };
     let Some(store) = &ctx.common.manifests else {
+        formed.batch = Batch::resuming(deliveries, done, held_since);
         return formed;
     };
     let dedup = match ctx.inserter.deduplicates(&ctx.key).await {
         Ok(dedup) => dedup,
         Err(e) => {
+            formed.batch = Batch::resuming(deliveries, done, held_since);
             formed.failed = Some(outage(e));
             return formed;
         }
@@ -126,14 +135,54 @@ async fn form_fresh<I: Inserter, D: Delivery>(ctx: &FlightCtx<I>, batch: Batch<D
     let exactly_once = dedup.exactly_once;
     formed.dedup = Some(dedup);
     if !exactly_once {
+        formed.batch = Batch::resuming(deliveries, done, held_since);
+        return formed;
+    }
+    let (live, expired) = split_expired(ctx, deliveries);
+    if !expired.is_empty() {
+        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = expired.len(),
+            "messages held past ack_wait may be in another batch by now: they go back");
+        hand_back(ctx, expired).await;
+    }
+    formed.batch = Batch::resuming(live, done, held_since);
+    if formed.batch.is_empty() {
         return formed;
     }
     let manifest = Manifest::new(ctx.key.clone(), formed.batch.sequences());
-    match store.record(&manifest).await {
-        Ok(()) => formed.manifest = Some(manifest),
-        Err(e) => formed.failed = Some(store_failed(ctx, e)),
+    if let Err(e) = store.record(&manifest).await {
+        formed.failed = Some(store_failed(ctx, e));
+        return formed;
     }
+    // The record may have taken long (NATS slow or frozen), or this process stood
+    // still: a row JetStream gave up on meanwhile may be in another batch already.
+    if formed
+        .batch
+        .deliveries()
+        .any(|d| expired_now(ctx, d, Instant::now()))
+    {
+        let _ = store.forget(&manifest.id).await;
+        formed.failed = Some(Verdict::StoreDown(StoreError(format!(
+            "batch {} was held past ack_wait while it was recorded: its rows go back",
+            manifest.id
+        ))));
+        return formed;
+    }
+    formed.manifest = Some(manifest);
     formed
+}
+
+/// Whether `ack_wait` (less a tenth, for the time a progress takes to arrive) passed
+/// since JetStream last heard of the row.
+fn expired_now<I, D: Delivery>(ctx: &FlightCtx<I>, d: &D, now: Instant) -> bool {
+    let ack_wait = ctx.common.settings.ack_wait;
+    now >= d.alive_since() + ack_wait - ack_wait / 10
+}
+
+fn split_expired<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<D>) -> (Vec<D>, Vec<D>) {
+    let now = Instant::now();
+    deliveries
+        .into_iter()
+        .partition(|d| !expired_now(ctx, d, now))
 }
 
 /// A recorded batch again: the messages held, the others read from the stream. The
@@ -146,7 +195,7 @@ async fn reform<I: Inserter, D: Delivery>(
     held_since: Instant,
 ) -> Formed<D> {
     let Some(store) = &ctx.common.manifests else {
-        return form_fresh(ctx, Batch::new(held, held_since)).await;
+        return form_fresh(ctx, held, Vec::new(), held_since).await;
     };
     if let Some(settled) = settled_now(store.as_ref(), manifest) {
         return settled_by_record(ctx, &settled, held, held_since).await;
@@ -172,7 +221,7 @@ async fn reform<I: Inserter, D: Delivery>(
                 }
                 tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %manifest.id,
                     error = %e, "a recorded batch cannot be formed again: its messages held here form a new one");
-                return form_fresh(ctx, Batch::new(held, held_since)).await;
+                return form_fresh(ctx, held, Vec::new(), held_since).await;
             }
             Err(e) => {
                 return Formed {

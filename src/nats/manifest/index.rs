@@ -59,6 +59,9 @@ pub struct Index {
     prefix: String,
     state: RwLock<State>,
     readiness: tokio::sync::watch::Sender<Readiness>,
+    /// The highest bucket revision the watch has applied: once it passes a record's
+    /// revision, every value written before that record is in the index.
+    watched: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -84,6 +87,7 @@ impl Index {
             prefix: format!("{stream}."),
             state: RwLock::default(),
             readiness: tokio::sync::watch::Sender::new(Readiness::default()),
+            watched: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -144,6 +148,47 @@ impl Index {
             state.index_by_seq(&indexed.manifest);
         }
         state.by_key.insert(key.to_string(), indexed);
+    }
+
+    /// The watch applied the bucket's value at `revision`.
+    fn saw(&self, revision: u64) {
+        self.watched.send_if_modified(|w| {
+            let newer = revision > *w;
+            if newer {
+                *w = revision;
+            }
+            newer
+        });
+    }
+
+    /// Wait (at most `deadline`) until the watch has applied `revision`.
+    pub async fn wait_watched(&self, revision: u64, deadline: Duration) -> bool {
+        let mut watched = self.watched.subscribe();
+        tokio::time::timeout(deadline, watched.wait_for(|w| *w >= revision))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// A manifest recorded before `revision` that claims a message of `m` (two batches
+    /// formed of the same message: a copy delivered again, a record that failed
+    /// ambiguously and landed later). The first claim wins; `None` when there is none
+    /// in the index.
+    pub fn earlier_claim(&self, m: &Manifest, revision: u64) -> Option<String> {
+        let state = self.read();
+        if !state.overlapped {
+            return None;
+        }
+        let mine: HashSet<u64> = m.messages.iter().copied().collect();
+        state
+            .by_key
+            .values()
+            .filter(|v| {
+                Some(v.incarnation) == state.incarnation
+                    && v.revision < revision
+                    && v.manifest.id != m.id
+            })
+            .find(|v| v.manifest.messages.iter().any(|s| mine.contains(s)))
+            .map(|v| v.manifest.id.clone())
     }
 
     /// `key` is gone; `marker`: the revision of its removal marker, when the watch saw
@@ -368,6 +413,7 @@ async fn watch_once(
             entry = watch.next() => match entry {
                 Some(Ok(entry)) => {
                     apply(index, &entry);
+                    index.saw(entry.revision);
                     if !caught_up {
                         seen.insert(entry.key.clone());
                         if entry.delta == 0 || entry.revision >= upto {
@@ -459,6 +505,30 @@ mod tests {
         index.remove(&ka, None);
         assert_eq!(held(&index, 1), None);
         assert_eq!(held(&index, 3), None);
+    }
+
+    #[test]
+    fn the_first_claim_on_a_message_wins() {
+        let (index, _, _) = index();
+        let (a, b) = (manifest(vec![1, 2, 3]), manifest(vec![3, 4]));
+        assert_eq!(index.earlier_claim(&b, 11), Some(a.id.clone()), "b came second");
+        assert_eq!(index.earlier_claim(&a, 10), None, "a came first");
+        let c = manifest(vec![5, 6]);
+        index.put(&index.key(7, &c.id), 12, c.clone());
+        assert_eq!(index.earlier_claim(&c, 12), None, "c shares nothing");
+        // Once b is gone, nothing overlaps: no scan at all.
+        index.remove(&index.key(7, &b.id), None);
+        assert_eq!(index.earlier_claim(&manifest(vec![9]), 99), None);
+    }
+
+    #[tokio::test]
+    async fn a_record_waits_for_the_watch_to_pass_its_revision() {
+        let (index, _, _) = index();
+        assert!(!index.wait_watched(3, Duration::from_millis(10)).await);
+        index.saw(2);
+        index.saw(4);
+        index.saw(1);
+        assert!(index.wait_watched(3, Duration::from_millis(10)).await);
     }
 
     #[test]

@@ -53,6 +53,9 @@ const COLLECT_EVERY: Duration = Duration::from_secs(10);
 /// How long a removal marker stays: every live watch sees it within moments, and a
 /// watch opened later rebuilds without it.
 const MARKER_AGE: Duration = Duration::from_secs(60);
+/// How long a new batch's record waits for the watch to show every batch recorded
+/// before it (normally a round trip).
+const CLAIM_WAIT: Duration = Duration::from_secs(5);
 /// Messages read from the stream at once when a batch is formed again.
 const FETCH_CONCURRENCY: usize = 32;
 
@@ -240,7 +243,34 @@ impl Shared {
             })?;
         self.index.put(&key, published.sequence, m.clone());
         lock(&self.recorded).insert(m.id.clone(), connects);
+        if !m.is_settled() {
+            self.check_claim(&key, m, published.sequence).await?;
+        }
         Ok(())
+    }
+
+    /// A new batch claims its messages: no batch recorded before it may hold one of
+    /// them, or the two would insert that message's rows in two different blocks that
+    /// ClickHouse cannot tell for copies. The earlier claim wins: this one is removed
+    /// and its rows go back, to come again and join that batch.
+    async fn check_claim(&self, key: &str, m: &Manifest, revision: u64) -> Result<(), StoreError> {
+        if !self.index.wait_watched(revision, CLAIM_WAIT).await {
+            return Err(StoreError(format!(
+                "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its rows go back",
+                m.id
+            )));
+        }
+        let Some(earlier) = self.index.earlier_claim(m, revision) else {
+            return Ok(());
+        };
+        if self.purge_key(key).await.is_ok() {
+            self.index.remove(key, None);
+            lock(&self.recorded).remove(&m.id);
+        }
+        Err(StoreError(format!(
+            "batch {} shares messages with batch {earlier}, recorded first: its rows go back to join that one",
+            m.id
+        )))
     }
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
