@@ -168,7 +168,11 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
         .output()
         .await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for line in [
         "exactly-once (ClickHouse deduplicates inserts):",
         "yes events: ReplicatedMergeTree: the last 1000 inserted blocks",

@@ -174,8 +174,7 @@ impl<D: Delivery> Batch<D> {
         held_since: Instant,
     ) -> (Self, Vec<D>) {
         let mut copies = Vec::new();
-        let mut by_seq: HashMap<u64, D> =
-            HashMap::with_capacity(held.len());
+        let mut by_seq: HashMap<u64, D> = HashMap::with_capacity(held.len());
         for d in held {
             match by_seq.entry(d.position().stream_sequence) {
                 Entry::Vacant(slot) => {

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::AckKind;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
-use tokio::time::Instant;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
+use tokio::time::Instant;
 
 use super::publish::{PublishError, Publisher};
 use super::reply::AckAddress;
@@ -139,7 +139,8 @@ struct Row {
 pub struct JsDelivery {
     row: Option<Row>,
     dlq: Arc<DlqWriter>,
-    /// When it came.
+    /// When the server sent it, at the latest: when it was read, or when this process
+    /// stopped if it was read just after standing still.
     received: Instant,
     /// Milliseconds after `received` of the last `progress()` (0: none yet), taken
     /// when it is sent: JetStream's clock restarts no earlier.
@@ -150,8 +151,14 @@ pub struct JsDelivery {
 
 impl JsDelivery {
     /// A row as the pull subscription delivered it (a core message whose reply
-    /// subject is the ack address).
+    /// subject is the ack address), read now (see [`super::stall`]).
     pub fn new(message: async_nats::Message, dlq: Arc<DlqWriter>) -> Self {
+        let now = std::time::Instant::now();
+        Self::sent_by(message, dlq, super::stall::sent_no_later_than(now).into())
+    }
+
+    /// A row the server sent no later than `sent`: its `ack_wait` runs from then.
+    pub fn sent_by(message: async_nats::Message, dlq: Arc<DlqWriter>, sent: Instant) -> Self {
         Self {
             row: Some(Row {
                 subject: message.subject,
@@ -159,7 +166,7 @@ impl JsDelivery {
                 payload: message.payload,
             }),
             dlq,
-            received: Instant::now(),
+            received: sent,
             progressed_ms: AtomicU32::new(0),
         }
     }

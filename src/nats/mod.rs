@@ -12,6 +12,7 @@ mod publish;
 mod reply;
 mod setup;
 mod source;
+mod stall;
 
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};

@@ -97,6 +97,7 @@ impl SourceFactory for JetStreamSourceFactory {
     type Source = JetStreamSource;
 
     async fn connect(&self) -> Result<JetStreamSource, SourceError> {
+        super::stall::start();
         let fail = |e: anyhow::Error| SourceError(format!("{e:#}"));
         ensure_streams(&self.js, &self.settings)
             .await
@@ -135,6 +136,7 @@ impl SourceFactory for JetStreamSourceFactory {
             batch,
             pending: 0,
             heard_from: Instant::now(),
+            sent: Instant::now(),
             silence: self.heartbeat * 2 + Duration::from_secs(1),
             failed: None,
             dlq: self.dlq.clone(),
@@ -169,6 +171,8 @@ pub struct JetStreamSource {
     connects: u64,
     /// When the subscription last carried anything (a row or a status).
     heard_from: Instant,
+    /// When the rows being taken were sent at the latest (see `super::stall`).
+    sent: Instant,
     /// Nothing heard for this long while a request waits: it is lost.
     silence: Duration,
     /// A failure met while rows were in hand: reported by the next pull.
@@ -219,7 +223,7 @@ impl JetStreamSource {
         match message.status {
             None | Some(StatusCode::OK) => {
                 self.pending = self.pending.saturating_sub(1);
-                batch.push(JsDelivery::new(message, self.dlq.clone()));
+                batch.push(JsDelivery::sent_by(message, self.dlq.clone(), self.sent));
                 Ok(())
             }
             Some(StatusCode::IDLE_HEARTBEAT) => Ok(()),
@@ -276,6 +280,8 @@ impl Source for JetStreamSource {
             Ok(Some(message)) => message,
         };
         self.heard_from = Instant::now();
+        // One stamp for the batch: the rows came in the same moment.
+        self.sent = super::stall::sent_no_later_than(self.heard_from.into_std()).into();
         batch.reserve(max.min(1024));
         self.take(first, &mut batch)?;
         // Take what has already arrived, without waiting for more.

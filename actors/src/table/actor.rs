@@ -18,6 +18,7 @@ use super::reforming::Reforming;
 use super::strikes::Strikes;
 use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::breaker::{Admission, Ticket};
+use crate::keepalive::lease_ran_out;
 use crate::manifest::Manifest;
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{Dedup, Delivery, InsertError, Inserter};
@@ -552,7 +553,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if now.saturating_duration_since(since) < half {
             return;
         }
-        let touches: Vec<_> = self.buffer.iter().map(Delivery::progress).collect();
+        let ack_wait = self.ctx.common.settings.ack_wait;
+        let touches: Vec<_> = self
+            .buffer
+            .iter()
+            .filter(|d| !lease_ran_out(*d, ack_wait, now))
+            .map(Delivery::progress)
+            .collect();
         self.ctx.common.tracker.spawn(async move {
             for touch in touches {
                 let _ = touch.await;

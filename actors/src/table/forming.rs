@@ -12,8 +12,10 @@ use tokio::time::Instant;
 use super::flight::{outage, FlightCtx};
 use super::verdict::Verdict;
 use crate::batch::{Batch, RowVerdict, SettlePlan};
+use crate::keepalive::lease_ran_out;
 use crate::manifest::{Manifest, ManifestState, RejectedRow};
 use crate::ports::{Dedup, Delivery, Inserter, StoreError};
+use crate::settle::hand_back;
 
 /// What a table hands a flight.
 pub enum Cargo<D> {
@@ -92,18 +94,15 @@ async fn set_aside_recorded<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<
     if !aside.is_empty() {
         tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = aside.len(),
             "messages delivered twice or already in a recorded batch go back");
-        hand_back(ctx, aside).await;
+        back_for_now(ctx, aside);
     }
     keep
 }
 
-/// Copies that must not go into a batch: back to the queue for a moment, to come again
-/// as what they are (a settled batch's messages are then settled by its record).
-async fn hand_back<I, D: Delivery>(ctx: &FlightCtx<I>, copies: Vec<D>) {
-    let delay = ctx.common.settings.store_retry;
-    for d in copies {
-        let _ = d.nak(delay).await;
-    }
+/// Rows that must not go into this batch: back to the queue for a moment, to come
+/// again as what they are (a settled batch's messages are then settled by its record).
+fn back_for_now<I, D: Delivery>(ctx: &FlightCtx<I>, rows: Vec<D>) {
+    hand_back(&ctx.common, None, rows, ctx.common.settings.store_retry);
 }
 
 /// A batch of the messages as they came. For a table whose inserts ClickHouse
@@ -138,11 +137,14 @@ async fn form_fresh<I: Inserter, D: Delivery>(
         formed.batch = Batch::resuming(deliveries, done, held_since);
         return formed;
     }
-    let (live, expired) = split_expired(ctx, deliveries);
+    let (mut live, expired) = split_expired(ctx, deliveries);
+    // The order the manifest lists (and a batch formed again sends): isolation splits a
+    // batch by position, so the same pieces need the same order.
+    live.sort_unstable_by_key(|d| d.position().stream_sequence);
     if !expired.is_empty() {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = expired.len(),
             "messages held past ack_wait may be in another batch by now: they go back");
-        hand_back(ctx, expired).await;
+        back_for_now(ctx, expired);
     }
     formed.batch = Batch::resuming(live, done, held_since);
     if formed.batch.is_empty() {
@@ -158,7 +160,7 @@ async fn form_fresh<I: Inserter, D: Delivery>(
     if formed
         .batch
         .deliveries()
-        .any(|d| expired_now(ctx, d, Instant::now()))
+        .any(|d| lease_ran_out(d, ctx.common.settings.ack_wait, Instant::now()))
     {
         let _ = store.forget(&manifest.id).await;
         formed.failed = Some(Verdict::StoreDown(StoreError(format!(
@@ -171,18 +173,11 @@ async fn form_fresh<I: Inserter, D: Delivery>(
     formed
 }
 
-/// Whether `ack_wait` (less a tenth, for the time a progress takes to arrive) passed
-/// since JetStream last heard of the row.
-fn expired_now<I, D: Delivery>(ctx: &FlightCtx<I>, d: &D, now: Instant) -> bool {
-    let ack_wait = ctx.common.settings.ack_wait;
-    now >= d.alive_since() + ack_wait - ack_wait / 10
-}
-
 fn split_expired<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<D>) -> (Vec<D>, Vec<D>) {
     let now = Instant::now();
     deliveries
         .into_iter()
-        .partition(|d| !expired_now(ctx, d, now))
+        .partition(|d| !lease_ran_out(d, ctx.common.settings.ack_wait, now))
 }
 
 /// A recorded batch again: the messages held, the others read from the stream. The
@@ -234,9 +229,7 @@ async fn reform<I: Inserter, D: Delivery>(
         }
     };
     let (batch, copies) = Batch::reformed(&manifest.messages, held, fetched, held_since);
-    if !copies.is_empty() {
-        hand_back(ctx, copies).await;
-    }
+    back_for_now(ctx, copies);
     // A settled record says every message of the batch was judged: it may only follow
     // an insert of all of them.
     if batch.sequences() != manifest.messages {

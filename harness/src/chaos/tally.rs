@@ -40,6 +40,8 @@ pub struct Tally {
     /// Bad rows found in ClickHouse (the schema should make that impossible).
     pub bad_inserted: Vec<u64>,
     pub lost_ids: Vec<u64>,
+    /// Ids in ClickHouse more than once (the first few: where to look in the logs).
+    pub duplicate_ids: Vec<u64>,
     /// Rows on the DLQ more than once (a park repeated after its ack was lost must be
     /// stored once: the DLQ's duplicate window).
     pub parked_twice: u64,
@@ -94,6 +96,13 @@ impl Tally {
             // What a user would check: count() against uniqExact(id).
             let (total, distinct) = counts(clickhouse, table).await?;
             tally.duplicates += total.saturating_sub(distinct);
+            tally.duplicate_ids.extend(
+                stored
+                    .iter()
+                    .filter(|(_, copies)| **copies > 1)
+                    .map(|(id, _)| *id)
+                    .take(SHOWN_IDS),
+            );
             tally
                 .bad_inserted
                 .extend(stored.keys().copied().filter(|id| is_bad(*id)));
@@ -226,8 +235,10 @@ impl Tally {
         if let Some(twin) = &self.replicated {
             if twin.duplicates > 0 {
                 problems.push(format!(
-                    "{} duplicates in the Replicated twins, where inserts are exactly-once",
-                    twin.duplicates
+                    "{} duplicates in the Replicated twins, where inserts are exactly-once \
+                     (ids {:?})",
+                    twin.duplicates,
+                    &twin.duplicate_ids[..twin.duplicate_ids.len().min(SHOWN_IDS)]
                 ));
             }
             if let Err(e) = twin.check() {

@@ -511,7 +511,11 @@ mod tests {
     fn the_first_claim_on_a_message_wins() {
         let (index, _, _) = index();
         let (a, b) = (manifest(vec![1, 2, 3]), manifest(vec![3, 4]));
-        assert_eq!(index.earlier_claim(&b, 11), Some(a.id.clone()), "b came second");
+        assert_eq!(
+            index.earlier_claim(&b, 11),
+            Some(a.id.clone()),
+            "b came second"
+        );
         assert_eq!(index.earlier_claim(&a, 10), None, "a came first");
         let c = manifest(vec![5, 6]);
         index.put(&index.key(7, &c.id), 12, c.clone());
