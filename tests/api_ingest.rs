@@ -601,15 +601,28 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
         "nothing was accepted before the stream filled"
     );
 
-    // Still full: a single row is refused whole, with nothing accepted.
-    let r = post(
-        &http,
-        &stack,
-        "events",
-        json!({"id": 1_000_000, "name": pad}).to_string(),
-        &[AS_TENANT, JSON],
-    )
-    .await?;
+    // A request's rows travel as one message, refused whole; single rows may still fit
+    // until even one does not: then it is refused, with nothing accepted.
+    let mut refused = None;
+    for id in 1_000_000..1_000_200u64 {
+        let r = post(
+            &http,
+            &stack,
+            "events",
+            json!({"id": id, "name": pad}).to_string(),
+            &[AS_TENANT, JSON],
+        )
+        .await?;
+        match r.status {
+            202 => accepted += 1,
+            503 => {
+                refused = Some((id, r));
+                break;
+            }
+            _ => bail!("unexpected answer while filling the stream: {r}"),
+        }
+    }
+    let (refused_id, r) = refused.context("200 single rows were taken after the 503")?;
     assert_eq!(
         (r.status, r.n("accepted"), r.n("not_stored")),
         (503, 0, 1),
@@ -626,7 +639,9 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
     );
     assert_eq!(
         stack
-            .count("SELECT count() FROM events WHERE id = 1000000")
+            .count(&format!(
+                "SELECT count() FROM events WHERE id = {refused_id}"
+            ))
             .await?,
         0
     );
@@ -661,6 +676,83 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
     assert_eq!(
         stack.count("SELECT count(DISTINCT id) FROM events").await?,
         total
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_503_in_the_middle_of_a_request_stores_every_row_once() -> Result<()> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("nats.max_bytes", "64KiB");
+    // Messages of 10 rows (~3.3 KB): the stream takes some of the request's, not all.
+    stack.set("api.chunk_rows", 10);
+    stack.set("pipeline.backoff_initial", "200ms");
+    stack.set("pipeline.backoff_max", "1s");
+    stack.start_sluice(SLUICE).await?;
+    let http = stack.http().clone();
+    // Nothing drains while ClickHouse is down: the stream fills in the middle of the
+    // request.
+    stack.clickhouse.stop().await?;
+
+    // Rows of ~320 B: 150 (about 48 KB) fit the stream's 64 KiB, 100 more do not.
+    let pad = "p".repeat(300);
+    let rows = |ids: std::ops::Range<u64>| ndjson(ids.map(|id| json!({"id": id, "name": pad})));
+    let fill = [AS_TENANT, NDJSON, ("Idempotency-Key", "fill-1")];
+    let r = post(&http, &stack, "events", rows(0..150), &fill).await?;
+    assert_eq!((r.status, r.n("accepted")), (202, 150), "{r}");
+    let body = rows(150..250);
+    let key = [AS_TENANT, NDJSON, ("Idempotency-Key", "order-batch-1")];
+    let first = post(&http, &stack, "events", body.clone(), &key).await?;
+    assert_eq!(first.status, 503, "{first}");
+    assert!(first.headers.contains_key("retry-after"), "{first}");
+    assert!(
+        first.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("full")),
+        "{first}"
+    );
+    let stored = first.n("accepted");
+    assert!(stored > 0 && stored < 100, "not full mid-request: {first}");
+    assert_eq!(
+        stored % 10,
+        0,
+        "a message's rows are stored together: {first}"
+    );
+    assert_eq!(
+        (stored + first.n("not_stored"), first.n("duplicates")),
+        (100, 0),
+        "{first}"
+    );
+
+    // ClickHouse returns and the stored rows drain; the client sends the same body
+    // with the same key again (as often as it is told to): the messages stored already
+    // are recognised, the rest are stored now.
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", 150 + stored).await?;
+    let done = wait_for(
+        "the API accepts the retried request whole",
+        LAND,
+        Duration::from_millis(200),
+        || {
+            let (http, stack, body) = (http.clone(), &stack, body.clone());
+            async move {
+                let r = post(&http, stack, "events", body, &key).await?;
+                match r.status {
+                    202 => Ok(Ok(r)),
+                    503 => bail!("{r}"),
+                    _ => Ok(Err(anyhow::anyhow!("unexpected answer to the retry: {r}"))),
+                }
+            }
+        },
+    )
+    .await??;
+    assert_eq!(done.n("accepted"), 100, "{done}");
+    assert!(done.n("duplicates") >= stored, "{done}");
+    wait_exactly(&stack, "SELECT count() FROM events", 250).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        250
     );
     Ok(())
 }
