@@ -23,6 +23,7 @@ use crate::*;
 /// gives DESIGN's view; see `sluice_actors::metrics`).
 const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_rows_received_total", &["tenant", "table"]),
+    ("sluice_messages_received_total", &["tenant", "table"]),
     ("sluice_rows_inserted_total", &["tenant", "table"]),
     ("sluice_rows_parked_total", &["tenant", "table", "reason"]),
     ("sluice_retries_total", &["table", "reason"]),
