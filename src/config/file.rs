@@ -276,7 +276,7 @@ impl Default for ApiFile {
 
 /// Rows per message of the ingest API by default: measured with `scripts/bench`'s `api`
 /// phase (docs/benchmark.md, "Many rows per message").
-const CHUNK_ROWS: usize = 1000;
+const CHUNK_ROWS: usize = 100;
 
 /// The timeouts both listeners start from.
 const HEADER_TIMEOUT: Span = Span(std::time::Duration::from_secs(10));

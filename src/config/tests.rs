@@ -370,7 +370,7 @@ fn chunks_of_the_ingest_api_have_defaults_overrides_and_bounds() {
     let config = Config::from_parts("t", "", &env(&[])).expect("defaults");
     assert_eq!(
         (config.api.chunk_rows, config.api.chunk_bytes),
-        (1000, 1 << 20)
+        (100, 1 << 20)
     );
 
     let config = Config::from_parts(
