@@ -191,7 +191,7 @@ async fn a_bad_row_in_the_middle_of_a_hundred_row_message_is_parked_alone() -> R
     assert_eq!(parked["row"]["id"], "bad-50", "{parked}");
     let headers = &parked["headers"];
     assert_eq!(headers["Sluice-Original-Line"], "50", "{parked}");
-    assert_eq!(headers["Sluice-Error-Class"], "rejected", "{parked}");
+    assert_eq!(headers["Sluice-Error-Class"], "Rejected", "{parked}");
     assert_eq!(
         headers["Sluice-Original-Subject"],
         format!("ingest.{TENANT}.events"),
