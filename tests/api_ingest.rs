@@ -758,6 +758,76 @@ async fn a_retry_after_a_503_in_the_middle_of_a_request_stores_every_row_once() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_of_many_row_messages_keeps_every_accepted_row() -> Result<()> {
+    // Messages of 100 rows of ~1 KB (about a tenth of the budget each): on nats-server
+    // before 2.10.5 Sluice's byte budget must refuse them before the server prunes
+    // accepted ones, as it does for single rows.
+    const BUDGET: u64 = 1 << 20;
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("nats.max_bytes", "1MiB");
+    stack.set("pipeline.backoff_initial", "200ms");
+    stack.set("pipeline.backoff_max", "1s");
+    stack.start_sluice(SLUICE).await?;
+    let http = stack.http().clone();
+    stack.clickhouse.stop().await?;
+
+    let pad = "p".repeat(1000);
+    let mut accepted = 0u64;
+    let mut full = false;
+    // Each request is 3 messages (300 KB): a 1 MiB stream takes a few.
+    for n in 0..20u64 {
+        let rows = ndjson((0..300).map(|i| json!({"id": n * 300 + i, "name": pad})));
+        let key = format!("big-{n}");
+        let r = post(
+            &http,
+            &stack,
+            "events",
+            rows,
+            &[AS_TENANT, NDJSON, ("Idempotency-Key", key.as_str())],
+        )
+        .await?;
+        accepted += r.n("accepted");
+        match r.status {
+            202 => {}
+            503 => {
+                assert_eq!(r.n("accepted") % 100, 0, "whole messages: {r}");
+                full = true;
+                break;
+            }
+            _ => bail!("unexpected answer while filling the stream: {r}"),
+        }
+    }
+    assert!(full, "a 1 MiB stream took 20 requests of 300 KB");
+    assert!(accepted > 0, "nothing was accepted");
+
+    // The stream holds every accepted row, once, within its budget.
+    let client = async_nats::connect(stack.nats.url()).await?;
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("INGEST").await?;
+    let state = stream.get_info().await?.state;
+    assert!(state.bytes <= BUDGET, "{} bytes stored", state.bytes);
+    let mut ids = std::collections::BTreeSet::new();
+    let mut rows = 0u64;
+    for seq in state.first_sequence..=state.last_sequence {
+        let message = stream
+            .get_raw_message(seq)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading message {seq}: {e}"))?;
+        for line in String::from_utf8_lossy(&message.payload).lines() {
+            let row: Value = serde_json::from_str(line)?;
+            ids.insert(row["id"].as_u64().context("an id")?);
+            rows += 1;
+        }
+    }
+    assert_eq!((rows, ids.len() as u64), (accepted, accepted));
+
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", accepted).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_unreachable_answers_503_with_retry_after() -> Result<()> {
     let mut stack = stack_with(&[EVENTS], &[("api.retry_after", "3s".into())]).await?;
     let http = stack.http().clone();
