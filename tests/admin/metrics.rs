@@ -274,6 +274,8 @@ async fn consumer_pending_is_the_lag() -> Result<()> {
     // The consumer holds at most 10 rows: with ClickHouse down the rest wait in the
     // stream, undelivered.
     stack.set("nats.max_ack_pending", 10);
+    // The lag counts messages: one row each here, so that it counts rows too.
+    stack.set("api.chunk_rows", 1);
     stack.set("pipeline.backoff_initial", "300ms");
     stack.set("pipeline.backoff_max", "1s");
     stack.start_sluice(SLUICE).await?;
