@@ -105,6 +105,21 @@ async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
     .await?
 }
 
+/// A stack whose ingest stream holds `max_bytes`, with ClickHouse stopped so that nothing
+/// drains and the stream fills (a short outage backoff, so the rows drain soon after it
+/// is back).
+async fn filling_stack(max_bytes: &str, settings: &[(&str, toml::Value)]) -> Result<Stack> {
+    let mut all: Vec<(&str, toml::Value)> = vec![
+        ("nats.max_bytes", max_bytes.into()),
+        ("pipeline.backoff_initial", "200ms".into()),
+        ("pipeline.backoff_max", "1s".into()),
+    ];
+    all.extend_from_slice(settings);
+    let mut stack = stack_with(&[EVENTS], &all).await?;
+    stack.clickhouse.stop().await?;
+    Ok(stack)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_an_array_and_ndjson_land() -> Result<()> {
     let stack = stack_with(&[EVENTS], &[]).await?;
@@ -541,17 +556,8 @@ async fn the_same_idempotency_key_twice_lands_once() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Result<()> {
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    stack.clickhouse.exec(EVENTS).await?;
-    stack.set("nats.max_bytes", "64KiB");
-    stack.set("api.retry_after", "7s");
-    // A short outage backoff, so the rows drain soon after ClickHouse is back.
-    stack.set("pipeline.backoff_initial", "200ms");
-    stack.set("pipeline.backoff_max", "1s");
-    stack.start_sluice(SLUICE).await?;
+    let mut stack = filling_stack("64KiB", &[("api.retry_after", "7s".into())]).await?;
     let http = stack.http().clone();
-    // Nothing drains while ClickHouse is down: the stream fills.
-    stack.clickhouse.stop().await?;
 
     let pad = "p".repeat(300);
     let mut accepted = 0u64;
@@ -682,18 +688,9 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_503_in_the_middle_of_a_request_stores_every_row_once() -> Result<()> {
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    stack.clickhouse.exec(EVENTS).await?;
-    stack.set("nats.max_bytes", "64KiB");
-    // Messages of 10 rows (~3.3 KB): the stream takes some of the request's, not all.
-    stack.set("api.chunk_rows", 10);
-    stack.set("pipeline.backoff_initial", "200ms");
-    stack.set("pipeline.backoff_max", "1s");
-    stack.start_sluice(SLUICE).await?;
+    // Messages of 10 rows (~3.3 KB): the stream takes some of a request's, not all.
+    let mut stack = filling_stack("64KiB", &[("api.chunk_rows", 10.into())]).await?;
     let http = stack.http().clone();
-    // Nothing drains while ClickHouse is down: the stream fills in the middle of the
-    // request.
-    stack.clickhouse.stop().await?;
 
     // Rows of ~320 B: 150 (about 48 KB) fit the stream's 64 KiB, 100 more do not.
     let pad = "p".repeat(300);
@@ -763,14 +760,8 @@ async fn a_full_stream_of_many_row_messages_keeps_every_accepted_row() -> Result
     // before 2.10.5 Sluice's byte budget must refuse them before the server prunes
     // accepted ones, as it does for single rows.
     const BUDGET: u64 = 1 << 20;
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    stack.clickhouse.exec(EVENTS).await?;
-    stack.set("nats.max_bytes", "1MiB");
-    stack.set("pipeline.backoff_initial", "200ms");
-    stack.set("pipeline.backoff_max", "1s");
-    stack.start_sluice(SLUICE).await?;
+    let mut stack = filling_stack("1MiB", &[]).await?;
     let http = stack.http().clone();
-    stack.clickhouse.stop().await?;
 
     let pad = "p".repeat(1000);
     let mut accepted = 0u64;
