@@ -105,6 +105,21 @@ async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
     .await?
 }
 
+/// A stack whose ingest stream holds `max_bytes`, with ClickHouse stopped so that nothing
+/// drains and the stream fills (a short outage backoff, so the rows drain soon after it
+/// is back).
+async fn filling_stack(max_bytes: &str, settings: &[(&str, toml::Value)]) -> Result<Stack> {
+    let mut all: Vec<(&str, toml::Value)> = vec![
+        ("nats.max_bytes", max_bytes.into()),
+        ("pipeline.backoff_initial", "200ms".into()),
+        ("pipeline.backoff_max", "1s".into()),
+    ];
+    all.extend_from_slice(settings);
+    let mut stack = stack_with(&[EVENTS], &all).await?;
+    stack.clickhouse.stop().await?;
+    Ok(stack)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_an_array_and_ndjson_land() -> Result<()> {
     let stack = stack_with(&[EVENTS], &[]).await?;
@@ -541,17 +556,8 @@ async fn the_same_idempotency_key_twice_lands_once() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Result<()> {
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    stack.clickhouse.exec(EVENTS).await?;
-    stack.set("nats.max_bytes", "64KiB");
-    stack.set("api.retry_after", "7s");
-    // A short outage backoff, so the rows drain soon after ClickHouse is back.
-    stack.set("pipeline.backoff_initial", "200ms");
-    stack.set("pipeline.backoff_max", "1s");
-    stack.start_sluice(SLUICE).await?;
+    let mut stack = filling_stack("64KiB", &[("api.retry_after", "7s".into())]).await?;
     let http = stack.http().clone();
-    // Nothing drains while ClickHouse is down: the stream fills.
-    stack.clickhouse.stop().await?;
 
     let pad = "p".repeat(300);
     let mut accepted = 0u64;
@@ -601,15 +607,28 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
         "nothing was accepted before the stream filled"
     );
 
-    // Still full: a single row is refused whole, with nothing accepted.
-    let r = post(
-        &http,
-        &stack,
-        "events",
-        json!({"id": 1_000_000, "name": pad}).to_string(),
-        &[AS_TENANT, JSON],
-    )
-    .await?;
+    // A request's rows travel as one message, refused whole; single rows may still fit
+    // until even one does not: then it is refused, with nothing accepted.
+    let mut refused = None;
+    for id in 1_000_000..1_000_200u64 {
+        let r = post(
+            &http,
+            &stack,
+            "events",
+            json!({"id": id, "name": pad}).to_string(),
+            &[AS_TENANT, JSON],
+        )
+        .await?;
+        match r.status {
+            202 => accepted += 1,
+            503 => {
+                refused = Some((id, r));
+                break;
+            }
+            _ => bail!("unexpected answer while filling the stream: {r}"),
+        }
+    }
+    let (refused_id, r) = refused.context("200 single rows were taken after the 503")?;
     assert_eq!(
         (r.status, r.n("accepted"), r.n("not_stored")),
         (503, 0, 1),
@@ -626,7 +645,9 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
     );
     assert_eq!(
         stack
-            .count("SELECT count() FROM events WHERE id = 1000000")
+            .count(&format!(
+                "SELECT count() FROM events WHERE id = {refused_id}"
+            ))
             .await?,
         0
     );
@@ -662,6 +683,138 @@ async fn a_full_stream_answers_503_with_retry_after_and_loses_nothing() -> Resul
         stack.count("SELECT count(DISTINCT id) FROM events").await?,
         total
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_503_in_the_middle_of_a_request_stores_every_row_once() -> Result<()> {
+    // Messages of 10 rows (~3.3 KB): the stream takes some of a request's, not all.
+    let mut stack = filling_stack("64KiB", &[("api.chunk_rows", 10.into())]).await?;
+    let http = stack.http().clone();
+
+    // Rows of ~320 B: 150 (about 48 KB) fit the stream's 64 KiB, 100 more do not.
+    let pad = "p".repeat(300);
+    let rows = |ids: std::ops::Range<u64>| ndjson(ids.map(|id| json!({"id": id, "name": pad})));
+    let fill = [AS_TENANT, NDJSON, ("Idempotency-Key", "fill-1")];
+    let r = post(&http, &stack, "events", rows(0..150), &fill).await?;
+    assert_eq!((r.status, r.n("accepted")), (202, 150), "{r}");
+    let body = rows(150..250);
+    let key = [AS_TENANT, NDJSON, ("Idempotency-Key", "order-batch-1")];
+    let first = post(&http, &stack, "events", body.clone(), &key).await?;
+    assert_eq!(first.status, 503, "{first}");
+    assert!(first.headers.contains_key("retry-after"), "{first}");
+    assert!(
+        first.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("full")),
+        "{first}"
+    );
+    let stored = first.n("accepted");
+    assert!(stored > 0 && stored < 100, "not full mid-request: {first}");
+    assert_eq!(
+        stored % 10,
+        0,
+        "a message's rows are stored together: {first}"
+    );
+    assert_eq!(
+        (stored + first.n("not_stored"), first.n("duplicates")),
+        (100, 0),
+        "{first}"
+    );
+
+    // ClickHouse returns and the stored rows drain; the client sends the same body
+    // with the same key again (as often as it is told to): the messages stored already
+    // are recognised, the rest are stored now.
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", 150 + stored).await?;
+    let done = wait_for(
+        "the API accepts the retried request whole",
+        LAND,
+        Duration::from_millis(200),
+        || {
+            let (http, stack, body) = (http.clone(), &stack, body.clone());
+            async move {
+                let r = post(&http, stack, "events", body, &key).await?;
+                match r.status {
+                    202 => Ok(Ok(r)),
+                    503 => bail!("{r}"),
+                    _ => Ok(Err(anyhow::anyhow!("unexpected answer to the retry: {r}"))),
+                }
+            }
+        },
+    )
+    .await??;
+    assert_eq!(done.n("accepted"), 100, "{done}");
+    assert!(done.n("duplicates") >= stored, "{done}");
+    wait_exactly(&stack, "SELECT count() FROM events", 250).await?;
+    assert_eq!(
+        stack.count("SELECT count(DISTINCT id) FROM events").await?,
+        250
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_of_many_row_messages_keeps_every_accepted_row() -> Result<()> {
+    // Messages of 100 rows of ~1 KB (about a tenth of the budget each): on nats-server
+    // before 2.10.5 Sluice's byte budget must refuse them before the server prunes
+    // accepted ones, as it does for single rows.
+    const BUDGET: u64 = 1 << 20;
+    let mut stack = filling_stack("1MiB", &[]).await?;
+    let http = stack.http().clone();
+
+    let pad = "p".repeat(1000);
+    let mut accepted = 0u64;
+    let mut full = false;
+    // Each request is 3 messages (300 KB): a 1 MiB stream takes a few.
+    for n in 0..20u64 {
+        let rows = ndjson((0..300).map(|i| json!({"id": n * 300 + i, "name": pad})));
+        let key = format!("big-{n}");
+        let r = post(
+            &http,
+            &stack,
+            "events",
+            rows,
+            &[AS_TENANT, NDJSON, ("Idempotency-Key", key.as_str())],
+        )
+        .await?;
+        accepted += r.n("accepted");
+        match r.status {
+            202 => {}
+            503 => {
+                assert_eq!(r.n("accepted") % 100, 0, "whole messages: {r}");
+                full = true;
+                break;
+            }
+            _ => bail!("unexpected answer while filling the stream: {r}"),
+        }
+    }
+    assert!(full, "a 1 MiB stream took 20 requests of 300 KB");
+    assert!(accepted > 0, "nothing was accepted");
+
+    // The stream holds every accepted row, once, within its budget.
+    let client = async_nats::connect(stack.nats.url()).await?;
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("INGEST").await?;
+    let state = stream.get_info().await?.state;
+    assert!(state.bytes <= BUDGET, "{} bytes stored", state.bytes);
+    let mut ids = std::collections::BTreeSet::new();
+    let mut rows = 0u64;
+    for seq in state.first_sequence..=state.last_sequence {
+        let message = stream
+            .get_raw_message(seq)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading message {seq}: {e}"))?;
+        for line in String::from_utf8_lossy(&message.payload).lines() {
+            let row: Value = serde_json::from_str(line)?;
+            ids.insert(row["id"].as_u64().context("an id")?);
+            rows += 1;
+        }
+    }
+    assert_eq!((rows, ids.len() as u64), (accepted, accepted));
+
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", accepted).await?;
     Ok(())
 }
 

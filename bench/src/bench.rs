@@ -124,6 +124,8 @@ pub struct Snap {
     pub nats_cpu: Option<f64>,
     pub clickhouse_cpu: Option<f64>,
     pub bench_cpu: Option<f64>,
+    /// The `api` phases' load generator.
+    pub loader_cpu: Option<f64>,
     pub machine_busy: Option<f64>,
 }
 
@@ -139,6 +141,8 @@ struct Watch<'a> {
     /// Record when this URL first answers 200 (Sluice's /readyz).
     ready_url: Option<String>,
     pid: Option<u32>,
+    /// A load generator whose CPU is read apart.
+    loader: Option<u32>,
     deadline: Duration,
 }
 
@@ -235,6 +239,9 @@ impl Bench {
             max_ack_pending: self.args.max_ack_pending,
             outage_secs: self.args.outage().as_secs(),
             bad_every: self.args.bad_every,
+            message_rows: self.args.message_rows,
+            request_rows: self.args.request_rows,
+            load_concurrency: self.args.load_concurrency,
             sets: self.args.sets.clone(),
             nats_version: self.nats_version.clone(),
             clickhouse_version: self.clickhouse_version.clone(),
@@ -247,7 +254,8 @@ impl Bench {
     }
 
     async fn phase(&mut self, phase: Phase, rep: usize) -> Result<Measured> {
-        let table = format!("{}_{rep}", phase.name());
+        // Table names take no `-` (api-unbatched).
+        let table = format!("{}_{rep}", phase.name().replace('-', "_"));
         self.stack
             .clickhouse
             .exec(&create_table_sql(&table))
@@ -255,10 +263,16 @@ impl Bench {
         let load_before = procfs::loadavg();
         let mut m = match phase {
             Phase::Reference => self.reference(&table).await?,
-            Phase::Sluice => self.sluice_drain(&table, false).await?,
-            Phase::Bad => self.sluice_drain(&table, true).await?,
+            Phase::Sluice => self.sluice_drain(&table, false, 1).await?,
+            Phase::Bad => self.sluice_drain(&table, true, 1).await?,
+            Phase::Batched => {
+                let per_message = self.args.message_rows;
+                self.sluice_drain(&table, false, per_message).await?
+            }
             Phase::Live => self.live(&table).await?,
             Phase::Outage => self.outage(&table).await?,
+            Phase::Api => self.api(&table, None).await?,
+            Phase::ApiUnbatched => self.api(&table, Some(1)).await?,
         };
         m.phase = phase.name();
         m.run = rep;
@@ -275,6 +289,7 @@ impl Bench {
             first_id: self.next_id,
             count,
             bad_every: bad.then_some(self.args.bad_every),
+            rows_per_message: 1,
         };
         self.next_id += count;
         batch
@@ -317,6 +332,7 @@ impl Bench {
                 consumer: Some((REF_STREAM, REF_CONSUMER, baseline)),
                 ready_url: None,
                 pid: child.pid(),
+                loader: None,
                 deadline: self.deadline(),
             })
             .await
@@ -328,15 +344,40 @@ impl Bench {
         Ok(m)
     }
 
-    /// (b) / (c) Sluice drains pre-published rows (with bad ones for (c)).
-    async fn sluice_drain(&mut self, table: &str, bad: bool) -> Result<Measured> {
-        let batch = self.batch(format!("ingest.{TENANT}.{table}"), bad);
+    /// (b) / (c) / (e) Sluice drains pre-published rows (with bad ones for (c), many to
+    /// a message for (e)).
+    async fn sluice_drain(
+        &mut self,
+        table: &str,
+        bad: bool,
+        per_message: usize,
+    ) -> Result<Measured> {
+        let mut batch = self.batch(format!("ingest.{TENANT}.{table}"), bad);
+        batch.rows_per_message = per_message;
         let bad_rows = batch.bad_rows();
         let published = self.publish(&batch).await?;
         let dlq_before = self.stream_messages("DLQ").await?;
         let baseline = self.delivered("INGEST", "sluice").await;
+        // Many rows to a message: the consumer's knobs count messages, so they are
+        // divided by the rows per message, to hold the rows of the one-row phases in
+        // flight and per pull (see docs/benchmark.md, "Many rows per message").
+        let scaled = |knob: i64| (knob / per_message.max(1) as i64).max(1);
+        let overrides: Vec<(&str, toml::Value)> = if per_message > 1 {
+            vec![
+                (
+                    "pipeline.pull_batch",
+                    scaled(self.args.pull_batch as i64).into(),
+                ),
+                (
+                    "nats.max_ack_pending",
+                    scaled(self.args.max_ack_pending).into(),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
         let spawned = Instant::now();
-        let index = self.stack.spawn_sluice(&self.sluice_bin)?;
+        let index = self.sluice_with(&overrides, false).await?;
         let pid = self.stack.sluice[index].pid();
         let ready_url = format!("{}/readyz", self.stack.admin_url());
         let watched = self
@@ -347,6 +388,7 @@ impl Bench {
                 consumer: Some(("INGEST", "sluice", baseline)),
                 ready_url: Some(ready_url),
                 pid,
+                loader: None,
                 deadline: self.deadline(),
             })
             .await;
@@ -364,6 +406,13 @@ impl Bench {
         m.sluice_counters = counters;
         m.publish_seconds = Some(published.as_secs_f64());
         m.bad_rows = bad_rows;
+        if per_message > 1 {
+            m.note = Some(format!(
+                "{per_message} rows per message; pull_batch {} and max_ack_pending {} messages (the rows of the one-row phases)",
+                scaled(self.args.pull_batch as i64),
+                scaled(self.args.max_ack_pending)
+            ));
+        }
         if let (Some(a), Some(b)) = (before, after) {
             m.idle_cpu_percent = Some((b - a) * 100.0 / idle.as_secs_f64());
         }
@@ -378,7 +427,7 @@ impl Bench {
         let index = self.start_sluice().await?;
         let startup = spawned.elapsed();
         let pid = self.stack.sluice[index].pid();
-        let start = self.snap(pid);
+        let start = self.snap(pid, None);
         let publish = async {
             publish::publish(&self.js, &self.gen, &batch)
                 .await
@@ -391,6 +440,7 @@ impl Bench {
             consumer: None,
             ready_url: None,
             pid,
+            loader: None,
             deadline: self.deadline(),
         });
         let (published, watched) = tokio::join!(publish, watch);
@@ -437,6 +487,7 @@ impl Bench {
                 consumer: None,
                 ready_url: None,
                 pid,
+                loader: None,
                 deadline: self.deadline() + Duration::from_secs(60),
             })
             .await;
@@ -462,6 +513,136 @@ impl Bench {
             }
         }
         Ok(m)
+    }
+
+    /// (f) / (f') The ingest API under a load generator of `--request-rows` NDJSON
+    /// requests, Sluice draining meanwhile; timed from the first request to the last row
+    /// counted. `chunk_rows` overrides `[api] chunk_rows` for this phase (1: one row per
+    /// message, the API before it chunked).
+    async fn api(&mut self, table: &str, chunk_rows: Option<usize>) -> Result<Measured> {
+        let (first_id, count) = (self.next_id, self.args.rows());
+        self.next_id += count;
+        let overrides: Vec<(&str, toml::Value)> = chunk_rows
+            .map(|rows| ("api.chunk_rows", toml::Value::from(rows as i64)))
+            .into_iter()
+            .collect();
+        let spawned = Instant::now();
+        let index = self.sluice_with(&overrides, true).await?;
+        let startup = spawned.elapsed();
+        let pid = self.stack.sluice[index].pid();
+        let dlq_before = self.stream_messages("DLQ").await?;
+        let report = tempfile::NamedTempFile::new().context("the load report's file")?;
+        let spec = ProcessSpec::new(&self.bench_bin)
+            .name("load")
+            .arg("load")
+            .args(["--api", &self.stack.api_url()])
+            .args(["--tenant", TENANT, "--table", table])
+            .args(["--first-id", &first_id.to_string()])
+            .args(["--rows", &count.to_string()])
+            .args(["--row-bytes", &self.args.row_bytes.to_string()])
+            .args(["--request-rows", &self.args.request_rows.to_string()])
+            .args(["--concurrency", &self.args.load_concurrency.to_string()])
+            .arg("--report")
+            .arg(report.path().as_os_str());
+        let start = self.snap(pid, None);
+        let mut loader = SluiceProcess::start_spec(spec)?;
+        let watched = self
+            .watch(Watch {
+                table,
+                rows: count,
+                dlq_messages: None,
+                consumer: None,
+                ready_url: None,
+                pid,
+                loader: loader.pid(),
+                deadline: self.deadline(),
+            })
+            .await;
+        let mut watched = self
+            .or_log(index, watched)
+            .map_err(|e| anyhow!("{e:#}\nload generator log:\n{}", loader.log_tail(20)))?;
+        // The clock started before the load generator did (its CPU then was nil).
+        watched.start = Snap {
+            loader_cpu: Some(0.0),
+            ..start
+        };
+        let cpu_total = pid.and_then(procfs::cpu_seconds);
+        let counters = self.sluice_counters().await;
+        let answered = self.load_report(report.path(), &mut loader).await;
+        loader.stop(Duration::from_secs(10)).await?;
+        self.stop_sluice(index).await?;
+        let answered = answered?;
+        let mut m = Measured::from_watch(&watched, count, spawned, cpu_total);
+        m.sluice_counters = counters;
+        m.startup_seconds = Some(startup.as_secs_f64());
+        m.accepted = answered["accepted"].as_u64();
+        m.load_unavailable = answered["unavailable"].as_u64().unwrap_or(0);
+        m.parked = self
+            .stream_messages("DLQ")
+            .await?
+            .saturating_sub(dlq_before);
+        Ok(m)
+    }
+
+    /// What the load generator says the API answered (it writes it once every request
+    /// is answered, which is before its last rows can be counted).
+    async fn load_report(
+        &self,
+        path: &Path,
+        loader: &mut SluiceProcess,
+    ) -> Result<serde_json::Value> {
+        let text = sluice_harness::wait_for(
+            "the load generator's report",
+            Duration::from_secs(60),
+            POLL,
+            || async {
+                match std::fs::read_to_string(path) {
+                    Ok(text) if !text.is_empty() => Ok(text),
+                    _ => bail!("not written yet"),
+                }
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("{e:#}\nload generator log:\n{}", loader.log_tail(20)))?;
+        serde_json::from_str(&text).with_context(|| format!("the load report {text:?}"))
+    }
+
+    /// Starts Sluice with `overrides` on top of the run's configuration, for this phase
+    /// only; waits for `/readyz` when `ready`. Returns its index.
+    async fn sluice_with(
+        &mut self,
+        overrides: &[(&str, toml::Value)],
+        ready: bool,
+    ) -> Result<usize> {
+        let saved: Vec<(&str, Option<toml::Value>)> = overrides
+            .iter()
+            .map(|(key, _)| (*key, self.config_value(key)))
+            .collect();
+        for (key, value) in overrides {
+            self.stack.set(key, value.clone());
+        }
+        let started = if ready {
+            self.start_sluice().await
+        } else {
+            self.stack.spawn_sluice(&self.sluice_bin)
+        };
+        for (key, value) in saved {
+            match value {
+                Some(value) => self.stack.set(key, value),
+                None => self.stack.unset(key),
+            }
+        }
+        started
+    }
+
+    /// A key of the run's Sluice configuration (`section.key`).
+    fn config_value(&self, dotted: &str) -> Option<toml::Value> {
+        let mut parts = dotted.split('.');
+        let mut value = self.stack.config.get(parts.next()?)?;
+        for part in parts {
+            value = value.get(part)?;
+        }
+        Some(value.clone())
     }
 
     async fn start_sluice(&mut self) -> Result<usize> {
@@ -499,6 +680,9 @@ impl Bench {
                 "sluice_batch_rows_count",
                 "sluice_rows_parked_total",
                 "sluice_rows_received_total",
+                "sluice_messages_received_total",
+                "sluice_ingest_rows_total",
+                "sluice_ingest_messages_total",
             ];
             if !wanted.iter().any(|w| line.starts_with(w)) {
                 continue;
@@ -532,9 +716,10 @@ impl Bench {
         Duration::from_secs(120) + Duration::from_millis(self.args.rows() / 5)
     }
 
-    fn snap(&self, pid: Option<u32>) -> Snap {
+    fn snap(&self, pid: Option<u32>, loader: Option<u32>) -> Snap {
         Snap {
             at: Instant::now(),
+            loader_cpu: loader.and_then(procfs::cpu_seconds),
             proc_cpu: pid.and_then(procfs::cpu_seconds),
             proc_sys: pid.and_then(procfs::system_seconds),
             nats_cpu: self.stack.nats.pid().and_then(procfs::cpu_seconds),
@@ -570,7 +755,7 @@ impl Bench {
         let began = Instant::now();
         let http = self.stack.http().clone();
         let mut start = if w.consumer.is_none() {
-            Some(self.snap(w.pid))
+            Some(self.snap(w.pid, w.loader))
         } else {
             None
         };
@@ -584,7 +769,7 @@ impl Bench {
             if start.is_none() {
                 if let Some((stream, consumer, baseline)) = w.consumer {
                     if self.delivered(stream, consumer).await > baseline {
-                        start = Some(self.snap(w.pid));
+                        start = Some(self.snap(w.pid, w.loader));
                     }
                 }
             }
@@ -635,7 +820,7 @@ impl Bench {
             }
             tokio::time::sleep(POLL).await;
         }
-        let end = self.snap(w.pid);
+        let end = self.snap(w.pid, w.loader);
         let start = start.ok_or_else(|| anyhow!("the rows landed before any was delivered?"))?;
         Ok(Watched {
             start,
@@ -679,6 +864,7 @@ impl Measured {
                 (w.start.nats_cpu, w.end.nats_cpu),
                 (w.start.clickhouse_cpu, w.end.clickhouse_cpu),
                 (w.start.bench_cpu, w.end.bench_cpu),
+                (w.start.loader_cpu, w.end.loader_cpu),
             ]
             .iter()
             .filter_map(|(a, b)| Some(b.as_ref()? - a.as_ref()?))
@@ -695,6 +881,7 @@ impl Measured {
             nats_us_per_row: per_row(w.start.nats_cpu, w.end.nats_cpu),
             clickhouse_us_per_row: per_row(w.start.clickhouse_cpu, w.end.clickhouse_cpu),
             bench_us_per_row: per_row(w.start.bench_cpu, w.end.bench_cpu),
+            loader_us_per_row: per_row(w.start.loader_cpu, w.end.loader_cpu),
             others_cores: others,
             peak_rss: w.peak_rss,
             startup_seconds: w.ready_at.map(|r| r.duration_since(spawned).as_secs_f64()),

@@ -8,7 +8,12 @@
 //! - `live`: Sluice while the rows are being published (informative);
 //! - `bad`: like `sluice` with one bad row per 10,000 (bisection and the DLQ);
 //! - `outage`: ClickHouse stopped, rows published, ClickHouse started after the outage:
-//!   the drain of the backlog.
+//!   the drain of the backlog;
+//! - `batched`: like `sluice`, the rows published 100 to a message;
+//! - `api`: a load generator (a child process of its own) posting 1,000-row NDJSON
+//!   requests to Sluice's ingest API while Sluice drains them, first request to last
+//!   row counted; `api-unbatched` the same with `[api] chunk_rows = 1`, one row per
+//!   message, as the API published before it chunked.
 //!
 //! It prints rows/s, CPU µs per row (utime+stime from /proc ÷ rows), peak RSS (VmHWM)
 //! and each target's ratio, as a table and as JSON. See docs/benchmark.md.
@@ -17,6 +22,7 @@
 //!     scripts/bench --quick         # 100k rows, short outage: a smoke check
 
 mod bench;
+mod load;
 mod procfs;
 mod publish;
 mod reference;
@@ -46,6 +52,9 @@ enum Command {
     /// The reference loop (started by the benchmark as a child process).
     #[command(hide = true)]
     Reference(reference::ReferenceArgs),
+    /// The load generator of the `api` phases (started by the benchmark).
+    #[command(hide = true)]
+    Load(load::LoadArgs),
 }
 
 /// A part of the benchmark.
@@ -61,6 +70,13 @@ pub enum Phase {
     Bad,
     /// (d) the drain of a backlog published during a ClickHouse outage.
     Outage,
+    /// (e) Sluice draining rows published `--message-rows` (100) to a message.
+    Batched,
+    /// (f) the ingest API fed `--request-rows` (1,000) rows per request, at its chunking.
+    Api,
+    /// (f') the same, one row per message (`[api] chunk_rows = 1`): the API before it
+    /// chunked, the reference of (f).
+    ApiUnbatched,
 }
 
 impl Phase {
@@ -71,6 +87,9 @@ impl Phase {
             Phase::Live => "live",
             Phase::Bad => "bad",
             Phase::Outage => "outage",
+            Phase::Batched => "batched",
+            Phase::Api => "api",
+            Phase::ApiUnbatched => "api-unbatched",
         }
     }
 }
@@ -87,7 +106,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "reference,sluice,live,bad,outage"
+        default_value = "reference,sluice,batched,live,bad,outage,api,api-unbatched"
     )]
     phases: Vec<Phase>,
     /// Run the phases this many times (interleaved: a b c... a b c...); figures are medians.
@@ -120,6 +139,15 @@ pub struct RunArgs {
     /// The consumer's `max_ack_pending`, for Sluice and the reference alike.
     #[arg(long, default_value_t = 20_000)]
     max_ack_pending: i64,
+    /// Rows per message in the `batched` phase.
+    #[arg(long, default_value_t = 100)]
+    message_rows: usize,
+    /// Rows per request of the load generator in the `api` phases.
+    #[arg(long, default_value_t = 1000)]
+    request_rows: u64,
+    /// Requests the load generator keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    load_concurrency: usize,
     /// Extra Sluice configuration, `dotted.key=toml-value` (e.g.
     /// `pipeline.max_inflight_flushes=4`); repeatable. Sluice only.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -142,11 +170,16 @@ impl RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Reference(args)) = cli.command {
-        return match reference::main(args) {
+    let child = match cli.command {
+        Some(Command::Reference(args)) => Some(("reference loop", reference::main(args))),
+        Some(Command::Load(args)) => Some(("load generator", load::main(args))),
+        None => None,
+    };
+    if let Some((what, outcome)) = child {
+        return match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("reference loop: {e:#}");
+                eprintln!("{what}: {e:#}");
                 ExitCode::FAILURE
             }
         };

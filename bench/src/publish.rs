@@ -1,6 +1,6 @@
 //! Publishing the rows into a stream as fast as JetStream takes them: acked publishes,
 //! pipelined (a window of acks outstanding), so every row is known stored before a
-//! phase counts on it.
+//! phase counts on it. One row per message, or many (NDJSON, one row per line).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -22,6 +22,8 @@ pub struct Batch {
     pub count: u64,
     /// Every `bad_every`-th row (counting from the middle of each run) is bad.
     pub bad_every: Option<u64>,
+    /// Rows per message (the last message may have fewer).
+    pub rows_per_message: usize,
 }
 
 impl Batch {
@@ -49,11 +51,21 @@ pub async fn publish(js: &jetstream::Context, gen: &RowGen, batch: &Batch) -> Re
     let started = Instant::now();
     let subject = async_nats::Subject::from(batch.subject.as_str());
     let mut window: VecDeque<PublishAckFuture> = VecDeque::with_capacity(WINDOW);
+    let per_message = batch.rows_per_message.max(1) as u64;
     let mut row = String::with_capacity(gen.row_bytes + 64);
-    for i in 0..batch.count {
-        gen.row(batch.first_id + i, batch.is_bad(i), &mut row);
+    let mut message = Vec::with_capacity((gen.row_bytes + 1) * per_message as usize);
+    let mut i = 0;
+    while i < batch.count {
+        message.clear();
+        for j in i..(i + per_message).min(batch.count) {
+            gen.row(batch.first_id + j, batch.is_bad(j), &mut row);
+            if !message.is_empty() {
+                message.push(b'\n');
+            }
+            message.extend_from_slice(row.as_bytes());
+        }
         let ack = js
-            .publish(subject.clone(), Bytes::copy_from_slice(row.as_bytes()))
+            .publish(subject.clone(), Bytes::copy_from_slice(&message))
             .await
             .with_context(|| format!("publishing row {i} to {}", batch.subject))?;
         window.push_back(ack);
@@ -62,6 +74,7 @@ pub async fn publish(js: &jetstream::Context, gen: &RowGen, batch: &Batch) -> Re
                 confirm(ack, &batch.subject).await?;
             }
         }
+        i += per_message;
     }
     while let Some(ack) = window.pop_front() {
         confirm(ack, &batch.subject).await?;

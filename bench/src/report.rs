@@ -32,6 +32,8 @@ pub struct Measured {
     pub nats_us_per_row: Option<f64>,
     pub clickhouse_us_per_row: Option<f64>,
     pub bench_us_per_row: Option<f64>,
+    /// The `api` phases' load generator (apart from Sluice's figure).
+    pub loader_us_per_row: Option<f64>,
     /// Cores busy with processes outside the benchmark during the phase.
     pub others_cores: Option<f64>,
     pub peak_rss: Option<u64>,
@@ -55,6 +57,50 @@ pub struct Measured {
     pub idle_cpu_percent: Option<f64>,
     /// Sluice's own metrics at the end of the phase (non-zero series only).
     pub sluice_counters: Vec<(String, f64)>,
+    /// The `api` phases: rows the ingest API accepted (202), by the load generator's
+    /// count of its answers.
+    pub accepted: Option<u64>,
+    /// The `api` phases: 503 answers the load generator had to resend after.
+    pub load_unavailable: u64,
+    /// Rows parked on the DLQ during the phase.
+    pub parked: u64,
+    /// How the phase differed from the run's settings, when it did.
+    pub note: Option<String>,
+}
+
+impl Measured {
+    /// The sum of Sluice's counters whose series starts with `prefix` and contains
+    /// `label` (every series when `label` is empty).
+    fn counter(&self, prefix: &str, label: &str) -> f64 {
+        self.sluice_counters
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && k.contains(label))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+            + 0.0 // an empty sum is -0.0
+    }
+
+    /// Rows per message: what the ingest API published (`api` phases), or what the
+    /// consumer pulled.
+    fn rows_per_message(&self) -> Option<f64> {
+        let per = |rows: f64, messages: f64| (messages > 0.0).then(|| rows / messages);
+        per(
+            self.counter("sluice_ingest_rows_total", ""),
+            self.counter("sluice_ingest_messages_total", ""),
+        )
+        .or_else(|| {
+            per(
+                self.counter("sluice_rows_received_total", ""),
+                self.counter("sluice_messages_received_total", ""),
+            )
+        })
+    }
+
+    /// `api` phases: every accepted row inserted or parked, none lost.
+    fn accounted(&self) -> Option<bool> {
+        let accepted = self.accepted?;
+        Some(accepted == self.published && self.inserted_distinct + self.parked == accepted)
+    }
 }
 
 /// Where and how the benchmark ran.
@@ -67,6 +113,11 @@ pub struct Context {
     pub max_ack_pending: i64,
     pub outage_secs: u64,
     pub bad_every: u64,
+    /// Rows per message in `batched`, per request in the `api` phases, requests in
+    /// flight from the load generator.
+    pub message_rows: usize,
+    pub request_rows: u64,
+    pub load_concurrency: usize,
     pub sets: Vec<String>,
     pub nats_version: String,
     pub clickhouse_version: String,
@@ -80,7 +131,7 @@ pub struct Context {
 /// One target with its figure, its reference and the ratio.
 #[derive(Clone, Debug)]
 pub struct Target {
-    pub name: &'static str,
+    pub name: String,
     pub figure: String,
     pub reference: String,
     /// figure ÷ reference (or ÷ the bound).
@@ -210,7 +261,7 @@ impl Report {
         let mut out = Vec::new();
         let r = ratio(sluice, reference);
         out.push(Target {
-            name: "rows/s: sluice vs reference",
+            name: "rows/s: sluice vs reference".into(),
             figure: rate(sluice),
             reference: rate(reference),
             ratio: r,
@@ -218,7 +269,7 @@ impl Report {
             met: r.map(|r| r >= 0.95),
         });
         out.push(Target {
-            name: "CPU µs/row: sluice (bound 2.0)",
+            name: "CPU µs/row: sluice (bound 2.0)".into(),
             figure: opt(cpu, 2),
             reference: format!("2.00 (reference loop {})", opt(ref_cpu, 2)),
             ratio: cpu.map(|c| c / 2.0),
@@ -226,7 +277,7 @@ impl Report {
             met: cpu.map(|c| c <= 2.0),
         });
         out.push(Target {
-            name: "peak RSS MiB: sluice (bound 150)",
+            name: "peak RSS MiB: sluice (bound 150)".into(),
             figure: opt(rss.map(|b| b as f64 / MIB), 1),
             reference: format!(
                 "150 (reference loop {})",
@@ -238,7 +289,7 @@ impl Report {
         });
         let r = ratio(bad, sluice);
         out.push(Target {
-            name: "rows/s: 1 bad row per 10k vs clean",
+            name: "rows/s: 1 bad row per 10k vs clean".into(),
             figure: rate(bad),
             reference: rate(sluice),
             ratio: r,
@@ -247,13 +298,88 @@ impl Report {
         });
         let r = ratio(drain, steady);
         out.push(Target {
-            name: "rows/s 10→90%: drain after outage vs steady",
+            name: "rows/s 10→90%: drain after outage vs steady".into(),
             figure: rate(drain),
             reference: rate(steady),
             ratio: r,
             wanted: ">= 0.90",
             met: r.map(|r| r >= 0.90),
         });
+        out.extend(self.many_rows_targets());
+        out
+    }
+
+    /// Issue 15's targets, where their phases ran: many rows per message against one.
+    fn many_rows_targets(&self) -> Vec<Target> {
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let mut out = Vec::new();
+        if !self.of("batched").is_empty() {
+            let per = self
+                .med("batched", Measured::rows_per_message)
+                .map_or("many".to_string(), |r| format!("{r:.0}"));
+            let nats = self.med("batched", |m| m.nats_us_per_row);
+            let nats_one = self.med("sluice", |m| m.nats_us_per_row);
+            let r = ratio(nats, nats_one);
+            out.push(Target {
+                name: format!("nats µs/row: {per}-row messages vs 1-row"),
+                figure: opt(nats, 2),
+                reference: opt(nats_one, 2),
+                ratio: r,
+                wanted: "<= 0.10",
+                met: r.map(|r| r <= 0.10),
+            });
+            let rate_many = self.med("batched", |m| Some(m.rows_per_sec));
+            let rate_one = self.med("sluice", |m| Some(m.rows_per_sec));
+            let r = ratio(rate_many, rate_one);
+            out.push(Target {
+                name: format!("rows/s: {per}-row messages vs 1-row"),
+                figure: rate(rate_many),
+                reference: rate(rate_one),
+                ratio: r,
+                wanted: ">= 3.00",
+                met: r.map(|r| r >= 3.0),
+            });
+            let cpu = self.med("batched", |m| m.cpu_us_per_row);
+            let cpu_one = self.med("sluice", |m| m.cpu_us_per_row);
+            let r = ratio(cpu, cpu_one);
+            out.push(Target {
+                name: format!("CPU µs/row: sluice, {per}-row vs 1-row"),
+                figure: opt(cpu, 2),
+                reference: opt(cpu_one, 2),
+                ratio: r,
+                wanted: "<= 1.00",
+                met: r.map(|r| r <= 1.0),
+            });
+        }
+        if !self.of("api").is_empty() {
+            let nats = self.med("api", |m| m.nats_us_per_row);
+            let nats_one = self.med("api-unbatched", |m| m.nats_us_per_row);
+            let r = ratio(nats, nats_one);
+            out.push(Target {
+                name: "nats µs/row: API chunked vs 1 per message".into(),
+                figure: opt(nats, 2),
+                reference: opt(nats_one, 2),
+                ratio: r,
+                wanted: "<= 0.10",
+                met: r.map(|r| r <= 0.10),
+            });
+        }
+        let api_runs: Vec<&Measured> = self.runs.iter().filter(|m| m.accepted.is_some()).collect();
+        if !api_runs.is_empty() {
+            let accepted: u64 = api_runs.iter().filter_map(|m| m.accepted).sum();
+            let settled: u64 = api_runs
+                .iter()
+                .map(|m| m.inserted_distinct + m.parked)
+                .sum();
+            out.push(Target {
+                name: "rows: API inserted + parked vs accepted".into(),
+                figure: settled.to_string(),
+                reference: accepted.to_string(),
+                ratio: (accepted > 0).then(|| settled as f64 / accepted as f64),
+                wanted: "= 1.00",
+                met: Some(api_runs.iter().all(|m| m.accounted() == Some(true))),
+            });
+        }
         out
     }
 
@@ -263,12 +389,15 @@ impl Report {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "sluice-bench: {} rows x {} B, pull_batch {}, batch_rows {}, max_ack_pending {}{}",
+            "sluice-bench: {} rows x {} B, pull_batch {}, batch_rows {}, max_ack_pending {}, {} rows per message (batched), {} per request x {} at once (api){}",
             c.rows,
             c.row_bytes,
             c.pull_batch,
             c.batch_rows,
             c.max_ack_pending,
+            c.message_rows,
+            c.request_rows,
+            c.load_concurrency,
             if c.sets.is_empty() {
                 String::new()
             } else {
@@ -342,14 +471,7 @@ impl Report {
                 );
             }
             if !m.sluice_counters.is_empty() {
-                let sum = |prefix: &str, label: &str| -> f64 {
-                    m.sluice_counters
-                        .iter()
-                        .filter(|(k, _)| k.starts_with(prefix) && k.contains(label))
-                        .map(|(_, v)| v)
-                        .sum::<f64>()
-                        + 0.0 // an empty sum is -0.0
-                };
+                let sum = |prefix: &str, label: &str| m.counter(prefix, label);
                 let inserts = sum("sluice_insert_requests_total", "");
                 let ok = sum("sluice_insert_requests_total", "outcome=\"ok\"");
                 let batches = sum("sluice_batch_rows_count", "");
@@ -363,6 +485,23 @@ impl Report {
                     m.idle_cpu_percent
                         .map(|p| format!("; idle afterwards: {p:.1}% of a core"))
                         .unwrap_or_default(),
+                );
+            }
+            if let Some(note) = &m.note {
+                let _ = writeln!(s, "{:<10}     {note}", "");
+            }
+            if let Some(per) = m.rows_per_message().filter(|r| *r > 1.0) {
+                let _ = writeln!(s, "{:<10}     {per:.1} rows per message", "");
+            }
+            if let Some(accepted) = m.accepted {
+                let _ = writeln!(
+                    s,
+                    "{:<10}     load generator: {accepted} rows accepted ({} inserted + {} parked), {} answers 503 resent, its CPU {} µs/row (not in cpu/row)",
+                    "",
+                    m.inserted_distinct,
+                    m.parked,
+                    m.load_unavailable,
+                    opt(m.loader_us_per_row, 2)
                 );
             }
             if m.phase == "live" {
@@ -384,13 +523,13 @@ impl Report {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<38} {:>10} {:>28} {:>6} {:>8}  met",
+            "{:<44} {:>10} {:>28} {:>6} {:>8}  met",
             "target", "figure", "reference", "ratio", "wanted"
         );
         for t in self.targets() {
             let _ = writeln!(
                 s,
-                "{:<38} {:>10} {:>28} {:>6} {:>8}  {}",
+                "{:<44} {:>10} {:>28} {:>6} {:>8}  {}",
                 t.name,
                 t.figure,
                 t.reference,
@@ -424,7 +563,8 @@ impl Report {
              live: first publish → last row). 10→90%: the slope between 10% and 90% of the rows counted \
              (the rate without start-up, breaker probe and the tail's last partial batch). cpu: the \
              process's utime+stime over the first window ÷ rows. nats/ch: the servers' CPU per row. \
-             others: cores used by processes outside the benchmark."
+             others: cores used by processes outside the benchmark. api, api-unbatched: first \
+             request → last row counted, publishing included (the load generator's CPU apart)."
         );
         s
     }
@@ -450,6 +590,12 @@ impl Report {
                     "nats_cpu_us_per_row": r3(m.nats_us_per_row),
                     "clickhouse_cpu_us_per_row": r3(m.clickhouse_us_per_row),
                     "bench_cpu_us_per_row": r3(m.bench_us_per_row),
+                    "load_generator_cpu_us_per_row": r3(m.loader_us_per_row),
+                    "rows_per_message": r3(m.rows_per_message()),
+                    "accepted": m.accepted,
+                    "answers_503": m.accepted.map(|_| m.load_unavailable),
+                    "parked": m.parked,
+                    "note": m.note,
                     "other_processes_cores": r3(m.others_cores),
                     "peak_rss_bytes": m.peak_rss,
                     "rss_during_outage_bytes": m.rss_during_outage,
@@ -496,6 +642,9 @@ impl Report {
                 "max_ack_pending": c.max_ack_pending,
                 "outage_seconds": c.outage_secs,
                 "bad_every": c.bad_every,
+                "message_rows": c.message_rows,
+                "request_rows": c.request_rows,
+                "load_concurrency": c.load_concurrency,
                 "sluice_overrides": c.sets,
                 "sluice_config": c.sluice_config,
             },
@@ -547,6 +696,9 @@ mod tests {
             max_ack_pending: 1,
             outage_secs: 1,
             bad_every: 1,
+            message_rows: 1,
+            request_rows: 1,
+            load_concurrency: 1,
             sets: vec![],
             nats_version: String::new(),
             clickhouse_version: String::new(),

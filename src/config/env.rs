@@ -81,6 +81,8 @@ const API_KEYS: &[(&str, Kind)] = &[
     ("auth", Kind::Str),
     ("max_request_bytes", Kind::Str),
     ("max_row_bytes", Kind::Str),
+    ("chunk_rows", Kind::Int),
+    ("chunk_bytes", Kind::Str),
     ("retry_after", Kind::Str),
     ("max_json_depth", Kind::Int),
     ("max_tables_per_tenant", Kind::Int),

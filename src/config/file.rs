@@ -234,6 +234,12 @@ pub struct ApiFile {
     pub auth: AuthMode,
     pub max_request_bytes: Size,
     pub max_row_bytes: Size,
+    /// The most rows of one request published as one NDJSON message: NATS costs per
+    /// message, not per byte, so a request's rows travel in chunks.
+    pub chunk_rows: usize,
+    /// The most bytes of rows in one such message (at least `max_row_bytes`, so any
+    /// row taken fits one); capped at what the NATS server takes in one message.
+    pub chunk_bytes: Size,
     /// Answer 503 with this `Retry-After` when the queue is full or unreachable.
     pub retry_after: Span,
     /// The deepest a row may nest arrays and objects (the row itself is level 1):
@@ -264,6 +270,8 @@ impl Default for ApiFile {
             auth: AuthMode::Token,
             max_request_bytes: Size(10 << 20),
             max_row_bytes: Size(1 << 20),
+            chunk_rows: CHUNK_ROWS,
+            chunk_bytes: Size(1 << 20),
             retry_after: Span(std::time::Duration::from_secs(5)),
             max_json_depth: 64,
             max_tables_per_tenant: 500,
@@ -275,6 +283,10 @@ impl Default for ApiFile {
         }
     }
 }
+
+/// Rows per message of the ingest API by default: measured with `scripts/bench`'s `api`
+/// phase (docs/benchmark.md, "Many rows per message").
+const CHUNK_ROWS: usize = 100;
 
 /// The timeouts both listeners start from.
 const HEADER_TIMEOUT: Span = Span(std::time::Duration::from_secs(10));

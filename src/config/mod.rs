@@ -160,6 +160,10 @@ pub struct ApiConfig {
     pub auth: AuthMode,
     pub max_request_bytes: usize,
     pub max_row_bytes: usize,
+    /// A request's rows are published in NDJSON messages of at most this many rows and
+    /// bytes (the bytes also capped by the NATS server's `max_payload`).
+    pub chunk_rows: usize,
+    pub chunk_bytes: usize,
     pub retry_after: Duration,
     /// Rows nested deeper are refused: ClickHouse's JSON parser recurses per level.
     pub max_json_depth: usize,

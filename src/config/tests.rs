@@ -418,3 +418,63 @@ fn a_bad_manifest_store_is_refused_with_the_reason() {
     let p = problems("", &[("SLUICE_INGEST_EXACTLY_ONCE", "sometimes")]);
     assert!(p[0].contains("SLUICE_INGEST_EXACTLY_ONCE"), "{p:?}");
 }
+
+#[test]
+fn chunks_of_the_ingest_api_have_defaults_overrides_and_bounds() {
+    let config = Config::from_parts("t", "", &env(&[])).expect("defaults");
+    assert_eq!(
+        (config.api.chunk_rows, config.api.chunk_bytes),
+        (100, 1 << 20)
+    );
+
+    let config = Config::from_parts(
+        "t",
+        "[api]\nchunk_rows = 250\nmax_row_bytes = \"64KiB\"\n",
+        &env(&[("SLUICE_API_CHUNK_BYTES", "256KiB")]),
+    )
+    .expect("config");
+    assert_eq!(
+        (config.api.chunk_rows, config.api.chunk_bytes),
+        (250, 256 << 10)
+    );
+    assert!(
+        config
+            .summary()
+            .contains("messages of at most 250 rows and 256KiB"),
+        "{}",
+        config.summary()
+    );
+
+    let p = problems("[api]\nchunk_rows = 0\nchunk_bytes = \"512KiB\"\n", &[]).join("\n");
+    assert!(
+        p.contains("[api] chunk_rows = 0: must be 1 to 100000"),
+        "{p}"
+    );
+    // The default max_row_bytes (1 MiB) would not fit a 512 KiB message.
+    assert!(
+        p.contains("[api] chunk_bytes = 512KiB is below max_row_bytes = 1MiB"),
+        "{p}"
+    );
+    let p = problems("[api]\nchunk_bytes = \"65MiB\"\n", &[]).join("\n");
+    assert!(p.contains("at most 64MiB"), "{p}");
+    let p = problems("", &[("SLUICE_API_CHUNK_ROWS", "lots")]).join("\n");
+    assert!(p.contains("SLUICE_API_CHUNK_ROWS"), "{p}");
+
+    // Chunks the stream's budget can barely hold, or bigger than a table's batches,
+    // work but are worth a word.
+    let config = Config::from_parts(
+        "t",
+        "[nats]\nmax_bytes = \"2MiB\"\n[api]\nchunk_rows = 20000\n",
+        &env(&[]),
+    )
+    .expect("config");
+    let warnings = config.warnings.join("\n");
+    assert!(
+        warnings.contains("more than a quarter of [nats] max_bytes = 2MiB"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("chunk_rows = 20000 is above [ingest] batch_rows = 10000"),
+        "{warnings}"
+    );
+}

@@ -144,6 +144,8 @@ pub(super) fn validate(
         ));
     }
 
+    chunk_advice(&mut c, &api, &nats, &ingest, &tables);
+
     if !c.problems.is_empty() {
         return Err(c.problems);
     }
@@ -436,6 +438,35 @@ fn table_settings(
     s
 }
 
+/// What the ingest API's chunks mean for the stream and the tables: a message is never
+/// split across inserts, and a publish bigger than the stream's budget never fits.
+fn chunk_advice(
+    c: &mut Check,
+    api: &ApiConfig,
+    nats: &NatsConfig,
+    ingest: &TableSettings,
+    tables: &BTreeMap<(String, String), TableSettings>,
+) {
+    if api.chunk_bytes as u64 > nats.max_bytes / 4 {
+        c.warn(format!(
+            "[api] chunk_bytes = {} is more than a quarter of [nats] max_bytes = {}: a request's message that big is refused (503) long before the stream is full",
+            super::units::Size(api.chunk_bytes as u64),
+            super::units::Size(nats.max_bytes)
+        ));
+    }
+    let smallest = tables
+        .iter()
+        .map(|((tenant, table), s)| (format!("[tables.\"{tenant}.{table}\"]"), s.batch_rows))
+        .chain([("[ingest]".to_string(), ingest.batch_rows)])
+        .min_by_key(|(_, rows)| *rows);
+    if let Some((key, rows)) = smallest.filter(|(_, rows)| *rows < api.chunk_rows) {
+        c.warn(format!(
+            "[api] chunk_rows = {} is above {key} batch_rows = {rows}: a message is never split across inserts, so that table's inserts will carry up to {} rows",
+            api.chunk_rows, api.chunk_rows
+        ));
+    }
+}
+
 fn pipeline(c: &mut Check, file: &FileConfig) -> PipelineConfig {
     let p = &file.pipeline;
     c.at_least("[pipeline] pull_batch", p.pull_batch, 1);
@@ -474,6 +505,24 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
     if a.max_request_bytes.bytes() == 0 {
         c.problem("[api] max_request_bytes must be above zero");
     }
+    if !(1..=MAX_CHUNK_ROWS).contains(&a.chunk_rows) {
+        c.problem(format!(
+            "[api] chunk_rows = {}: must be 1 to {MAX_CHUNK_ROWS} (the rows of a request published together as one NATS message)",
+            a.chunk_rows
+        ));
+    }
+    if a.chunk_bytes < a.max_row_bytes {
+        c.problem(format!(
+            "[api] chunk_bytes = {} is below max_row_bytes = {}: a row the API takes must fit one message (raise chunk_bytes or lower max_row_bytes)",
+            a.chunk_bytes, a.max_row_bytes
+        ));
+    }
+    if a.chunk_bytes.bytes() > MAX_CHUNK_BYTES {
+        c.problem(format!(
+            "[api] chunk_bytes = {}: at most 64MiB (nats-server's largest max_payload)",
+            a.chunk_bytes
+        ));
+    }
     if !(1..=MAX_JSON_DEPTH).contains(&a.max_json_depth) {
         c.problem(format!(
             "[api] max_json_depth = {}: must be 1 to {MAX_JSON_DEPTH} (a row is level 1; ClickHouse's parser recurses once per level)",
@@ -501,6 +550,8 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
         auth: a.auth,
         max_request_bytes: a.max_request_bytes.as_usize(),
         max_row_bytes: a.max_row_bytes.as_usize(),
+        chunk_rows: a.chunk_rows,
+        chunk_bytes: a.chunk_bytes.as_usize(),
         retry_after: a.retry_after.get(),
         max_json_depth: a.max_json_depth,
         max_tables_per_tenant: a.max_tables_per_tenant,
@@ -509,6 +560,13 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
         max_connections: a.max_connections,
     }
 }
+
+/// The most rows `[api] chunk_rows` may put in one message: its rows are settled
+/// together (a message is acked when every row in it is), so they wait for each other.
+const MAX_CHUNK_ROWS: usize = 100_000;
+
+/// nats-server refuses a `max_payload` above 64 MiB.
+const MAX_CHUNK_BYTES: u64 = 64 << 20;
 
 /// The deepest `[api] max_json_depth` may be: as deep as current ClickHouse parses
 /// (its `max_parser_depth`).
@@ -747,7 +805,7 @@ pub(super) fn summary(config: &Config) -> String {
     }
     let _ = writeln!(
         out,
-        "api: {} (auth {}) {}, connections {}; json depth {}, {} tables per tenant, {} descriptors reserved",
+        "api: {} (auth {}) {}, connections {}; json depth {}, {} tables per tenant, {} descriptors reserved; rows published in messages of at most {} rows and {}",
         config.api.listen,
         match config.api.auth {
             AuthMode::Token => "token",
@@ -760,7 +818,9 @@ pub(super) fn summary(config: &Config) -> String {
             .map_or("from the descriptor limit".to_string(), |n| n.to_string()),
         config.api.max_json_depth,
         config.api.max_tables_per_tenant,
-        config.api.fd_reserve
+        config.api.fd_reserve,
+        config.api.chunk_rows,
+        super::units::Size(config.api.chunk_bytes as u64)
     );
     let _ = writeln!(
         out,

@@ -17,7 +17,7 @@ use super::connection::Bounds;
 use super::descriptors::{self, Caps};
 use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState};
-use crate::api::ingest::{self, IngestState, TenantTables};
+use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
 use crate::clickhouse::catalog::{self, Catalog};
 use crate::clickhouse::insert::HttpInserter;
@@ -84,6 +84,10 @@ pub async fn start(
         publisher,
         subject_prefix: config.nats.subject_prefix.clone(),
         max_row_bytes: config.api.max_row_bytes,
+        chunks: ChunkLimits {
+            rows: config.api.chunk_rows,
+            bytes: config.api.chunk_bytes,
+        },
         max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
         catalogs: catalogs(config, &inserters),

@@ -10,6 +10,9 @@ use crate::config::Config;
 pub const INGEST_REQUESTS: &str = "sluice_ingest_requests_total";
 /// Rows the ingest API stored in the stream, by tenant and table.
 pub const INGEST_ROWS: &str = "sluice_ingest_rows_total";
+/// Messages the ingest API stored in the stream (each up to `[api] chunk_rows` rows),
+/// by tenant and table: beside `INGEST_ROWS`, the rows per message NATS carries.
+pub const INGEST_MESSAGES: &str = "sluice_ingest_messages_total";
 /// Rows the ingest API refused (bad JSON, not an object, too large), by tenant and table.
 pub const INGEST_ROWS_REJECTED: &str = "sluice_ingest_rows_rejected_total";
 /// Orphaned batch manifests the collector removed from the bucket, by reason
@@ -68,6 +71,11 @@ pub fn describe() {
         MANIFESTS_COLLECTED,
         Unit::Count,
         "Orphaned batch manifests removed by the collector, by reason."
+    );
+    describe_counter!(
+        INGEST_MESSAGES,
+        Unit::Count,
+        "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table."
     );
     describe_counter!(
         INGEST_ROWS_REJECTED,

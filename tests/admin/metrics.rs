@@ -23,6 +23,7 @@ use crate::*;
 /// gives DESIGN's view; see `sluice_actors::metrics`).
 const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_rows_received_total", &["tenant", "table"]),
+    ("sluice_messages_received_total", &["tenant", "table"]),
     ("sluice_rows_inserted_total", &["tenant", "table"]),
     ("sluice_rows_parked_total", &["tenant", "table", "reason"]),
     ("sluice_retries_total", &["table", "reason"]),
@@ -32,6 +33,9 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_breaker_state", &["target"]),
     ("sluice_table_backoff", &["tenant", "table"]),
     ("sluice_buffered_rows", &["tenant", "table"]),
+    ("sluice_table_missing", &["tenant", "table"]),
+    ("sluice_table_exactly_once", &["tenant", "table"]),
+    ("sluice_manifest_failures_total", &["tenant", "table"]),
     ("sluice_consumer_pending", &["stream"]),
     ("sluice_actor_restarts_total", &["kind"]),
     ("sluice_dlq_publish_failures_total", &["tenant", "table"]),
@@ -273,6 +277,8 @@ async fn consumer_pending_is_the_lag() -> Result<()> {
     // The consumer holds at most 10 rows: with ClickHouse down the rest wait in the
     // stream, undelivered.
     stack.set("nats.max_ack_pending", 10);
+    // The lag counts messages: one row each here, so that it counts rows too.
+    stack.set("api.chunk_rows", 1);
     stack.set("pipeline.backoff_initial", "300ms");
     stack.set("pipeline.backoff_max", "1s");
     stack.start_sluice(SLUICE).await?;

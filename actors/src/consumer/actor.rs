@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::messages::{ConsumerDebug, ConsumerMsg};
 use crate::backoff::Backoff;
+use crate::batch::row_count;
 use crate::context::Common;
 use crate::metrics;
 use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
@@ -75,9 +76,7 @@ impl<F: SourceFactory> ConsumerState<F> {
 
     /// Group a pulled batch by subject and send one message per group.
     fn route_batch(&mut self, batch: Vec<DeliveryOf<F>>) {
-        let n = batch.len();
-        self.snap.pulled_total += n as u64;
-        self.args.common.stats.received(n);
+        self.snap.pulled_total += batch.len() as u64;
         let mut groups: Vec<(Box<str>, Vec<DeliveryOf<F>>)> = Vec::new();
         let mut last = 0usize;
         for d in batch {
@@ -114,9 +113,13 @@ impl<F: SourceFactory> ConsumerState<F> {
         }
         let route = &self.routes[&*subject];
         let common = &self.args.common;
+        // A message carries one row or many: the row counters count rows.
+        let row_total: usize = rows.iter().map(|d| row_count(d.payload())).sum();
+        self.snap.pulled_rows_total += row_total as u64;
+        common.stats.received(row_total);
         match route {
             Route::Table { key, pool, metrics } => {
-                metrics.received.increment(rows.len() as u64);
+                metrics.received(rows.len(), row_total);
                 let restarting = common.settings.handback_while_restarting;
                 match self.args.pools.get(*pool).and_then(Option::as_ref) {
                     Some(p) => {
@@ -139,7 +142,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 reason,
                 metrics,
             } => {
-                metrics.received.increment(rows.len() as u64);
+                metrics.received(rows.len(), row_total);
                 park_all(
                     common,
                     key.clone(),

@@ -27,7 +27,11 @@ pub enum NodeStatus {
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ConsumerSnapshot {
     pub connected: bool,
+    /// Messages pulled: what `max_ack_pending` and `pull_batch` count.
     pub pulled_total: u64,
+    /// The rows in them (a message carries one row or many): what the buffers, the
+    /// inserts and the row metrics count.
+    pub pulled_rows_total: u64,
     /// The stream's pending count (lag), when the source knows it.
     pub pending: Option<u64>,
     pub reconnects: u64,

@@ -8,12 +8,17 @@
 //!   `Idempotency-Key`, resent with the same key after a 503 (waiting `Retry-After`)
 //!   or a transport error, so a retried chunk is stored once. Any other status fails
 //!   the feed: a client would not retry it, so it is a finding.
-//! - straight to JetStream ([`Route::JetStream`]): one publish per row with a
-//!   `Nats-Msg-Id`, failed publishes retried with the same id. Used where the API
+//! - straight to JetStream ([`Route::JetStream`]): every other chunk as one many-row
+//!   NDJSON message, the chunks between one publish per row, each with a
+//!   `Nats-Msg-Id`; failed publishes retried with the same id. Used where the API
 //!   itself is under fire (Sluice killed) and rows must keep arriving.
 //!
+//! Either way a share of the rows arrives many to a message, bad rows among them: the
+//! API chunks each request's rows into messages of up to `[api] chunk_rows` rows by
+//! itself, and half of a JetStream feed's chunks are one message each.
+//!
 //! A row counts as published once the API answered 202 for its chunk or JetStream
-//! acknowledged it: that is the set nothing may be lost from.
+//! acknowledged it (its message): that is the set nothing may be lost from.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -254,7 +259,11 @@ async fn run(
             }
             Route::JetStream { js, subject_prefix } => {
                 let subject = format!("{subject_prefix}.{TENANT}.{table}");
-                send_jetstream(js, &subject, &rows, chunk, end, &progress).await
+                if k % 2 == 1 {
+                    send_jetstream_batched(js, &subject, &rows, chunk, end, &progress).await
+                } else {
+                    send_jetstream(js, &subject, &rows, chunk, end, &progress).await
+                }
             }
         };
         for id in chunk {
@@ -407,4 +416,45 @@ async fn send_jetstream(
         todo = failed;
     }
     done
+}
+
+/// One chunk straight to JetStream as one NDJSON message of all its rows, resent with
+/// the same message id until acknowledged or the deadline. Returns the ids
+/// acknowledged (all of the chunk, or none).
+async fn send_jetstream_batched(
+    js: &jetstream::Context,
+    subject: &str,
+    rows: &RowSet,
+    chunk: &[u64],
+    end: Instant,
+    progress: &Progress,
+) -> BTreeSet<u64> {
+    let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else {
+        return BTreeSet::new();
+    };
+    let id = format!("chaos-{first}-to-{last}");
+    let payload = bytes::Bytes::from(rows.ndjson(chunk));
+    while Instant::now() < end {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        let acked = match js
+            .publish_with_headers(subject.to_owned(), headers, payload.clone())
+            .await
+        {
+            Ok(ack) => ack.await.map_err(|e| format!("publish ack: {e}")),
+            Err(e) => Err(format!("publishing: {e}")),
+        };
+        match acked {
+            Ok(_) => {
+                Progress::add(&progress.accepted, chunk.len() as u64);
+                return chunk.iter().copied().collect();
+            }
+            Err(e) => {
+                progress.failed(format!("{e} (a message of {} rows)", chunk.len()));
+                Progress::add(&progress.transport_errors, 1);
+                tokio::time::sleep_until((Instant::now() + TRANSPORT_RETRY).min(end)).await;
+            }
+        }
+    }
+    BTreeSet::new()
 }

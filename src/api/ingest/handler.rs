@@ -1,19 +1,20 @@
-//! `POST /v1/ingest/{table}`: each row published to `<prefix>.<tenant>.<table>` with the
-//! stream's ack awaited before the row counts as accepted.
+//! `POST /v1/ingest/{table}`: a request's rows published to `<prefix>.<tenant>.<table>`
+//! in NDJSON messages of up to `[api] chunk_rows` rows (`chunk`), each with the stream's
+//! ack awaited before its rows count as accepted (`publishing`).
 //!
-//! Publishes are pipelined (all sent, then all acks awaited), not one round trip per
-//! row. A full or unreachable stream stops the request where it is: the rows already
-//! acked stay accepted, the answer is 503 with `Retry-After`, and a client retrying
-//! with the same `Idempotency-Key` does not store the accepted ones twice.
+//! A full or unreachable stream stops the request where it is: the rows of chunks
+//! already acked stay accepted, the answer is 503 with `Retry-After`, and a client
+//! retrying with the same body and `Idempotency-Key` gets the same chunks under the
+//! same message ids, so the stored ones are not stored twice.
 //!
 //! Before any row is published the request must name a tenant, a table the tenant's
 //! ClickHouse target has (`clickhouse::catalog`) within the tenant's table cap
 //! (`tables`), a media type and a usable key. Rows are then split off the body one at
-//! a time (`parse`) and published as they come, so a request never holds a list of its
-//! rows or of its refusals; the answer lists the first `MAX_LISTED_ERRORS` of those.
+//! a time (`parse`) and gathered into chunks sent as they close, so a request never
+//! holds a list of its rows or of its refusals (only the open chunk's, and a copy of
+//! the chunks in flight); the answer lists the first `MAX_LISTED_ERRORS` refusals.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -23,22 +24,17 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use std::sync::Arc;
 
+use super::chunk::ChunkLimits;
 use super::parse::{self, Framing, Refused, RowError, RowLimits};
+use super::publishing::{max_message_id_len, Publishing};
 use super::tables::TenantTables;
 use crate::api::tenant::{Tenant, TenantResolver};
 use crate::clickhouse::catalog::Catalog;
 use crate::config::is_table_name;
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
-
-/// Publishes in flight per request. JetStream's client lends a fixed number of ack
-/// permits and takes one back only when its ack is awaited, so requests that each hold
-/// some while waiting for more could starve one another: each request keeps at most
-/// this many, and at most `MAX_PUBLISHING` requests publish at once, within the permits
-/// of the ingest publisher's context (see `server::listeners`).
-pub const PIPELINE_WINDOW: usize = 512;
-pub const MAX_PUBLISHING: usize = 64;
 
 /// The longest `Idempotency-Key` taken (it becomes a JetStream message id).
 const MAX_IDEMPOTENCY_KEY: usize = 128;
@@ -55,6 +51,9 @@ pub struct IngestState {
     pub publisher: Publisher,
     pub subject_prefix: String,
     pub max_row_bytes: usize,
+    /// `[api] chunk_rows` and `chunk_bytes`: what one message may carry (the bytes are
+    /// capped again by the server's `max_payload`, known once connected).
+    pub chunks: ChunkLimits,
     /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
     pub max_json_depth: usize,
     pub retry_after: Duration,
@@ -139,95 +138,70 @@ async fn handle(
     if let Err(refusal) = admit_table(state, &tenant, table).await {
         return refusal;
     }
+    let room = message_room(
+        state.publisher.context().client().max_payload(),
+        key.as_deref(),
+    );
     let limits = RowLimits {
-        max_bytes: row_limit(
-            state.max_row_bytes,
-            state.publisher.context().client().max_payload(),
-            key.as_deref(),
-        ),
+        max_bytes: row_limit(state.max_row_bytes, room),
         max_depth: state.max_json_depth,
     };
     let rows = match parse::rows(&body, framing, limits) {
         Ok(rows) => rows,
         Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
     };
-    let single = rows.is_single_object();
 
     let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
     let Ok(_publishing) = state.publishing.acquire().await else {
         return failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
     };
     let mut reply = IngestReply::default();
-    let mut stop: Option<PublishError> = None;
     // Without a connection every publish would wait out its ack timeout (and the byte
     // budget's stream lookup) before failing: tell the client at once instead.
-    if state.publisher.context().client().connection_state()
-        != async_nats::connection::State::Connected
-    {
-        stop = Some(PublishError::Unavailable(
-            "not connected to NATS right now".into(),
-        ));
-    }
-    // Rows are published as they are split off the body; after a stop the rest are
-    // only counted (as not stored), so the answer still accounts for every row.
-    let mut taken = 0usize;
-    let mut pending = VecDeque::with_capacity(PIPELINE_WINDOW);
+    let not_connected = (state.publisher.context().client().connection_state()
+        != async_nats::connection::State::Connected)
+        .then(|| PublishError::Unavailable("not connected to NATS right now".into()));
+    let chunks = ChunkLimits {
+        rows: state.chunks.rows,
+        bytes: state.chunks.bytes.min(room),
+    };
+    let mut publishing = Publishing::new(
+        &state.publisher,
+        subject,
+        key.as_deref(),
+        chunks,
+        not_connected,
+    );
     for item in rows {
-        let (index, row) = match item {
-            Ok(row) => row,
-            Err(refused) => {
-                reply.refuse(refused);
-                continue;
-            }
-        };
-        taken += 1;
-        if pending.len() >= PIPELINE_WINDOW {
-            if let Some(ack) = pending.pop_front() {
-                confirm(ack, &mut reply, &mut stop).await;
-            }
-        }
-        if stop.is_some() {
-            continue;
-        }
-        let id = key.as_ref().map(|k| {
-            if single {
-                k.clone()
-            } else {
-                format!("{k}:{index}")
-            }
-        });
-        match state
-            .publisher
-            .send(subject.clone(), row, None, id.as_deref())
-            .await
-        {
-            Ok(ack) => pending.push_back(ack),
-            Err(e) => stop = Some(e),
+        match item {
+            Ok((_, row)) => publishing.add(row).await,
+            Err(refused) => reply.refuse(refused),
         }
     }
-    for ack in pending {
-        confirm(ack, &mut reply, &mut stop).await;
-    }
-    if taken + reply.rejected == 0 {
+    let outcome = publishing.finish().await;
+    if outcome.rows + reply.rejected == 0 {
         return failure(StatusCode::BAD_REQUEST, "the body holds no rows".into());
     }
-    reply.not_stored = taken - reply.accepted;
+    reply.accepted = outcome.accepted;
+    reply.duplicates = outcome.duplicates;
+    reply.not_stored = outcome.rows - outcome.accepted;
     let labels = [
         ("tenant", tenant.name.clone()),
         ("table", table.to_string()),
     ];
     metrics::counter!(m::INGEST_ROWS, &labels).increment(reply.accepted as u64);
+    metrics::counter!(m::INGEST_MESSAGES, &labels).increment(outcome.messages as u64);
     // Even at 0: the series exists from the table's first request, so an `increase()`
     // alert sees the first refused row.
     metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
 
-    match stop {
+    match outcome.stop {
         Some(PublishError::Refused(why)) if reply.not_stored > 0 => {
             reply.error = Some(why);
             (StatusCode::BAD_REQUEST, Json(reply)).into_response()
         }
         Some(e) if reply.not_stored > 0 => {
-            reply.error = Some(format!("{e}; the rows not stored can be sent again (use an Idempotency-Key to avoid doubles)"));
+            reply.error = Some(format!("{e}; send the request again (the same body with the same Idempotency-Key stores none of its rows twice)"));
             let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(reply)).into_response();
             let secs = state.retry_after.as_secs().max(1).to_string();
             if let Ok(value) = HeaderValue::from_str(&secs) {
@@ -273,38 +247,25 @@ fn missing_table(catalog: &Catalog, table: &str) -> Response {
     )
 }
 
-async fn confirm(
-    ack: crate::nats::PendingPublish,
-    reply: &mut IngestReply,
-    stop: &mut Option<PublishError>,
-) {
-    match Publisher::confirm(ack).await {
-        Ok(published) => {
-            reply.accepted += 1;
-            if published.duplicate {
-                reply.duplicates += 1;
-            }
-        }
-        Err(e) => {
-            if stop.is_none() {
-                *stop = Some(e);
-            }
-        }
-    }
-}
-
 /// Room a parked row needs beside its bytes on the DLQ: the `Sluice-*` headers, of
 /// which ClickHouse's message alone may take 1 KiB.
 const PARK_HEADROOM: usize = 4096;
 
+/// What one message may carry beside its headers: the server's `max_payload` less the
+/// message-id header a request's key makes.
+fn message_room(max_payload: usize, key: Option<&str>) -> usize {
+    // "NATS/1.0\r\n" "Nats-Msg-Id: " <key> "-" <index> "\r\n" "\r\n"
+    let id_header = key.map_or(0, |k| 10 + 13 + max_message_id_len(k.len()) + 2 + 2);
+    max_payload.saturating_sub(id_header)
+}
+
 /// The largest row taken: `[api] max_row_bytes`, but never more than a NATS message can
 /// carry with its headers, on the ingest stream (the message id) and on the DLQ (the
-/// `Sluice-*` headers). A row over it is refused by index like any oversized row;
-/// publishing it would fail and stop the rest of the request, or leave it unparkable.
-fn row_limit(configured: usize, max_payload: usize, key: Option<&str>) -> usize {
-    // "NATS/1.0\r\n" "Nats-Msg-Id: " <key> ":" <index> "\r\n" "\r\n"
-    let id_header = key.map_or(0, |k| 10 + 13 + k.len() + 1 + 20 + 2 + 2);
-    configured.min(max_payload.saturating_sub(id_header + PARK_HEADROOM))
+/// `Sluice-*` headers of a row parked alone). A row over it is refused by index like
+/// any oversized row; publishing it would fail and stop the rest of the request, or
+/// leave it unparkable.
+fn row_limit(configured: usize, room: usize) -> usize {
+    configured.min(room.saturating_sub(PARK_HEADROOM))
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
@@ -351,11 +312,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_fit_a_nats_message_with_their_headers() {
-        assert_eq!(row_limit(1000, 1 << 20, None), 1000);
-        assert_eq!(row_limit(1 << 20, 1 << 20, None), (1 << 20) - PARK_HEADROOM);
-        let keyed = row_limit(1 << 20, 1 << 20, Some("k"));
-        assert!(keyed < (1 << 20) - PARK_HEADROOM - 40, "{keyed}");
-        assert_eq!(row_limit(1 << 20, 100, None), 0);
+    fn rows_and_chunks_fit_a_nats_message_with_their_headers() {
+        let mib = 1 << 20;
+        assert_eq!(message_room(mib, None), mib);
+        assert_eq!(row_limit(1000, message_room(mib, None)), 1000);
+        assert_eq!(row_limit(mib, message_room(mib, None)), mib - PARK_HEADROOM);
+        let keyed = message_room(mib, Some("k"));
+        assert!(keyed < mib - 40, "{keyed}");
+        assert!(row_limit(mib, keyed) < mib - PARK_HEADROOM - 40);
+        assert_eq!(row_limit(mib, message_room(100, None)), 0);
+        // The header of the longest id a 128-byte key makes fits the room left.
+        let key = "k".repeat(MAX_IDEMPOTENCY_KEY);
+        let id = super::super::publishing::message_id(&key, usize::MAX);
+        let header = "NATS/1.0\r\nNats-Msg-Id: ".len() + id.len() + 4;
+        assert!(message_room(mib, Some(&key)) + header <= mib);
     }
 }

@@ -171,11 +171,6 @@ fn is_rs(b: &u8) -> bool {
 }
 
 impl Rows<'_> {
-    /// A lone `application/json` object (its `Idempotency-Key` is its message id as is).
-    pub fn is_single_object(&self) -> bool {
-        matches!(self.source, Source::One(_))
-    }
-
     fn check(
         &mut self,
         row: &[u8],
@@ -298,14 +293,6 @@ mod tests {
         let (ok, refused) = split("{\"a\": 1,\n \"b\": \"x\\ny\"}\n", Framing::Json, LIMITS);
         assert_eq!(ok, vec![(0, "{\"a\": 1,  \"b\": \"x\\ny\"}".to_string())]);
         assert!(refused.is_empty());
-        let body = Bytes::from("{}");
-        assert!(rows(&body, Framing::Json, LIMITS)
-            .expect("ok")
-            .is_single_object());
-        let body = Bytes::from("[{}]");
-        assert!(!rows(&body, Framing::Json, LIMITS)
-            .expect("ok")
-            .is_single_object());
     }
 
     #[test]
