@@ -3,7 +3,7 @@
 //! read from a real answer (status, `X-ClickHouse-Exception-Code`, body), and the
 //! settings an insert pins are the ones the server knows.
 //!
-//! What is checked is what reaches the actors (`InsertError`), the rows in ClickHouse,
+//! What is checked is what reaches the actors (`ClickHouseError`), the rows in ClickHouse,
 //! and the requests the proxy saw.
 
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use sluice::clickhouse::insert::HttpInserter;
 use sluice::config::{Secret, TargetConfig};
-use sluice_actors::{Class, InsertError, InsertRequest, Inserter, TableKey};
+use sluice_actors::{Class, ClickHouseError, InsertRequest, Inserter, TableKey};
 use sluice_harness::{
     available, clickhouse, free_port, ClickHouseServer, FaultProxy, Mode, RequestRecord, Respond,
     Rule, INGEST_PASSWORD, INGEST_USER,
@@ -65,7 +65,7 @@ fn request(table: &str, rows: &[&str], skip_unknown_fields: bool) -> InsertReque
 }
 
 /// The insert's error, or a failure saying it unexpectedly succeeded.
-async fn insert_err(inserter: &HttpInserter, request: InsertRequest) -> Result<InsertError> {
+async fn insert_err(inserter: &HttpInserter, request: InsertRequest) -> Result<ClickHouseError> {
     match inserter.insert(request).await {
         Ok(()) => bail!("the insert succeeded, a failure was expected"),
         Err(e) => {

@@ -20,7 +20,7 @@ use sluice::nats::{
     Publisher, StreamSettings, MANIFEST_MAX_AGE,
 };
 use sluice_actors::{
-    Class, Dedup, Delivery, InsertError, InsertRequest, Inserter, Manifest, ManifestState,
+    Class, ClickHouseError, Dedup, Delivery, InsertRequest, Inserter, Manifest, ManifestState,
     ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings, RejectedRow, ServerInfo,
     Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver, Target,
 };
@@ -723,7 +723,7 @@ impl DedupTable {
 }
 
 impl Inserter for DedupTable {
-    async fn insert(&self, r: InsertRequest) -> Result<(), InsertError> {
+    async fn insert(&self, r: InsertRequest) -> Result<(), ClickHouseError> {
         if let Ok(mut sent) = self.sent.lock() {
             sent.push((
                 r.dedup_token.clone(),
@@ -734,7 +734,7 @@ impl Inserter for DedupTable {
             futures::future::pending::<()>().await;
         }
         if self.fail_next.swap(false, Ordering::SeqCst) {
-            return Err(InsertError {
+            return Err(ClickHouseError {
                 class: Class::Unavailable,
                 code: None,
                 table_scoped: false,
@@ -747,11 +747,11 @@ impl Inserter for DedupTable {
         Ok(())
     }
 
-    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+    async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {
         Ok(ServerInfo::default())
     }
 
-    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, ClickHouseError> {
         Ok(Dedup {
             exactly_once: true,
             why: "a test table that deduplicates".into(),

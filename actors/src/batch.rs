@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::ports::{Delivery, InsertError, Parking, TableKey};
+use crate::ports::{ClickHouseError, Delivery, Parking, TableKey};
 
 /// What the flight knows of one row.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -32,7 +32,7 @@ pub enum RowVerdict {
     /// In ClickHouse.
     Inserted,
     /// Rejected alone by ClickHouse: parked with this reason.
-    Rejected(Arc<InsertError>),
+    Rejected(Arc<ClickHouseError>),
 }
 
 /// One message of a batch.

@@ -41,7 +41,7 @@ use crate::batch::{Batch, RowVerdict};
 use crate::keepalive::Keepalive;
 use crate::manifest::Manifest;
 use crate::metrics::TargetMetrics;
-use crate::ports::{Class, Delivery, InsertError, InsertRequest, Inserter, TableKey};
+use crate::ports::{Class, ClickHouseError, Delivery, InsertRequest, Inserter, TableKey};
 
 /// Everything an isolation needs besides the verdicts.
 pub struct Isolation<'a, I, D> {
@@ -71,18 +71,18 @@ pub struct BisectReport {
     /// Rows still pending, for the caller to hand back under the breaker.
     pub unsettled: usize,
     /// The outage that stopped the isolation.
-    pub stopped_by: Option<InsertError>,
+    pub stopped_by: Option<ClickHouseError>,
     /// At least one answer was not an outage (the server judged something).
     pub answered: bool,
     /// The last rejection seen (for the table's last error).
-    pub last_rejection: Option<InsertError>,
+    pub last_rejection: Option<ClickHouseError>,
 }
 
 // === impl Isolation ===
 
 impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
     /// Send rows `lo..hi` as one request.
-    pub async fn insert(&mut self, lo: usize, hi: usize) -> Result<(), InsertError> {
+    pub async fn insert(&mut self, lo: usize, hi: usize) -> Result<(), ClickHouseError> {
         let request = InsertRequest {
             table: self.table.clone(),
             body: self.batch.slice(lo, hi),
@@ -107,7 +107,7 @@ impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
 
 /// A rejection that judges rows: splitting can find the ones at fault. A rejection the
 /// same for every row (the table does not exist) names none: isolation stops there.
-fn judges_rows(err: &InsertError) -> bool {
+fn judges_rows(err: &ClickHouseError) -> bool {
     err.class == Class::Rejected && !err.missing_table
 }
 
@@ -115,13 +115,13 @@ fn judges_rows(err: &InsertError) -> bool {
 /// ClickHouse answers again soon after (it went down on them), an outage otherwise.
 pub async fn lost_on_rows<I: Inserter>(
     inserter: &I,
-    err: InsertError,
+    err: ClickHouseError,
     revive_within: Duration,
-) -> InsertError {
+) -> ClickHouseError {
     if !err.lost_connection() || !answers_again(inserter, revive_within).await {
         return err;
     }
-    InsertError {
+    ClickHouseError {
         class: Class::Rejected,
         code: None,
         table_scoped: false,
@@ -164,9 +164,9 @@ struct Range {
     lo: usize,
     hi: usize,
     /// Known to fail with this (not tried whole).
-    known: Option<InsertError>,
+    known: Option<ClickHouseError>,
     /// A right half: if its left sibling inserts, it inherits the parent's failure.
-    inherit: Option<InsertError>,
+    inherit: Option<ClickHouseError>,
     left: bool,
     /// Where the request that produced `known` started, when `known` is that request's
     /// own answer for exactly this range (so its `(at row N)` counts from here).
@@ -191,7 +191,7 @@ impl Range {
 
 /// The 1-based row a rejection names: the last `(at row N)` of its message (the
 /// message quotes the input before it, so an earlier occurrence may be row data).
-pub fn row_hint(err: &InsertError) -> Option<usize> {
+pub fn row_hint(err: &ClickHouseError) -> Option<usize> {
     const MARK: &str = "(at row ";
     let at = err.message.rfind(MARK)? + MARK.len();
     let digits = err.message.get(at..)?;
@@ -206,8 +206,8 @@ async fn confirm_alone<I: Inserter, D: Delivery>(
     iso: &mut Isolation<'_, I, D>,
     lo: usize,
     hi: usize,
-    err: InsertError,
-) -> Result<(), InsertError> {
+    err: ClickHouseError,
+) -> Result<(), ClickHouseError> {
     let Some(within) = iso.suspect else {
         return Err(err);
     };
@@ -227,7 +227,7 @@ async fn confirm_alone<I: Inserter, D: Delivery>(
 pub async fn bisect<I: Inserter, D: Delivery>(
     iso: &mut Isolation<'_, I, D>,
     verdicts: &mut [RowVerdict],
-    first: InsertError,
+    first: ClickHouseError,
 ) -> BisectReport {
     let n = verdicts.len();
     let mut report = BisectReport::default();
@@ -504,7 +504,7 @@ mod tests {
                 .split(|&b| b == b'\n')
                 .position(|line| line.windows(needle.len()).any(|w| w == needle.as_bytes()))?;
             let named = (i as isize + 1 + offset).max(1);
-            Some(Err(InsertError {
+            Some(Err(ClickHouseError {
                 // The quoted input may hold the marker too: the last one counts.
                 message: format!(
                     "Code: 27, e.displayText() = DB::Exception: Cannot parse input: expected \" before: (at row 77){needle}: (while read the value of key id): (at row {named})"
@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn the_row_a_rejection_names() {
-        let e = |m: &str| InsertError {
+        let e = |m: &str| ClickHouseError {
             message: m.to_owned(),
             ..rejected(27)
         };

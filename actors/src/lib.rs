@@ -56,7 +56,7 @@ pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
-    Class, Dedup, Delivery, DeliveryMeta, InsertError, InsertRequest, Inserter, ManifestStore,
+    Class, ClickHouseError, Dedup, Delivery, DeliveryMeta, InsertRequest, Inserter, ManifestStore,
     Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, StoreError,
     TableKey,
 };

@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use crate::ports::{Class, InsertError, TableKey};
+use crate::ports::{Class, ClickHouseError, TableKey};
 
 /// One batch's identity and, once judged, its verdicts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl Manifest {
 
     /// The verdict recorded for one row, once settled: `None` while open; `Some(None)`
     /// inserted; `Some(Some(reason))` rejected. `None` too for a message not of the batch.
-    pub fn verdict(&self, stream_sequence: u64, line: u32) -> Option<Option<Arc<InsertError>>> {
+    pub fn verdict(&self, stream_sequence: u64, line: u32) -> Option<Option<Arc<ClickHouseError>>> {
         let ManifestState::Settled { rejected } = &self.state else {
             return None;
         };
@@ -104,7 +104,7 @@ impl Manifest {
                 .iter()
                 .find(|r| r.stream_sequence == stream_sequence && r.line == line)
                 .map(|r| {
-                    Arc::new(InsertError {
+                    Arc::new(ClickHouseError {
                         class: r.class,
                         code: r.code,
                         table_scoped: false,

@@ -65,11 +65,13 @@ impl fmt::Display for Class {
     }
 }
 
-// === InsertError ===
+// === ClickHouseError ===
 
-/// A classified failure of one insert request.
+/// A classified failure of one request to ClickHouse: an insert (the actors judge rows
+/// by it) or a query (the gateway answers and retries by it). One type, because one
+/// classifier (`src/clickhouse/classify.rs`) reads both.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct InsertError {
+pub struct ClickHouseError {
     pub class: Class,
     /// ClickHouse's exception code, from the `X-ClickHouse-Exception-Code` header or the
     /// body's leading `Code: NNN`; `None` for transport failures and codeless answers.
@@ -88,7 +90,7 @@ pub struct InsertError {
     pub message: String,
 }
 
-impl InsertError {
+impl ClickHouseError {
     /// The label used for `reason` in metrics and logs.
     pub fn reason(&self) -> &'static str {
         self.class.as_str()
@@ -109,7 +111,7 @@ impl InsertError {
     }
 }
 
-impl fmt::Display for InsertError {
+impl fmt::Display for ClickHouseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.code {
             Some(code) => write!(f, "{} (code {code}): {}", self.class, self.message),
@@ -118,7 +120,7 @@ impl fmt::Display for InsertError {
     }
 }
 
-impl std::error::Error for InsertError {}
+impl std::error::Error for ClickHouseError {}
 
 // === TableKey ===
 
@@ -187,10 +189,10 @@ pub trait Inserter: Send + Sync + 'static {
     fn insert(
         &self,
         request: InsertRequest,
-    ) -> impl Future<Output = Result<(), InsertError>> + Send;
+    ) -> impl Future<Output = Result<(), ClickHouseError>> + Send;
 
     /// A cheap request proving the target answers (used for readiness).
-    fn probe(&self) -> impl Future<Output = Result<ServerInfo, InsertError>> + Send;
+    fn probe(&self) -> impl Future<Output = Result<ServerInfo, ClickHouseError>> + Send;
 
     /// Whether ClickHouse deduplicates inserts into `table` (a `Replicated*MergeTree`, or
     /// a `MergeTree` with `non_replicated_deduplication_window` > 0 where the server has
@@ -199,7 +201,7 @@ pub trait Inserter: Send + Sync + 'static {
     fn deduplicates(
         &self,
         table: &TableKey,
-    ) -> impl Future<Output = Result<Dedup, InsertError>> + Send;
+    ) -> impl Future<Output = Result<Dedup, ClickHouseError>> + Send;
 }
 
 // === Delivery ===
@@ -232,7 +234,7 @@ pub struct Parking {
 }
 
 impl Parking {
-    pub fn from_error(table: &TableKey, error: &InsertError) -> Self {
+    pub fn from_error(table: &TableKey, error: &ClickHouseError) -> Self {
         Self {
             table: table.clone(),
             class: error.class,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::backoff::Jitter;
 use crate::breaker::{Admission, Breaker, BreakerPhase, BreakerState, Failure, Ticket};
 use crate::outage_log::{OutageEvent, OutageLog};
-use crate::ports::{InsertError, TableKey};
+use crate::ports::{ClickHouseError, TableKey};
 use crate::settings::BackoffPolicy;
 
 /// What a breaker guards.
@@ -134,7 +134,7 @@ impl ScopedBreaker {
     pub fn on_outage(
         &mut self,
         ticket: Ticket,
-        err: &InsertError,
+        err: &ClickHouseError,
         now: Instant,
         ctx: Option<&TableKey>,
     ) -> Failure {
@@ -184,7 +184,7 @@ impl ScopedBreaker {
     fn log_failure(
         &self,
         event: OutageEvent,
-        err: &InsertError,
+        err: &ClickHouseError,
         window: Duration,
         ctx: Option<&TableKey>,
     ) {

@@ -338,8 +338,8 @@ impl Delivery for FakeDelivery {
 /// Built by class, never from a copy of the classifier's code lists (those live in one
 /// place, the `sluice` crate's classifier): a test states what the classifier would
 /// say of the code it scripts. Add `.table_scoped()` / `.splittable()` for the flags.
-pub fn answer(class: Class, code: u32) -> InsertError {
-    InsertError {
+pub fn answer(class: Class, code: u32) -> ClickHouseError {
+    ClickHouseError {
         class,
         code: Some(code),
         table_scoped: false,
@@ -351,23 +351,23 @@ pub fn answer(class: Class, code: u32) -> InsertError {
 }
 
 /// ClickHouse judged the rows (CANNOT_PARSE_INPUT and the like).
-pub fn rejected(code: u32) -> InsertError {
+pub fn rejected(code: u32) -> ClickHouseError {
     answer(Class::Rejected, code)
 }
 
 /// ClickHouse could not take them now.
-pub fn unavailable(code: u32) -> InsertError {
+pub fn unavailable(code: u32) -> ClickHouseError {
     answer(Class::Unavailable, code)
 }
 
 /// The connection's configuration (user, password, grants).
-pub fn denied(code: u32) -> InsertError {
+pub fn denied(code: u32) -> ClickHouseError {
     answer(Class::Denied, code)
 }
 
 /// A codeless HTTP answer, of the class the test says.
-pub fn status(status: u16, class: Class) -> InsertError {
-    InsertError {
+pub fn status(status: u16, class: Class) -> ClickHouseError {
+    ClickHouseError {
         class,
         code: None,
         table_scoped: false,
@@ -378,7 +378,7 @@ pub fn status(status: u16, class: Class) -> InsertError {
     }
 }
 
-impl InsertError {
+impl ClickHouseError {
     /// The failure backs off its table alone.
     pub fn table_scoped(mut self) -> Self {
         self.table_scoped = true;
@@ -399,8 +399,8 @@ impl InsertError {
 }
 
 /// A transport failure (refused, reset, timeout...).
-pub fn transport(what: &str) -> InsertError {
-    InsertError {
+pub fn transport(what: &str) -> ClickHouseError {
+    ClickHouseError {
         class: Class::Unavailable,
         code: None,
         table_scoped: false,
@@ -413,7 +413,7 @@ pub fn transport(what: &str) -> InsertError {
 
 // === Inserter ===
 
-pub type Answer = Result<(), InsertError>;
+pub type Answer = Result<(), ClickHouseError>;
 type Rule = Box<dyn Fn(&InsertRequest) -> Option<Answer> + Send + Sync>;
 
 /// One recorded insert request.
@@ -441,8 +441,8 @@ impl Recorded {
 pub struct ScriptedInserter {
     queue: Mutex<VecDeque<Answer>>,
     rules: Mutex<Vec<Rule>>,
-    default: Mutex<Option<InsertError>>,
-    probe: Mutex<Option<InsertError>>,
+    default: Mutex<Option<ClickHouseError>>,
+    probe: Mutex<Option<ClickHouseError>>,
     latency: Mutex<Duration>,
     record: bool,
     requests: Mutex<Vec<Recorded>>,
@@ -490,12 +490,12 @@ impl ScriptedInserter {
     }
 
     /// What every insert answers when nothing else matched (`None`: Ok).
-    pub fn set_default(&self, e: Option<InsertError>) {
+    pub fn set_default(&self, e: Option<ClickHouseError>) {
         *self.default.lock().unwrap() = e;
     }
 
     /// What `probe()` answers (`None`: Ok).
-    pub fn set_probe(&self, e: Option<InsertError>) {
+    pub fn set_probe(&self, e: Option<ClickHouseError>) {
         *self.probe.lock().unwrap() = e;
     }
 
@@ -542,7 +542,7 @@ impl ScriptedInserter {
 }
 
 impl Inserter for ScriptedInserter {
-    async fn insert(&self, request: InsertRequest) -> Result<(), InsertError> {
+    async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let latency = *self.latency.lock().unwrap();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -564,7 +564,7 @@ impl Inserter for ScriptedInserter {
         a
     }
 
-    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, InsertError> {
+    async fn deduplicates(&self, _table: &TableKey) -> Result<Dedup, ClickHouseError> {
         let exactly_once = self.dedup.load(Ordering::Relaxed);
         Ok(Dedup {
             exactly_once,
@@ -577,7 +577,7 @@ impl Inserter for ScriptedInserter {
         })
     }
 
-    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+    async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {
         self.probes.fetch_add(1, Ordering::Relaxed);
         match &*self.probe.lock().unwrap() {
             Some(e) => Err(e.clone()),

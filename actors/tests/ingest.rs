@@ -21,7 +21,7 @@ fn no_parks(r: &Rig) {
 
 #[tokio::test(start_paused = true)]
 async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay() {
-    let shapes: Vec<(&str, InsertError, usize, usize)> = vec![
+    let shapes: Vec<(&str, ClickHouseError, usize, usize)> = vec![
         ("refused", transport("connection refused"), 5, 1),
         ("reset", transport("connection reset by peer"), 5, 1),
         ("timeout", transport("operation timed out"), 5, 1),

@@ -163,12 +163,16 @@ struct Watched {
 
 impl Bench {
     async fn start(args: RunArgs, sluice_bin: PathBuf, flavor: NatsFlavor) -> Result<Self> {
-        let mut stack = Stack::start(StackOptions {
+        let mut options = StackOptions {
             nats: Some(flavor),
             ..StackOptions::default()
-        })
-        .await
-        .context("starting nats-server and clickhouse-server")?;
+        };
+        if args.phases.contains(&Phase::ExactlyOnce) {
+            options = options.with_zookeeper();
+        }
+        let mut stack = Stack::start(options)
+            .await
+            .context("starting nats-server and clickhouse-server")?;
         // Sluice at its defaults (config.toml), but for the stack's test-speed batch
         // age and a stream large enough for a million rows.
         stack.unset("ingest.batch_age");
@@ -256,10 +260,20 @@ impl Bench {
     async fn phase(&mut self, phase: Phase, rep: usize) -> Result<Measured> {
         // Table names take no `-` (api-unbatched).
         let table = format!("{}_{rep}", phase.name().replace('-', "_"));
-        self.stack
-            .clickhouse
-            .exec(&create_table_sql(&table))
-            .await?;
+        if phase == Phase::ExactlyOnce {
+            // A plain table to copy the columns from, then the Replicated one.
+            let plain = format!("{table}_plain");
+            self.stack
+                .clickhouse
+                .exec(&create_table_sql(&plain))
+                .await?;
+            self.stack.create_replicated_table(&table, &plain).await?;
+        } else {
+            self.stack
+                .clickhouse
+                .exec(&create_table_sql(&table))
+                .await?;
+        }
         let load_before = procfs::loadavg();
         let mut m = match phase {
             Phase::Reference => self.reference(&table).await?,
@@ -273,6 +287,7 @@ impl Bench {
             Phase::Outage => self.outage(&table).await?,
             Phase::Api => self.api(&table, None).await?,
             Phase::ApiUnbatched => self.api(&table, Some(1)).await?,
+            Phase::ExactlyOnce => self.sluice_drain(&table, false, 1).await?,
         };
         m.phase = phase.name();
         m.run = rep;

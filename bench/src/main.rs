@@ -13,7 +13,9 @@
 //! - `api`: a load generator (a child process of its own) posting 1,000-row NDJSON
 //!   requests to Sluice's ingest API while Sluice drains them, first request to last
 //!   row counted; `api-unbatched` the same with `[api] chunk_rows = 1`, one row per
-//!   message, as the API published before it chunked.
+//!   message, as the API published before it chunked;
+//! - `exactly-once`: like `sluice`, into a `ReplicatedMergeTree` table (ZooKeeper
+//!   started for it): every batch recorded in the manifest bucket before its insert.
 //!
 //! It prints rows/s, CPU µs per row (utime+stime from /proc ÷ rows), peak RSS (VmHWM)
 //! and each target's ratio, as a table and as JSON. See docs/benchmark.md.
@@ -77,6 +79,9 @@ pub enum Phase {
     /// (f') the same, one row per message (`[api] chunk_rows = 1`): the API before it
     /// chunked, the reference of (f).
     ApiUnbatched,
+    /// (g) as (b), into a `ReplicatedMergeTree` table: exactly-once, every batch
+    /// recorded in the manifest bucket (the stack gets a ZooKeeper for it).
+    ExactlyOnce,
 }
 
 impl Phase {
@@ -90,6 +95,7 @@ impl Phase {
             Phase::Batched => "batched",
             Phase::Api => "api",
             Phase::ApiUnbatched => "api-unbatched",
+            Phase::ExactlyOnce => "exactly-once",
         }
     }
 }
@@ -106,7 +112,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "reference,sluice,batched,live,bad,outage,api,api-unbatched"
+        default_value = "reference,sluice,exactly-once,batched,live,bad,outage,api,api-unbatched"
     )]
     phases: Vec<Phase>,
     /// Run the phases this many times (interleaved: a b c... a b c...); figures are medians.

@@ -306,7 +306,40 @@ impl Report {
             met: r.map(|r| r >= 0.90),
         });
         out.extend(self.many_rows_targets());
+        out.extend(self.exactly_once_targets());
         out
+    }
+
+    /// Issue 10's targets, where the phase ran: exactly-once against at-least-once.
+    fn exactly_once_targets(&self) -> Vec<Target> {
+        if self.of("exactly-once").is_empty() {
+            return Vec::new();
+        }
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let rate_eo = self.med("exactly-once", |m| Some(m.rows_per_sec));
+        let rate_alo = self.med("sluice", |m| Some(m.rows_per_sec));
+        let r = ratio(rate_eo, rate_alo);
+        let cpu_eo = self.med("exactly-once", |m| m.cpu_us_per_row);
+        let cpu_alo = self.med("sluice", |m| m.cpu_us_per_row);
+        let extra = (|| Some(cpu_eo? - cpu_alo?))();
+        vec![
+            Target {
+                name: "rows/s: exactly-once vs at-least-once".into(),
+                figure: rate(rate_eo),
+                reference: rate(rate_alo),
+                ratio: r,
+                wanted: ">= 0.90",
+                met: r.map(|r| r >= 0.90),
+            },
+            Target {
+                name: "CPU µs/row: exactly-once extra (bound 0.5)".into(),
+                figure: opt(extra, 2),
+                reference: format!("0.50 (at-least-once {})", opt(cpu_alo, 2)),
+                ratio: extra.map(|e| e / 0.5),
+                wanted: "<= 1.00",
+                met: extra.map(|e| e <= 0.5),
+            },
+        ]
     }
 
     /// Issue 15's targets, where their phases ran: many rows per message against one.

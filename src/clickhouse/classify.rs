@@ -5,7 +5,7 @@
 //! then the body's leading `Code: NNN`, then the HTTP status alone. A transport
 //! failure never reached ClickHouse's judgement, so it is an outage.
 
-use sluice_actors::{Class, InsertError};
+use sluice_actors::{Class, ClickHouseError};
 
 /// Error bodies are read up to this many bytes; the rest is never collected.
 pub const MAX_ERROR_BODY: usize = 4096;
@@ -71,8 +71,8 @@ pub fn code_in_header(value: &str) -> Option<u32> {
 }
 
 /// Classify a ClickHouse exception code with its flags.
-pub fn from_code(code: u32, status: Option<u16>, message: String) -> InsertError {
-    InsertError {
+pub fn from_code(code: u32, status: Option<u16>, message: String) -> ClickHouseError {
+    ClickHouseError {
         class: class_of_code(code),
         code: Some(code),
         table_scoped: TABLE_SCOPED_CODES.contains(&code),
@@ -87,14 +87,14 @@ pub fn from_code(code: u32, status: Option<u16>, message: String) -> InsertError
 ///
 /// `header` is the raw `X-ClickHouse-Exception-Code` value, `body` the first
 /// [`MAX_ERROR_BODY`] bytes of the body (lossily decoded).
-pub fn from_response(status: u16, header: Option<&str>, body: &str) -> InsertError {
+pub fn from_response(status: u16, header: Option<&str>, body: &str) -> ClickHouseError {
     let message = body.trim().to_string();
     let code = header
         .and_then(code_in_header)
         .or_else(|| code_in_body(body));
     match code {
         Some(code) => from_code(code, Some(status), message),
-        None => InsertError {
+        None => ClickHouseError {
             class: class_of_status(status),
             code: None,
             table_scoped: false,
@@ -112,8 +112,8 @@ pub fn from_response(status: u16, header: Option<&str>, body: &str) -> InsertErr
 
 /// Classify a failure to get any answer: refused, reset, broken pipe, unreachable,
 /// DNS, timeouts, EOF. None of them means a row was judged.
-pub fn transport(message: impl Into<String>) -> InsertError {
-    InsertError {
+pub fn transport(message: impl Into<String>) -> ClickHouseError {
+    ClickHouseError {
         class: Class::Unavailable,
         code: None,
         table_scoped: false,
@@ -127,7 +127,7 @@ pub fn transport(message: impl Into<String>) -> InsertError {
 /// Classify free text the way `sluice classify` reads its argument: a bare code, a
 /// `status:NNN`, or an error message (with `Code: NNN` at its start or after
 /// `Exception-Code:`). Returns `None` when the text carries nothing to go on.
-pub fn from_text(text: &str) -> Option<InsertError> {
+pub fn from_text(text: &str) -> Option<ClickHouseError> {
     let text = text.trim();
     if let Ok(code) = text.parse::<u32>() {
         return Some(from_code(code, None, String::new()));
@@ -175,7 +175,7 @@ fn looks_like_transport(lower: &str) -> bool {
 }
 
 /// What Sluice does with a failure of this kind on the ingest path, in one sentence.
-pub fn ingest_action(error: &InsertError) -> &'static str {
+pub fn ingest_action(error: &ClickHouseError) -> &'static str {
     match (error.class, error.table_scoped, error.splittable) {
         (Class::Rejected, _, _) => {
             "the rows are at fault: bisect the batch, park each row rejected alone on the DLQ (or leave it unacked when the table's DLQ is off), ack the rest"

@@ -9,7 +9,7 @@ use std::sync::Once;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_actors::InsertError;
+use sluice_actors::ClickHouseError;
 
 use super::classify::{self, MAX_ERROR_BODY};
 use crate::config::Secret;
@@ -102,7 +102,7 @@ pub fn client_builder() -> reqwest::ClientBuilder {
 
 /// Classify a non-success answer from its status, exception header and at most
 /// [`MAX_ERROR_BODY`] bytes of its body (the rest is never collected).
-pub async fn read_error(mut response: reqwest::Response) -> InsertError {
+pub async fn read_error(mut response: reqwest::Response) -> ClickHouseError {
     let status = response.status().as_u16();
     let header = exception_code_header(response.headers());
     let body = read_capped(&mut response, MAX_ERROR_BODY).await;
@@ -133,7 +133,7 @@ pub async fn read_capped(response: &mut reqwest::Response, max: usize) -> Bytes 
 
 /// A request that got no answer (refused, reset, closed, timed out, DNS), described
 /// without its URL, with every cause, and saying so when it timed out.
-pub fn transport_error(error: reqwest::Error) -> InsertError {
+pub fn transport_error(error: reqwest::Error) -> ClickHouseError {
     let connect = error.is_connect();
     let timeout = error.is_timeout();
     let error = error.without_url();

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
-use sluice_actors::{Class, Dedup, InsertError, InsertRequest, Inserter, ServerInfo, TableKey};
+use sluice_actors::{Class, ClickHouseError, Dedup, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::catalog::TableInfo;
@@ -99,7 +99,7 @@ impl HttpInserter {
     ///
     /// The lookup runs before the first insert, so its failure comes back as that
     /// insert's: see [`lookup_failed`] for why it is never a verdict on rows.
-    pub async fn features(&self) -> Result<&ServerFeatures, InsertError> {
+    pub async fn features(&self) -> Result<&ServerFeatures, ClickHouseError> {
         self.features
             .get_or_try_init(|| async { self.detect().await.map_err(lookup_failed) })
             .await
@@ -124,7 +124,7 @@ impl HttpInserter {
             .collect())
     }
 
-    async fn detect(&self) -> Result<ServerFeatures, InsertError> {
+    async fn detect(&self) -> Result<ServerFeatures, ClickHouseError> {
         let version = self.query("SELECT version()").await?;
         let names = self
             .query(
@@ -162,7 +162,7 @@ impl HttpInserter {
 
     /// A small read on this target, with the ingest credentials (the table catalog's
     /// too, so it needs no HTTP client of its own).
-    pub async fn query(&self, sql: &str) -> Result<String, InsertError> {
+    pub async fn query(&self, sql: &str) -> Result<String, ClickHouseError> {
         let response = self
             .endpoint
             .post::<&str, &str>(&[], sql.to_string())
@@ -193,7 +193,7 @@ impl HttpInserter {
 }
 
 impl Inserter for HttpInserter {
-    async fn insert(&self, request: InsertRequest) -> Result<(), InsertError> {
+    async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let features = self.features().await?.clone();
         let _permit = self
             .permits
@@ -244,7 +244,7 @@ impl Inserter for HttpInserter {
         Err(read_error(response).await)
     }
 
-    async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, InsertError> {
+    async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, ClickHouseError> {
         if let Some(known) = self.known_dedup(&table.table) {
             return Ok(known);
         }
@@ -273,7 +273,7 @@ impl Inserter for HttpInserter {
         Ok(dedup)
     }
 
-    async fn probe(&self) -> Result<ServerInfo, InsertError> {
+    async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {
         let features = self.features().await?;
         // Features are remembered; the probe must still prove the server answers now.
         self.query("SELECT 1").await?;
@@ -289,7 +289,7 @@ impl Inserter for HttpInserter {
 /// Returned as such, the batch would be bisected and every good row parked. So a
 /// `Rejected` lookup is `Unknown` (back off, keep the rows), and no flag of a table or a
 /// batch applies: the lookup is about the whole target.
-fn lookup_failed(error: InsertError) -> InsertError {
+fn lookup_failed(error: ClickHouseError) -> ClickHouseError {
     not_a_verdict(
         "asking the server which settings it knows (before any insert)",
         error,
@@ -298,14 +298,14 @@ fn lookup_failed(error: InsertError) -> InsertError {
 
 /// The same for the lookup of whether a table deduplicates (before its batches are
 /// formed).
-fn dedup_lookup_failed(error: InsertError) -> InsertError {
+fn dedup_lookup_failed(error: ClickHouseError) -> ClickHouseError {
     not_a_verdict(
         "asking the server whether the table deduplicates inserts (before its batch is formed)",
         error,
     )
 }
 
-fn not_a_verdict(what: &str, mut error: InsertError) -> InsertError {
+fn not_a_verdict(what: &str, mut error: ClickHouseError) -> ClickHouseError {
     if error.class == Class::Rejected {
         error.class = Class::Unknown;
     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
-use sluice_actors::{Class, InsertError};
+use sluice_actors::{Class, ClickHouseError};
 
 use super::request::RequestError;
 use super::QUERY_ID_HEADER;
@@ -57,20 +57,20 @@ pub enum QueryError {
     },
     /// A classified failure from ClickHouse (or the way to it), not retried further.
     ClickHouse {
-        error: InsertError,
+        error: ClickHouseError,
         attempts: u32,
         retry_after: Duration,
     },
     /// An Unavailable failure that would have been retried, but the budget is empty.
     BudgetExhausted {
-        error: InsertError,
+        error: ClickHouseError,
         attempts: u32,
         retry_after: Duration,
     },
     /// An Unavailable failure not retried because the previous attempt could not be
     /// confirmed gone: a retry might run the query twice at once.
     NotConfirmedGone {
-        error: InsertError,
+        error: ClickHouseError,
         attempts: u32,
         retry_after: Duration,
     },
@@ -108,7 +108,7 @@ pub fn map_clickhouse(class: Class, code: Option<u32>) -> (StatusCode, &'static 
 }
 
 /// ClickHouse's message with a sentence in front saying what it means here.
-fn clickhouse_message(error: &InsertError, status: StatusCode) -> String {
+fn clickhouse_message(error: &ClickHouseError, status: StatusCode) -> String {
     let ch = error.message.trim();
     let lead = meaning(error, status);
     if ch.is_empty() {
@@ -119,7 +119,7 @@ fn clickhouse_message(error: &InsertError, status: StatusCode) -> String {
 }
 
 /// What a ClickHouse failure means on the query path, in a few words.
-fn meaning(error: &InsertError, status: StatusCode) -> &'static str {
+fn meaning(error: &ClickHouseError, status: StatusCode) -> &'static str {
     match error.code {
         Some(READONLY) => {
             "the query gateway is read-only: ClickHouse refused the statement in readonly mode"
@@ -145,7 +145,7 @@ fn meaning(error: &InsertError, status: StatusCode) -> &'static str {
 
 /// What the gateway answers for a ClickHouse failure, in one line, read off
 /// [`map_clickhouse`]: `sluice classify` prints it, so the two cannot disagree.
-pub fn query_action(error: &InsertError) -> String {
+pub fn query_action(error: &ClickHouseError) -> String {
     let (status, label, retryable) = map_clickhouse(error.class, error.code);
     let status_code = status.as_u16();
     let meaning = meaning(error, status);

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use sluice_actors::InsertError;
+use sluice_actors::ClickHouseError;
 use tokio::time::Instant;
 
 use super::errors::{map_clickhouse, QueryError, StoppedBy, TIMEOUT_EXCEEDED};
@@ -62,7 +62,7 @@ pub struct Success {
 enum AttemptFailure {
     /// A classified failure; `maybe_running`: the query may still run on the server.
     Failed {
-        error: InsertError,
+        error: ClickHouseError,
         maybe_running: bool,
     },
     /// A failure no retry can change.
@@ -165,7 +165,7 @@ impl Gateway {
                     ),
                 });
             }
-            let give_up = |error: InsertError| QueryError::ClickHouse {
+            let give_up = |error: ClickHouseError| QueryError::ClickHouse {
                 error,
                 attempts,
                 retry_after: self.retry_after,
@@ -337,7 +337,7 @@ impl Gateway {
 /// Whether a failure may be retried at all: Unavailable as the query path reads it.
 /// 164 (readonly) is Unavailable to the classifier but a refused write here, and 159
 /// is ClickHouse's own time limit: neither is worth a retry.
-pub fn worth_retrying(error: &InsertError) -> bool {
+pub fn worth_retrying(error: &ClickHouseError) -> bool {
     map_clickhouse(error.class, error.code).2
 }
 
@@ -381,7 +381,7 @@ mod tests {
     #[test]
     fn only_unavailable_failures_are_worth_a_retry() {
         use crate::clickhouse::classify;
-        let retry = |e: InsertError| worth_retrying(&e);
+        let retry = |e: ClickHouseError| worth_retrying(&e);
         assert!(retry(classify::from_code(745, Some(500), String::new())));
         assert!(retry(classify::from_code(394, Some(500), String::new())));
         assert!(retry(classify::from_response(503, None, "")));

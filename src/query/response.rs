@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use super::id::QueryId;
 use super::limits::Admission;
 use crate::clickhouse::endpoint;
-use sluice_actors::InsertError;
+use sluice_actors::ClickHouseError;
 
 /// Bytes read before committing to a 200.
 pub const PREFIX_WINDOW: usize = 1 << 20;
@@ -54,7 +54,7 @@ pub enum RelayError {
     /// The result crossed the cap before the status was sent.
     TooLarge { cap: u64 },
     /// The connection failed while the result was being read.
-    Transport(InsertError),
+    Transport(ClickHouseError),
 }
 
 impl Relay {

@@ -24,7 +24,7 @@ use crate::breaker::{Admission, Ticket};
 use crate::context::Common;
 use crate::metrics::{self, TableMetrics, TargetMetrics};
 use crate::observe::{self, NodeKind, NodeState, PoolSnapshot, SnapshotThrottle};
-use crate::ports::{Delivery, InsertError, Inserter, ServerInfo, TableKey};
+use crate::ports::{ClickHouseError, Delivery, Inserter, ServerInfo, TableKey};
 use crate::restart::child_gone;
 use crate::routing::RoutedRows;
 use crate::scoped_breaker::ScopedBreaker;
@@ -482,7 +482,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
     fn on_readiness_result(
         &mut self,
         myself: &ActorRef<PoolMsg<D>>,
-        result: Result<ServerInfo, InsertError>,
+        result: Result<ServerInfo, ClickHouseError>,
     ) {
         match result {
             Ok(info) => {
@@ -546,7 +546,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         });
     }
 
-    fn on_own_probe_done(&mut self, ticket: Ticket, result: Result<ServerInfo, InsertError>) {
+    fn on_own_probe_done(&mut self, ticket: Ticket, result: Result<ServerInfo, ClickHouseError>) {
         let now = Instant::now();
         self.own_probe_out = false;
         let generation = self.breaker.generation();

@@ -4,7 +4,7 @@ use ractor::RpcReplyPort;
 
 use super::memory::PoolMemory;
 use crate::breaker::Ticket;
-use crate::ports::{InsertError, ServerInfo, TableKey};
+use crate::ports::{ClickHouseError, ServerInfo, TableKey};
 use crate::routing::RoutedRows;
 use crate::table::TableReport;
 
@@ -18,12 +18,12 @@ pub enum PoolMsg<D> {
     RespawnTable(TableKey),
     /// Probe the target for readiness (retried with backoff until it answers once).
     ReadinessProbe,
-    ReadinessResult(Result<ServerInfo, InsertError>),
+    ReadinessResult(Result<ServerInfo, ClickHouseError>),
     /// The pool's own probe of its target came back: the one it sends when a window
     /// ended with no flush to probe, or the idle liveness probe while no traffic flows.
     OwnProbeDone {
         ticket: Ticket,
-        result: Result<ServerInfo, InsertError>,
+        result: Result<ServerInfo, ClickHouseError>,
     },
     /// Heartbeat: idle probes, snapshot.
     Tick,

@@ -21,7 +21,7 @@ use crate::breaker::{Admission, Ticket};
 use crate::keepalive::lease_ran_out;
 use crate::manifest::Manifest;
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
-use crate::ports::{Dedup, Delivery, InsertError, Inserter};
+use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
 use crate::settle::hand_back;
 
@@ -444,7 +444,12 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// ClickHouse says the table does not exist: wait for it (the table's backoff) while
     /// the grace lasts, then park what comes.
-    fn table_missing(&mut self, ticket: Ticket, err: &InsertError, now: Instant) -> PendingRows {
+    fn table_missing(
+        &mut self,
+        ticket: Ticket,
+        err: &ClickHouseError,
+        now: Instant,
+    ) -> PendingRows {
         let key = self.ctx.key.clone();
         let grace = self.ctx.settings.missing_table_grace;
         let since = *self.missing_since.get_or_insert_with(|| {

@@ -24,7 +24,7 @@ use crate::context::Common;
 use crate::keepalive::Keepalive;
 use crate::manifest::Manifest;
 use crate::metrics::{retry_reason, TableMetrics, TargetMetrics};
-use crate::ports::{Class, Dedup, Delivery, InsertError, Inserter, TableKey};
+use crate::ports::{Class, ClickHouseError, Dedup, Delivery, Inserter, TableKey};
 use crate::settings::{Failpoint, TableSettings};
 
 /// What every flight of one table needs.
@@ -309,7 +309,7 @@ async fn judge<I: Inserter, D: Delivery>(
 }
 
 /// The verdict of an answer that stopped a flight short of judging every row.
-pub fn outage(e: InsertError) -> Verdict {
+pub fn outage(e: ClickHouseError) -> Verdict {
     if e.missing_table {
         Verdict::MissingTable(e)
     } else if e.table_scoped {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::RpcReplyPort;
 
 use crate::breaker::Ticket;
-use crate::ports::{InsertError, StoreError};
+use crate::ports::{ClickHouseError, StoreError};
 
 /// The permissions a flight went with: the pool's (outage breaker) and the table's own
 /// (table backoff). Either may be its owner's probe.
@@ -23,13 +23,13 @@ pub enum Verdict {
     /// ClickHouse answered: a success, or rows judged (rejected). Closes a probe's window.
     Answered,
     /// The target could not take it: the pool's breaker opens or escalates.
-    PoolOutage(InsertError),
+    PoolOutage(ClickHouseError),
     /// This table could not take it (read-only, too many parts, a missing grant): its
     /// own backoff opens; the pool's target answered.
-    TableOutage(InsertError),
+    TableOutage(ClickHouseError),
     /// The table (or its database) does not exist: the same for every row. The table
     /// waits for it (its own backoff) for `missing_table_grace`, then parks.
-    MissingTable(InsertError),
+    MissingTable(ClickHouseError),
     /// Nothing to judge by (cancelled at the shutdown deadline): tokens go back.
     Unfinished,
     /// The batch could not be recorded (exactly-once) so nothing was sent: tokens go
@@ -44,14 +44,14 @@ pub enum PendingRows {
     /// Back to the queue, delivered again after this delay.
     HandBack(Duration),
     /// Parked, with this reason (a table still missing after its grace).
-    Park(InsertError),
+    Park(ClickHouseError),
 }
 
 /// The pool's part of a verdict, with the pool's ticket.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PoolVerdict {
     Answered(Ticket),
-    Outage(Ticket, InsertError),
+    Outage(Ticket, ClickHouseError),
     Unfinished(Ticket),
 }
 

@@ -432,7 +432,9 @@ async fn send_jetstream_batched(
     let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else {
         return BTreeSet::new();
     };
-    let id = format!("chaos-{first}-to-{last}");
+    // The subject is part of the id, as for one-row messages: a table and its twin get
+    // the same rows, and JetStream would take the second for a duplicate of the first.
+    let id = format!("chaos-{subject}-{first}-to-{last}");
     let payload = bytes::Bytes::from(rows.ndjson(chunk));
     while Instant::now() < end {
         let mut headers = async_nats::HeaderMap::new();

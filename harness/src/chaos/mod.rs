@@ -80,7 +80,7 @@ fn verbose() -> bool {
 }
 
 /// Log lines of each sluice process in a failure message.
-const LOG_LINES: usize = 80;
+const LOG_LINES: usize = 200;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
 /// Half-second looks for acked messages a crashed nats-server left in the stream to be
