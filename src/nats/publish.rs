@@ -25,7 +25,7 @@ pub enum PublishError {
     #[error("NATS is unreachable: {0}")]
     Unavailable(String),
     /// Anything else JetStream refused (a message too large, no stream for the subject).
-    #[error("JetStream refused the row: {0}")]
+    #[error("JetStream refused the message: {0}")]
     Refused(String),
 }
 

@@ -208,8 +208,8 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
 /// JetStream confirms an ack before it has written it down: a nats-server killed
 /// within that moment comes back without the ack and delivers the rows again, and
 /// their manifest must still be there to settle them by (not insert them anew). So a
-/// manifest whose rows are all settled and confirmed goes a little later; one left at
-/// shutdown or by a failure is collected by the store.
+/// manifest whose rows are all settled and confirmed goes a little later (at once when
+/// the pipeline shuts down); one left by a failure is collected by the store.
 const FORGET_AFTER: Duration = Duration::from_secs(2);
 
 fn forget_soon<I>(ctx: &FlightCtx<I>, m: &Manifest) {
@@ -219,9 +219,11 @@ fn forget_soon<I>(ctx: &FlightCtx<I>, m: &Manifest) {
     let shutdown = ctx.common.shutdown.clone();
     let (id, key) = (m.id.clone(), ctx.key.clone());
     ctx.common.tracker.spawn(async move {
+        // A graceful shutdown does not wait for it: the moment has mostly passed, and
+        // an instance that stops leaves no collector behind for its own manifests.
         tokio::select! {
             _ = tokio::time::sleep(FORGET_AFTER) => {}
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {}
         }
         if let Err(e) = store.forget(&id).await {
             tracing::debug!(tenant = %key.tenant, table = %key.table, manifest = %id, error = %e,
