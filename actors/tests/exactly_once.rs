@@ -503,6 +503,82 @@ async fn a_bad_row_inside_a_hundred_row_message_is_parked_alone_and_its_neighbou
     r.handle.shutdown().await;
 }
 
+/// Found by the chaos suite (`dlq_full`): the DLQ is full, so a many-row message with a
+/// bad row goes back with its good rows in ClickHouse. Its batch's record must outlive
+/// the 2 s after which a wholly acked batch's record goes: the message comes back
+/// (later, or to a restarted instance that has no memory of its settled lines) and is
+/// settled by the record, with no insert.
+#[tokio::test(start_paused = true)]
+async fn a_message_that_goes_back_for_a_full_dlq_keeps_its_batch_record_and_is_not_inserted_again()
+{
+    let r = eo_rig(100).await;
+    r.main().reject_containing("bad");
+    r.ledger.dlq_fails.store(true, Ordering::Relaxed);
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let body: String = (0..10)
+        .map(|i| {
+            if i == 4 {
+                "{\"bad\":4}\n".to_string()
+            } else {
+                format!("{{\"n\":{i}}}\n")
+            }
+        })
+        .collect();
+    let d = r.ledger.delivery(&subject, body);
+    let seq = d.seq;
+    r.queue.push([d]);
+    // Alone it is not a full batch: its age triggers it.
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    until(&r, Duration::from_secs(5), |r| {
+        !r.ledger.terminal(seq).is_empty()
+    })
+    .await;
+    assert!(
+        matches!(r.ledger.terminal(seq)[..], [Event::Naked(_)]),
+        "{:?}",
+        r.ledger.terminal(seq)
+    );
+    let inserts = r
+        .main()
+        .requests()
+        .iter()
+        .filter(|q| q.answer.is_ok())
+        .count();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        store(&r).forgotten.lock().unwrap().is_empty(),
+        "the record of a batch with a message gone back was removed"
+    );
+    assert!(store(&r).holding(seq).is_some_and(|m| m.is_settled()));
+    // The DLQ has room again; the message comes back (here as if to an instance that
+    // never saw it: the record alone settles it).
+    r.ledger.dlq_fails.store(false, Ordering::Relaxed);
+    redeliver(&r, &[seq], 2);
+    until(&r, Duration::from_secs(5), |r| {
+        r.ledger.terminal(seq).len() == 2
+    })
+    .await;
+    assert_eq!(r.ledger.terminal(seq)[1], Event::Acked);
+    assert!(r
+        .ledger
+        .events()
+        .iter()
+        .any(|(s, e)| *s == seq && matches!(e, Event::ParkedRow(4, _))));
+    assert_eq!(
+        r.main()
+            .requests()
+            .iter()
+            .filter(|q| q.answer.is_ok())
+            .count(),
+        inserts,
+        "nothing inserted again"
+    );
+    let lines = inserted_lines(&r);
+    assert_eq!(lines.len(), 9);
+    assert!(lines.values().all(|n| *n == 1), "{lines:?}");
+    r.handle.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_resume() {
     let r = simple(20).await;

@@ -169,7 +169,12 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         .as_ref()
         .is_some_and(|m| batch.deliveries().count() == m.messages.len());
     let settled = batch.settle(verdicts, &plan).await;
-    if let (Some(m), true, true, 0) = (&manifest, held_all, settled.confirmed, settled.pending) {
+    // A message that went back (a row pending, or rejected and not parked: the DLQ is
+    // full) comes again: its batch's record must be there to settle it by, or its
+    // inserted rows would go into a new batch (and, after a restart, into ClickHouse
+    // again). The collector removes the record once every message is acked.
+    let all_acked = settled.confirmed && settled.handed_back == 0;
+    if let (Some(m), true, true) = (&manifest, held_all, all_acked) {
         forget_soon(ctx, m);
     }
     count(ctx, &settled, retry_class, parked_missing);
