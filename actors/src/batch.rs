@@ -40,10 +40,8 @@ struct Part<D> {
     /// `None`: a message of the batch this flight does not hold.
     delivery: Option<D>,
     stream_sequence: u64,
-    /// Its rows in the body, as indexes into the batch.
+    /// Its rows in the body, as indexes into the batch (and into its `lines`).
     rows: Range<usize>,
-    /// The message's line of each of those rows.
-    lines: Vec<u32>,
     /// Lines settled by an earlier flight (the message came back with them done):
     /// not sent again, counted as settled.
     done: Vec<u32>,
@@ -59,6 +57,9 @@ pub struct Batch<D> {
     body: Bytes,
     /// Row `i` is `body[offsets[i]..offsets[i + 1]]` (with its `\n`).
     offsets: Vec<usize>,
+    /// Row `i` is line `lines[i]` of its message. One vector for the batch, not one
+    /// per message: most messages are one row, and an allocation each showed.
+    lines: Vec<u32>,
     /// When the oldest message arrived: `progress()` is due from `ack_wait / 2` after it.
     held_since: Instant,
 }
@@ -101,27 +102,59 @@ pub struct Settled {
 /// The lines of an NDJSON message: one row per non-blank line; a message with none is
 /// one (empty) row, so that every message has a row to settle it by.
 pub fn lines(payload: &Bytes) -> Vec<Bytes> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    // memchr finds the newlines many bytes at a time: a 100-row message is scanned
-    // several times on its way (counted, weighed, split), so its bytes are not looked
-    // at one by one.
-    for end in memchr::memchr_iter(b'\n', payload) {
-        push_line(payload, start, end, &mut out);
-        start = end + 1;
-    }
-    push_line(payload, start, payload.len(), &mut out);
-    if out.is_empty() {
-        out.push(payload.clone());
-    }
-    out
+    line_ranges(payload).map(|r| payload.slice(r)).collect()
 }
 
-fn push_line(payload: &Bytes, start: usize, end: usize, out: &mut Vec<Bytes>) {
-    let line = &payload[start..end];
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    if has_text(line) {
-        out.push(payload.slice(start..start + line.len()));
+/// Where the [`lines`] of a message are in it, found without allocating: a batch is
+/// built from every message it holds, most of them one row.
+pub fn line_ranges(payload: &[u8]) -> LineRanges<'_> {
+    LineRanges {
+        payload,
+        start: 0,
+        any: false,
+        ended: false,
+    }
+}
+
+/// The iterator of [`line_ranges`].
+pub struct LineRanges<'a> {
+    payload: &'a [u8],
+    /// Where the next line starts.
+    start: usize,
+    /// Whether a row was found (a message with none is one empty row).
+    any: bool,
+    ended: bool,
+}
+
+impl Iterator for LineRanges<'_> {
+    type Item = Range<usize>;
+
+    fn next(&mut self) -> Option<Range<usize>> {
+        while !self.ended {
+            let start = self.start;
+            // memchr finds the newlines many bytes at a time: a 100-row message is
+            // scanned several times on its way (counted, weighed, split), so its bytes
+            // are not looked at one by one.
+            let end = match memchr::memchr(b'\n', &self.payload[start..]) {
+                Some(i) => start + i,
+                None => {
+                    self.ended = true;
+                    self.payload.len()
+                }
+            };
+            self.start = end + 1;
+            let line = &self.payload[start..end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if has_text(line) {
+                self.any = true;
+                return Some(start..start + line.len());
+            }
+        }
+        if self.any {
+            return None;
+        }
+        self.any = true;
+        Some(0..self.payload.len())
     }
 }
 
@@ -159,7 +192,13 @@ impl<D: Delivery> Batch<D> {
             .into_iter()
             .map(|d| {
                 let seq = d.position().stream_sequence;
-                (seq, Some(d), None, done.remove(&seq).unwrap_or_default())
+                // Nearly always none came back: no sequence is hashed then.
+                let done = if done.is_empty() {
+                    Vec::new()
+                } else {
+                    done.remove(&seq).unwrap_or_default()
+                };
+                (seq, Some(d), None, done)
             })
             .collect();
         Self::build(parts, held_since)
@@ -212,6 +251,7 @@ impl<D: Delivery> Batch<D> {
         let mut body = BytesMut::with_capacity(len);
         let mut offsets = Vec::with_capacity(parts.len() + 1);
         let mut built = Vec::with_capacity(parts.len());
+        let mut row_lines = Vec::with_capacity(parts.len());
         for (stream_sequence, delivery, fetched, done) in parts {
             let payload = match (&delivery, fetched) {
                 (Some(d), _) => d.payload().clone(),
@@ -219,22 +259,20 @@ impl<D: Delivery> Batch<D> {
                 (None, None) => continue,
             };
             let first = offsets.len();
-            let mut sent = Vec::new();
-            for (i, line) in lines(&payload).into_iter().enumerate() {
+            for (i, range) in line_ranges(&payload).enumerate() {
                 let i = i as u32;
                 if done.contains(&i) {
                     continue;
                 }
                 offsets.push(body.len());
-                body.extend_from_slice(&line);
+                body.extend_from_slice(&payload[range]);
                 body.extend_from_slice(b"\n");
-                sent.push(i);
+                row_lines.push(i);
             }
             built.push(Part {
                 delivery,
                 stream_sequence,
                 rows: first..offsets.len(),
-                lines: sent,
                 done,
             });
         }
@@ -243,6 +281,7 @@ impl<D: Delivery> Batch<D> {
             parts: built,
             body: body.freeze(),
             offsets,
+            lines: row_lines,
             held_since,
         }
     }
@@ -272,9 +311,11 @@ impl<D: Delivery> Batch<D> {
 
     /// Every row of the batch as (stream sequence, line), in body order.
     pub fn row_ids(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.parts
-            .iter()
-            .flat_map(|p| p.lines.iter().map(move |line| (p.stream_sequence, *line)))
+        self.parts.iter().flat_map(|p| {
+            self.lines[p.rows.clone()]
+                .iter()
+                .map(move |line| (p.stream_sequence, *line))
+        })
     }
 
     pub fn held_since(&self) -> Instant {
@@ -291,16 +332,24 @@ impl<D: Delivery> Batch<D> {
             confirmed: true,
             ..Default::default()
         };
-        let mut acks = Vec::new();
+        let mut acks = Vec::with_capacity(self.parts.len());
         for part in self.parts {
             let Some(d) = part.delivery else { continue };
             let message = Message {
                 verdicts: &verdicts[part.rows.clone()],
                 offsets: &self.offsets[part.rows.start..=part.rows.end],
-                lines: &part.lines,
+                lines: &self.lines[part.rows.clone()],
                 done: &part.done,
                 body: &self.body,
             };
+            // Nearly every message: all its rows in. Settled here, without building
+            // `settle_message`'s future (it holds the park and nak paths, kilobytes that
+            // were copied for every message; see docs/benchmark.md).
+            if message.verdicts.iter().all(|v| *v == RowVerdict::Inserted) {
+                out.inserted += message.verdicts.len();
+                acks.push(d);
+                continue;
+            }
             if let Some(d) = settle_message(d, &message, plan, &mut out).await {
                 acks.push(d);
             }

@@ -145,6 +145,10 @@ pub struct JsDelivery {
     /// Milliseconds after `received` of the last `progress()` (0: none yet), taken
     /// when it is sent: JetStream's clock restarts no earlier.
     progressed_ms: AtomicU32,
+    /// Read from the ack address once: the actors ask for it several times per message
+    /// (routing, the manifest lookup, forming, settling), and parsing the address each
+    /// time was a sixth of Sluice's CPU per row (docs/benchmark.md).
+    position: Position,
 }
 
 // === impl JsDelivery ===
@@ -159,7 +163,20 @@ impl JsDelivery {
 
     /// A row the server sent no later than `sent`: its `ack_wait` runs from then.
     pub fn sent_by(message: async_nats::Message, dlq: Arc<DlqWriter>, sent: Instant) -> Self {
+        let position = message
+            .reply
+            .as_ref()
+            .and_then(|r| AckAddress::parse(r.as_str()))
+            .map(|a| Position {
+                stream_sequence: a.stream_sequence,
+                deliveries: a.deliveries,
+            })
+            .unwrap_or(Position {
+                stream_sequence: 0,
+                deliveries: 0,
+            });
         Self {
+            position,
             row: Some(Row {
                 subject: message.subject,
                 reply: message.reply,
@@ -238,15 +255,7 @@ impl Delivery for JsDelivery {
     }
 
     fn position(&self) -> Position {
-        self.address()
-            .map(|a| Position {
-                stream_sequence: a.stream_sequence,
-                deliveries: a.deliveries,
-            })
-            .unwrap_or(Position {
-                stream_sequence: 0,
-                deliveries: 0,
-            })
+        self.position
     }
 
     async fn ack(mut self) -> Result<(), SettleError> {

@@ -28,29 +28,59 @@ pub struct AckAddress<'a> {
 
 impl<'a> AckAddress<'a> {
     /// `None` for anything that is not a JetStream ack address.
+    ///
+    /// One pass over the bytes: it runs for every message a consumer delivers.
     pub fn parse(reply: &'a str) -> Option<Self> {
-        let rest = reply.strip_prefix(PREFIX)?;
-        let count = rest.split('.').count();
-        let skip = match count {
-            V1_TOKENS => 0,
-            n if n >= V2_MIN_TOKENS => 2,
+        let rest = reply.strip_prefix(PREFIX)?.as_bytes();
+        // The first V2_MIN_TOKENS tokens are all either form needs; past them only
+        // whether there are more matters. Split by hand: a `split('.')` costs a memchr
+        // call per token, 0.1 µs per message at the scale of these short subjects.
+        let mut tokens: [&[u8]; V2_MIN_TOKENS] = [&[]; V2_MIN_TOKENS];
+        let mut count = 0;
+        let mut start = 0;
+        for (i, b) in rest.iter().enumerate() {
+            if *b == b'.' {
+                if let Some(slot) = tokens.get_mut(count) {
+                    *slot = &rest[start..i];
+                }
+                count += 1;
+                start = i + 1;
+            }
+        }
+        if let Some(slot) = tokens.get_mut(count) {
+            *slot = &rest[start..];
+        }
+        count += 1;
+        let t = match count {
+            V1_TOKENS => &tokens[..V1_TOKENS],
+            n if n >= V2_MIN_TOKENS => &tokens[2..],
             _ => return None,
         };
-        let mut tokens = rest.split('.').skip(skip);
-        let stream = tokens.next()?;
-        let _consumer = tokens.next()?;
-        let deliveries = tokens.next()?.parse().ok()?;
-        let stream_sequence = tokens.next()?.parse().ok()?;
-        let _consumer_sequence = tokens.next()?;
-        let published = tokens.next()?.parse().ok()?;
-        let _pending: u64 = tokens.next()?.parse().ok()?;
+        let [stream, _consumer, deliveries, stream_sequence, _consumer_sequence, published, pending] =
+            *t
+        else {
+            return None;
+        };
+        digits(pending)?;
         Some(Self {
-            stream,
-            deliveries,
-            stream_sequence,
-            published,
+            // Cut at '.' boundaries of a str: still UTF-8.
+            stream: std::str::from_utf8(stream).ok()?,
+            deliveries: digits(deliveries)?,
+            stream_sequence: digits(stream_sequence)?,
+            published: digits(published)?.into(),
         })
     }
+}
+
+/// A token of decimal digits (what the server writes), or `None`.
+fn digits(token: &[u8]) -> Option<u64> {
+    if token.is_empty() {
+        return None;
+    }
+    token.iter().try_fold(0u64, |n, &b| {
+        let d = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
 }
 
 #[cfg(test)]

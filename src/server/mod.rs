@@ -11,6 +11,7 @@ mod accept;
 mod connection;
 mod descriptors;
 mod listeners;
+mod memory;
 mod pipeline;
 mod signals;
 
@@ -39,6 +40,7 @@ pub async fn run_until(
     config: Config,
     stop: impl std::future::Future<Output = &'static str>,
 ) -> anyhow::Result<ExitCode> {
+    memory::keep_freed_memory();
     let config = Arc::new(config);
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");

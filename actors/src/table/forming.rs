@@ -79,6 +79,9 @@ pub async fn form<I: Inserter, D: Delivery>(
 /// recorded batch, settled or formed again by its manifest.
 async fn set_aside_recorded<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<D>) -> Vec<D> {
     let store = ctx.common.manifests.as_ref();
+    if !twice_or_recorded(store, &deliveries) {
+        return deliveries;
+    }
     let mut seen = HashSet::with_capacity(deliveries.len());
     let mut keep = Vec::with_capacity(deliveries.len());
     let mut aside = Vec::new();
@@ -97,6 +100,23 @@ async fn set_aside_recorded<I, D: Delivery>(ctx: &FlightCtx<I>, deliveries: Vec<
         back_for_now(ctx, aside);
     }
     keep
+}
+
+/// Whether a message is held twice or is in a recorded batch: nearly never, and this
+/// asks without moving a delivery or hashing a sequence (it runs for every batch).
+fn twice_or_recorded<D: Delivery>(
+    store: Option<&Arc<dyn crate::ports::ManifestStore>>,
+    deliveries: &[D],
+) -> bool {
+    let mut seqs: Vec<u64> = deliveries
+        .iter()
+        .map(|d| d.position().stream_sequence)
+        .collect();
+    if store.is_some_and(|s| seqs.iter().any(|seq| s.holding(*seq).is_some())) {
+        return true;
+    }
+    seqs.sort_unstable();
+    seqs.windows(2).any(|w| w[0] == w[1])
 }
 
 /// Rows that must not go into this batch: back to the queue for a moment, to come

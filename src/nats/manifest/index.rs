@@ -12,8 +12,9 @@
 //! forms again, never send it twice.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
@@ -58,6 +59,10 @@ pub struct Index {
     /// `<stream>.`: keys of other ingest streams sharing the bucket are not ours.
     prefix: String,
     state: RwLock<State>,
+    /// Whether any message is held by a manifest: most deliveries (every one, for a
+    /// table that does not deduplicate) are looked up and found in none, and this
+    /// answers them without the lock. Set under the write lock.
+    holds_any: AtomicBool,
     readiness: tokio::sync::watch::Sender<Readiness>,
     /// The highest bucket revision the watch has applied: once it passes a record's
     /// revision, every value written before that record is in the index.
@@ -70,13 +75,36 @@ struct State {
     incarnation: Option<u64>,
     by_key: HashMap<String, Indexed>,
     /// Manifests of the current incarnation by each of their messages.
-    by_seq: HashMap<u64, Arc<Manifest>>,
+    by_seq: HashMap<u64, Arc<Manifest>, BuildHasherDefault<SequenceHasher>>,
     /// Two manifests claimed one sequence (a batch that could not be formed again, its
     /// held messages recorded anew): removing one must rebuild `by_seq`.
     overlapped: bool,
     /// Keys removed, by the revision of their removal marker and when it was seen: the
     /// collector drops the markers once every watch has had time to see them.
     tombstones: HashMap<String, (u64, Instant)>,
+}
+
+/// The hash of a stream sequence for `by_seq`: one multiplication (the constant of
+/// rustc's FxHash), where the default SipHash took most of an exactly-once batch's
+/// bookkeeping (every message is indexed, re-indexed when its batch is settled, and
+/// removed). Sequences are not chosen by anyone who could aim at collisions.
+#[derive(Default)]
+struct SequenceHasher(u64);
+
+impl Hasher for SequenceHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
 }
 
 // === impl Index ===
@@ -86,6 +114,7 @@ impl Index {
         Self {
             prefix: format!("{stream}."),
             state: RwLock::default(),
+            holds_any: AtomicBool::new(false),
             readiness: tokio::sync::watch::Sender::new(Readiness::default()),
             watched: tokio::sync::watch::Sender::new(0),
         }
@@ -102,6 +131,9 @@ impl Index {
     }
 
     pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
+        if !self.holds_any.load(Ordering::Acquire) {
+            return None;
+        }
         self.read().by_seq.get(&stream_sequence).cloned()
     }
 
@@ -138,14 +170,18 @@ impl Index {
             }
             state.tombstones.remove(key);
         }
-        state.remove_key(key);
         let indexed = Indexed {
             incarnation,
             manifest: Arc::new(manifest),
             revision,
         };
-        if Some(incarnation) == state.incarnation {
-            state.index_by_seq(&indexed.manifest);
+        // A batch's verdicts, recorded over its open record: the same messages, so
+        // each index entry is swapped in place instead of removed and added again.
+        if !state.replace_same_messages(key, &indexed) {
+            state.remove_key(key);
+            if Some(incarnation) == state.incarnation {
+                state.index_by_seq(&indexed.manifest);
+            }
         }
         state.by_key.insert(key.to_string(), indexed);
     }
@@ -290,8 +326,38 @@ impl Index {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+    fn write(&self) -> StateWriter<'_> {
+        StateWriter {
+            state: self.state.write().unwrap_or_else(|e| e.into_inner()),
+            holds_any: &self.holds_any,
+        }
+    }
+}
+
+/// The write lock, which leaves `holds_any` true to the maps when it is let go.
+struct StateWriter<'a> {
+    state: RwLockWriteGuard<'a, State>,
+    holds_any: &'a AtomicBool,
+}
+
+impl std::ops::Deref for StateWriter<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateWriter<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateWriter<'_> {
+    fn drop(&mut self) {
+        // Still under the lock: a reader sees the flag and the maps agree.
+        self.holds_any
+            .store(!self.state.by_seq.is_empty(), Ordering::Release);
     }
 }
 
@@ -304,6 +370,31 @@ impl State {
                 self.overlapped |= other.id != manifest.id;
             }
         }
+    }
+
+    /// Swap `key`'s manifest for `new` in `by_seq` where both list the same messages
+    /// (of one incarnation); `false`, changing nothing, otherwise.
+    fn replace_same_messages(&mut self, key: &str, new: &Indexed) -> bool {
+        let Some(old) = self.by_key.get(key) else {
+            return false;
+        };
+        if self.overlapped
+            || old.incarnation != new.incarnation
+            || old.manifest.messages != new.manifest.messages
+        {
+            return false;
+        }
+        let old = old.manifest.clone();
+        if Some(new.incarnation) == self.incarnation {
+            for seq in &new.manifest.messages {
+                if let Some(slot) = self.by_seq.get_mut(seq) {
+                    if Arc::ptr_eq(slot, &old) {
+                        *slot = new.manifest.clone();
+                    }
+                }
+            }
+        }
+        true
     }
 
     fn remove_key(&mut self, key: &str) {
