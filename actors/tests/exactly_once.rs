@@ -451,6 +451,19 @@ async fn a_table_that_does_not_deduplicate_records_nothing() {
     r.handle.shutdown().await;
 }
 
+/// An NDJSON message of `rows` rows, line `bad` of them one ClickHouse rejects.
+fn rows_with_a_bad_one(rows: usize, bad: usize) -> String {
+    (0..rows)
+        .map(|i| {
+            if i == bad {
+                format!("{{\"bad\":{i}}}\n")
+            } else {
+                format!("{{\"n\":{i}}}\n")
+            }
+        })
+        .collect()
+}
+
 /// The counts of each row's content among the rows ClickHouse took.
 fn inserted_lines(r: &Rig) -> HashMap<String, usize> {
     let mut seen = HashMap::new();
@@ -468,17 +481,9 @@ fn inserted_lines(r: &Rig) -> HashMap<String, usize> {
 async fn a_bad_row_inside_a_hundred_row_message_is_parked_alone_and_its_neighbours_inserted_once() {
     let r = simple(100).await;
     r.main().reject_containing("bad");
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let body: String = (0..100)
-        .map(|i| {
-            if i == 42 {
-                "{\"bad\":42}\n".to_string()
-            } else {
-                format!("{{\"n\":{i}}}\n")
-            }
-        })
-        .collect();
-    let d = r.ledger.delivery(&subject, body);
+    let d = r
+        .ledger
+        .delivery(&Arc::from(SUBJ), rows_with_a_bad_one(100, 42));
     let seq = d.seq;
     r.queue.push([d]);
     until(&r, Duration::from_secs(5), |r| {
@@ -514,17 +519,9 @@ async fn a_message_that_goes_back_for_a_full_dlq_keeps_its_batch_record_and_is_n
     let r = eo_rig(100).await;
     r.main().reject_containing("bad");
     r.ledger.dlq_fails.store(true, Ordering::Relaxed);
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let body: String = (0..10)
-        .map(|i| {
-            if i == 4 {
-                "{\"bad\":4}\n".to_string()
-            } else {
-                format!("{{\"n\":{i}}}\n")
-            }
-        })
-        .collect();
-    let d = r.ledger.delivery(&subject, body);
+    let d = r
+        .ledger
+        .delivery(&Arc::from(SUBJ), rows_with_a_bad_one(10, 4));
     let seq = d.seq;
     r.queue.push([d]);
     // Alone it is not a full batch: its age triggers it.
