@@ -80,11 +80,14 @@ fn classify_252_is_unavailable_table_scoped_and_splittable() -> Result<()> {
 }
 
 #[test]
-fn classify_60_is_rejected() -> Result<()> {
+fn classify_60_waits_for_the_table_then_parks_it_whole() -> Result<()> {
     let out = classify("60")?;
     assert_eq!(field(&out, "class"), "Rejected");
-    assert_eq!(field(&out, "flags"), "none");
-    assert!(field(&out, "ingest").contains("park"), "{out:?}");
+    assert_eq!(field(&out, "flags"), "missing-table");
+    // A missing table is waited for, then parked whole: never bisected row by row.
+    let ingest = field(&out, "ingest");
+    assert!(ingest.contains("missing_table_grace"), "{out:?}");
+    assert!(ingest.contains("without bisection"), "{out:?}");
     assert!(field(&out, "query").starts_with("404"), "{out:?}");
     Ok(())
 }

@@ -22,6 +22,9 @@ pub fn run(what: &str) -> ExitCode {
     if error.splittable {
         flags.push("splittable");
     }
+    if error.missing_table {
+        flags.push("missing-table");
+    }
     println!("class: {}", error.class);
     match error.code {
         Some(code) => println!("code: {code}"),

@@ -176,6 +176,9 @@ fn looks_like_transport(lower: &str) -> bool {
 
 /// What Sluice does with a failure of this kind on the ingest path, in one sentence.
 pub fn ingest_action(error: &ClickHouseError) -> &'static str {
+    if error.missing_table {
+        return "the table or database does not exist (yet): wait for it, table-scoped, for missing_table_grace (its neighbours keep inserting, its rows are nakked with the delay); when the grace runs out park its rows batch by batch without bisection (the failure names no row)";
+    }
     match (error.class, error.table_scoped, error.splittable) {
         (Class::Rejected, _, _) => {
             "the rows are at fault: bisect the batch, park each row rejected alone on the DLQ (or leave it unacked when the table's DLQ is off), ack the rest"

@@ -23,6 +23,7 @@ use sluice_actors::{Class, ClickHouseError};
 use super::request::RequestError;
 use super::QUERY_ID_HEADER;
 use crate::api::tenant::TenantError;
+use crate::clickhouse::classify::MISSING_TABLE_CODES;
 
 /// ClickHouse's own time limit stopped the query.
 pub const TIMEOUT_EXCEEDED: u32 = 159;
@@ -33,8 +34,15 @@ pub const TOO_MANY_ROWS_OR_BYTES: u32 = 396;
 /// A setting ClickHouse does not know: how a server without query parameters answers
 /// `param_<name>`.
 pub const UNKNOWN_SETTING: u32 = 115;
-/// Unknown table (60), database (81), identifier (47), column (16): a 404.
-pub const NOT_FOUND_CODES: &[u32] = &[60, 81, 47, 16];
+/// Besides a missing table or database (the classifier's `MISSING_TABLE_CODES`), an
+/// unknown identifier (47) or column (16) names something the query asked for that is
+/// not there: a 404 on this path only.
+pub const NOT_FOUND_QUERY_CODES: &[u32] = &[47, 16];
+
+/// Whether a code says the query named something ClickHouse does not have.
+fn is_not_found(code: u32) -> bool {
+    MISSING_TABLE_CODES.contains(&code) || NOT_FOUND_QUERY_CODES.contains(&code)
+}
 
 /// Who stopped a query that ran out of time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +105,7 @@ pub fn map_clickhouse(class: Class, code: Option<u32>) -> (StatusCode, &'static 
     match (class, code) {
         (_, Some(TIMEOUT_EXCEEDED)) => (StatusCode::GATEWAY_TIMEOUT, "timeout", false),
         (_, Some(READONLY)) => (StatusCode::FORBIDDEN, "denied", false),
-        (Class::Rejected, Some(c)) if NOT_FOUND_CODES.contains(&c) => {
+        (Class::Rejected, Some(c)) if is_not_found(c) => {
             (StatusCode::NOT_FOUND, "rejected", false)
         }
         (Class::Rejected, _) => (StatusCode::BAD_REQUEST, "rejected", false),

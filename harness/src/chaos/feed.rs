@@ -149,6 +149,23 @@ pub struct Published {
     pub last_failure: Option<String>,
 }
 
+// === impl Published ===
+
+impl Published {
+    /// Bad rows a scenario published by hand (a row no [`RowSet`] writes, such as a
+    /// nesting bomb), accepted by JetStream: counted with the rest, they belong on the
+    /// DLQ.
+    pub fn bad_rows(table: &str, rows: RowSet) -> Self {
+        Self {
+            table: table.to_owned(),
+            accepted: rows.ids().iter().copied().collect(),
+            rows,
+            unconfirmed: BTreeSet::new(),
+            last_failure: None,
+        }
+    }
+}
+
 /// A running feed.
 pub struct Feed {
     table: String,

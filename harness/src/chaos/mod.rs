@@ -201,6 +201,12 @@ impl Scenario {
         Ok(())
     }
 
+    /// Tables the scenario will create later (a migration that runs after the first
+    /// rows): their feeds go to the twins from the start, as they would to any table.
+    pub fn tables_created_later(&self, tables: &[&str]) {
+        lock(&self.twinned).extend(tables.iter().map(|t| (*t).to_owned()));
+    }
+
     /// Starts the same feed to `table`'s twin, when it has one.
     fn twin_feed(&self, route: Route, table: &str, rows: &RowSet, pace: &Pace) {
         if lock(&self.twinned).contains(table) {

@@ -49,6 +49,16 @@ impl RowSet {
         self
     }
 
+    /// Rows with the ids of `range`, every one bad (rows a scenario sends by hand).
+    pub fn all_bad(range: Range<u64>) -> Self {
+        let ids: Vec<u64> = range.collect();
+        Self {
+            bad: ids.iter().copied().collect(),
+            ids,
+            pad: 0,
+        }
+    }
+
     /// Pads every row to at least `bytes` bytes.
     pub fn padded(mut self, bytes: usize) -> Self {
         self.pad = bytes;
