@@ -29,12 +29,14 @@
 //! | `dlq_full`                       | DLQ at its budget: bad rows wait in the queue, then park | -     |
 //! | `table_reaping_churn`            | tables reaped and respawned between bursts of rows      | -     |
 //! | `clickhouse_kill9`               | ClickHouse kill -9 mid-insert, started again            | 3 (c) |
+//! | `clickhouse_crash_loop`          | ClickHouse kill -9 four times, each just after it came back: no good row parked | 13 |
 //! | `clickhouse_sigstop`             | ClickHouse frozen past the insert timeout, continued    | 3 (c) |
 //! | `wrong_password`                 | Denied: backs off, lands after the fix and a restart    | 3 (d) |
 //! | `proxy_503_codeless`             | the proxy answers 503 with no code, then heals          | 3 (e) |
 //! | `proxy_745_overloaded`           | 745 SERVER_OVERLOADED with the modern header            | 3 (e) |
 //! | `proxy_252_too_many_parts`       | 252 on INSERTs (table-scoped, splittable)               | 3 (e) |
 //! | `proxy_502_codeless`             | a codeless 502                                          | 3 (e) |
+//! | `proxy_resets_every_insert`      | every INSERT reset for 12 s, ClickHouse up: nothing struck or parked | 13 |
 //! | `proxy_401_denied`               | a codeless 401                                          | 3 (e) |
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
@@ -66,7 +68,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use sluice_harness::chaos::{held_in_tree, Pace, Published, RowSet, Scenario};
-use sluice_harness::{wait_for, wait_until, Respond, Rule, StackOptions};
+use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -327,6 +329,44 @@ async fn clickhouse_kill9() -> Result<()> {
     Ok(())
 }
 
+/// Issue 13, the other side of the poison row: ClickHouse killed with -9 again and
+/// again under load, each time just after it came back and took inserts, as a server
+/// in a crash loop of its own (not caused by a row) would be. The lost connections
+/// strike the rows in flight and batches struck often enough are isolated, but a row is
+/// parked for a lost connection only when it takes the server down alone, twice: no
+/// good row may be parked, and each bad row is parked for what it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_crash_loop() -> Result<()> {
+    let Some(mut s) =
+        Scenario::start("clickhouse_crash_loop", SLUICE, StackOptions::default()).await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.stack.set("ingest.batch_rows", 500);
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..30_000).with_bad_spread(30),
+        Pace::new(250, ms(100)),
+    )?;
+    for _ in 0..4 {
+        // It takes inserts again, then dies under them.
+        let before = s.stack.count("events").await?;
+        landing(&s, "events", before + 200).await?;
+        s.stack.clickhouse.kill9().await?;
+        tokio::time::sleep(ms(300)).await;
+        s.stack.clickhouse.start_again().await?;
+    }
+    let published = s.published(feed).await?;
+    let tally = s.finish(&[published]).await?;
+    ensure!(
+        tally.parked == 30,
+        "only the 30 bad rows may be parked: {tally}"
+    );
+    Ok(())
+}
+
 /// 3 (c): ClickHouse frozen (SIGSTOP) past the insert timeout while rows flow, then
 /// resumed: nothing lost; the timed-out inserts it finishes afterwards are duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,12 +442,12 @@ async fn wrong_password() -> Result<()> {
 /// A fault the proxy applies: to every request, or by a rule to INSERTs only.
 enum ProxyFault {
     Every(Respond),
-    Inserts(Respond),
+    Inserts(Mode),
 }
 
-/// 3 (e) / issue 6: the proxy answers `fault` for 5 s while rows flow, then heals:
-/// nothing parked meanwhile, everything lands after.
-async fn proxy_fault(name: &str, fault: ProxyFault) -> Result<()> {
+/// 3 (e) / issue 6: the proxy answers `fault` for `lasting` while rows flow, then
+/// heals: nothing parked meanwhile, everything lands after.
+async fn proxy_fault(name: &str, fault: ProxyFault, lasting: Duration) -> Result<()> {
     let Some(mut s) = Scenario::start(name, SLUICE, StackOptions::default().with_proxy()).await?
     else {
         return Ok(());
@@ -429,16 +469,16 @@ async fn proxy_fault(name: &str, fault: ProxyFault) -> Result<()> {
     proxy.clear_requests();
     match fault {
         ProxyFault::Every(respond) => proxy.set_mode(respond).await?,
-        ProxyFault::Inserts(respond) => {
-            proxy.add_rule(Rule::query_contains("INSERT", respond));
+        ProxyFault::Inserts(mode) => {
+            proxy.add_rule(Rule::query_contains("INSERT", mode));
         }
     }
-    s.expect_nothing_parked_for(&["events"], secs(5)).await?;
+    s.expect_nothing_parked_for(&["events"], lasting).await?;
     let proxy = s.stack.proxy.as_ref().context("no proxy")?;
     let faulted = proxy
         .requests()
         .iter()
-        .filter(|r| r.action.contains("respond"))
+        .filter(|r| r.action.contains("respond") || r.action.contains("reset"))
         .count();
     ensure!(faulted > 0, "no request met the fault");
     proxy.clear_rules();
@@ -453,6 +493,7 @@ async fn proxy_503_codeless() -> Result<()> {
     proxy_fault(
         "proxy_503_codeless",
         ProxyFault::Every(Respond::status_only(503)),
+        secs(5),
     )
     .await
 }
@@ -466,6 +507,7 @@ async fn proxy_745_overloaded() -> Result<()> {
             "SERVER_OVERLOADED",
             "The server is overloaded: CPU usage is above the limit",
         )),
+        secs(5),
     )
     .await
 }
@@ -474,11 +516,28 @@ async fn proxy_745_overloaded() -> Result<()> {
 async fn proxy_252_too_many_parts() -> Result<()> {
     proxy_fault(
         "proxy_252_too_many_parts",
-        ProxyFault::Inserts(Respond::clickhouse_modern(
+        ProxyFault::Inserts(Mode::from(Respond::clickhouse_modern(
             252,
             "TOO_MANY_PARTS",
             "Too many parts (300). Merges are processing significantly slower than inserts",
-        )),
+        ))),
+        secs(5),
+    )
+    .await
+}
+
+/// Issue 13, a real outage that looks most like a poison row: every INSERT loses its
+/// connection (the proxy resets it) for 12 s while ClickHouse itself is up. A lost
+/// connection strikes a batch only when it flew with the breaker closed, and after the
+/// first loss the breaker is closed again only by an insert that goes through (the
+/// probe flight): a server that drops every insert strikes nothing twice, so nothing
+/// is isolated and nothing parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_resets_every_insert() -> Result<()> {
+    proxy_fault(
+        "proxy_resets_every_insert",
+        ProxyFault::Inserts(Mode::Reset),
+        secs(12),
     )
     .await
 }
@@ -488,6 +547,7 @@ async fn proxy_502_codeless() -> Result<()> {
     proxy_fault(
         "proxy_502_codeless",
         ProxyFault::Every(Respond::status_only(502)),
+        secs(5),
     )
     .await
 }
@@ -497,6 +557,7 @@ async fn proxy_401_denied() -> Result<()> {
     proxy_fault(
         "proxy_401_denied",
         ProxyFault::Every(Respond::status_only(401)),
+        secs(5),
     )
     .await
 }
@@ -623,8 +684,14 @@ async fn missing_table_deploy_race() -> Result<()> {
         tally.parked == 0 && tally.inserted_distinct == 3000,
         "{tally}"
     );
-    let twin = tally.replicated.as_deref().context("no Replicated twin counted")?;
-    ensure!(twin.parked == 0 && twin.inserted_distinct == 3000, "{tally}");
+    let twin = tally
+        .replicated
+        .as_deref()
+        .context("no Replicated twin counted")?;
+    ensure!(
+        twin.parked == 0 && twin.inserted_distinct == 3000,
+        "{tally}"
+    );
     Ok(())
 }
 
@@ -809,8 +876,14 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
         tally.parked == 1 && tally.inserted_distinct == 2000,
         "only the bomb may be parked, every good row inserted: {tally}"
     );
-    let twin = tally.replicated.as_deref().context("no Replicated twin counted")?;
-    ensure!(twin.parked == 0 && twin.inserted_distinct == 2000, "{tally}");
+    let twin = tally
+        .replicated
+        .as_deref()
+        .context("no Replicated twin counted")?;
+    ensure!(
+        twin.parked == 0 && twin.inserted_distinct == 2000,
+        "{tally}"
+    );
     Ok(())
 }
 

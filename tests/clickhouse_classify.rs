@@ -379,15 +379,12 @@ async fn an_old_server_is_not_sent_async_insert() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_modern_server_is_sent_async_insert_0() -> Result<()> {
-    let Some(ch) = clickhouse_or_skip("a_modern_server_is_sent_async_insert_0").await? else {
-        return Ok(());
-    };
-    events_table(&ch).await?;
+/// A proxy in front of `ch` that answers as a current server: the feature questions
+/// (every setting Sluice looks for is known, version 24.8), and every insert itself,
+/// which pins `async_insert=0` there (18.16 behind it would refuse the settings it
+/// does not know).
+async fn current_server_proxy(ch: &ClickHouseServer) -> Result<FaultProxy> {
     let proxy = FaultProxy::start(ch.http_addr()).await?;
-    // The proxy answers the feature questions as a current server would, and answers the
-    // insert itself (18.16 behind it would refuse a setting it does not know).
     proxy.add_rule(Rule::contains(
         "system.settings",
         Respond::ok(
@@ -396,6 +393,105 @@ async fn a_modern_server_is_sent_async_insert_0() -> Result<()> {
     ));
     proxy.add_rule(Rule::contains("version()", Respond::ok("24.8.1.1\n")));
     proxy.add_rule(Rule::query_contains("async_insert=0", Respond::ok("")));
+    Ok(proxy)
+}
+
+/// A recorded batch (exactly-once) carries its deduplication token only where the
+/// server knows the setting: 18.16 would refuse it (`Code: 115`), and deduplicates a
+/// Replicated table by the block's hash alone. `insert_deduplicate=1` goes everywhere.
+#[tokio::test]
+async fn a_recorded_batch_carries_its_token_only_where_the_server_knows_it() -> Result<()> {
+    let Some((ch, proxy, old)) = behind_proxy(
+        "a_recorded_batch_carries_its_token_only_where_the_server_knows_it",
+        INSERT_TIMEOUT,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let recorded = |id: u64| {
+        let mut r = request(
+            "events",
+            &[&format!(r#"{{"id": {id}, "name": "a"}}"#)],
+            false,
+        );
+        r.dedup_token = Some(format!("{id}-{id}-5f3a"));
+        r
+    };
+    old.insert(recorded(1))
+        .await
+        .context("a recorded batch against 18.16")?;
+    assert_eq!(ch.count("events").await?, 1);
+    let sent = inserts(&proxy);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0].query_param("insert_deduplicate").as_deref(),
+        Some("1"),
+        "{}",
+        sent[0].uri
+    );
+    assert_eq!(
+        sent[0].query_param("insert_deduplication_token"),
+        None,
+        "18.16 does not know the token and would refuse the insert: {}",
+        sent[0].uri
+    );
+
+    // The same through a proxy that answers the feature questions as a current server.
+    let modern = current_server_proxy(&ch).await?;
+    let current = inserter(&modern.url(), INGEST_USER, Some(INGEST_PASSWORD))?;
+    current
+        .insert(recorded(2))
+        .await
+        .context("a recorded batch against a current server")?;
+    let sent = inserts(&modern);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0].query_param("insert_deduplication_token").as_deref(),
+        Some("2-2-5f3a"),
+        "{}",
+        sent[0].uri
+    );
+    assert_eq!(
+        sent[0].query_param("insert_deduplicate").as_deref(),
+        Some("1"),
+        "{}",
+        sent[0].uri
+    );
+    assert!(
+        sent[0].action.starts_with("rule"),
+        "the canned answer took it: {}",
+        sent[0].action
+    );
+    // A batch that is not recorded carries neither.
+    current
+        .insert(request("events", &[r#"{"id": 3, "name": "a"}"#], false))
+        .await
+        .context("a plain insert against a current server")?;
+    let plain = inserts(&modern);
+    let plain = plain.last().context("no second insert")?;
+    assert_eq!(
+        plain.query_param("insert_deduplicate"),
+        None,
+        "{}",
+        plain.uri
+    );
+    assert_eq!(
+        plain.query_param("insert_deduplication_token"),
+        None,
+        "{}",
+        plain.uri
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_modern_server_is_sent_async_insert_0() -> Result<()> {
+    let Some(ch) = clickhouse_or_skip("a_modern_server_is_sent_async_insert_0").await? else {
+        return Ok(());
+    };
+    events_table(&ch).await?;
+    let proxy = current_server_proxy(&ch).await?;
     let inserter = inserter(&proxy.url(), INGEST_USER, Some(INGEST_PASSWORD))?;
 
     inserter

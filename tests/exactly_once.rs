@@ -194,3 +194,72 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// The state of `table`'s node in an `/admin/actors` tree.
+fn table_state<'a>(node: &'a Value, table: &str) -> Option<&'a Value> {
+    if node["kind"] == "table" && node["state"]["table"] == table {
+        return Some(&node["state"]);
+    }
+    node["children"]
+        .as_array()?
+        .iter()
+        .find_map(|child| table_state(child, table))
+}
+
+/// Which tables are exactly-once, as an operator looks it up on a running instance:
+/// the table's node in `/admin/actors` (with the reason) and the gauge
+/// `sluice_table_exactly_once`, once each table has taken an insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_tree_and_a_gauge_say_which_tables_are_exactly_once() -> Result<()> {
+    let Some(mut stack) = stack().await? else {
+        return Ok(());
+    };
+    stack.start_sluice(SLUICE).await?;
+    for table in [TABLE, "events_plain"] {
+        let (status, body) = stack.ingest(table, &rows(0..10)).await?;
+        ensure!(status == 202, "ingest to {table} answered {status}: {body}");
+    }
+    let tree = wait_for(
+        "both tables' nodes to say whether they are exactly-once",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let (status, tree) = stack.admin_get("/admin/actors").await?;
+            ensure!(status == 200, "/admin/actors answered {status}");
+            for table in [TABLE, "events_plain"] {
+                let known =
+                    table_state(&tree, table).is_some_and(|s| s["exactly_once"].is_boolean());
+                ensure!(known, "{table} not known yet: {tree}");
+            }
+            Ok(tree)
+        },
+    )
+    .await?;
+    let replicated = table_state(&tree, TABLE).context("the Replicated table's node")?;
+    ensure!(replicated["exactly_once"] == true, "{replicated}");
+    let why = replicated["exactly_once_why"].as_str().unwrap_or_default();
+    ensure!(why.contains("ReplicatedMergeTree"), "{replicated}");
+    let plain = table_state(&tree, "events_plain").context("the plain table's node")?;
+    ensure!(plain["exactly_once"] == false, "{plain}");
+    let why = plain["exactly_once_why"].as_str().unwrap_or_default();
+    ensure!(
+        why.contains("non_replicated_deduplication_window"),
+        "{plain}"
+    );
+
+    let metrics = stack.metrics_of(0).await?;
+    let gauge = |table: &str| {
+        sluice_harness::chaos::metric_value(
+            &metrics,
+            "sluice_table_exactly_once",
+            &[("table", table)],
+        )
+    };
+    ensure!(
+        gauge(TABLE) == 1.0 && gauge("events_plain") == 0.0,
+        "sluice_table_exactly_once: events {}, events_plain {}",
+        gauge(TABLE),
+        gauge("events_plain")
+    );
+    Ok(())
+}

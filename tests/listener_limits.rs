@@ -349,3 +349,87 @@ async fn a_connection_flood_leaves_descriptors_for_clickhouse() -> Result<()> {
     );
     Ok(())
 }
+
+/// `[api] ingest_memory` bounds what the ingest requests in progress hold together: a
+/// request reserves twice its announced body before reading it. One that announces a
+/// body taking the whole budget and sends it slowly holds it; another request waits a
+/// moment and is answered 503 with `Retry-After`, naming the key, nothing taken. Once
+/// the slow one is gone the budget is free again and rows are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_requests_in_progress_share_a_memory_budget() -> Result<()> {
+    let mut stack = stack_with(&[
+        ("api.max_request_bytes", "512KiB".into()),
+        ("api.max_row_bytes", "64KiB".into()),
+        ("api.chunk_bytes", "64KiB".into()),
+        ("api.ingest_memory", "1MiB".into()),
+        ("api.body_timeout", "20s".into()),
+    ])
+    .await?;
+    stack.start_sluice(SLUICE).await?;
+    let reserved = || async {
+        let text = stack.metrics().await?;
+        anyhow::Ok(sluice_harness::chaos::metric_value(
+            &text,
+            "sluice_ingest_memory_reserved_bytes",
+            &[],
+        ))
+    };
+    ensure!(reserved().await? == 0.0, "reserved before any request");
+
+    let mut holder = TcpStream::connect(("127.0.0.1", stack.api_port)).await?;
+    holder
+        .write_all(
+            format!(
+                "POST /v1/ingest/events HTTP/1.1\r\nHost: x\r\nX-Tenant: {TENANT}\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{{\"id\": 1",
+                512 << 10
+            )
+            .as_bytes(),
+        )
+        .await?;
+    wait_until(
+        "the slow request holds the whole budget",
+        LAND,
+        POLL,
+        || async { reserved().await.is_ok_and(|r| r >= f64::from(1u32 << 20)) },
+    )
+    .await?;
+
+    let started = Instant::now();
+    let turned_away = stack
+        .http()
+        .post(format!("{}/v1/ingest/events", stack.api_url()))
+        .header("X-Tenant", TENANT)
+        .header("Content-Type", "application/x-ndjson")
+        .body("{\"id\": 2, \"s\": \"waits\"}\n")
+        .send()
+        .await?;
+    let waited = started.elapsed();
+    ensure!(turned_away.status() == 503, "{}", turned_away.status());
+    ensure!(
+        turned_away.headers().contains_key("retry-after"),
+        "{:?}",
+        turned_away.headers()
+    );
+    let answer = turned_away.text().await?;
+    ensure!(answer.contains("[api] ingest_memory"), "{answer}");
+    ensure!(
+        waited >= Duration::from_secs(4),
+        "answered after {waited:?}: it should wait for room first"
+    );
+
+    drop(holder);
+    wait_until("the budget is free again", LAND, POLL, || async {
+        reserved().await.is_ok_and(|r| r == 0.0)
+    })
+    .await?;
+    ingest_ok(&stack, 3).await?;
+    rows_land(&stack, 1, LAND).await?;
+    ensure!(
+        stack
+            .count("SELECT count() FROM events WHERE id = 2")
+            .await?
+            == 0,
+        "the turned-away row was taken"
+    );
+    Ok(())
+}

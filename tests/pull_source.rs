@@ -276,3 +276,80 @@ async fn a_restarted_nats_server_costs_no_row() -> Result<()> {
     }
     Ok(())
 }
+
+/// The rows of `batch`, however many each message carries.
+fn rows_in(batch: &[JsDelivery]) -> usize {
+    batch
+        .iter()
+        .map(|d| sluice_actors::batch::row_count(d.payload()))
+        .sum()
+}
+
+/// Issue 15: `max_ack_pending` counts messages, and a message carries one row or many.
+/// The source asks for messages by the rows they bring: with 100-row messages and
+/// `max_held_rows` 1,000 it holds ten messages (the first, asked for alone, to learn
+/// their size) and asks for no more until some are settled; then the next come, and
+/// every row is taken in the end.
+#[tokio::test]
+async fn many_rows_per_message_are_held_by_the_row() -> Result<()> {
+    let Some(mut setup) = Setup::start(
+        "many_rows_per_message_are_held_by_the_row",
+        Duration::from_secs(30),
+        Duration::from_secs(5),
+        Duration::from_secs(30),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    for m in 0..50u64 {
+        let body: String = (0..100)
+            .map(|i| format!("{{\"id\":{}}}\n", m * 100 + i))
+            .collect();
+        setup
+            .ingest
+            .publish(SUBJECT.to_string(), body.into(), None, None)
+            .await
+            .with_context(|| format!("publishing message {m}"))?;
+    }
+    setup.factory = setup.factory.with_max_held_rows(1000);
+    let mut source = setup.source().await?;
+
+    // Pulled and kept (not settled): the bound holds, however often we pull.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        if rows_in(&held) >= 1000 {
+            break;
+        }
+        held.extend(source.pull(1000).await.map_err(|e| anyhow!("pull: {e}"))?);
+    }
+    // And nothing more comes while they are held.
+    for _ in 0..3 {
+        held.extend(source.pull(1000).await.map_err(|e| anyhow!("pull: {e}"))?);
+    }
+    let rows = rows_in(&held);
+    assert_eq!(
+        rows,
+        1000,
+        "held {rows} rows in {} messages, bound 1000",
+        held.len()
+    );
+
+    // Settled, the rest come, never more than the bound at a time.
+    let mut taken = rows;
+    let end = Instant::now() + Duration::from_secs(30);
+    while taken < 5000 {
+        if Instant::now() >= end {
+            bail!("{taken} of 5000 rows taken within 30 s");
+        }
+        for d in held.drain(..) {
+            d.ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+        }
+        held = source.pull(1000).await.map_err(|e| anyhow!("pull: {e}"))?;
+        let rows = rows_in(&held);
+        assert!(rows <= 1000, "{rows} rows in one pull, bound 1000");
+        taken += rows;
+    }
+    assert_eq!(taken, 5000);
+    Ok(())
+}

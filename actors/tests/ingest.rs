@@ -525,21 +525,28 @@ async fn rows_buffered_past_half_the_ack_wait_get_progress_too() {
     r.handle.shutdown().await;
 }
 
-/// A table that does not exist (yet): its rows wait for it, table-scoped, for the
-/// grace; none is parked meanwhile and nothing is bisected. Past the grace they are
-/// parked in a few requests (one per batch), with the reason in the parking.
-#[tokio::test(start_paused = true)]
-async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
+/// A pipeline whose ClickHouse says table `acme.late` does not exist (batches of 10),
+/// with `grace` for it.
+async fn missing_late_table(grace: Duration) -> Rig {
     let tables = tables(10).with_override(
         "acme.late",
         TableOverrides {
-            missing_table_grace: Some(Duration::from_secs(60)),
+            missing_table_grace: Some(grace),
             ..Default::default()
         },
     );
     let r = rig(&["main"], &[("acme", "main")], tables, settings()).await;
     r.main()
         .rule(|req| (&*req.table.table == "late").then(|| Err(rejected(60).table_missing())));
+    r
+}
+
+/// A table that does not exist (yet): its rows wait for it, table-scoped, for the
+/// grace; none is parked meanwhile and nothing is bisected. Past the grace they are
+/// parked in a few requests (one per batch), with the reason in the parking.
+#[tokio::test(start_paused = true)]
+async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
+    let r = missing_late_table(Duration::from_secs(60)).await;
     let seqs = r.push("ingest.acme.late", 30, &[]);
     // Inside the grace: waiting, shown, nothing parked, the pool untouched.
     assert!(
@@ -631,6 +638,52 @@ async fn a_table_created_within_the_grace_takes_its_rows() {
         .is_some_and(|t| t["state"]["missing_table"].is_null()));
 }
 
+/// A table actor that restarts (a panic) while its table is missing keeps the wait it
+/// had: the grace runs from ClickHouse's first "no such table", not from the restart,
+/// so a table that keeps crashing cannot hold a producer's typo in the stream forever
+/// (nor repeat the WARN at every restart).
+#[tokio::test(start_paused = true)]
+async fn a_missing_tables_grace_runs_on_through_a_table_restart() {
+    let r = missing_late_table(Duration::from_secs(60)).await;
+    r.push("ingest.acme.late", 10, &[]);
+    assert!(
+        r.until(Duration::from_secs(5), |r| r.table_backoff("acme.late")
+            == "open")
+            .await
+    );
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    r.handle
+        .inject_panic(&TableKey::new("acme", "late"))
+        .await
+        .unwrap();
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .table("acme.late")
+            .is_some_and(|t| t["restarts"] == 1 && t["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    // The successor shows the wait it took over, with what is left of the grace.
+    let grace_left = r
+        .table("acme.late")
+        .and_then(|t| t["state"]["missing_table"]["grace_left_ms"].as_u64());
+    assert!(
+        grace_left.is_some_and(|ms| ms <= 20_000),
+        "grace left after the restart: {grace_left:?}"
+    );
+    // Past the first grace (35 s before a restarted one would end): parked.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    r.push("ingest.acme.late", 10, &[]);
+    assert!(
+        r.until(Duration::from_secs(30), |r| r.ledger.parked() == 10)
+            .await,
+        "{:?}",
+        r.ledger.events()
+    );
+    r.handle.shutdown().await;
+}
+
 /// A row ClickHouse crashes on (a nesting bomb published straight to JetStream): every
 /// flight holding it loses the connection while ClickHouse took inserts a moment
 /// before, again and again. After `poison_strikes` such losses its batch is isolated:
@@ -708,6 +761,68 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
             assert_eq!(r.ledger.terminal(*s).last(), Some(&Event::Acked), "row {i}");
         }
     }
+}
+
+/// A server in a crash loop that is not the rows' doing: it goes down on every big
+/// insert (5 rows or more here: memory) and on every other small one, answering probes
+/// in between. The batch collects strikes and is isolated, halves and quarters go down
+/// too, but a row is parked for a lost connection only when it takes the server down
+/// alone twice in a row: no good row is parked, and every row lands.
+#[tokio::test(start_paused = true)]
+async fn a_server_crashing_on_inserts_whatever_they_carry_parks_no_good_row() {
+    let mut s = settings();
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig(&["main"], &[("acme", "main")], tables(10), s).await;
+    let small = std::sync::atomic::AtomicUsize::new(0);
+    r.main().rule(move |req| {
+        let down = req.rows >= 5
+            || small
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .is_multiple_of(2);
+        down.then(|| Err(transport("connection closed before message completed")))
+    });
+    let seqs = r.push(SUBJ, 10, &[]);
+    for round in 1..=12u64 {
+        let acked = |r: &Rig| {
+            seqs.iter()
+                .filter(|s| r.ledger.terminal(**s).last() == Some(&Event::Acked))
+                .count()
+        };
+        // Every row is settled once more (acked, or handed back for JetStream).
+        assert!(
+            r.until(Duration::from_secs(60), |r| seqs.iter().all(|s| r
+                .ledger
+                .terminal(*s)
+                .len()
+                >= round as usize
+                || r.ledger.terminal(*s).last() == Some(&Event::Acked)))
+                .await,
+            "round {round}: {:?}",
+            r.ledger.events()
+        );
+        if acked(&r) == seqs.len() {
+            break;
+        }
+        assert!(
+            r.until(Duration::from_secs(60), |r| r.pool_state("main")
+                == "closed")
+                .await
+        );
+        let again: Vec<_> = seqs
+            .iter()
+            .filter(|s| r.ledger.terminal(**s).last() != Some(&Event::Acked))
+            .map(|s| r.ledger.redeliver(*s, round + 1))
+            .collect();
+        r.queue.push(again);
+    }
+    assert_eq!(r.ledger.parked(), 0, "{:?}", r.ledger.events());
+    assert!(
+        seqs.iter()
+            .all(|s| r.ledger.terminal(*s).last() == Some(&Event::Acked)),
+        "{:?}",
+        r.ledger.events()
+    );
+    assert_eq!(r.main().rows_inserted(), 10);
 }
 
 /// The other side: ClickHouse really down for ten minutes (connections refused, probes

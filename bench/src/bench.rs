@@ -373,24 +373,10 @@ impl Bench {
         let published = self.publish(&batch).await?;
         let dlq_before = self.stream_messages("DLQ").await?;
         let baseline = self.delivered("INGEST", "sluice").await;
-        // Many rows to a message: the consumer's knobs count messages, so they are
-        // divided by the rows per message, to hold the rows of the one-row phases in
-        // flight and per pull (see docs/benchmark.md, "Many rows per message").
-        let scaled = |knob: i64| (knob / per_message.max(1) as i64).max(1);
-        let overrides: Vec<(&str, toml::Value)> = if per_message > 1 {
-            vec![
-                (
-                    "pipeline.pull_batch",
-                    scaled(self.args.pull_batch as i64).into(),
-                ),
-                (
-                    "nats.max_ack_pending",
-                    scaled(self.args.max_ack_pending).into(),
-                ),
-            ]
-        } else {
-            Vec::new()
-        };
+        // Many rows to a message: the same knobs as the one-row phases, which count
+        // rows (`pull_batch`, `max_held_rows`: the source asks for messages by the rows
+        // they bring), so the same rows are in flight and per pull.
+        let overrides: Vec<(&str, toml::Value)> = Vec::new();
         let spawned = Instant::now();
         let index = self.sluice_with(&overrides, false).await?;
         let pid = self.stack.sluice[index].pid();
@@ -423,9 +409,8 @@ impl Bench {
         m.bad_rows = bad_rows;
         if per_message > 1 {
             m.note = Some(format!(
-                "{per_message} rows per message; pull_batch {} and max_ack_pending {} messages (the rows of the one-row phases)",
-                scaled(self.args.pull_batch as i64),
-                scaled(self.args.max_ack_pending)
+                "{per_message} rows per message; pull_batch {} rows, max_held_rows as many rows as max_ack_pending {} counts messages",
+                self.args.pull_batch, self.args.max_ack_pending
             ));
         }
         if let (Some(a), Some(b)) = (before, after) {

@@ -69,6 +69,7 @@ const INGEST_ONLY_KEYS: &[(&str, Kind)] = &[("exactly_once", Kind::Bool)];
 
 const PIPELINE_KEYS: &[(&str, Kind)] = &[
     ("pull_batch", Kind::Int),
+    ("max_held_rows", Kind::Int),
     ("max_inflight_flushes", Kind::Int),
     ("idle_table_after", Kind::Str),
     ("shutdown_deadline", Kind::Str),
@@ -80,6 +81,7 @@ const API_KEYS: &[(&str, Kind)] = &[
     ("listen", Kind::Str),
     ("auth", Kind::Str),
     ("max_request_bytes", Kind::Str),
+    ("ingest_memory", Kind::Str),
     ("max_row_bytes", Kind::Str),
     ("chunk_rows", Kind::Int),
     ("chunk_bytes", Kind::Str),

@@ -197,8 +197,13 @@ pub struct TableFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineFile {
-    /// Rows pulled from the consumer per round.
+    /// Rows asked of the consumer per pull request (as messages, at the rows per
+    /// message seen lately).
     pub pull_batch: usize,
+    /// The most rows one instance holds pulled and not yet settled: a message carries
+    /// one row or many, and `max_ack_pending` counts messages. Unset: as many rows as
+    /// `[nats] max_ack_pending` counts messages.
+    pub max_held_rows: Option<usize>,
     /// Flushes of one table in flight at once.
     pub max_inflight_flushes: usize,
     /// A table actor with nothing buffered for this long is stopped.
@@ -214,6 +219,7 @@ impl Default for PipelineFile {
     fn default() -> Self {
         Self {
             pull_batch: 1000,
+            max_held_rows: None,
             max_inflight_flushes: 2,
             idle_table_after: Span(std::time::Duration::from_secs(300)),
             shutdown_deadline: Span(std::time::Duration::from_secs(20)),
@@ -233,6 +239,9 @@ pub struct ApiFile {
     /// through `[tenants.<name>] token_env`. `none`: the tenant comes from `X-Tenant`.
     pub auth: AuthMode,
     pub max_request_bytes: Size,
+    /// What the ingest requests in progress may hold together: each reserves twice its
+    /// body before reading it (see `api::ingest::memory`).
+    pub ingest_memory: Size,
     pub max_row_bytes: Size,
     /// The most rows of one request published as one NDJSON message: NATS costs per
     /// message, not per byte, so a request's rows travel in chunks.
@@ -269,6 +278,7 @@ impl Default for ApiFile {
             listen: "127.0.0.1:8080".into(),
             auth: AuthMode::Token,
             max_request_bytes: Size(10 << 20),
+            ingest_memory: Size(128 << 20),
             max_row_bytes: Size(1 << 20),
             chunk_rows: CHUNK_ROWS,
             chunk_bytes: Size(1 << 20),

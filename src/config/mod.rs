@@ -147,6 +147,8 @@ pub struct TableSettings {
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
     pub pull_batch: usize,
+    /// Rows pulled and not settled, at most (`max_ack_pending` counts messages).
+    pub max_held_rows: usize,
     pub max_inflight_flushes: usize,
     pub idle_table_after: Duration,
     pub shutdown_deadline: Duration,
@@ -159,6 +161,9 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     pub auth: AuthMode,
     pub max_request_bytes: usize,
+    /// The bytes all ingest requests in progress may hold at once (bodies as read and
+    /// their rows as published): a request over it waits briefly, then gets 503.
+    pub ingest_memory: usize,
     pub max_row_bytes: usize,
     /// A request's rows are published in NDJSON messages of at most this many rows and
     /// bytes (the bytes also capped by the NATS server's `max_payload`).

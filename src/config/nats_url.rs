@@ -22,12 +22,12 @@ pub fn hide_credentials(urls: &str) -> Option<String> {
                 Some(at) => server.split_at(at + 3),
                 None => ("", server),
             };
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let (authority, tail) = rest.split_at(authority_end);
-            match authority.rfind('@') {
+            // Any `@` counts, not only one before the first `/`, `?` or `#`: a password
+            // written with one of those raw (unencoded) must not show past the check.
+            match rest.rfind('@') {
                 Some(at) => {
                     found = true;
-                    format!("{scheme}***{}{tail}", &authority[at..])
+                    format!("{scheme}***{}", &rest[at..])
                 }
                 None => server.to_string(),
             }
@@ -46,7 +46,7 @@ mod tests {
             "nats://127.0.0.1:4222",
             "127.0.0.1:4222",
             "tls://nats.example:4222,nats://10.0.0.2:4222",
-            "ws://h:80/path@not-userinfo",
+            "ws://h:80/path",
             "",
         ] {
             assert_eq!(hide_credentials(url), None, "{url}");
@@ -64,10 +64,19 @@ mod tests {
                 "nats://a:4222,tls://u:hunter2@b:4222",
                 "nats://a:4222,tls://***@b:4222",
             ),
+            // A raw `/`, `?` or `#` in the password (it should be percent-encoded).
+            ("nats://alice:hun/ter2@h:4222", "nats://***@h:4222"),
+            ("nats://alice:hun?ter2@h:4222", "nats://***@h:4222"),
+            ("nats://alice:hun#ter2@h:4222", "nats://***@h:4222"),
+            // An `@` in a path is taken for credentials too: refused rather than printed.
+            ("ws://h:80/path@x", "ws://***@x"),
         ] {
             let got = hide_credentials(url).expect(url);
             assert_eq!(got, hidden, "{url}");
-            assert!(!got.contains("hunter2") && !got.contains("s3cr3t"));
+            assert!(
+                !got.contains("hunter2") && !got.contains("s3cr3t") && !got.contains("ter2"),
+                "{got}"
+            );
         }
     }
 }

@@ -478,3 +478,43 @@ fn chunks_of_the_ingest_api_have_defaults_overrides_and_bounds() {
         "{warnings}"
     );
 }
+
+#[test]
+fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(
+        config.table_settings("acme", "events").missing_table_grace,
+        Duration::from_secs(600)
+    );
+
+    let config = Config::from_parts(
+        "x",
+        "[api]\nauth = \"none\"\n\n[tenants.acme]\n\n[ingest]\nmissing_table_grace = \"2m\"\n\n[tables.\"acme.events\"]\nmissing_table_grace = \"30s\"\n",
+        &env(&[("SLUICE_TABLES_ACME__CLICKS_MISSING_TABLE_GRACE", "0s")]),
+    )
+    .expect("overridden");
+    assert_eq!(
+        config.table_settings("acme", "events").missing_table_grace,
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        config.table_settings("acme", "clicks").missing_table_grace,
+        Duration::ZERO,
+        "0s: park at once (no wait)"
+    );
+    assert_eq!(
+        config.table_settings("acme", "other").missing_table_grace,
+        Duration::from_secs(120)
+    );
+    let summary = config.summary();
+    assert!(
+        summary.contains("acme.events: ") && summary.contains("missing_table_grace 30s"),
+        "{summary}"
+    );
+
+    let p = problems(
+        "[api]\nauth = \"none\"\n\n[tenants.acme]\n\n[tables.\"acme.events\"]\nmissing_table_grace = 30\n",
+        &[],
+    );
+    assert!(p.iter().any(|l| l.contains("missing_table_grace")), "{p:?}");
+}

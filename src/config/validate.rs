@@ -109,7 +109,7 @@ pub(super) fn validate(
         let settings = table_settings(&mut c, &format!("[tables.\"{key}\"]"), &file.ingest, over);
         tables.insert((tenant.to_string(), table.to_string()), settings);
     }
-    let pipeline = pipeline(&mut c, &file);
+    let pipeline = pipeline(&mut c, &file, &nats);
     let api = api(&mut c, &file, &tenants);
     let admin = admin(&mut c, &file);
     let query = query(&mut c, &file, &targets);
@@ -467,9 +467,19 @@ fn chunk_advice(
     }
 }
 
-fn pipeline(c: &mut Check, file: &FileConfig) -> PipelineConfig {
+fn pipeline(c: &mut Check, file: &FileConfig, nats: &NatsConfig) -> PipelineConfig {
     let p = &file.pipeline;
     c.at_least("[pipeline] pull_batch", p.pull_batch, 1);
+    let max_held_rows = p
+        .max_held_rows
+        .unwrap_or(usize::try_from(nats.max_ack_pending).unwrap_or(1).max(1));
+    c.at_least("[pipeline] max_held_rows", max_held_rows, 1);
+    if max_held_rows < file.ingest.batch_rows {
+        c.warn(format!(
+            "[pipeline] max_held_rows = {max_held_rows} is below [ingest] batch_rows = {}: batches will be flushed by age, never full",
+            file.ingest.batch_rows
+        ));
+    }
     c.at_least("[pipeline] max_inflight_flushes", p.max_inflight_flushes, 1);
     c.positive("[pipeline] idle_table_after", p.idle_table_after.get());
     c.positive("[pipeline] shutdown_deadline", p.shutdown_deadline.get());
@@ -479,6 +489,7 @@ fn pipeline(c: &mut Check, file: &FileConfig) -> PipelineConfig {
     }
     PipelineConfig {
         pull_batch: p.pull_batch,
+        max_held_rows,
         max_inflight_flushes: p.max_inflight_flushes,
         idle_table_after: p.idle_table_after.get(),
         shutdown_deadline: p.shutdown_deadline.get(),
@@ -504,6 +515,12 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
     }
     if a.max_request_bytes.bytes() == 0 {
         c.problem("[api] max_request_bytes must be above zero");
+    }
+    if a.ingest_memory < a.max_request_bytes {
+        c.problem(format!(
+            "[api] ingest_memory = {} is below max_request_bytes = {}: the largest request the API takes could never be read",
+            a.ingest_memory, a.max_request_bytes
+        ));
     }
     if !(1..=MAX_CHUNK_ROWS).contains(&a.chunk_rows) {
         c.problem(format!(
@@ -549,6 +566,7 @@ fn api(c: &mut Check, file: &FileConfig, tenants: &BTreeMap<String, TenantConfig
         listen,
         auth: a.auth,
         max_request_bytes: a.max_request_bytes.as_usize(),
+        ingest_memory: a.ingest_memory.as_usize(),
         max_row_bytes: a.max_row_bytes.as_usize(),
         chunk_rows: a.chunk_rows,
         chunk_bytes: a.chunk_bytes.as_usize(),

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 use tokio::time::Instant;
 
+use super::held::HeldToken;
 use super::publish::{PublishError, Publisher};
 use super::reply::AckAddress;
 
@@ -149,6 +150,9 @@ pub struct JsDelivery {
     /// (routing, the manifest lookup, forming, settling), and parsing the address each
     /// time was a sixth of Sluice's CPU per row (docs/benchmark.md).
     position: Position,
+    /// Its rows among those the source holds (pulled, not settled): given back when
+    /// the delivery is dropped, after its ack or nak.
+    held: Option<HeldToken>,
 }
 
 // === impl JsDelivery ===
@@ -185,7 +189,14 @@ impl JsDelivery {
             dlq,
             received: sent,
             progressed_ms: AtomicU32::new(0),
+            held: None,
         }
+    }
+
+    /// Counts its rows as held by the source until it is dropped.
+    pub fn holding(mut self, token: HeldToken) -> Self {
+        self.held = Some(token);
+        self
     }
 
     pub fn subject(&self) -> &str {

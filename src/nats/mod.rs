@@ -7,6 +7,7 @@ mod budget;
 mod connect;
 mod delivery;
 mod dlq;
+mod held;
 mod manifest;
 mod publish;
 mod reply;

@@ -12,6 +12,10 @@
 //! no responders). A pull that goes silent (no row, no heartbeat) or a reconnected
 //! client is handled as async-nats does: ask again, or fail so the consumer actor
 //! reconnects the source.
+//!
+//! A request asks for messages by the rows they bring (`super::held`): a message
+//! carries one row or many, and what this instance holds is bounded in rows
+//! (`[pipeline] max_held_rows`), not only in messages (`max_ack_pending`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use sluice_actors::{Source, SourceError, SourceFactory};
 use tokio::time::Instant;
 
 use super::delivery::{DlqWriter, JsDelivery};
+use super::held::{HeldRows, RowsPerMessage};
 use super::manifest::JsManifestStore;
 use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
 
@@ -50,8 +55,11 @@ pub struct JetStreamSourceFactory {
     js: jetstream::Context,
     settings: StreamSettings,
     dlq: Arc<DlqWriter>,
-    /// Rows asked of the server per pull request.
+    /// Rows asked of the server per pull request (as messages at the rows per message
+    /// seen lately).
     pull_batch: usize,
+    /// The most rows held, pulled and not settled (see `super::held`).
+    max_held_rows: usize,
     expires: Duration,
     heartbeat: Duration,
     /// Exactly-once: no row is pulled before the manifest index holds every manifest
@@ -71,10 +79,19 @@ impl JetStreamSourceFactory {
             settings,
             dlq,
             pull_batch,
+            max_held_rows: usize::MAX,
             expires: EXPIRES,
             heartbeat: HEARTBEAT,
             manifests: None,
         }
+    }
+
+    /// Hold at most this many rows pulled and not settled (`[pipeline] max_held_rows`);
+    /// unbounded in rows otherwise (the consumer's `max_ack_pending` still bounds the
+    /// messages).
+    pub fn with_max_held_rows(mut self, rows: usize) -> Self {
+        self.max_held_rows = rows;
+        self
     }
 
     /// Wait for this store's index before pulling (at connect, and after a reconnect).
@@ -117,18 +134,17 @@ impl SourceFactory for JetStreamSourceFactory {
             ))
         })?;
         let batch = self.pull_batch.max(1);
-        let request = serde_json::json!({
-            "batch": batch,
-            "expires": u64::try_from(self.expires.as_nanos()).unwrap_or(u64::MAX),
-            "idle_heartbeat": u64::try_from(self.heartbeat.as_nanos()).unwrap_or(u64::MAX),
-        });
         Ok(JetStreamSource {
             consumer,
             next_subject: Subject::from(format!(
                 "{API_PREFIX}.CONSUMER.MSG.NEXT.{}.{}",
                 self.settings.stream, self.settings.consumer
             )),
-            request: Bytes::from(request.to_string()),
+            expires_ns: u64::try_from(self.expires.as_nanos()).unwrap_or(u64::MAX),
+            heartbeat_ns: u64::try_from(self.heartbeat.as_nanos()).unwrap_or(u64::MAX),
+            held: HeldRows::new(self.max_held_rows),
+            rows_per_message: RowsPerMessage::default(),
+            asked: 0,
             connects: client.statistics().connects.load(Ordering::Relaxed),
             client,
             subscriber,
@@ -162,10 +178,18 @@ pub struct JetStreamSource {
     subscriber: async_nats::Subscriber,
     inbox: Subject,
     next_subject: Subject,
-    /// The pull request's body: batch, expiry, heartbeat.
-    request: Bytes,
+    /// A pull request's expiry and heartbeat, as the server takes them.
+    expires_ns: u64,
+    heartbeat_ns: u64,
+    /// Rows per pull request (`pull_batch`).
     batch: usize,
-    /// Rows asked for and neither delivered yet nor given up by the server.
+    /// The rows held, and the rows per message seen lately: how many messages a
+    /// request asks for.
+    held: Arc<HeldRows>,
+    rows_per_message: RowsPerMessage,
+    /// Messages the last request asked for: the next one goes when half have come.
+    asked: usize,
+    /// Messages asked for and neither delivered yet nor given up by the server.
     pending: usize,
     /// The client's connection count when the last request went out.
     connects: u64,
@@ -199,18 +223,35 @@ impl JetStreamSource {
             self.connects = connects;
             self.pending = 0;
         }
-        if self.pending > self.batch / 2 {
+        if self.pending > 0 && self.pending > self.asked / 2 {
             return Ok(());
         }
+        let messages = match self.rows_per_message.get() {
+            // No message seen yet: one, to learn what they carry.
+            None => usize::from(self.pending == 0),
+            Some(per_message) => {
+                let most = ((self.batch as f64 / per_message).ceil() as usize).max(1);
+                self.held.messages_to_ask(self.pending, per_message, most)
+            }
+        };
+        if messages == 0 {
+            // Held rows fill the bound: ask once some are settled (the next pull).
+            return Ok(());
+        }
+        let request = format!(
+            r#"{{"batch":{messages},"expires":{},"idle_heartbeat":{}}}"#,
+            self.expires_ns, self.heartbeat_ns
+        );
         self.client
             .publish_with_reply(
                 self.next_subject.clone(),
                 self.inbox.clone(),
-                self.request.clone(),
+                Bytes::from(request),
             )
             .await
             .map_err(|e| SourceError(format!("asking for rows: {e}")))?;
-        self.pending += self.batch;
+        self.pending += messages;
+        self.asked = messages;
         Ok(())
     }
 
@@ -223,7 +264,11 @@ impl JetStreamSource {
         match message.status {
             None | Some(StatusCode::OK) => {
                 self.pending = self.pending.saturating_sub(1);
-                batch.push(JsDelivery::sent_by(message, self.dlq.clone(), self.sent));
+                let rows = sluice_actors::batch::row_count(&message.payload);
+                self.rows_per_message.saw(rows);
+                let token = self.held.hold(rows);
+                batch
+                    .push(JsDelivery::sent_by(message, self.dlq.clone(), self.sent).holding(token));
                 Ok(())
             }
             Some(StatusCode::IDLE_HEARTBEAT) => Ok(()),
@@ -242,7 +287,7 @@ impl JetStreamSource {
                     .as_ref()
                     .and_then(|h| h.get("Nats-Pending-Messages"))
                     .and_then(|v| v.as_str().parse::<usize>().ok())
-                    .unwrap_or(self.batch);
+                    .unwrap_or(self.asked);
                 self.pending = self.pending.saturating_sub(left);
                 Ok(())
             }
@@ -268,7 +313,10 @@ impl Source for JetStreamSource {
         let mut batch = Vec::new();
         let first = match tokio::time::timeout(IDLE_WAIT, self.subscriber.next()).await {
             Err(_) => {
-                if self.heard_from.elapsed() > self.silence {
+                if self.pending == 0 {
+                    // Nothing asked for (the held rows fill the bound): nothing to hear.
+                    self.heard_from = Instant::now();
+                } else if self.heard_from.elapsed() > self.silence {
                     return Err(SourceError(format!(
                         "no row and no heartbeat for {:?}: the pull request is lost",
                         self.silence
@@ -292,7 +340,7 @@ impl Source for JetStreamSource {
                         self.failed = Some(e);
                         break;
                     }
-                    if self.pending <= self.batch / 2 {
+                    if self.pending <= self.asked / 2 {
                         if let Err(e) = self.request_more().await {
                             self.failed = Some(e);
                             break;

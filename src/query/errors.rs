@@ -105,9 +105,7 @@ pub fn map_clickhouse(class: Class, code: Option<u32>) -> (StatusCode, &'static 
     match (class, code) {
         (_, Some(TIMEOUT_EXCEEDED)) => (StatusCode::GATEWAY_TIMEOUT, "timeout", false),
         (_, Some(READONLY)) => (StatusCode::FORBIDDEN, "denied", false),
-        (Class::Rejected, Some(c)) if is_not_found(c) => {
-            (StatusCode::NOT_FOUND, "rejected", false)
-        }
+        (Class::Rejected, Some(c)) if is_not_found(c) => (StatusCode::NOT_FOUND, "rejected", false),
         (Class::Rejected, _) => (StatusCode::BAD_REQUEST, "rejected", false),
         (Class::Denied, _) => (StatusCode::FORBIDDEN, "denied", false),
         (Class::Unavailable, _) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", true),

@@ -83,6 +83,12 @@ pub async fn start(
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
         publisher,
         subject_prefix: config.nats.subject_prefix.clone(),
+        max_request_bytes: config.api.max_request_bytes,
+        memory: ingest::IngestMemory::new(
+            config.api.ingest_memory,
+            config.api.max_request_bytes,
+            config.api.limits.body_timeout,
+        ),
         max_row_bytes: config.api.max_row_bytes,
         chunks: ChunkLimits {
             rows: config.api.chunk_rows,

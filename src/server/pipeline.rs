@@ -40,6 +40,7 @@ pub async fn start(
         ))
     });
     let source = JetStreamSourceFactory::new(js, streams, dlq, config.pipeline.pull_batch)
+        .with_max_held_rows(config.pipeline.max_held_rows)
         .with_manifests(manifests.clone());
     let targets = inserters
         .iter()

@@ -15,6 +15,8 @@ pub const INGEST_ROWS: &str = "sluice_ingest_rows_total";
 pub const INGEST_MESSAGES: &str = "sluice_ingest_messages_total";
 /// Rows the ingest API refused (bad JSON, not an object, too large), by tenant and table.
 pub const INGEST_ROWS_REJECTED: &str = "sluice_ingest_rows_rejected_total";
+/// Bytes the ingest requests in progress have reserved of `[api] ingest_memory`.
+pub const INGEST_MEMORY_RESERVED: &str = "sluice_ingest_memory_reserved_bytes";
 /// Orphaned batch manifests the collector removed from the bucket, by reason
 /// (`old_incarnation`, `acked`, `forgotten_after_reconnect`, `gone_from_stream`).
 pub const MANIFESTS_COLLECTED: &str = "sluice_manifests_collected_total";
@@ -44,6 +46,7 @@ pub fn register_known(config: &Config) {
     for status in INGEST_STATUSES {
         metrics::counter!(INGEST_REQUESTS, "status" => status.to_string()).increment(0);
     }
+    metrics::gauge!(INGEST_MEMORY_RESERVED).set(0.0);
     if config.query.is_some() {
         for status in QUERY_STATUSES {
             metrics::counter!(QUERY_TOTAL, "status" => status.to_string()).increment(0);
@@ -56,7 +59,12 @@ pub fn register_known(config: &Config) {
 }
 
 pub fn describe() {
-    use metrics::{describe_counter, Unit};
+    use metrics::{describe_counter, describe_gauge, Unit};
+    describe_gauge!(
+        INGEST_MEMORY_RESERVED,
+        Unit::Bytes,
+        "Bytes the ingest requests in progress have reserved of [api] ingest_memory (twice each body)."
+    );
     describe_counter!(
         INGEST_REQUESTS,
         Unit::Count,

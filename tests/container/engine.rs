@@ -6,8 +6,8 @@
 use std::process::Output;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use sluice_harness::{servers_required, REQUIRE_SERVERS_ENV};
+use anyhow::{anyhow, bail, Context, Result};
+use sluice_harness::available;
 use testcontainers::GenericImage;
 
 /// The image under test, as `name:tag` (scripts/image prints it; scripts/test sets it).
@@ -32,23 +32,20 @@ pub struct Engine {
 // === impl Engine ===
 
 impl Engine {
-    /// The engine of this run; `None` (after a skip notice) where no image or engine is
-    /// configured, an error instead when every server is required (scripts/test).
+    /// The engine of this run. Where no image or engine is configured it is a missing
+    /// server like any other (`sluice_harness::available`): a failure, unless skipping
+    /// is allowed (`SLUICE_TEST_ALLOW_SKIP=1`), then `None` after a counted skip.
     pub fn from_env(test: &str) -> Result<Option<Engine>> {
         let image = std::env::var(IMAGE_ENV).ok().filter(|v| !v.is_empty());
         let host = std::env::var(HOST_ENV).ok().filter(|v| !v.is_empty());
         let (image, host) = match (image, host) {
             (Some(image), Some(host)) => (image, host),
             _ => {
-                let why = format!(
-                    "{test}: needs {IMAGE_ENV} (the image scripts/image built) and {HOST_ENV} \
-                     (podman system service's socket); see docs/deploy.md"
-                );
-                if servers_required() {
-                    bail!("{why} ({REQUIRE_SERVERS_ENV} is set, so this cannot be skipped)");
-                }
-                eprintln!("SKIPPED {why}");
-                return Ok(None);
+                let missing = Err(anyhow!(
+                    "needs {IMAGE_ENV} (the image scripts/image built) and {HOST_ENV} \
+                     (podman system service's socket): scripts/test sets both, see docs/deploy.md"
+                ));
+                return available(test, missing).map(|_| None);
             }
         };
         let (name, tag) = split_image(&image)?;

@@ -30,7 +30,8 @@ use crate::routing::RoutedRows;
 use crate::scoped_breaker::ScopedBreaker;
 use crate::settle::hand_back;
 use crate::table::{
-    FlightCtx, PendingRows, PoolVerdict, TableActor, TableArgs, TableDebug, TableMsg, TableReport,
+    FlightCtx, PendingRows, PoolVerdict, TableActor, TableArgs, TableCarryOver, TableDebug,
+    TableMsg, TableReport,
 };
 
 pub struct PoolActor<I, D>(PhantomData<fn() -> (I, D)>);
@@ -280,7 +281,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
             pool: pool_link,
             orphans,
             node_id: entry.node_id.clone(),
-            backoff: entry.memory.backoff.clone(),
+            carry_over: entry.memory.carry_over.clone(),
         };
         let spawned =
             Actor::spawn_linked(None, TableActor::<I, D>::default(), args, myself.get_cell()).await;
@@ -361,11 +362,12 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         self.common.registry.remove(&entry.node_id);
         if entry
             .memory
-            .backoff
+            .carry_over
             .as_ref()
-            .is_some_and(|b| !b.is_closed())
+            .is_some_and(TableCarryOver::still_running)
         {
-            // Its backoff still runs: keep it for the table's next arrival.
+            // Its backoff (or its wait for a missing table) still runs: keep it for the
+            // table's next arrival.
             self.entry(&key).memory = entry.memory;
         }
         if let Some(actor) = entry.actor {
@@ -385,7 +387,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
                 verdict,
                 reply,
             } => self.on_verdict(key, verdict, reply),
-            TableReport::Backoff { key, memory } => self.on_table_backoff(key, *memory),
+            TableReport::CarryOver { key, carry } => self.on_table_carry_over(key, *carry),
             TableReport::Idle { key, id } => self.on_table_idle(key, id),
         }
     }
@@ -460,8 +462,8 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
         self.memory_dirty = true;
     }
 
-    fn on_table_backoff(&mut self, key: TableKey, memory: ScopedBreaker) {
-        self.entry(&key).memory.backoff = Some(memory);
+    fn on_table_carry_over(&mut self, key: TableKey, carry: TableCarryOver) {
+        self.entry(&key).memory.carry_over = Some(carry);
         self.memory_dirty = true;
     }
 

@@ -10,6 +10,7 @@ use crate::metrics::TargetMetrics;
 use crate::ports::TableKey;
 use crate::restart::RestartRecord;
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
+use crate::table::TableCarryOver;
 
 #[derive(Clone, Debug)]
 pub struct PoolMemory {
@@ -21,8 +22,9 @@ pub struct PoolMemory {
 /// What outlives one table's actor (kept by its pool).
 #[derive(Clone, Debug, Default)]
 pub struct TableMemory {
-    /// Its backoff, as it last reported it (`None`: never changed from new).
-    pub backoff: Option<ScopedBreaker>,
+    /// Its backoff and missing-table wait, as it last reported them (`None`: never
+    /// changed from new).
+    pub carry_over: Option<TableCarryOver>,
     pub restarts: RestartRecord,
 }
 

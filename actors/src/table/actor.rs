@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::buffer::{weigh, Buffer};
 use super::flight::{spawn_flight, FlightCtx, FlightLinks, FlightOutcome};
 use super::forming::{settle_by_record, Cargo};
-use super::messages::{TableDebug, TableMsg, TableReport};
+use super::messages::{TableCarryOver, TableDebug, TableMsg, TableReport};
 use super::partly::PartlySettled;
 use super::reforming::Reforming;
 use super::strikes::Strikes;
@@ -40,8 +40,8 @@ pub struct TableArgs<I> {
     /// The root, for the reports of flights that outlive this table and its pool.
     pub orphans: DerivedActorRef<TableReport>,
     pub node_id: String,
-    /// The backoff the table's predecessor left (a new one when `None`).
-    pub backoff: Option<ScopedBreaker>,
+    /// What the table's predecessor left (a new backoff, no wait, when `None`).
+    pub carry_over: Option<TableCarryOver>,
 }
 
 /// The table's totals, for its snapshot.
@@ -107,20 +107,26 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let now = Instant::now();
         let ctx = args.ctx;
         let common = &ctx.common;
-        let backoff = match args.backoff {
-            Some(mut kept) => {
-                kept.take_over(now);
-                kept
+        let (backoff, missing_since) = match args.carry_over {
+            Some(TableCarryOver {
+                mut backoff,
+                missing_since,
+            }) => {
+                backoff.take_over(now);
+                (backoff, missing_since)
             }
-            None => ScopedBreaker::new(
-                BreakerScope::Table {
-                    target: ctx.target.clone(),
-                    key: ctx.key.clone(),
-                },
-                common.settings.table_backoff,
-                common.settings.log_every,
-                common.jitter(&args.node_id),
-                ctx.metrics.backoff.clone(),
+            None => (
+                ScopedBreaker::new(
+                    BreakerScope::Table {
+                        target: ctx.target.clone(),
+                        key: ctx.key.clone(),
+                    },
+                    common.settings.table_backoff,
+                    common.settings.log_every,
+                    common.jitter(&args.node_id),
+                    ctx.metrics.backoff.clone(),
+                ),
+                None,
             ),
         };
         Self {
@@ -141,7 +147,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             idle_reported: false,
             publish_armed: false,
             last_progress: None,
-            missing_since: None,
+            missing_since,
             reforming: Reforming::default(),
             partly: PartlySettled::default(),
             dedup: None,
@@ -415,6 +421,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     fn on_verdict(&mut self, v: FlightVerdict) {
         let now = Instant::now();
         let generation = self.backoff.generation();
+        let was_missing = self.missing_since;
         let pool_verdict = v.for_pool();
         let key = self.ctx.key.clone();
         let mut reply = v.reply;
@@ -442,10 +449,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             }
         }
         self.tell_pool(pool_verdict, reply);
-        if self.backoff.generation() != generation {
-            let _ = self.pool.send_message(TableReport::Backoff {
+        if self.backoff.generation() != generation || self.missing_since != was_missing {
+            let _ = self.pool.send_message(TableReport::CarryOver {
                 key,
-                memory: Box::new(self.backoff.clone()),
+                carry: Box::new(TableCarryOver {
+                    backoff: self.backoff.clone(),
+                    missing_since: self.missing_since,
+                }),
             });
         }
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use ractor::{ActorId, RpcReplyPort};
+use tokio::time::Instant;
 
 use super::flight::FlightOutcome;
 use super::verdict::{FlightVerdict, PendingRows, PoolVerdict};
@@ -45,6 +46,23 @@ pub enum TableDebug {
     Panic,
 }
 
+/// What outlives a TableActor (a panic, a reap while it waits): kept by its pool and
+/// handed to the table's next actor, so a restart neither closes a backoff early nor
+/// starts a missing table's grace (and its WARN) over.
+#[derive(Clone, Debug)]
+pub struct TableCarryOver {
+    pub backoff: ScopedBreaker,
+    /// Since when ClickHouse says the table does not exist (see `missing_table_grace`).
+    pub missing_since: Option<Instant>,
+}
+
+impl TableCarryOver {
+    /// Whether a reaped table must leave it behind for its next arrival.
+    pub fn still_running(&self) -> bool {
+        !self.backoff.is_closed() || self.missing_since.is_some()
+    }
+}
+
 /// What a table tells its pool. The pool turns it into its own message (it hands each
 /// table a derived reference), so the table knows nothing of the pool's messages.
 pub enum TableReport {
@@ -57,10 +75,11 @@ pub enum TableReport {
         verdict: PoolVerdict,
         reply: Option<RpcReplyPort<PendingRows>>,
     },
-    /// The table's backoff changed: the pool keeps a copy for the table's successor.
-    Backoff {
+    /// What the table's successor must start from changed (its backoff, the missing
+    /// table's wait): the pool keeps a copy.
+    CarryOver {
         key: TableKey,
-        memory: Box<ScopedBreaker>,
+        carry: Box<TableCarryOver>,
     },
     /// The table has been idle long enough to be reaped.
     Idle { key: TableKey, id: ActorId },

@@ -15,5 +15,5 @@ pub mod verdict;
 pub use actor::{TableActor, TableArgs};
 pub use flight::{FlightCtx, FlightOutcome};
 pub use forming::Cargo;
-pub use messages::{TableDebug, TableMsg, TableReport};
+pub use messages::{TableCarryOver, TableDebug, TableMsg, TableReport};
 pub use verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};

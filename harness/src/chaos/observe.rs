@@ -9,7 +9,7 @@ use anyhow::{anyhow, Context, Result};
 use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
 use serde_json::Value;
 
-use super::rows::id_of;
+use super::rows::{id_of, leading_id};
 use crate::stack::TENANT;
 
 /// Names of the stack's streams and consumer (Sluice's defaults).
@@ -160,7 +160,8 @@ impl JetStreamView {
             let id = serde_json::from_str::<Value>(&payload)
                 .ok()
                 .as_ref()
-                .and_then(id_of);
+                .and_then(id_of)
+                .or_else(|| leading_id(&payload));
             let headers = message
                 .headers
                 .iter()

@@ -116,6 +116,14 @@ pub fn id_of(row: &serde_json::Value) -> Option<u64> {
     row.get("id").and_then(serde_json::Value::as_u64)
 }
 
+/// The id of a row that starts `{"id":N` (every row a scenario writes does), read
+/// without parsing the rest: a nesting bomb is too deep for serde_json.
+pub fn leading_id(payload: &str) -> Option<u64> {
+    let rest = payload.trim_start().strip_prefix("{\"id\":")?;
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    rest[..digits].parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,8 +17,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +26,7 @@ use serde::Serialize;
 use std::sync::Arc;
 
 use super::chunk::ChunkLimits;
+use super::memory::IngestMemory;
 use super::parse::{self, Framing, Refused, RowError, RowLimits};
 use super::publishing::{max_message_id_len, Publishing};
 use super::tables::TenantTables;
@@ -50,6 +50,10 @@ pub struct IngestState {
     pub publishing: tokio::sync::Semaphore,
     pub publisher: Publisher,
     pub subject_prefix: String,
+    /// `[api] max_request_bytes`: a longer body is refused (413).
+    pub max_request_bytes: usize,
+    /// `[api] ingest_memory`: room for the bodies of the requests in progress.
+    pub memory: IngestMemory,
     pub max_row_bytes: usize,
     /// `[api] chunk_rows` and `chunk_bytes`: what one message may carry (the bytes are
     /// capped again by the server's `max_payload`, known once connected).
@@ -85,7 +89,7 @@ pub async fn ingest(
     State(state): State<Arc<IngestState>>,
     Path(table): Path<String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let response = handle(&state, &table, &headers, body).await;
     metrics::counter!(m::INGEST_REQUESTS, "status" => response.status().as_u16().to_string())
@@ -93,12 +97,7 @@ pub async fn ingest(
     response
 }
 
-async fn handle(
-    state: &IngestState,
-    table: &str,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Body) -> Response {
     let tenant = match state.tenants.resolve(headers) {
         Ok(t) => t,
         Err(e) => return e.into_response(),
@@ -125,19 +124,26 @@ async fn handle(
         Ok(k) => k,
         Err(e) => return failure(StatusCode::BAD_REQUEST, e),
     };
-    let body = match body {
-        Ok(b) => b,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return failure(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is over [api] max_request_bytes: split it".into(),
-            )
-        }
-        Err(rejection) => return failure(rejection.status(), rejection.body_text()),
-    };
     if let Err(refusal) = admit_table(state, &tenant, table).await {
         return refusal;
     }
+    // Only now is the body read: a request refused above costs none of it.
+    let Some(_room) = state.memory.reserve(headers).await else {
+        return busy(
+            state,
+            format!(
+                "the ingest requests in progress hold [api] ingest_memory; no room came within {}: send again later",
+                humantime::format_duration(state.memory.wait())
+            ),
+        );
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body = match read_body(body, declared, state.max_request_bytes).await {
+        Ok(b) => b,
+        Err(refusal) => return refusal,
+    };
     let room = message_room(
         state.publisher.context().client().max_payload(),
         key.as_deref(),
@@ -297,6 +303,39 @@ impl IngestReply {
             self.errors.push(refused.into_error());
         }
     }
+}
+
+/// The whole body, or the answer for one that is too long or broke off. `declared` is
+/// what `Content-Length` said: the buffer is made that large at once (within the limit).
+async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<Bytes, Response> {
+    use futures::StreamExt as _;
+    let mut stream = body.into_data_stream();
+    let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            failure(
+                StatusCode::BAD_REQUEST,
+                format!("the request body could not be read: {e}"),
+            )
+        })?;
+        if read.len() + chunk.len() > limit {
+            return Err(failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is over [api] max_request_bytes: split it".into(),
+            ));
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(read.freeze())
+}
+
+/// 503 with `Retry-After`: nothing was taken, the same request may come again.
+fn busy(state: &IngestState, error: String) -> Response {
+    let mut response = failure(StatusCode::SERVICE_UNAVAILABLE, error);
+    if let Ok(value) = HeaderValue::from_str(&state.retry_after.as_secs().max(1).to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 fn failure(status: StatusCode, error: String) -> Response {

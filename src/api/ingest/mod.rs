@@ -2,6 +2,7 @@
 
 mod chunk;
 mod handler;
+mod memory;
 pub mod parse;
 mod publishing;
 mod scan;
@@ -9,5 +10,6 @@ mod tables;
 
 pub use chunk::ChunkLimits;
 pub use handler::{ingest, IngestReply, IngestState, MAX_LISTED_ERRORS};
+pub use memory::IngestMemory;
 pub use publishing::{MAX_PUBLISHING, PIPELINE_WINDOW};
 pub use tables::{TenantTables, TooManyTables};
