@@ -176,7 +176,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 self.failures = 0;
                 self.snap.connected = true;
                 tracing::info!(stream = %stream, "consumer connected");
-                self.publish(true);
+                self.throttle.transition();
                 let _ = myself.cast(ConsumerMsg::Pull);
             }
             Some(Err(e)) => {
@@ -185,7 +185,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 tracing::warn!(stream = %stream, error = %e,
                     retry_in_ms = delay.as_millis() as u64, "consumer cannot connect");
                 self.snap.last_error = Some(e.to_string());
-                self.publish(true);
+                self.throttle.transition();
                 myself.send_after(delay, || ConsumerMsg::Connect);
             }
         }
@@ -247,7 +247,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         tracing::warn!(stream = %self.args.common.settings.stream, error = %error,
             retry_in_ms = delay.as_millis() as u64, "pull failed: reconnecting");
         self.snap.last_error = Some(error);
-        self.publish(true);
+        self.throttle.transition();
         myself.send_after(delay, || ConsumerMsg::Connect);
     }
 
@@ -267,7 +267,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         self.stopped = true;
         self.source = None;
         self.snap.connected = false;
-        self.publish(true);
+        self.throttle.transition();
         let _ = reply.send(());
     }
 

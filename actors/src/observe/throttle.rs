@@ -12,6 +12,8 @@ pub struct SnapshotThrottle {
     every: Duration,
     last: Option<Instant>,
     pub dirty: bool,
+    /// A transition happened: the next look publishes whatever the rate.
+    urgent: bool,
 }
 
 impl SnapshotThrottle {
@@ -20,13 +22,23 @@ impl SnapshotThrottle {
             every,
             last: None,
             dirty: true,
+            urgent: false,
         }
+    }
+
+    /// A transition (connected, a probe answered, a flight ended): the next publication
+    /// goes at once, however soon after the last. Handlers mark it and publish once,
+    /// after their `match`.
+    pub fn transition(&mut self) {
+        self.dirty = true;
+        self.urgent = true;
     }
 
     /// Should the actor publish now?
     pub fn due(&mut self, force: bool) -> bool {
         let now = Instant::now();
         let due = force
+            || self.urgent
             || (self.dirty
                 && self
                     .last
@@ -34,7 +46,27 @@ impl SnapshotThrottle {
         if due {
             self.last = Some(now);
             self.dirty = false;
+            self.urgent = false;
         }
         due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_wait_for_the_interval_and_a_transition_does_not() {
+        let mut t = SnapshotThrottle::new(Duration::from_secs(1));
+        assert!(t.due(false), "the first snapshot goes at once");
+        t.dirty = true;
+        assert!(!t.due(false), "a change right after waits");
+        t.transition();
+        assert!(t.due(false), "a transition goes at once");
+        assert!(!t.due(false), "and only once");
+        t.dirty = true;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(t.due(false), "a change goes once the interval passed");
     }
 }

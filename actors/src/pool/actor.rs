@@ -509,8 +509,7 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
             }
         }
         self.memory_dirty = true;
-        self.throttle.dirty = true;
-        self.publish(true);
+        self.throttle.transition();
     }
 
     /// The pool's own probe: when a window ended and no flush came to probe for

@@ -530,8 +530,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
         self.last_activity = Instant::now();
         self.pump(myself);
-        self.throttle.dirty = true;
-        self.publish(true);
+        self.throttle.transition();
         self.maybe_stop(myself);
     }
 
