@@ -7,16 +7,22 @@
 //! and pulled again, over and over. So the source asks for messages by the rows they
 //! bring: no more than what is left under `[pipeline] max_held_rows` at the rows per
 //! message seen lately. Each pulled delivery carries a [`HeldToken`] that gives its
-//! rows back when the delivery is dropped, whatever became of it.
+//! rows back when the delivery is dropped, whatever became of it; a source waiting for
+//! room is woken by the drop that makes some.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 /// The count of rows held, shared by the source and its deliveries.
 #[derive(Debug)]
 pub struct HeldRows {
     held: AtomicUsize,
     limit: usize,
+    /// The level the waiting source wants to hear of: a drop to it or below wakes it.
+    wake_at: AtomicUsize,
+    room: Notify,
 }
 
 /// A delivery's rows in [`HeldRows`], given back on drop.
@@ -37,7 +43,22 @@ impl HeldRows {
         Arc::new(Self {
             held: AtomicUsize::new(0),
             limit: limit.max(1),
+            wake_at: AtomicUsize::new(0),
+            room: Notify::new(),
         })
+    }
+
+    /// Resolves once the rows held leave room for a message of `rows_per_message`
+    /// (at once when they do already). A wake-up may come early: ask again.
+    pub async fn room_for(&self, rows_per_message: f64) {
+        let level = self
+            .limit
+            .saturating_sub(rows_per_message.max(1.0).ceil() as usize);
+        self.wake_at.store(level, Ordering::Relaxed);
+        if self.held() <= level {
+            return;
+        }
+        self.room.notified().await;
     }
 
     pub fn held(&self) -> usize {
@@ -73,7 +94,12 @@ impl HeldRows {
 
 impl Drop for HeldToken {
     fn drop(&mut self) {
-        self.of.held.fetch_sub(self.rows, Ordering::Relaxed);
+        let before = self.of.held.fetch_sub(self.rows, Ordering::Relaxed);
+        let level = self.of.wake_at.load(Ordering::Relaxed);
+        if before > level && before - self.rows <= level {
+            // A permit is kept if the source is not waiting yet: it will not miss it.
+            self.of.room.notify_one();
+        }
     }
 }
 
@@ -131,6 +157,28 @@ mod tests {
         assert_eq!(held.messages_to_ask(0, 100.0, 1000), 0);
         drop(token);
         assert_eq!(held.messages_to_ask(1, 100.0, 1000), 0, "one is on its way");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_waiting_for_room_is_woken_by_the_drop_that_makes_it() {
+        let held = HeldRows::new(1000);
+        let tokens: Vec<HeldToken> = (0..10).map(|_| held.hold(100)).collect();
+        let mut tokens = tokens.into_iter();
+        let waiting = {
+            let held = held.clone();
+            tokio::spawn(async move { held.room_for(100.0).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no room yet");
+        drop(tokens.next());
+        tokio::time::timeout(std::time::Duration::from_millis(10), waiting)
+            .await
+            .expect("woken by the drop")
+            .expect("the waiting task");
+        // Room already there: no wait at all.
+        tokio::time::timeout(std::time::Duration::from_millis(10), held.room_for(100.0))
+            .await
+            .expect("at once");
     }
 
     #[test]

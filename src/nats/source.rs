@@ -255,6 +255,23 @@ impl JetStreamSource {
         Ok(())
     }
 
+    /// Waits (at most `IDLE_WAIT`) for the subscription's next message, asking for rows
+    /// first; while the held rows leave no room to ask, for the drop that makes some.
+    /// `None`: nothing came in time; `Some(None)`: the subscription ended.
+    async fn first_message(&mut self) -> Result<Option<Option<async_nats::Message>>, SourceError> {
+        let deadline = Instant::now() + IDLE_WAIT;
+        loop {
+            self.request_more().await?;
+            let waiting_for_room = self.pending == 0;
+            let per_message = self.rows_per_message.get().unwrap_or(1.0);
+            tokio::select! {
+                message = self.subscriber.next() => return Ok(Some(message)),
+                () = self.held.room_for(per_message), if waiting_for_room => {}
+                () = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
     /// One message of the subscription: a row, or a status that changes the count.
     fn take(
         &mut self,
@@ -309,10 +326,9 @@ impl Source for JetStreamSource {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        self.request_more().await?;
         let mut batch = Vec::new();
-        let first = match tokio::time::timeout(IDLE_WAIT, self.subscriber.next()).await {
-            Err(_) => {
+        let first = match self.first_message().await? {
+            None => {
                 if self.pending == 0 {
                     // Nothing asked for (the held rows fill the bound): nothing to hear.
                     self.heard_from = Instant::now();
@@ -324,8 +340,8 @@ impl Source for JetStreamSource {
                 }
                 return Ok(batch);
             }
-            Ok(None) => return Err(SourceError("the pull subscription ended".into())),
-            Ok(Some(message)) => message,
+            Some(None) => return Err(SourceError("the pull subscription ended".into())),
+            Some(Some(message)) => message,
         };
         self.heard_from = Instant::now();
         // One stamp for the batch: the rows came in the same moment.
