@@ -215,7 +215,7 @@ impl JsDelivery {
     fn park_id(&self, line: Option<u32>) -> String {
         let (stream, sequence, published) = self
             .address()
-            .map(|a| (a.stream, a.stream_sequence, a.published))
+            .map(|a| (a.stream, a.stream_sequence, a.published().unwrap_or(0)))
             .unwrap_or_default();
         match line {
             None => format!("park-{stream}-{sequence}-{published}"),
