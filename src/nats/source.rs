@@ -58,8 +58,10 @@ pub struct JetStreamSourceFactory {
     /// Rows asked of the server per pull request (as messages at the rows per message
     /// seen lately).
     pull_batch: usize,
-    /// The most rows held, pulled and not settled (see `super::held`).
-    max_held_rows: usize,
+    /// The rows held, pulled and not settled, and their bound (see `super::held`):
+    /// the factory's, so rows a source left held when it was replaced (a reconnect)
+    /// still count against the next.
+    held: Arc<HeldRows>,
     expires: Duration,
     heartbeat: Duration,
     /// Exactly-once: no row is pulled before the manifest index holds every manifest
@@ -79,7 +81,7 @@ impl JetStreamSourceFactory {
             settings,
             dlq,
             pull_batch,
-            max_held_rows: usize::MAX,
+            held: HeldRows::new(usize::MAX),
             expires: EXPIRES,
             heartbeat: HEARTBEAT,
             manifests: None,
@@ -90,7 +92,7 @@ impl JetStreamSourceFactory {
     /// unbounded in rows otherwise (the consumer's `max_ack_pending` still bounds the
     /// messages).
     pub fn with_max_held_rows(mut self, rows: usize) -> Self {
-        self.max_held_rows = rows;
+        self.held = HeldRows::new(rows);
         self
     }
 
@@ -142,7 +144,7 @@ impl SourceFactory for JetStreamSourceFactory {
             )),
             expires_ns: u64::try_from(self.expires.as_nanos()).unwrap_or(u64::MAX),
             heartbeat_ns: u64::try_from(self.heartbeat.as_nanos()).unwrap_or(u64::MAX),
-            held: HeldRows::new(self.max_held_rows),
+            held: self.held.clone(),
             rows_per_message: RowsPerMessage::default(),
             asked: 0,
             connects: client.statistics().connects.load(Ordering::Relaxed),
