@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::file::{AuthMode, ClickHouseFile, FileConfig, IngestFile, QueryFile, TableFile};
+use super::file::{
+    AuthMode, ClickHouseFile, FileConfig, IngestFile, NatsFile, QueryFile, TableFile,
+};
 use super::nats_url::hide_credentials;
 use super::units::Span;
 use super::{
@@ -213,6 +215,7 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
             n.manifest_bucket
         ));
     }
+    idempotency_bucket(c, n);
     if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
         c.problem(format!(
             "[nats] manifest_max_bytes = {}: must be at least 1MiB (one manifest of a 10,000-row batch takes about 10KiB)",
@@ -296,8 +299,37 @@ fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         replicas: n.replicas,
         manifest_bucket: n.manifest_bucket.clone(),
         manifest_max_bytes: n.manifest_max_bytes.bytes(),
+        idempotency_bucket: n.idempotency_bucket.clone(),
+        idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
     }
 }
+
+/// `[nats] idempotency_bucket` and `idempotency_max_bytes`: a bucket name whose stream
+/// is none of Sluice's others, and room for more than a handful of records.
+fn idempotency_bucket(c: &mut Check, n: &NatsFile) {
+    if !is_nats_name(&n.idempotency_bucket) {
+        c.problem(format!(
+            "[nats] idempotency_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
+            n.idempotency_bucket
+        ));
+    }
+    let stream = format!("KV_{}", n.idempotency_bucket);
+    if stream == n.stream || stream == n.dlq_stream || n.idempotency_bucket == n.manifest_bucket {
+        c.problem(format!(
+            "[nats] idempotency_bucket = \"{}\" is kept in stream {stream}, which is the name of another of Sluice's streams",
+            n.idempotency_bucket
+        ));
+    }
+    if n.idempotency_max_bytes.bytes() < MIN_IDEMPOTENCY_BYTES {
+        c.problem(format!(
+            "[nats] idempotency_max_bytes = {}: must be at least 1MiB (a record takes about 300 bytes, up to 16KiB with refused rows listed)",
+            n.idempotency_max_bytes
+        ));
+    }
+}
+
+/// The smallest idempotency bucket budget taken.
+const MIN_IDEMPOTENCY_BYTES: u64 = 1 << 20;
 
 /// The smallest manifest bucket budget taken.
 const MIN_MANIFEST_BYTES: u64 = 1 << 20;
@@ -781,6 +813,13 @@ pub(super) fn summary(config: &Config) -> String {
         },
         n.manifest_bucket,
         super::units::Size(n.manifest_max_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "idempotency keys: kept {} in bucket {} (max {})",
+        humantime::format_duration(n.duplicate_window),
+        n.idempotency_bucket,
+        super::units::Size(n.idempotency_max_bytes)
     );
     let _ = writeln!(out, "targets:");
     if config.targets.is_empty() {
