@@ -26,6 +26,7 @@
 //! request that takes over a crashed one's key, or resends a chunk whose ack never
 //! came, sends the same ids, and JetStream's duplicate window stores each chunk once.
 
+mod claim;
 mod key;
 mod record;
 
@@ -33,11 +34,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::http::StatusCode;
-use tokio::time::Instant;
 
 use crate::nats::{KeyStore, KeyStoreError, Slot};
 use crate::telemetry::metrics as m;
 
+use claim::Hold;
+pub use claim::{Claim, End};
 pub use key::{from_headers, Fingerprint, IdempotencyKey, ScopedKey, MAX_MESSAGE_ID_LEN};
 use record::Record;
 pub use record::{BodyUse, ChunkSet, Split};
@@ -139,16 +141,6 @@ pub enum Decision {
     Unusable(KeyStoreError),
 }
 
-/// How a request that held a key ended.
-pub enum End {
-    /// A final answer (every row stored or refused for good).
-    Answered { status: StatusCode, reply: String },
-    /// Rows not stored (503): these chunks are stored (or may be: sent, ack unknown).
-    Unfinished { stored: ChunkSet },
-    /// No chunk was ever sent under the key.
-    Unused,
-}
-
 // === impl Idempotency ===
 
 impl Idempotency {
@@ -169,63 +161,51 @@ impl Idempotency {
         let key = scope.record_key();
         let slot = match self.store.get(&key).await {
             Ok(slot) => slot,
-            Err(e) => return unusable_opened(e),
+            Err(e) => return count(KeyOutcome::Unusable, Opened::Unusable(e)),
         };
         let earlier = match slot {
             Slot::Vacant { revision } => {
-                let claimed_at = Instant::now();
                 let claim = Record::in_progress(self.lease, None);
-                return match Hold::write_new(&self.store, &key, claim, revision).await {
-                    Ok(hold) => {
-                        KeyOutcome::Claimed.count();
-                        Opened::Keyed(Keyed {
-                            scope,
-                            lease: self.lease,
-                            earlier: Earlier::Free { hold, claimed_at },
-                        })
+                match Hold::take(&self.store, &key, claim, revision, self.lease).await {
+                    Ok(hold) => count(KeyOutcome::Claimed, Earlier::Free(hold)),
+                    Err(KeyStoreError::Conflict) => {
+                        return count(KeyOutcome::InProgress, Opened::InProgress)
                     }
-                    Err(KeyStoreError::Conflict) => in_progress_opened(),
-                    Err(e) => unusable_opened(e),
-                };
+                    Err(e) => return count(KeyOutcome::Unusable, Opened::Unusable(e)),
+                }
             }
             Slot::Held(held) => match Record::decode(&held.value) {
                 Ok(Record::InProgress { lease_ms, .. })
                     if !lapsed(held.written, Duration::from_millis(lease_ms)) =>
                 {
-                    return in_progress_opened();
+                    return count(KeyOutcome::InProgress, Opened::InProgress);
                 }
                 Ok(record) => Earlier::Record {
                     record,
                     revision: held.revision,
-                    store: self.store.clone(),
-                    key,
                 },
                 Err(why) => {
                     tracing::warn!(key = %key, %why, "an Idempotency-Key record Sluice cannot read: taken over");
                     Earlier::Unreadable {
                         revision: held.revision,
-                        store: self.store.clone(),
-                        key,
                     }
                 }
             },
         };
         Opened::Keyed(Keyed {
             scope,
+            key,
+            store: self.store.clone(),
             lease: self.lease,
             earlier,
         })
     }
 }
 
-fn in_progress_opened() -> Opened {
-    KeyOutcome::InProgress.count();
-    Opened::InProgress
-}
-
-fn unusable_opened(e: KeyStoreError) -> Opened {
-    KeyOutcome::Unusable.count();
-    Opened::Unusable(e)
+/// Counts `outcome`, and passes `value` on.
+fn count<T>(outcome: KeyOutcome, value: T) -> T {
+    outcome.count();
+    value
 }
 
 /// Whether a claim written at `written` (the server's clock) is past its lease and the
@@ -239,6 +219,9 @@ fn lapsed(written: SystemTime, lease: Duration) -> bool {
 /// A keyed request whose body is being read.
 pub struct Keyed {
     scope: ScopedKey,
+    /// The record's key in the bucket.
+    key: String,
+    store: Arc<KeyStore>,
     lease: Duration,
     earlier: Earlier,
 }
@@ -246,256 +229,75 @@ pub struct Keyed {
 /// What was under the key when the request looked.
 enum Earlier {
     /// Nothing: this request claimed it.
-    Free { hold: Hold, claimed_at: Instant },
+    Free(Hold),
     /// An earlier request's record (a claim only when past its lease).
-    Record {
-        record: Record,
-        revision: u64,
-        store: Arc<KeyStore>,
-        key: String,
-    },
+    Record { record: Record, revision: u64 },
     /// A record this version of Sluice cannot read: taken over like a lapsed claim.
-    Unreadable {
-        revision: u64,
-        store: Arc<KeyStore>,
-        key: String,
-    },
+    Unreadable { revision: u64 },
 }
 
 // === impl Keyed ===
 
 impl Keyed {
     /// Decide, from the body (its fingerprint and how this instance would split it):
-    /// publish, answer again, or refuse.
+    /// publish, answer again, or refuse. The fingerprint is in the record before this
+    /// answers [`Decision::Publish`].
     pub async fn decide(self, body: BodyUse) -> Decision {
-        let Keyed {
-            scope,
-            lease,
-            earlier,
-        } = self;
-        let (body, stored, outcome, mut hold, claimed_at) = match earlier {
-            Earlier::Free {
-                mut hold,
-                claimed_at,
-            } => {
-                // The fingerprint is recorded before any chunk is published.
-                let record = Record::in_progress(lease, Some(body.clone()));
-                if let Err(e) = hold.rewrite(record).await {
-                    return unusable_or_busy(e);
-                }
-                (body, ChunkSet::default(), None, hold, claimed_at)
+        let (revision, body, stored, outcome) = match self.earlier {
+            Earlier::Free(mut hold) => {
+                let record = Record::in_progress(self.lease, Some(body.clone()));
+                return match hold.rewrite(record).await {
+                    Ok(()) => {
+                        Decision::Publish(Claim::new(hold, &self.scope, body, ChunkSet::default()))
+                    }
+                    Err(e) => refused(e),
+                };
             }
-            Earlier::Record {
-                record,
-                revision,
-                store,
-                key,
-            } => {
+            Earlier::Record { record, revision } => {
                 if record
                     .body()
                     .is_some_and(|earlier| earlier.fingerprint != body.fingerprint)
                 {
-                    KeyOutcome::Mismatch.count();
-                    return Decision::Mismatch;
+                    return count(KeyOutcome::Mismatch, Decision::Mismatch);
                 }
-                let (body, stored, outcome) = match record {
+                match record {
                     Record::Answered { status, reply, .. } => {
-                        KeyOutcome::Replayed.count();
-                        return Decision::Replay {
-                            status: StatusCode::from_u16(status).unwrap_or(StatusCode::ACCEPTED),
-                            reply,
-                        };
+                        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::ACCEPTED);
+                        return count(KeyOutcome::Replayed, Decision::Replay { status, reply });
                     }
+                    // Split as it was first split: the same chunks under the same ids.
                     Record::Unfinished {
                         body: earlier,
                         stored,
-                    } => (earlier, stored, KeyOutcome::Resumed),
+                    } => (revision, earlier, stored, KeyOutcome::Resumed),
                     Record::InProgress { body: earlier, .. } => (
+                        revision,
                         earlier.unwrap_or(body),
                         ChunkSet::default(),
                         KeyOutcome::TakenOver,
                     ),
-                };
-                let claimed_at = Instant::now();
-                let claim = Record::in_progress(lease, Some(body.clone()));
-                match Hold::write_new(&store, &key, claim, revision).await {
-                    Ok(hold) => (body, stored, Some(outcome), hold, claimed_at),
-                    Err(e) => return unusable_or_busy(e),
                 }
             }
-            Earlier::Unreadable {
-                revision,
-                store,
-                key,
-            } => {
-                let claimed_at = Instant::now();
-                let claim = Record::in_progress(lease, Some(body.clone()));
-                match Hold::write_new(&store, &key, claim, revision).await {
-                    Ok(hold) => (
-                        body,
-                        ChunkSet::default(),
-                        Some(KeyOutcome::TakenOver),
-                        hold,
-                        claimed_at,
-                    ),
-                    Err(e) => return unusable_or_busy(e),
-                }
+            Earlier::Unreadable { revision } => {
+                (revision, body, ChunkSet::default(), KeyOutcome::TakenOver)
             }
         };
-        if let Some(outcome) = outcome {
-            outcome.count();
+        let claim = Record::in_progress(self.lease, Some(body.clone()));
+        match Hold::take(&self.store, &self.key, claim, revision, self.lease).await {
+            Ok(hold) => count(
+                outcome,
+                Decision::Publish(Claim::new(hold, &self.scope, body, stored)),
+            ),
+            Err(e) => refused(e),
         }
-        hold.body = Some(body.clone());
-        Decision::Publish(Claim {
-            stem: scope.message_stem(&body.fingerprint),
-            split: body.split,
-            stored_before: stored,
-            deadline: claimed_at + lease,
-            hold,
-        })
     }
 }
 
-fn unusable_or_busy(e: KeyStoreError) -> Decision {
+/// A write of the key that failed: someone else took it (409), or the bucket cannot
+/// be used (503).
+fn refused(e: KeyStoreError) -> Decision {
     match e {
-        KeyStoreError::Conflict => {
-            KeyOutcome::InProgress.count();
-            Decision::InProgress
-        }
-        e => {
-            KeyOutcome::Unusable.count();
-            Decision::Unusable(e)
-        }
-    }
-}
-
-/// A key held by a request while it publishes.
-pub struct Claim {
-    hold: Hold,
-    stem: String,
-    split: Split,
-    stored_before: ChunkSet,
-    deadline: Instant,
-}
-
-// === impl Claim ===
-
-impl Claim {
-    /// How the body is split (as when it was first sent under the key).
-    pub fn split(&self) -> Split {
-        self.split
-    }
-
-    /// The stem of the chunks' message ids.
-    pub fn message_stem(&self) -> &str {
-        &self.stem
-    }
-
-    /// Chunks an earlier request under the key stored: not sent again.
-    pub fn stored_before(&self) -> &ChunkSet {
-        &self.stored_before
-    }
-
-    /// When the claim's lease ends: nothing is sent after it.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
-    /// Record how the request ended. A record that cannot be written leaves the claim
-    /// to lapse (its chunks' ids still keep a retry from storing them twice).
-    pub async fn finish(self, end: End) {
-        let mut hold = self.hold;
-        let Some(body) = hold.body.clone() else {
-            return;
-        };
-        let written = match end {
-            End::Unused => hold.release().await,
-            End::Unfinished { stored } => hold.rewrite(Record::Unfinished { body, stored }).await,
-            End::Answered { status, reply } => {
-                hold.rewrite(Record::Answered {
-                    body,
-                    status: status.as_u16(),
-                    reply,
-                })
-                .await
-            }
-        };
-        hold.done = true;
-        if let Err(e) = written {
-            tracing::warn!(key = %hold.key, error = %e, "the end of a keyed ingest request could not be recorded: its key is held until the claim lapses");
-        }
-    }
-}
-
-/// A key this request wrote last (its revision), released if dropped unsettled: a
-/// request whose client went away, or that ended before publishing, frees the key
-/// at once instead of holding it for its lease.
-struct Hold {
-    store: Arc<KeyStore>,
-    key: String,
-    revision: u64,
-    /// The body the key is used for, once decided.
-    body: Option<BodyUse>,
-    done: bool,
-}
-
-// === impl Hold ===
-
-impl Hold {
-    /// Write `record` under a key whose revision is `expected`; the hold of it.
-    async fn write_new(
-        store: &Arc<KeyStore>,
-        key: &str,
-        record: Record,
-        expected: u64,
-    ) -> Result<Hold, KeyStoreError> {
-        let revision = store.write(key, record.encode(), expected).await?;
-        Ok(Hold {
-            store: store.clone(),
-            key: key.to_string(),
-            revision,
-            body: None,
-            done: false,
-        })
-    }
-
-    async fn rewrite(&mut self, record: Record) -> Result<(), KeyStoreError> {
-        let written = self
-            .store
-            .write(&self.key, record.encode(), self.revision)
-            .await;
-        match written {
-            Ok(revision) => {
-                self.revision = revision;
-                Ok(())
-            }
-            Err(e) => {
-                // Another request wrote the key: it is not ours to release any more.
-                self.done = e == KeyStoreError::Conflict;
-                Err(e)
-            }
-        }
-    }
-
-    async fn release(&mut self) -> Result<(), KeyStoreError> {
-        self.done = true;
-        self.store.remove(&self.key, self.revision).await
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, key, revision) = (self.store.clone(), self.key.clone(), self.revision);
-        runtime.spawn(async move {
-            if let Err(e) = store.remove(&key, revision).await {
-                tracing::debug!(key = %key, error = %e, "an abandoned Idempotency-Key claim was not released: it lapses");
-            }
-        });
+        KeyStoreError::Conflict => count(KeyOutcome::InProgress, Decision::InProgress),
+        e => count(KeyOutcome::Unusable, Decision::Unusable(e)),
     }
 }
