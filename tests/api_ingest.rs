@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ingest_common::{
-    filling_stack, ndjson, post, stack_with, wait_exactly, Reply, AS_TENANT, EVENTS, JSON, LAND,
-    NDJSON, SLUICE,
+    filling_stack, ndjson, post, settled_with, stack_with, wait_exactly, Reply, AS_TENANT, EVENTS,
+    JSON, LAND, NDJSON, SLUICE,
 };
 use serde_json::{json, Value};
 use sluice_harness::{loopback_client, wait_for, Stack, StackOptions, TENANT};
@@ -433,17 +433,7 @@ async fn the_same_idempotency_key_twice_lands_once() -> Result<()> {
 
     // A row sent after the duplicates is delivered after them: once it has landed,
     // a duplicate would have too.
-    let r = post(
-        &http,
-        &stack,
-        "events",
-        json!({"id": 100, "name": "after"}).to_string(),
-        &[AS_TENANT, JSON],
-    )
-    .await?;
-    assert_eq!(r.status, 202, "{r}");
-    wait_exactly(&stack, "SELECT count() FROM events WHERE id = 100", 1).await?;
-    assert_eq!(stack.count("SELECT count() FROM events").await?, 8);
+    settled_with(&stack, 100, 8).await?;
     assert_eq!(
         stack.count("SELECT count(DISTINCT id) FROM events").await?,
         8

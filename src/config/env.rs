@@ -40,6 +40,8 @@ const NATS_KEYS: &[(&str, Kind)] = &[
     ("replicas", Kind::Int),
     ("manifest_bucket", Kind::Str),
     ("manifest_max_bytes", Kind::Str),
+    ("idempotency_bucket", Kind::Str),
+    ("idempotency_max_bytes", Kind::Str),
 ];
 
 const TARGET_KEYS: &[(&str, Kind)] = &[

@@ -518,3 +518,42 @@ fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
     );
     assert!(p.iter().any(|l| l.contains("missing_table_grace")), "{p:?}");
 }
+
+#[test]
+fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(config.nats.idempotency_bucket, "SLUICE_IDEMPOTENCY");
+    assert_eq!(config.nats.idempotency_max_bytes, 256 << 20);
+    assert!(config
+        .summary()
+        .contains("idempotency keys: kept 2m in bucket SLUICE_IDEMPOTENCY"));
+    let config = Config::from_parts(
+        "env",
+        "",
+        &env(&[("SLUICE_NATS_IDEMPOTENCY_MAX_BYTES", "8MiB")]),
+    )
+    .expect("overridden");
+    assert_eq!(config.nats.idempotency_max_bytes, 8 << 20);
+
+    let p = problems(
+        "[nats]\nidempotency_bucket = \"a.b\"\nidempotency_max_bytes = \"64KiB\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_bucket = \"a.b\" is not a valid")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_max_bytes = 64KiB: must be at least 1MiB")),
+        "{p:?}"
+    );
+    for clash in [
+        "[nats]\nidempotency_bucket = \"SLUICE_MANIFESTS\"\n",
+        "[nats]\nstream = \"KV_K\"\nidempotency_bucket = \"K\"\n",
+    ] {
+        let p = problems(clash, &[]);
+        assert!(p[0].contains("idempotency_bucket"), "{clash}: {p:?}");
+    }
+}

@@ -134,3 +134,21 @@ pub async fn filling_stack(max_bytes: &str, settings: &[(&str, toml::Value)]) ->
     stack.clickhouse.stop().await?;
     Ok(stack)
 }
+
+/// Sends one row (`id`) after the others and waits for it to land, then checks that
+/// `events` holds exactly `total` rows: JetStream delivers in order, so a duplicate of
+/// an earlier row would have landed by then.
+pub async fn settled_with(stack: &Stack, id: u64, total: u64) -> Result<()> {
+    let row = format!("{{\"id\": {id}, \"name\": \"after\"}}");
+    let r = post(stack.http(), stack, "events", row, &[AS_TENANT, JSON]).await?;
+    anyhow::ensure!(r.status == 202, "the row after: {r}");
+    wait_exactly(
+        stack,
+        &format!("SELECT count() FROM events WHERE id = {id}"),
+        1,
+    )
+    .await?;
+    let count = stack.count("SELECT count() FROM events").await?;
+    anyhow::ensure!(count == total, "events holds {count} rows, not {total}");
+    Ok(())
+}
