@@ -526,7 +526,7 @@ fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
     assert_eq!(config.nats.idempotency_max_bytes, 256 << 20);
     assert!(config
         .summary()
-        .contains("idempotency keys: kept 2m in bucket SLUICE_IDEMPOTENCY"));
+        .contains("idempotency keys: records in bucket SLUICE_IDEMPOTENCY (max 256MiB)"));
     let config = Config::from_parts(
         "env",
         "",

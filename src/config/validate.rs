@@ -816,8 +816,7 @@ pub(super) fn summary(config: &Config) -> String {
     );
     let _ = writeln!(
         out,
-        "idempotency keys: kept {} in bucket {} (max {})",
-        humantime::format_duration(n.duplicate_window),
+        "idempotency keys: records in bucket {} (max {})",
         n.idempotency_bucket,
         super::units::Size(n.idempotency_max_bytes)
     );

@@ -23,6 +23,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse as _, Response};
+use tokio::sync::{AcquireError, SemaphorePermit};
 
 use super::chunk::ChunkLimits;
 use super::idempotency::{
@@ -103,28 +104,11 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
             state.retry_after,
         );
     };
-    // Without a connection every publish (and the key's record) would wait out its
-    // timeout before failing: tell the client at once instead.
-    let mut stop = (state.publisher.context().client().connection_state()
-        != async_nats::connection::State::Connected)
-        .then(|| {
-            Stop::Publish(PublishError::Unavailable(
-                "not connected to NATS right now".into(),
-            ))
-        });
-    // The key before the body: a request in progress under it is answered now.
-    let mut keyed = None;
-    if let (Some(key), None) = (admitted.key.clone(), &stop) {
-        match state
-            .keys
-            .open(ScopedKey::new(&admitted.tenant.name, table, key))
-            .await
-        {
-            Opened::InProgress => return in_progress(state),
-            Opened::Keyed(k) => keyed = Some(k),
-            Opened::Unusable(e) => stop = Some(e.into()),
-        }
-    }
+    let mut stop = not_connected(state);
+    let keyed = match open_key(state, &admitted, table, &mut stop).await {
+        Ok(keyed) => keyed,
+        Err(refusal) => return refusal,
+    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
@@ -133,20 +117,74 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
         Err(refusal) => return refusal,
     };
     let split = split_for(state, admitted.key.is_some());
-    let claim = match keyed.map(|k| decide(k, admitted.framing, &body, split)) {
-        None => None,
-        Some(decision) => match decision.await {
-            Decision::Publish(claim) => Some(claim),
-            Decision::Replay { status, reply } => return reply::replay(status, reply),
-            Decision::Mismatch => return mismatch(),
-            Decision::InProgress => return in_progress(state),
-            Decision::Unusable(e) => {
-                stop = Some(e.into());
-                None
-            }
-        },
+    let claim = match decide_key(state, keyed, admitted.framing, &body, split, &mut stop).await {
+        Ok(claim) => claim,
+        Err(answer) => return answer,
     };
     publish(state, &admitted, table, &body, split, claim, stop).await
+}
+
+/// Without a connection every publish (and the key's record) would wait out its
+/// timeout before failing: the reason to tell the client at once instead.
+fn not_connected(state: &IngestState) -> Option<Stop> {
+    let connected = state.publisher.context().client().connection_state()
+        == async_nats::connection::State::Connected;
+    (!connected).then(|| {
+        Stop::Publish(PublishError::Unavailable(
+            "not connected to NATS right now".into(),
+        ))
+    })
+}
+
+/// The key, before the body is read: a request in progress under it is answered (409)
+/// now; a bucket that cannot be used stops the request (`stop`: nothing published).
+async fn open_key(
+    state: &IngestState,
+    admitted: &Admitted,
+    table: &str,
+    stop: &mut Option<Stop>,
+) -> Result<Option<Keyed>, Response> {
+    let (Some(key), None) = (admitted.key.clone(), &stop) else {
+        return Ok(None);
+    };
+    let scope = ScopedKey::new(&admitted.tenant.name, table, key);
+    match state.keys.open(scope).await {
+        Opened::InProgress => Err(in_progress(state.retry_after)),
+        Opened::Keyed(keyed) => Ok(Some(keyed)),
+        Opened::Unusable(e) => {
+            *stop = Some(e.into());
+            Ok(None)
+        }
+    }
+}
+
+/// A keyed request's decision, from its body: publish holding the key, or the answer
+/// (the first one again, 422, 409).
+async fn decide_key(
+    state: &IngestState,
+    keyed: Option<Keyed>,
+    framing: Framing,
+    body: &Bytes,
+    split: Split,
+    stop: &mut Option<Stop>,
+) -> Result<Option<Claim>, Response> {
+    let Some(keyed) = keyed else {
+        return Ok(None);
+    };
+    let body = BodyUse {
+        fingerprint: Fingerprint::of(framing, body),
+        split,
+    };
+    match keyed.decide(body).await {
+        Decision::Publish(claim) => Ok(Some(claim)),
+        Decision::Replay { status, reply } => Err(reply::replay(status, reply)),
+        Decision::Mismatch => Err(mismatch()),
+        Decision::InProgress => Err(in_progress(state.retry_after)),
+        Decision::Unusable(e) => {
+            *stop = Some(e.into());
+            Ok(None)
+        }
+    }
 }
 
 /// The checks made before the body is read: tenant, table, media type, key.
@@ -187,15 +225,6 @@ async fn admit(
     })
 }
 
-/// A keyed request's decision, from its body.
-async fn decide(keyed: Keyed, framing: Framing, body: &Bytes, split: Split) -> Decision {
-    let body = BodyUse {
-        fingerprint: Fingerprint::of(framing, body),
-        split,
-    };
-    keyed.decide(body).await
-}
-
 /// Parse the rows, publish the accepted ones, answer; record the end under the key.
 async fn publish(
     state: &IngestState,
@@ -215,34 +244,13 @@ async fn publish(
     let rows = match parse::rows(body, admitted.framing, limits) {
         Ok(rows) => rows,
         Err(e) => {
-            return finish(
-                claim,
-                &Outcome::default(),
-                failure(StatusCode::BAD_REQUEST, e.0),
-            )
-            .await
+            let refusal = failure(StatusCode::BAD_REQUEST, e.0);
+            return settle(claim, &Outcome::default(), None, refusal).await;
         }
     };
-    let permit = match claim.as_ref().map(Claim::deadline) {
-        None => Some(state.publishing.acquire().await),
-        Some(deadline) => tokio::time::timeout_at(deadline, state.publishing.acquire())
-            .await
-            .ok(),
-    };
-    let _publishing = match permit {
-        Some(Ok(permit)) => Some(permit),
-        Some(Err(_)) => {
-            return finish(
-                claim,
-                &Outcome::default(),
-                failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into()),
-            )
-            .await
-        }
-        None => {
-            stop.get_or_insert(Stop::LeaseEnded(state.key_lease));
-            None
-        }
+    let Ok(_permit) = publishing_permit(state, claim.as_ref(), &mut stop).await else {
+        let stopping = failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
+        return settle(claim, &Outcome::default(), None, stopping).await;
     };
     let subject = format!("{}.{}.{table}", state.subject_prefix, admitted.tenant.name);
     let keyed = claim.as_ref().map(|claim| KeyedChunks {
@@ -266,43 +274,71 @@ async fn publish(
     let mut outcome = publishing.finish().await;
     if outcome.rows + reply.rejected == 0 {
         let refusal = failure(StatusCode::BAD_REQUEST, "the body holds no rows".into());
-        return finish(claim, &outcome, refusal).await;
+        return settle(claim, &outcome, None, refusal).await;
     }
     let status = reply.settle(&mut outcome);
     count_rows(&admitted.tenant.name, table, &reply, &outcome);
-    let end = match &claim {
-        Some(claim) if outcome.sent == 0 && claim.stored_before().is_empty() => End::Unused,
-        Some(_) if status == StatusCode::SERVICE_UNAVAILABLE => End::Unfinished {
-            stored: std::mem::take(&mut outcome.stored),
-        },
-        Some(_) => match reply::recorded(&reply) {
-            Some(recorded) => End::Answered {
-                status,
-                reply: recorded,
-            },
-            None => End::Unused,
-        },
-        None => End::Unused,
-    };
-    if let Some(claim) = claim {
-        claim.finish(end).await;
-    }
-    reply.into_response(status, state.retry_after)
-}
-
-/// A keyed request answered before any chunk was sent: its key is free again.
-async fn finish(claim: Option<Claim>, outcome: &Outcome, response: Response) -> Response {
-    if let Some(claim) = claim {
-        let end = if outcome.sent == 0 && claim.stored_before().is_empty() {
-            End::Unused
-        } else {
-            End::Unfinished {
-                stored: outcome.stored.clone(),
-            }
-        };
+    let answer = Some((status, &reply));
+    let end = claim.as_ref().map(|claim| end_of(claim, &outcome, answer));
+    let response = reply.into_response(status, state.retry_after);
+    if let (Some(claim), Some(end)) = (claim, end) {
         claim.finish(end).await;
     }
     response
+}
+
+/// A place among the requests publishing at once (`MAX_PUBLISHING`). A keyed request
+/// waits no longer than its lease: then `stop` says so, and nothing is sent. An error
+/// when Sluice is stopping.
+async fn publishing_permit<'s>(
+    state: &'s IngestState,
+    claim: Option<&Claim>,
+    stop: &mut Option<Stop>,
+) -> Result<Option<SemaphorePermit<'s>>, AcquireError> {
+    let Some(deadline) = claim.map(Claim::deadline) else {
+        return state.publishing.acquire().await.map(Some);
+    };
+    match tokio::time::timeout_at(deadline, state.publishing.acquire()).await {
+        Ok(permit) => permit.map(Some),
+        Err(_) => {
+            stop.get_or_insert(Stop::LeaseEnded(state.key_lease));
+            Ok(None)
+        }
+    }
+}
+
+/// Record how a keyed request ended (see [`end_of`]), then give its answer.
+async fn settle(
+    claim: Option<Claim>,
+    outcome: &Outcome,
+    answer: Option<(StatusCode, &IngestReply)>,
+    response: Response,
+) -> Response {
+    if let Some(claim) = claim {
+        let end = end_of(&claim, outcome, answer);
+        claim.finish(end).await;
+    }
+    response
+}
+
+/// How a keyed request ended, for its key's record: it sent nothing (the key is free
+/// again), it stopped with rows not stored (the chunks stored, by it or before it), or
+/// it has a final answer (`answer`, a status other than 503).
+fn end_of(claim: &Claim, outcome: &Outcome, answer: Option<(StatusCode, &IngestReply)>) -> End {
+    if outcome.sent == 0 && claim.stored_before().is_empty() {
+        return End::Unused;
+    }
+    let last = answer
+        .filter(|(status, _)| *status != StatusCode::SERVICE_UNAVAILABLE)
+        .and_then(|(status, reply)| Some((status, reply::recorded(reply)?)));
+    match last {
+        Some((status, reply)) => End::Answered { status, reply },
+        None => {
+            let mut stored = claim.stored_before().clone();
+            stored.extend(&outcome.stored);
+            End::Unfinished { stored }
+        }
+    }
 }
 
 /// The per-table counters: rows stored now (not those an earlier request under the
@@ -330,11 +366,11 @@ fn split_for(state: &IngestState, keyed: bool) -> Split {
 }
 
 /// 409: another request holds the key.
-fn in_progress(state: &IngestState) -> Response {
+fn in_progress(retry_after: Duration) -> Response {
     come_back(
         StatusCode::CONFLICT,
         "a request with this Idempotency-Key is in progress: send this one again once that one is answered (it then gets that answer)".into(),
-        state.retry_after,
+        retry_after,
     )
 }
 

@@ -4,9 +4,10 @@
 //! A keyed request, with its record in the bucket (`nats::KeyStore`, shared by every
 //! instance, kept for `[nats] duplicate_window` after its last write):
 //!
-//! 1. Before its body is read, it looks at the key ([`Idempotency::open`]): free, it
-//!    claims it (an `in_progress` record); held by a request still in progress, it is
-//!    answered 409 at once.
+//! 1. Before its body is read, it claims the key ([`Idempotency::open`]: an
+//!    `in_progress` record, written only if the key is free); a key held by a request
+//!    still in progress is answered 409 at once; a key with an earlier request's
+//!    record is read, for step 2.
 //! 2. Once the body is read, its fingerprint decides ([`Keyed::decide`]): a key used
 //!    for another body answers 422; a key whose request ended with a final answer
 //!    gives that answer again, nothing published; a key whose request ended with rows
@@ -159,38 +160,34 @@ impl Idempotency {
     /// Look at a request's key before its body is read; claim it if it is free.
     pub async fn open(&self, scope: ScopedKey) -> Opened {
         let key = scope.record_key();
-        let slot = match self.store.get(&key).await {
-            Ok(slot) => slot,
-            Err(e) => return count(KeyOutcome::Unusable, Opened::Unusable(e)),
-        };
-        let earlier = match slot {
-            Slot::Vacant { revision } => {
-                let claim = Record::in_progress(self.lease, None);
-                match Hold::take(&self.store, &key, claim, revision, self.lease).await {
-                    Ok(hold) => count(KeyOutcome::Claimed, Earlier::Free(hold)),
-                    Err(KeyStoreError::Conflict) => {
-                        return count(KeyOutcome::InProgress, Opened::InProgress)
-                    }
-                    Err(e) => return count(KeyOutcome::Unusable, Opened::Unusable(e)),
-                }
-            }
-            Slot::Held(held) => match Record::decode(&held.value) {
-                Ok(Record::InProgress { lease_ms, .. })
-                    if !lapsed(held.written, Duration::from_millis(lease_ms)) =>
-                {
-                    return count(KeyOutcome::InProgress, Opened::InProgress);
-                }
-                Ok(record) => Earlier::Record {
-                    record,
-                    revision: held.revision,
+        // Most keys are new: claimed in one round trip, read only when that fails.
+        let earlier = match self.claim(&key, 0).await {
+            Ok(hold) => Earlier::Free(hold),
+            Err(KeyStoreError::Conflict) => match self.store.get(&key).await {
+                Ok(Slot::Vacant { revision }) => match self.claim(&key, revision).await {
+                    Ok(hold) => Earlier::Free(hold),
+                    Err(e) => return refused_opened(e),
                 },
-                Err(why) => {
-                    tracing::warn!(key = %key, %why, "an Idempotency-Key record Sluice cannot read: taken over");
-                    Earlier::Unreadable {
-                        revision: held.revision,
+                Ok(Slot::Held(held)) => match Record::decode(&held.value) {
+                    Ok(Record::InProgress { lease_ms, .. })
+                        if !lapsed(held.written, Duration::from_millis(lease_ms)) =>
+                    {
+                        return count(KeyOutcome::InProgress, Opened::InProgress);
                     }
-                }
+                    Ok(record) => Earlier::Record {
+                        record,
+                        revision: held.revision,
+                    },
+                    Err(why) => {
+                        tracing::warn!(key = %key, %why, "an Idempotency-Key record Sluice cannot read: taken over");
+                        Earlier::Unreadable {
+                            revision: held.revision,
+                        }
+                    }
+                },
+                Err(e) => return refused_opened(e),
             },
+            Err(e) => return refused_opened(e),
         };
         Opened::Keyed(Keyed {
             scope,
@@ -199,6 +196,23 @@ impl Idempotency {
             lease: self.lease,
             earlier,
         })
+    }
+
+    /// Claim a key whose revision is `expected` (0: never written), before the body.
+    async fn claim(&self, key: &str, expected: u64) -> Result<Hold, KeyStoreError> {
+        let claim = Record::in_progress(self.lease, None, ChunkSet::default());
+        let hold = Hold::take(&self.store, key, claim, expected, self.lease).await?;
+        KeyOutcome::Claimed.count();
+        Ok(hold)
+    }
+}
+
+/// A key that could not be claimed before the body: another request took it this
+/// instant (409), or the bucket cannot be used (503).
+fn refused_opened(e: KeyStoreError) -> Opened {
+    match e {
+        KeyStoreError::Conflict => count(KeyOutcome::InProgress, Opened::InProgress),
+        e => count(KeyOutcome::Unusable, Opened::Unusable(e)),
     }
 }
 
@@ -245,7 +259,8 @@ impl Keyed {
     pub async fn decide(self, body: BodyUse) -> Decision {
         let (revision, body, stored, outcome) = match self.earlier {
             Earlier::Free(mut hold) => {
-                let record = Record::in_progress(self.lease, Some(body.clone()));
+                let record =
+                    Record::in_progress(self.lease, Some(body.clone()), ChunkSet::default());
                 return match hold.rewrite(record).await {
                     Ok(()) => {
                         Decision::Publish(Claim::new(hold, &self.scope, body, ChunkSet::default()))
@@ -270,10 +285,14 @@ impl Keyed {
                         body: earlier,
                         stored,
                     } => (revision, earlier, stored, KeyOutcome::Resumed),
-                    Record::InProgress { body: earlier, .. } => (
+                    Record::InProgress {
+                        body: earlier,
+                        stored,
+                        ..
+                    } => (
                         revision,
                         earlier.unwrap_or(body),
-                        ChunkSet::default(),
+                        stored,
                         KeyOutcome::TakenOver,
                     ),
                 }
@@ -282,7 +301,7 @@ impl Keyed {
                 (revision, body, ChunkSet::default(), KeyOutcome::TakenOver)
             }
         };
-        let claim = Record::in_progress(self.lease, Some(body.clone()));
+        let claim = Record::in_progress(self.lease, Some(body.clone()), stored.clone());
         match Hold::take(&self.store, &self.key, claim, revision, self.lease).await {
             Ok(hold) => count(
                 outcome,

@@ -19,6 +19,10 @@ pub enum Record {
         lease_ms: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         body: Option<BodyUse>,
+        /// Chunks an earlier request under the key stored (a resumed 503): a request
+        /// taking this claim over does not send them either.
+        #[serde(default, skip_serializing_if = "ChunkSet::is_empty")]
+        stored: ChunkSet,
     },
     /// The request ended with rows not stored (503): the same body sent again stores
     /// the chunks not in `stored`.
@@ -41,10 +45,12 @@ impl Record {
         }
     }
 
-    pub fn in_progress(lease: Duration, body: Option<BodyUse>) -> Self {
+    /// A claim for `lease`, of `body` once known, resuming after the `stored` chunks.
+    pub fn in_progress(lease: Duration, body: Option<BodyUse>, stored: ChunkSet) -> Self {
         Record::InProgress {
             lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             body,
+            stored,
         }
     }
 
@@ -176,7 +182,7 @@ mod tests {
                 depth: 64,
             },
         };
-        let claim = Record::in_progress(Duration::from_secs(60), None);
+        let claim = Record::in_progress(Duration::from_secs(60), None, ChunkSet::default());
         let text = String::from_utf8(claim.encode().to_vec()).unwrap();
         assert_eq!(text, r#"{"state":"in_progress","lease_ms":60000}"#);
         let mut stored = ChunkSet::default();
