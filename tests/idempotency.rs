@@ -457,3 +457,146 @@ async fn a_request_stored_whole_is_answered_again_while_the_stream_is_full() -> 
     assert_eq!(again.n("not_stored"), 0, "{again}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_idempotency_bucket_answers_503_and_requests_without_a_key_go_on() -> Result<()> {
+    const BUDGET: u64 = 1 << 20;
+    let stack = stack_with(&[EVENTS], &[("nats.idempotency_max_bytes", "1MiB".into())]).await?;
+    let http = stack.http().clone();
+    // The first keyed request sets the bucket up.
+    let first = post(&http, &stack, "events", rows(1..3, "first"), &keyed("k-0")).await?;
+    assert_eq!(first.status, 202, "{first}");
+
+    // Fill it to its budget from outside (records a busy day would leave).
+    let client = async_nats::connect(stack.nats.url()).await?;
+    let js = async_nats::jetstream::new(client);
+    let filler = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+    let mut stored = 0;
+    for n in 0..64 {
+        let published = js
+            .publish(format!("$KV.SLUICE_IDEMPOTENCY.filler.{n}"), filler.clone())
+            .await?
+            .await;
+        if published.is_err() {
+            break; // the server's own limit (exact on current servers)
+        }
+        let stream = js.get_stream("KV_SLUICE_IDEMPOTENCY").await?;
+        stored = stream.cached_info().state.bytes;
+        if stored >= BUDGET {
+            break;
+        }
+    }
+    assert!(
+        stored + (64 << 10) >= BUDGET,
+        "the bucket holds {stored} bytes"
+    );
+
+    // Sluice reads the bucket's size at most every 200 ms: probe with throwaway keys
+    // until it refuses one.
+    let probes = std::sync::atomic::AtomicU64::new(0);
+    wait_for(
+        "a keyed request refused for the full bucket",
+        LAND,
+        Duration::from_millis(50),
+        || async {
+            let n = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let key = format!("probe-{n}");
+            let r = post(
+                &http,
+                &stack,
+                "events",
+                rows(1000 + n..1001 + n, "probe"),
+                &keyed(&key),
+            )
+            .await?;
+            if r.status == 503 {
+                Ok(())
+            } else {
+                bail!("{r}")
+            }
+        },
+    )
+    .await?;
+    // A keyed request publishes nothing it cannot record, and says why.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        rows(10..13, "keyed"),
+        &keyed("k-1"),
+    )
+    .await?;
+    assert_eq!(
+        (r.status, r.n("accepted"), r.n("not_stored")),
+        (503, 0, 3),
+        "{r}"
+    );
+    assert!(r.headers.contains_key("retry-after"), "{r}");
+    assert!(
+        r.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("idempotency bucket SLUICE_IDEMPOTENCY is full")),
+        "{r}"
+    );
+    // Requests without a key are not held up.
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        rows(20..23, "plain"),
+        &[AS_TENANT, NDJSON],
+    )
+    .await?;
+    assert_eq!((r.status, r.n("accepted")), (202, 3), "{r}");
+    let probed = probes.load(std::sync::atomic::Ordering::Relaxed) - 1;
+    settled_with(&stack, 100, 2 + probed + 3 + 1).await?;
+    assert_eq!(
+        stack
+            .count("SELECT count() FROM events WHERE name = 'keyed'")
+            .await?,
+        0
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_write_got_no_answer_does_not_hold_the_key_for_its_lease() -> Result<()> {
+    let mut stack = stack_with(&[EVENTS], &[]).await?;
+    let http = stack.http().clone();
+    // The bucket is set up by a first keyed request.
+    let r = post(&http, &stack, "events", rows(1..2, "first"), &keyed("k-0")).await?;
+    assert_eq!(r.status, 202, "{r}");
+
+    // nats-server frozen: the claim's write gets no answer, and lands once it thaws.
+    stack.nats.sigstop().await?;
+    let body = rows(10..13, "frozen");
+    let frozen = post(&http, &stack, "events", body.clone(), &keyed("k-1")).await;
+    stack.nats.sigcont().await?;
+    let frozen = frozen?;
+    assert_eq!(
+        (frozen.status, frozen.n("not_stored")),
+        (503, 3),
+        "{frozen}"
+    );
+
+    // The request that wrote it is gone (it answered 503), and its claim with it: the
+    // retry is taken within seconds, not after the claim's lease (70 s here).
+    let thawed = Instant::now();
+    let r = wait_for(
+        "the retry taken",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let r = post(&http, &stack, "events", body.clone(), &keyed("k-1")).await?;
+            match r.status {
+                503 | 409 => bail!("{r}"),
+                _ => Ok(r),
+            }
+        },
+    )
+    .await?;
+    assert_eq!((r.status, r.n("accepted")), (202, 3), "{r}");
+    assert!(thawed.elapsed() < Duration::from_secs(30));
+    settled_with(&stack, 100, 5).await?;
+    Ok(())
+}

@@ -455,7 +455,10 @@ fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
         "mismatch",
         "unusable",
     ] {
-        series.push(("sluice_ingest_idempotency_total", vec![("outcome", outcome)]));
+        series.push((
+            "sluice_ingest_idempotency_total",
+            vec![("outcome", outcome)],
+        ));
     }
     for status in ["200", "400", "403", "429", "503", "504"] {
         series.push(("sluice_query_total", vec![("status", status)]));

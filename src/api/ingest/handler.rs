@@ -143,7 +143,7 @@ async fn open_key(
     admitted: &Admitted,
     table: &str,
     stop: &mut Option<Stop>,
-) -> Result<Option<Keyed>, Response> {
+) -> Result<Option<Box<Keyed>>, Response> {
     let (Some(key), None) = (admitted.key.clone(), &stop) else {
         return Ok(None);
     };
@@ -162,7 +162,7 @@ async fn open_key(
 /// (the first one again, 422, 409).
 async fn decide_key(
     state: &IngestState,
-    keyed: Option<Keyed>,
+    keyed: Option<Box<Keyed>>,
     framing: Framing,
     body: &Bytes,
     split: Split,

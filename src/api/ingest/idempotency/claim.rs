@@ -3,7 +3,8 @@
 //! The end is written before the answer goes out, so a client's retry finds it. When
 //! it cannot be written (NATS went away mid-request), it is tried again in the
 //! background until it is, or until the claim would lapse anyway: otherwise a retry
-//! would meet 409 for the whole lease after a short outage.
+//! would meet 409 for the whole lease after a short outage. A claim whose write got
+//! no answer (it may land later) is removed the same way, recognised by its holder.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +14,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::key::ScopedKey;
-use super::record::{BodyUse, ChunkSet, Record, Split};
+use super::record::{BodyUse, ChunkSet, Holder, Record, Split};
 use super::CLOCK_MARGIN;
-use crate::nats::{KeyStore, KeyStoreError};
+use crate::nats::{KeyStore, KeyStoreError, Slot};
 
 /// Between two tries of an end that could not be recorded.
 const SETTLE_RETRY: Duration = Duration::from_millis(500);
@@ -75,7 +76,7 @@ impl Claim {
     pub async fn finish(self, end: End) {
         let Claim { hold, body, .. } = self;
         let change = match end {
-            End::Unused => Change::Remove,
+            End::Unused => Change::Release,
             End::Unfinished { stored } => {
                 Change::Write(Record::Unfinished { body, stored }.encode())
             }
@@ -95,8 +96,10 @@ impl Claim {
 /// What the last write of a held key does.
 #[derive(Clone)]
 enum Change {
+    /// Replace the claim with this record.
     Write(Bytes),
-    Remove,
+    /// Remove the claim, if it is still this request's.
+    Release,
 }
 
 /// A key this request wrote last (at `revision`). Dropped unsettled (its client went
@@ -105,6 +108,7 @@ enum Change {
 pub(super) struct Hold {
     store: Arc<KeyStore>,
     key: String,
+    holder: Holder,
     revision: u64,
     /// The lease's end, by this process's clock: nothing is sent after it.
     pub(super) deadline: Instant,
@@ -114,24 +118,44 @@ pub(super) struct Hold {
 // === impl Hold ===
 
 impl Hold {
-    /// Write `record` under a key whose revision is `expected`, holding it for `lease`.
+    /// Write `holder`'s claim (`record`) under a key whose revision is `expected`. A
+    /// write that got no answer may still land: its claim is then removed when it
+    /// shows up (until it would lapse).
     pub(super) async fn take(
         store: &Arc<KeyStore>,
         key: &str,
         record: Record,
         expected: u64,
-        lease: Duration,
+        holder: &Holder,
     ) -> Result<Hold, KeyStoreError> {
         // Before the write: the lease is never longer here than the record says.
         let claimed_at = Instant::now();
-        let revision = store.write(key, record.encode(), expected).await?;
-        Ok(Hold {
-            store: store.clone(),
-            key: key.to_string(),
-            revision,
-            deadline: claimed_at + lease,
-            settled: false,
-        })
+        let deadline = claimed_at + holder.lease;
+        match store.write(key, record.encode(), expected).await {
+            Ok(revision) => Ok(Hold {
+                store: store.clone(),
+                key: key.to_string(),
+                holder: holder.clone(),
+                revision,
+                deadline,
+                settled: false,
+            }),
+            Err(e) => {
+                if matches!(e, KeyStoreError::Unavailable { .. }) {
+                    let lapses = deadline + CLOCK_MARGIN;
+                    tokio::spawn(keep_trying(
+                        Settling::of(store, key, holder, None),
+                        Change::Release,
+                        lapses,
+                    ));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn holder(&self) -> &Holder {
+        &self.holder
     }
 
     pub(super) async fn rewrite(&mut self, record: Record) -> Result<(), KeyStoreError> {
@@ -155,14 +179,15 @@ impl Hold {
     /// Make the last change; if it cannot be made now, keep trying in the background.
     async fn settle(mut self, change: Change) {
         self.settled = true;
-        let (store, key, revision) = (self.store.clone(), self.key.clone(), self.revision);
-        match apply(&store, &key, revision, &change).await {
-            Ok(()) | Err(KeyStoreError::Conflict) => {}
-            Err(e) => {
-                tracing::warn!(key = %key, error = %e, "the end of a keyed ingest request could not be recorded yet: trying again until its claim would lapse");
-                tokio::spawn(keep_trying(store, key, revision, change, self.lapses()));
-            }
+        let settling = self.settling();
+        if let Attempt::Again(why) = settling.attempt(&change).await {
+            tracing::warn!(key = %self.key, error = %why, "the end of a keyed ingest request could not be recorded yet: trying again until its claim would lapse");
+            tokio::spawn(keep_trying(settling, change, self.lapses()));
         }
+    }
+
+    fn settling(&self) -> Settling {
+        Settling::of(&self.store, &self.key, &self.holder, Some(self.revision))
     }
 
     /// When another request may take the key over anyway.
@@ -177,46 +202,94 @@ impl Drop for Hold {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(keep_trying(
-                self.store.clone(),
-                self.key.clone(),
-                self.revision,
-                Change::Remove,
-                self.lapses(),
-            ));
+            runtime.spawn(keep_trying(self.settling(), Change::Release, self.lapses()));
         }
     }
 }
 
-async fn apply(
-    store: &KeyStore,
-    key: &str,
-    revision: u64,
-    change: &Change,
-) -> Result<(), KeyStoreError> {
-    match change {
-        Change::Write(value) => store.write(key, value.clone(), revision).await.map(drop),
-        Change::Remove => store.remove(key, revision).await,
+/// What the last change of a claim needs, owned (it may outlive the request).
+struct Settling {
+    store: Arc<KeyStore>,
+    key: String,
+    holder: String,
+    /// The revision the claim was written at; `None` for a claim whose write got no
+    /// answer (it may land any moment, or never).
+    revision: Option<u64>,
+}
+
+/// How one try at the last change went.
+enum Attempt {
+    /// Made, or not this request's to make any more (another wrote the key).
+    Done,
+    /// Not made: try again (why, for the log).
+    Again(String),
+}
+
+impl Settling {
+    fn of(store: &Arc<KeyStore>, key: &str, holder: &Holder, revision: Option<u64>) -> Self {
+        Self {
+            store: store.clone(),
+            key: key.to_string(),
+            holder: holder.id.clone(),
+            revision,
+        }
+    }
+
+    async fn attempt(&self, change: &Change) -> Attempt {
+        let made = match (change, self.revision) {
+            (Change::Write(value), Some(revision)) => self
+                .store
+                .write(&self.key, value.clone(), revision)
+                .await
+                .map(|_| Attempt::Done),
+            (Change::Release, Some(revision)) => {
+                match self.store.remove(&self.key, revision).await {
+                    // Written since: a late write of this request's, or another's.
+                    Err(KeyStoreError::Conflict) => self.release_if_held().await,
+                    done => done.map(|()| Attempt::Done),
+                }
+            }
+            // Nothing was written for sure: only a claim that shows up is removed.
+            (_, None) => self.release_if_held().await,
+        };
+        match made {
+            Ok(attempt) => attempt,
+            Err(KeyStoreError::Conflict) => Attempt::Done,
+            Err(e) => Attempt::Again(e.to_string()),
+        }
+    }
+
+    /// Removes the key if it holds this request's claim. A key without a record may
+    /// still receive the claim's late write: tried again while `revision` is unknown.
+    async fn release_if_held(&self) -> Result<Attempt, KeyStoreError> {
+        match self.store.get(&self.key).await? {
+            Slot::Held(held)
+                if Record::decode(&held.value).is_ok_and(|r| r.claimed_by(&self.holder)) =>
+            {
+                self.store
+                    .remove(&self.key, held.revision)
+                    .await
+                    .map(|()| Attempt::Done)
+            }
+            Slot::Vacant { .. } if self.revision.is_none() => Ok(Attempt::Again(
+                "the claim's write has not landed (yet)".into(),
+            )),
+            _ => Ok(Attempt::Done),
+        }
     }
 }
 
 /// Tries `change` every [`SETTLE_RETRY`] until it is made, someone else wrote the key,
 /// or `until`.
-async fn keep_trying(
-    store: Arc<KeyStore>,
-    key: String,
-    revision: u64,
-    change: Change,
-    until: Instant,
-) {
+async fn keep_trying(settling: Settling, change: Change, until: Instant) {
     loop {
-        match apply(&store, &key, revision, &change).await {
-            Ok(()) | Err(KeyStoreError::Conflict) => return,
-            Err(e) if Instant::now() >= until => {
-                tracing::debug!(key = %key, error = %e, "an Idempotency-Key claim was not settled: it lapses");
+        match settling.attempt(&change).await {
+            Attempt::Done => return,
+            Attempt::Again(why) if Instant::now() >= until => {
+                tracing::debug!(key = %settling.key, %why, "an Idempotency-Key claim was not settled: it lapses");
                 return;
             }
-            Err(_) => tokio::time::sleep(SETTLE_RETRY).await,
+            Attempt::Again(_) => tokio::time::sleep(SETTLE_RETRY).await,
         }
     }
 }

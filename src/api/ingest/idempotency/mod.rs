@@ -42,8 +42,8 @@ use crate::telemetry::metrics as m;
 use claim::Hold;
 pub use claim::{Claim, End};
 pub use key::{from_headers, Fingerprint, IdempotencyKey, ScopedKey, MAX_MESSAGE_ID_LEN};
-use record::Record;
 pub use record::{BodyUse, ChunkSet, Split};
+use record::{Holder, Record};
 
 /// Beyond a claim's lease, before another request may take the key over: room for the
 /// acks still awaited when the lease ends (JetStream answers within 5 s), the last
@@ -123,7 +123,7 @@ pub enum Opened {
     /// 409: a request in progress holds the key.
     InProgress,
     /// Read the body, then [`Keyed::decide`].
-    Keyed(Keyed),
+    Keyed(Box<Keyed>),
     /// The bucket could not be used: nothing is published (503).
     Unusable(KeyStoreError),
 }
@@ -160,11 +160,12 @@ impl Idempotency {
     /// Look at a request's key before its body is read; claim it if it is free.
     pub async fn open(&self, scope: ScopedKey) -> Opened {
         let key = scope.record_key();
+        let holder = Holder::new(self.lease);
         // Most keys are new: claimed in one round trip, read only when that fails.
-        let earlier = match self.claim(&key, 0).await {
+        let earlier = match self.claim(&key, 0, &holder).await {
             Ok(hold) => Earlier::Free(hold),
             Err(KeyStoreError::Conflict) => match self.store.get(&key).await {
-                Ok(Slot::Vacant { revision }) => match self.claim(&key, revision).await {
+                Ok(Slot::Vacant { revision }) => match self.claim(&key, revision, &holder).await {
                     Ok(hold) => Earlier::Free(hold),
                     Err(e) => return refused_opened(e),
                 },
@@ -189,19 +190,24 @@ impl Idempotency {
             },
             Err(e) => return refused_opened(e),
         };
-        Opened::Keyed(Keyed {
+        Opened::Keyed(Box::new(Keyed {
             scope,
             key,
             store: self.store.clone(),
-            lease: self.lease,
+            holder,
             earlier,
-        })
+        }))
     }
 
     /// Claim a key whose revision is `expected` (0: never written), before the body.
-    async fn claim(&self, key: &str, expected: u64) -> Result<Hold, KeyStoreError> {
-        let claim = Record::in_progress(self.lease, None, ChunkSet::default());
-        let hold = Hold::take(&self.store, key, claim, expected, self.lease).await?;
+    async fn claim(
+        &self,
+        key: &str,
+        expected: u64,
+        holder: &Holder,
+    ) -> Result<Hold, KeyStoreError> {
+        let claim = Record::claim(holder, None, ChunkSet::default());
+        let hold = Hold::take(&self.store, key, claim, expected, holder).await?;
         KeyOutcome::Claimed.count();
         Ok(hold)
     }
@@ -236,7 +242,8 @@ pub struct Keyed {
     /// The record's key in the bucket.
     key: String,
     store: Arc<KeyStore>,
-    lease: Duration,
+    /// This request, as its claim names it.
+    holder: Holder,
     earlier: Earlier,
 }
 
@@ -259,8 +266,7 @@ impl Keyed {
     pub async fn decide(self, body: BodyUse) -> Decision {
         let (revision, body, stored, outcome) = match self.earlier {
             Earlier::Free(mut hold) => {
-                let record =
-                    Record::in_progress(self.lease, Some(body.clone()), ChunkSet::default());
+                let record = Record::claim(hold.holder(), Some(body.clone()), ChunkSet::default());
                 return match hold.rewrite(record).await {
                     Ok(()) => {
                         Decision::Publish(Claim::new(hold, &self.scope, body, ChunkSet::default()))
@@ -301,8 +307,8 @@ impl Keyed {
                 (revision, body, ChunkSet::default(), KeyOutcome::TakenOver)
             }
         };
-        let claim = Record::in_progress(self.lease, Some(body.clone()), stored.clone());
-        match Hold::take(&self.store, &self.key, claim, revision, self.lease).await {
+        let claim = Record::claim(&self.holder, Some(body.clone()), stored.clone());
+        match Hold::take(&self.store, &self.key, claim, revision, &self.holder).await {
             Ok(hold) => count(
                 outcome,
                 Decision::Publish(Claim::new(hold, &self.scope, body, stored)),

@@ -16,6 +16,9 @@ pub enum Record {
     /// publishing its rows. Taken over by another request once older than `lease_ms`
     /// plus [`super::CLOCK_MARGIN`] (its holder crashed, or is past every limit).
     InProgress {
+        /// The request holding it (see [`Holder`]).
+        #[serde(default)]
+        holder: String,
         lease_ms: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         body: Option<BodyUse>,
@@ -45,13 +48,19 @@ impl Record {
         }
     }
 
-    /// A claim for `lease`, of `body` once known, resuming after the `stored` chunks.
-    pub fn in_progress(lease: Duration, body: Option<BodyUse>, stored: ChunkSet) -> Self {
+    /// `holder`'s claim, of `body` once known, resuming after the `stored` chunks.
+    pub fn claim(holder: &Holder, body: Option<BodyUse>, stored: ChunkSet) -> Self {
         Record::InProgress {
-            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            holder: holder.id.clone(),
+            lease_ms: u64::try_from(holder.lease.as_millis()).unwrap_or(u64::MAX),
             body,
             stored,
         }
+    }
+
+    /// Whether this is a claim of the request named `holder`.
+    pub fn claimed_by(&self, holder: &str) -> bool {
+        matches!(self, Record::InProgress { holder: h, .. } if h == holder)
     }
 
     pub fn encode(&self) -> bytes::Bytes {
@@ -61,6 +70,26 @@ impl Record {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         serde_json::from_slice(bytes).map_err(|e| format!("an unreadable record: {e}"))
+    }
+}
+
+/// The request holding a claim, named at random: a claim whose write timed out (NATS
+/// frozen, the network cut) may still land later, and its request, which answered
+/// 503 meanwhile, must still be able to tell it for its own and remove it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub id: String,
+    /// How long its claim holds the key.
+    pub lease: Duration,
+}
+
+impl Holder {
+    pub fn new(lease: Duration) -> Self {
+        use rand::RngExt as _;
+        Self {
+            id: format!("{:016x}", rand::rng().random::<u64>()),
+            lease,
+        }
     }
 }
 
@@ -182,9 +211,21 @@ mod tests {
                 depth: 64,
             },
         };
-        let claim = Record::in_progress(Duration::from_secs(60), None, ChunkSet::default());
+        let holder = Holder {
+            id: "00000000000000aa".into(),
+            lease: Duration::from_secs(60),
+        };
+        let claim = Record::claim(&holder, None, ChunkSet::default());
         let text = String::from_utf8(claim.encode().to_vec()).unwrap();
-        assert_eq!(text, r#"{"state":"in_progress","lease_ms":60000}"#);
+        assert_eq!(
+            text,
+            r#"{"state":"in_progress","holder":"00000000000000aa","lease_ms":60000}"#
+        );
+        assert!(Record::decode(text.as_bytes())
+            .unwrap()
+            .claimed_by(&holder.id));
+        assert!(!claim.claimed_by("00000000000000ab"));
+        assert_ne!(Holder::new(holder.lease).id, Holder::new(holder.lease).id);
         let mut stored = ChunkSet::default();
         stored.insert(0);
         let unfinished = Record::Unfinished {
