@@ -20,9 +20,10 @@ use sluice::nats::{
     Publisher, StreamSettings, MANIFEST_MAX_AGE,
 };
 use sluice_actors::{
-    Class, ClickHouseError, Dedup, Delivery, InsertRequest, Inserter, Manifest, ManifestState,
-    ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings, RejectedRow, ServerInfo,
-    Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver, Target,
+    ClaimError, Class, ClickHouseError, Dedup, Delivery, FetchError, InsertRequest, Inserter,
+    Manifest, ManifestState, ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings,
+    RejectedRow, ServerInfo, Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver,
+    Target,
 };
 use sluice_harness::{available, wait_until, NatsFlavor, NatsServer};
 use tokio::time::Instant;
@@ -65,6 +66,40 @@ fn manifest_settings() -> ManifestSettings {
 
 fn table() -> TableKey {
     TableKey::new("acme", "events")
+}
+
+/// A batch of these messages of the ingest stream as `store` reads it now.
+fn batch_of(store: &JsManifestStore, messages: Vec<u64>) -> Manifest {
+    let incarnation = store
+        .incarnation()
+        .expect("the store has read the ingest stream");
+    Manifest::new(table(), incarnation, messages)
+}
+
+/// Record a manifest as the ledger does: a new batch claims its messages, a later
+/// state of it is an update.
+async fn record(store: &JsManifestStore, m: &Manifest) -> Result<()> {
+    match m.state {
+        ManifestState::Open => store
+            .claim(m)
+            .await
+            .map_err(|e| anyhow!("claiming {}: {e}", m.id)),
+        _ => store
+            .update(m)
+            .await
+            .map_err(|e| anyhow!("recording {}: {e}", m.id)),
+    }
+}
+
+/// The manifest a value of `key` holds.
+fn decode_value(key: &str, value: &[u8]) -> Result<Manifest> {
+    let incarnation = key
+        .split('.')
+        .nth(1)
+        .and_then(|i| i.parse().ok())
+        .context("the incarnation in the key")?;
+    decode_manifest(value, incarnation)
+        .map_err(|e| anyhow!("the value of {key} is not a manifest: {e}"))
 }
 
 fn settled(mut m: Manifest, rejected: Vec<RejectedRow>) -> Manifest {
@@ -160,10 +195,11 @@ impl Instance {
     }
 
     async fn record(&self, m: &Manifest) -> Result<()> {
-        self.store
-            .record(m)
-            .await
-            .map_err(|e| anyhow!("recording {}: {e}", m.id))
+        record(&self.store, m).await
+    }
+
+    fn batch(&self, messages: Vec<u64>) -> Manifest {
+        batch_of(&self.store, messages)
     }
 
     /// Until this instance's store answers `holding(seq)` as `expect` (an id, or none).
@@ -220,8 +256,7 @@ async fn live_manifests(js: &jetstream::Context) -> Result<BTreeMap<String, Mani
         if entry.operation != kv::Operation::Put {
             continue;
         }
-        let manifest = decode_manifest(&entry.value)
-            .map_err(|e| anyhow!("the value of {key} is not a manifest: {e}"))?;
+        let manifest = decode_value(&key, &entry.value)?;
         ensure!(
             key.ends_with(&format!(".{}", manifest.id)),
             "key {key} holds manifest {}",
@@ -289,7 +324,7 @@ async fn the_bucket_is_created_by_sluice_and_again_harmlessly() -> Result<()> {
     );
 
     // It is a key-value bucket as any client sees one, and the store's writes are in it.
-    let m = Manifest::new(table(), setup.publish_rows(3).await?);
+    let m = first.batch(setup.publish_rows(3).await?);
     first.record(&m).await?;
     let kv = setup.js.get_key_value(BUCKET).await?;
     let keys: Vec<String> = kv.keys().await?.try_collect().await?;
@@ -299,7 +334,7 @@ async fn the_bucket_is_created_by_sluice_and_again_harmlessly() -> Result<()> {
         "{keys:?}"
     );
     let value = kv.get(&keys[0]).await?.context("the value")?;
-    assert_eq!(decode_manifest(&value).map_err(|e| anyhow!("{e}"))?, m);
+    assert_eq!(decode_value(&keys[0], &value)?, m);
     Ok(())
 }
 
@@ -315,7 +350,7 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
-    let open = Manifest::new(table(), seqs[..3].to_vec());
+    let open = a.batch(seqs[..3].to_vec());
     a.record(&open).await?;
     assert_eq!(
         a.store.holding(seqs[1]).as_deref(),
@@ -336,6 +371,7 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
             class: Class::Rejected,
             code: Some(27),
             error: "Cannot parse input".into(),
+            parked: false,
         }],
     );
     a.record(&done).await?;
@@ -357,6 +393,49 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
     Ok(())
 }
 
+/// Two instances form batches sharing a message (a copy delivered again, a record that
+/// landed late): the batch recorded first keeps it; the other's claim fails, names the
+/// first, and its record is gone from the bucket, so its rows go back to join the first.
+#[tokio::test]
+async fn of_two_batches_claiming_a_message_the_one_recorded_first_wins() -> Result<()> {
+    let Some(setup) =
+        Setup::start("of_two_batches_claiming_a_message_the_one_recorded_first_wins").await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(3).await?;
+    let first = a.batch(seqs[..2].to_vec());
+    let second = b.batch(seqs[1..].to_vec());
+    // Right after a's record: b's claim waits for its own index to pass its record,
+    // so it sees a's, recorded before.
+    a.record(&first).await?;
+    let refused = b
+        .store
+        .claim(&second)
+        .await
+        .expect_err("the second claim on a message");
+    assert_eq!(
+        refused,
+        ClaimError::Conflict {
+            id: second.id.clone(),
+            earlier: first.id.clone()
+        }
+    );
+    assert_eq!(
+        setup.bucket().await?.into_values().collect::<Vec<_>>(),
+        vec![first.clone()],
+        "the losing record is removed"
+    );
+    for instance in [&a, &b] {
+        instance.wait_holding(seqs[1], Some(&first)).await?;
+        instance.wait_holding(seqs[2], None).await?;
+    }
+    // The winner's messages are still its own: it claims them again without conflict.
+    a.record(&first).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Result<()> {
     // Enough that reading them takes longer than setting up the consumer does.
@@ -369,10 +448,7 @@ async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Re
     let a = setup.instance().await?;
     a.ready().await?;
     let seqs = setup.publish_rows(N * 2).await?;
-    let manifests: Vec<Manifest> = seqs
-        .chunks(2)
-        .map(|pair| Manifest::new(table(), pair.to_vec()))
-        .collect();
+    let manifests: Vec<Manifest> = seqs.chunks(2).map(|pair| a.batch(pair.to_vec())).collect();
     assert_eq!(manifests.len(), N);
     for m in &manifests {
         a.record(m).await?;
@@ -430,8 +506,17 @@ async fn fetch_reads_rows_by_sequence_in_the_order_asked_and_names_a_missing_one
             .fetch(&[seqs[1], missing])
             .await
             .expect_err("a row not in the stream");
-        assert!(e.0.contains("no longer in the stream"), "{e}");
-        assert!(e.0.contains(&missing.to_string()), "names it: {e}");
+        assert_eq!(
+            e,
+            FetchError::Gone {
+                stream_sequence: missing
+            },
+            "names it"
+        );
+        assert!(
+            e.to_string().contains("no longer in the ingest stream"),
+            "{e}"
+        );
     }
     Ok(())
 }
@@ -449,8 +534,8 @@ async fn a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected() 
     let mut source = a.source().await?;
     let mut delivered = pull(&mut source, 3).await?;
     delivered.sort_by_key(|d| d.position().stream_sequence);
-    let done = settled(Manifest::new(table(), seqs[..2].to_vec()), vec![]);
-    let open = Manifest::new(table(), vec![seqs[2]]);
+    let done = settled(a.batch(seqs[..2].to_vec()), vec![]);
+    let open = a.batch(vec![seqs[2]]);
     a.record(&done).await?;
     a.record(&open).await?;
 
@@ -515,7 +600,7 @@ async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collect
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(2).await?;
-    let old = Manifest::new(table(), seqs.clone());
+    let old = a.batch(seqs.clone());
     a.record(&old).await?;
     b.wait_holding(seqs[0], Some(&old)).await?;
 
@@ -541,7 +626,7 @@ async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collect
     assert!(setup.bucket().await?.is_empty());
 
     // A batch of the new stream is recorded and found as usual.
-    let new = Manifest::new(table(), again);
+    let new = a.batch(again);
     a.record(&new).await?;
     b.wait_holding(seqs[0], Some(&new)).await?;
     Ok(())
@@ -554,7 +639,7 @@ async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
-    let before = Manifest::new(table(), seqs[..2].to_vec());
+    let before = a.batch(seqs[..2].to_vec());
     a.record(&before).await?;
     b.wait_holding(seqs[0], Some(&before)).await?;
 
@@ -568,7 +653,7 @@ async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
     b.ready().await?;
     a.ready().await?;
     assert_eq!(b.store.holding(seqs[1]).as_deref(), Some(&before));
-    let after = Manifest::new(table(), seqs[2..].to_vec());
+    let after = a.batch(seqs[2..].to_vec());
     a.record(&after).await?;
     b.wait_holding(seqs[3], Some(&after)).await?;
     b.store
@@ -608,8 +693,8 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
     let mut refusal = None;
     for i in 0..400u64 {
         let first = 1 + i * 10_000;
-        let m = Manifest::new(table(), (first..first + 10_000).collect());
-        match store.record(&m).await {
+        let m = batch_of(&store, (first..first + 10_000).collect());
+        match store.claim(&m).await {
             Ok(()) => recorded.push(m),
             Err(e) => {
                 refusal = Some(e);
@@ -618,11 +703,10 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
         }
     }
     let refusal = refusal.context("the bucket never filled")?;
+    let refusal = refusal.to_string();
     assert!(
-        refusal
-            .0
-            .contains("manifest bucket SLUICE_MANIFESTS is full")
-            && refusal.0.contains("manifest_max_bytes"),
+        refusal.contains("manifest bucket SLUICE_MANIFESTS is full")
+            && refusal.contains("manifest_max_bytes"),
         "{refusal}"
     );
     assert!(recorded.len() > 50, "{} recorded", recorded.len());
@@ -644,12 +728,12 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
             .map_err(|e| anyhow!("forgetting {} in a full bucket: {e}", m.id))?;
     }
     assert_eq!(setup.bucket().await?.len(), recorded.len() - 10);
-    let m = Manifest::new(table(), (5_000_000..5_010_000).collect());
+    let m = batch_of(&store, (5_000_000..5_010_000).collect());
     wait_until(
         "the bucket takes a record again",
         DEADLINE,
         POLL,
-        || async { store.record(&m).await.is_ok() },
+        || async { store.claim(&m).await.is_ok() },
     )
     .await?;
     Ok(())
@@ -673,8 +757,8 @@ async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
     let b = setup.instance().await?;
     b.ready().await?;
     let seqs = setup.publish_rows(2).await?;
-    let m = Manifest::new(table(), seqs.clone());
-    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    let m = batch_of(&a, seqs.clone());
+    record(&a, &m).await?;
     a.forget(&m.id).await.map_err(|e| anyhow!("{e}"))?;
     b.wait_holding(seqs[0], None).await?;
     let mut bucket = setup.js.get_stream(bucket_stream_name(BUCKET)).await?;
@@ -697,7 +781,7 @@ async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
         "the bucket is empty"
     );
     // The same batch recorded again is found as ever.
-    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    record(&a, &m).await?;
     b.wait_holding(seqs[1], Some(&m)).await?;
     Ok(())
 }
