@@ -850,9 +850,20 @@ impl Setup {
         instance: Instance,
         table: Arc<DedupTable>,
     ) -> Result<PipelineHandle<JsDelivery>> {
+        self.pipeline_gathering(instance, table, Duration::from_millis(300))
+            .await
+    }
+
+    /// The same, gathering the messages of a recorded batch for `reform_wait`.
+    async fn pipeline_gathering(
+        &self,
+        instance: Instance,
+        table: Arc<DedupTable>,
+        reform_wait: Duration,
+    ) -> Result<PipelineHandle<JsDelivery>> {
         let settings = PipelineSettings {
             shutdown_deadline: Duration::from_secs(1),
-            reform_wait: Duration::from_millis(300),
+            reform_wait,
             ..Default::default()
         };
         let tables = TableSettingsResolver::new(TableSettings {
@@ -973,4 +984,171 @@ async fn a_batch_left_by_a_stopped_instance_is_formed_again_by_another() -> Resu
         "the same rows under the same token"
     );
     Ok(())
+}
+
+/// Copies of a recorded batch's messages are gathered here while another instance
+/// settles the batch, acks its messages and removes the record: the copies are not
+/// inserted again (an earlier Sluice formed them into a new batch once the rest of
+/// the batch was no longer in the stream: their rows twice).
+#[tokio::test]
+async fn copies_gathered_while_their_batch_was_settled_elsewhere_are_not_inserted_again(
+) -> Result<()> {
+    let Some(setup) = Setup::start(
+        "copies_gathered_while_their_batch_was_settled_elsewhere_are_not_inserted_again",
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    // The other instance holds the four messages and records them as one batch.
+    let other = setup.instance().await?;
+    other.ready().await?;
+    let seqs = setup.publish_rows(4).await?;
+    let held = fetch_exactly(&setup.js, 4).await?;
+    let batch = other.batch(seqs.clone());
+    other.record(&batch).await?;
+    // This instance gathers copies of two of them (the others are still held there),
+    // and waits long for the rest.
+    let table = Arc::new(DedupTable::default());
+    let here = setup.instance().await?;
+    let here_store = here.store.clone();
+    let pipeline = setup
+        .pipeline_gathering(here, table.clone(), Duration::from_secs(5))
+        .await?;
+    here_store.ready(READY).await.map_err(|e| anyhow!("{e}"))?;
+    let mut kept = Vec::new();
+    for m in held {
+        let seq = m.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
+        if seq <= seqs[1] {
+            m.ack_with(jetstream::AckKind::Nak(None))
+                .await
+                .map_err(|e| anyhow!("nak: {e}"))?;
+        } else {
+            kept.push(m);
+        }
+    }
+    wait_until("the copies gathered here", DEADLINE, POLL, || async {
+        buffered_rows(&pipeline.tree_json()) == 2
+    })
+    .await?;
+    // The other instance settles the batch: its verdicts, every message acked (the two
+    // copies' messages leave the stream with it), the record removed.
+    other.record(&settled(batch.clone(), vec![])).await?;
+    for m in kept {
+        m.double_ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    let ingest = setup.js.get_stream("INGEST").await?;
+    for seq in &seqs[..2] {
+        ingest.delete_message(*seq).await?;
+    }
+    other
+        .store
+        .forget(&batch.id)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    wait_until("the stream empty", DEADLINE, POLL, || async {
+        stream_messages(&setup.js).await.is_ok_and(|n| n == 0)
+    })
+    .await?;
+    // Past the gathering's wait: the copies were settled, never inserted.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    pipeline.shutdown().await;
+    assert!(
+        table.sent().is_empty(),
+        "copies of settled rows were inserted again: {:?}",
+        table.sent()
+    );
+    Ok(())
+}
+
+/// A message of a settled batch comes back, its rejected row recorded as parked: it is
+/// acked, and the row is not parked again, however long after (the DLQ's own
+/// duplicate window is two minutes).
+#[tokio::test]
+async fn a_row_recorded_parked_is_not_parked_again_when_its_message_comes_back() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_row_recorded_parked_is_not_parked_again_when_its_message_comes_back")
+            .await?
+    else {
+        return Ok(());
+    };
+    let other = setup.instance().await?;
+    other.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let batch = other.batch(seqs.clone());
+    other.record(&batch).await?;
+    let done = settled(
+        batch,
+        vec![RejectedRow {
+            stream_sequence: seqs[1],
+            line: 0,
+            class: Class::Rejected,
+            code: Some(27),
+            error: "Cannot parse input".into(),
+            parked: true,
+        }],
+    );
+    other.record(&done).await?;
+    // The other instance died after parking and recording, before its acks.
+    let table = Arc::new(DedupTable::default());
+    let pipeline = setup
+        .pipeline(setup.instance().await?, table.clone())
+        .await?;
+    setup.wait_queue_empty().await?;
+    pipeline.shutdown().await;
+    assert!(
+        table.sent().is_empty(),
+        "inserted again: {:?}",
+        table.sent()
+    );
+    let dlq = setup.js.get_stream("DLQ").await?;
+    assert_eq!(dlq.cached_info().state.messages, 0, "parked a second time");
+    Ok(())
+}
+
+/// Exactly `n` messages pulled by one request of their own (no request left waiting on
+/// the server to take the ones handed back later).
+async fn fetch_exactly(js: &jetstream::Context, n: usize) -> Result<Vec<jetstream::Message>> {
+    let consumer: consumer::PullConsumer = js
+        .get_stream("INGEST")
+        .await?
+        .get_consumer("sluice")
+        .await
+        .map_err(|e| anyhow!("the consumer: {e}"))?;
+    let messages: Vec<jetstream::Message> = consumer
+        .fetch()
+        .max_messages(n)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .map_err(|e| anyhow!("fetching: {e}"))?
+        .try_collect()
+        .await
+        .map_err(|e| anyhow!("fetching: {e}"))?;
+    ensure!(messages.len() == n, "fetched {} of {n}", messages.len());
+    Ok(messages)
+}
+
+/// Messages in the ingest stream (a work queue: acked ones leave it).
+async fn stream_messages(js: &jetstream::Context) -> Result<u64> {
+    let mut stream = js.get_stream("INGEST").await?;
+    Ok(stream.info().await?.state.messages)
+}
+
+/// The rows a pipeline's tables hold (buffered or gathered), from its tree.
+fn buffered_rows(tree: &serde_json::Value) -> u64 {
+    fn walk(node: &serde_json::Value, sum: &mut u64) {
+        if let Some(n) = node
+            .pointer("/state/buffered_rows")
+            .and_then(|v| v.as_u64())
+        {
+            *sum += n;
+        }
+        for child in node["children"].as_array().into_iter().flatten() {
+            walk(child, sum);
+        }
+    }
+    let mut sum = 0;
+    walk(tree, &mut sum);
+    sum
 }

@@ -684,3 +684,56 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
     assert_eq!(r.journal.parked(), 1);
     r.handle.shutdown().await;
 }
+
+/// A recorded batch is removed while copies of two of its messages are gathered here
+/// (another instance settled it and acked every message; this one heard only of the
+/// removal): the copies are acked, never inserted as a batch of their own.
+#[tokio::test(start_paused = true)]
+async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
+    let r = eo_rig(100).await;
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let seqs: Vec<u64> = (0..4)
+        .map(|i| {
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect();
+    let m = Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.clone(),
+    );
+    futures::executor::block_on(store(&r).claim(&m)).unwrap();
+    redeliver(&r, &seqs[..2], 2);
+    until(&r, Duration::from_millis(500), |r| {
+        r.handle
+            .tree_json()
+            .to_string()
+            .contains("\"buffered_rows\":2")
+    })
+    .await;
+    // Elsewhere: every message acked, the record removed.
+    for s in &seqs {
+        futures::executor::block_on(r.journal.redeliver(*s, 3).ack()).unwrap();
+    }
+    futures::executor::block_on(store(&r).forget(&m.id)).unwrap();
+    until(&r, Duration::from_secs(10), |r| {
+        seqs[..2].iter().all(|s| {
+            r.journal
+                .terminal(*s)
+                .iter()
+                .filter(|e| **e == Event::Acked)
+                .count()
+                == 2
+        })
+    })
+    .await;
+    assert_eq!(
+        r.main().request_count(),
+        0,
+        "copies of settled rows inserted"
+    );
+    r.handle.shutdown().await;
+}

@@ -35,7 +35,7 @@ pub enum Formed<D> {
     /// copies of its messages delivered twice, which go back beside it.
     Batch {
         batch: Batch<D>,
-        record: Option<Manifest>,
+        record: Option<Box<Manifest>>,
         back: Vec<D>,
     },
     /// The batch cannot be sent now: its messages go back (see the refusal).
@@ -116,7 +116,7 @@ pub async fn claim_fresh<D: Delivery>(
     }
     let formed = Formed::Batch {
         batch,
-        record: Some(manifest),
+        record: Some(Box::new(manifest)),
         back: Vec::new(),
     };
     (formed, expired)
@@ -186,7 +186,7 @@ pub async fn reform<D: Delivery>(
     }
     Formed::Batch {
         batch,
-        record: Some(manifest),
+        record: Some(Box::new(manifest)),
         back: copies,
     }
 }
@@ -207,17 +207,22 @@ async fn removed_meanwhile<D: Delivery>(io: &LedgerIo<'_>, id: &str, held: Vec<D
             }
         }
     };
-    let (back, copies): (Vec<(D, bool)>, Vec<(D, bool)>) = held
-        .into_iter()
-        .zip(in_stream)
-        .partition(|(_, there)| *there);
+    let mut back = Vec::new();
+    let mut copies = Vec::new();
+    for (d, there) in held.into_iter().zip(in_stream) {
+        if there {
+            back.push(d);
+        } else {
+            copies.push(d);
+        }
+    }
     tracing::debug!(tenant = %io.key.tenant, table = %io.key.table, manifest = %id,
         acked_elsewhere = copies.len(), still_queued = back.len(),
         "a recorded batch was removed while its messages were gathered: copies of settled rows are dropped, the rest come again");
     Formed::Settled {
         by_record: None,
-        copies: copies.into_iter().map(|(d, _)| d).collect(),
-        back: back.into_iter().map(|(d, _)| d).collect(),
+        copies,
+        back,
     }
 }
 

@@ -329,7 +329,7 @@ async fn settle_formed<I, D: Delivery>(
         } => {
             back_for_now(ctx, back);
             let rows = batch.rows();
-            let Some(m) = record else {
+            let Some(m) = record.map(|m| *m) else {
                 let verdicts = vec![RowVerdict::Pending; rows];
                 return Prepared::Send {
                     batch,
