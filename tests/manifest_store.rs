@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use async_nats::jetstream::{self, consumer, kv, stream};
 use bytes::Bytes;
-use futures::TryStreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use sluice::nats::{
     bucket_stream_name, decode_manifest, ensure_consumer, ensure_streams, DlqWriter,
     JetStreamSource, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings,
@@ -466,6 +466,50 @@ async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Re
             );
         }
     }
+    Ok(())
+}
+
+/// nats-server restarts under a connected source: the index is rebuilt by a new watch,
+/// and the source pulls nothing before that watch has read every manifest again (a
+/// redelivered message checked against an index still filling could be taken for a
+/// fresh one and sent in a batch of its own).
+#[tokio::test]
+async fn after_a_reconnect_nothing_is_pulled_before_the_index_is_complete_again() -> Result<()> {
+    // Enough that a new watch takes a while to read them all.
+    const N: u64 = 20_000;
+    let Some(mut setup) =
+        Setup::start("after_a_reconnect_nothing_is_pulled_before_the_index_is_complete_again")
+            .await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let writes = (0..N).map(|i| {
+        let m = settled(a.batch(vec![1_000_000 + i]), vec![]);
+        let store = a.store.clone();
+        async move { store.update(&m).await }
+    });
+    let written: Vec<_> = futures::stream::iter(writes)
+        .buffer_unordered(200)
+        .try_collect()
+        .await
+        .map_err(|e| anyhow!("writing manifests: {e}"))?;
+    assert_eq!(written.len() as u64, N);
+    let mut source = a.source().await?;
+    let connects = a.connects();
+    setup.server.restart().await?;
+    wait_until("reconnected", DEADLINE, POLL, || async {
+        a.connects() > connects
+    })
+    .await?;
+    setup.publish_rows(1).await?;
+    let delivered = pull(&mut source, 1).await?;
+    assert!(
+        a.store.caught_up(),
+        "a message was pulled before the index read the bucket again"
+    );
+    drop(delivered);
     Ok(())
 }
 

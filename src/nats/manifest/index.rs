@@ -287,6 +287,12 @@ impl Index {
         self.readiness.send_modify(|r| r.caught_up = false);
     }
 
+    /// Whether a watch on the client's current connection has caught up.
+    pub fn caught_up_on(&self, client: &async_nats::Client) -> bool {
+        let r = *self.readiness.borrow();
+        r.caught_up && r.connects == client.statistics().connects.load(Ordering::Relaxed)
+    }
+
     /// Wait until a watch on the client's current connection has caught up.
     pub async fn wait_caught_up(
         &self,

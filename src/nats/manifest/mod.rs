@@ -177,6 +177,12 @@ impl JsManifestStore {
         collect::collect(&self.shared).await
     }
 
+    /// Whether the index holds every manifest of the bucket for the client's current
+    /// connection (what [`JsManifestStore::ready`] waits for), without waiting.
+    pub fn caught_up(&self) -> bool {
+        self.shared.index.caught_up_on(&self.shared.js.client())
+    }
+
     /// The batch holding a message (the first claim on it), as this instance's index
     /// knows it now (tests and tools: the tables keep their own).
     pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
