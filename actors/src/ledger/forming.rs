@@ -94,7 +94,8 @@ pub async fn claim_fresh<D: Delivery>(
         );
     };
     let batch = Batch::new(live, held_since);
-    let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences());
+    let manifest =
+        Manifest::new(io.key.clone(), incarnation, batch.sequences()).claimed_at(unix_ms());
     if let Err(e) = io.store.claim(&manifest).await {
         let why = match e {
             ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },
@@ -120,6 +121,13 @@ pub async fn claim_fresh<D: Delivery>(
         back: Vec::new(),
     };
     (formed, expired)
+}
+
+/// Now, in ms since the epoch (a record's time: it is read by other instances).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A recorded batch again: the record read now; the messages held, the others read

@@ -23,6 +23,10 @@ pub struct Manifest {
     pub incarnation: u64,
     /// The batch's messages by stream sequence, ascending: the order their rows are sent.
     pub messages: Vec<u64>,
+    /// When the batch was claimed (before its first attempt), in ms since the epoch; 0
+    /// when unknown (a record written before this was kept). A retry later than the
+    /// table's deduplication window is counted: ClickHouse may take it twice.
+    pub claimed_at_ms: u64,
     pub state: ManifestState,
 }
 
@@ -81,8 +85,23 @@ impl Manifest {
             table,
             incarnation,
             messages,
+            claimed_at_ms: 0,
             state: ManifestState::Open,
         }
+    }
+
+    /// The same batch, claimed at `ms` (since the epoch).
+    pub fn claimed_at(self, ms: u64) -> Self {
+        Self {
+            claimed_at_ms: ms,
+            ..self
+        }
+    }
+
+    /// How long ago the batch was claimed, if known.
+    pub fn age(&self, now_ms: u64) -> Option<std::time::Duration> {
+        (self.claimed_at_ms > 0)
+            .then(|| std::time::Duration::from_millis(now_ms.saturating_sub(self.claimed_at_ms)))
     }
 
     /// The token of the whole batch's insert. A record written before tokens named the

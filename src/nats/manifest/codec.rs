@@ -11,6 +11,7 @@
 //! state         u8: 0 open, 1 settled, 2 split
 //! tenant, table varint length + UTF-8 each
 //! messages      varint count, varint first sequence, varint gap to each next one
+//! claimed at    varint ms since the epoch (0: unknown)
 //! settled:      varint count, then per rejected row: varint stream sequence, varint
 //!               line, u8 class, varint code + 1 (0: none), varint length + UTF-8 error
 //!               (at most 1 KiB, as on the DLQ), u8 parked (0, 1)
@@ -70,6 +71,7 @@ pub fn encode(m: &Manifest) -> Bytes {
         put_varint(&mut out, if i == 0 { seq } else { seq - previous });
         previous = seq;
     }
+    put_varint(&mut out, m.claimed_at_ms);
     match &m.state {
         ManifestState::Open => {}
         ManifestState::Settled { rejected } => {
@@ -123,7 +125,9 @@ pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
         messages.push(seq);
     }
     let incarnation = if version == VERSION_1 { 0 } else { incarnation };
-    let mut manifest = Manifest::new(TableKey::new(tenant, table), incarnation, messages);
+    let claimed_at = if version == VERSION_1 { 0 } else { r.varint()? };
+    let mut manifest =
+        Manifest::new(TableKey::new(tenant, table), incarnation, messages).claimed_at(claimed_at);
     manifest.state = match state {
         OPEN => ManifestState::Open,
         SETTLED => {
@@ -300,7 +304,7 @@ mod tests {
     }
 
     fn manifest(messages: Vec<u64>) -> Manifest {
-        Manifest::new(key(), INCARNATION, messages)
+        Manifest::new(key(), INCARNATION, messages).claimed_at(1_764_660_000_000)
     }
 
     fn rejected(
@@ -476,6 +480,7 @@ mod tests {
         // A count far past the value's length reserves nothing.
         let mut huge = vec![VERSION, OPEN, 1, b'a', 1, b'b'];
         huge.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
+        huge.push(0);
         assert_eq!(decode(&huge, INCARNATION), Err(DecodeError::Truncated));
     }
 }
