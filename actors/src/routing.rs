@@ -3,20 +3,31 @@
 //! ClickHouse target, or a subject that does not parse, is parked with a clear error.
 //!
 //! Neutral ground between the consumer, which routes, and the pools, which receive
-//! [`RoutedRows`]: neither module knows the other's messages.
+//! [`Routed`]: neither module knows the other's messages.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::ledger::LedgerChange;
 use crate::metrics::TableMetrics;
 use crate::ports::TableKey;
 use crate::settings::TableSettingsResolver;
 use crate::settle::ParkReason;
 
-/// One group of rows for one table, as the consumer hands it to the table's pool.
-pub struct RoutedRows<D> {
-    pub key: TableKey,
-    pub rows: Vec<D>,
+/// What the consumer hands a pool for its tables.
+pub enum Routed<D> {
+    /// Messages pulled for one table (each carrying one row or many): one group per
+    /// subject of a pulled batch.
+    Messages { key: TableKey, messages: Vec<D> },
+    /// Changes of one table's recorded batches, routed ahead of the messages pulled
+    /// after them (a table without an actor drops them: it starts from the store's
+    /// snapshot when it is spawned).
+    Ledger {
+        key: TableKey,
+        changes: Vec<LedgerChange>,
+    },
+    /// Every table starts its ledger again from the store's snapshot.
+    LedgerResync,
 }
 
 /// Where the rows of one subject go.
