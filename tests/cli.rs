@@ -213,6 +213,15 @@ fn classify_garbage_exits_2_and_says_what_it_wants() -> Result<()> {
     Ok(())
 }
 
+/// `text` written to a `config.toml` in a temp dir (kept while the dir lives), and its path.
+fn config_file(text: &str) -> Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, text)?;
+    let path = path.display().to_string();
+    Ok((dir, path))
+}
+
 fn example_config() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("config.toml")
@@ -261,13 +270,7 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
 
 #[test]
 fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        "[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n",
-    )?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file("[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n")?;
     let run = sluice(&["check-config", "--config", &path], &[])?;
     assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("batch_size"), "{}", run.stderr);
@@ -283,10 +286,7 @@ fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
 /// tenant no one defined), each with its line.
 #[test]
 fn check_config_reports_every_problem_of_a_file_in_one_run_each_with_its_line() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
+    let (_dir, path) = config_file(
         r#"[nats]
 url = "nats://127.0.0.1:4222"
 ack_wait = "60"
@@ -305,7 +305,6 @@ level = "eror"
 batch_rows = 500
 "#,
     )?;
-    let path = path.display().to_string();
     let run = sluice(&["check-config", "--config", &path, "--offline"], &[])?;
     assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
     let problems: Vec<&str> = run
@@ -354,10 +353,7 @@ batch_rows = 500
 /// naming the key (or the variable) and the levels there are.
 #[test]
 fn a_log_level_that_is_none_is_refused_by_check_config_and_run() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(&path, "[log]\nlevel = \"eror\"\n")?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file("[log]\nlevel = \"eror\"\n")?;
     let loopback = [
         ("SLUICE_API_LISTEN", "127.0.0.1:0"),
         ("SLUICE_ADMIN_LISTEN", "127.0.0.1:0"),
@@ -486,13 +482,7 @@ fn check_config_validates_a_configuration_from_the_environment_alone() -> Result
 /// `SLUICE_NATS_URL`.
 #[test]
 fn check_config_refuses_credentials_in_the_nats_url_without_printing_them() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        "[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n",
-    )?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file("[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n")?;
     let from_file = sluice(&["check-config", "--config", &path], &[])?;
     let from_env = sluice(
         &["check-config"],
@@ -596,10 +586,7 @@ token_env = "SLUICE_ADMIN_TOKEN"
 
 #[test]
 fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(&path, DESIGN_EXAMPLE)?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file(DESIGN_EXAMPLE)?;
     let env = [
         ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
         ("SLUICE_ADMIN_TOKEN", "admin-secret"),

@@ -404,6 +404,17 @@ fn unknown_metrics(m: &Metrics, queries: &[(String, String)]) -> Vec<String> {
     problems
 }
 
+/// The "Metrics and alerts" section of docs/operations.md.
+fn metrics_section() -> Result<String> {
+    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
+    let section = doc
+        .split("## Metrics and alerts")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    Ok(section.to_string())
+}
+
 /// Labels whose values come from the configuration (and a histogram's buckets): any
 /// value goes. Every other label's values are the code's own, and the docs list them.
 const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "stream", "le"];
@@ -411,12 +422,7 @@ const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "stream",
 /// docs/operations.md's metrics table: each metric a row names in its first cell
 /// (`` `name{label,label}` ``), with those labels and the row's text.
 fn documented_metrics() -> Result<BTreeMap<String, (BTreeSet<String>, String)>> {
-    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
-    let section = doc
-        .split("## Metrics and alerts")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    let section = metrics_section()?;
     let mut out = BTreeMap::new();
     for row in section.lines().filter(|l| l.starts_with("| `sluice_")) {
         let first_cell = row.split('|').nth(1).unwrap_or_default();
@@ -659,12 +665,7 @@ fn the_alert_rules_pass_promtool_and_agree_with_the_operations_doc() -> Result<(
     promtool_check_rules(&promtool, &repo_file("deploy/alerts.yaml"))?;
 
     let in_file: BTreeSet<String> = alert_rules()?.into_iter().map(|(name, _)| name).collect();
-    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
-    let section = doc
-        .split("## Metrics and alerts")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    let section = metrics_section()?;
     let in_doc: BTreeSet<String> = section
         .split('`')
         .skip(1)
