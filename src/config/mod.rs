@@ -18,7 +18,7 @@ mod file;
 mod key;
 mod log_filter;
 mod nats_url;
-pub mod schema;
+mod schema;
 mod secret;
 mod summary;
 pub mod units;
@@ -32,8 +32,6 @@ use std::time::Duration;
 
 use document::{Document, Problem};
 pub use file::{AuthMode, LogFormat};
-pub use key::Key;
-pub use log_filter::LogFilter;
 pub use secret::Secret;
 /// The name rules, one for every place a name is taken (see `sluice_actors::routing`).
 pub use sluice_actors::routing::{

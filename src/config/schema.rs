@@ -46,6 +46,7 @@ pub struct KeySpec {
     pub kind: ValueKind,
 }
 
+#[cfg(test)]
 impl KeySpec {
     /// The fixed keys of the path, `*` standing for a chosen name: `clickhouse.targets.*.url`.
     pub fn dotted(&self) -> String {

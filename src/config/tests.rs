@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::key::Key;
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -283,6 +284,18 @@ fn identifiers() {
     assert!(is_tenant_name("acme-eu"));
     assert!(!is_tenant_name("-acme"));
     assert!(!is_tenant_name("acme eu"));
+    // The cap, as the rules state it, and the docs state the rules as they are.
+    let longest = "t".repeat(MAX_NAME_LEN);
+    assert!(is_table_name(&longest) && is_tenant_name(&longest));
+    let longer = "t".repeat(MAX_NAME_LEN + 1);
+    assert!(!is_table_name(&longer) && !is_tenant_name(&longer));
+    let docs = include_str!("../../docs/operations.md");
+    for rule in [TABLE_NAME_RULE, TENANT_NAME_RULE] {
+        assert!(
+            docs.contains(&format!("`{rule}`")),
+            "docs/operations.md lacks {rule}"
+        );
+    }
 }
 
 #[test]
