@@ -349,10 +349,12 @@ batch_rows = 500
 }
 
 /// A log level that is none (`eror`, `loud`) would be a `tracing` filter for a module
-/// of that name, which silences the service: `check-config` and `run` refuse it,
-/// naming the key (or the variable) and the levels there are.
+/// of that name, which silences the service; an unknown choice of `auth` or `format`
+/// means nothing. `check-config` and `run` refuse each, naming the key (with its line,
+/// or the variable that set it) and what it takes.
 #[test]
-fn a_log_level_that_is_none_is_refused_by_check_config_and_run() -> Result<()> {
+fn unknown_levels_and_choices_are_refused_by_check_config_and_run() -> Result<()> {
+    const LEVELS: &str = "trace, debug, info, warn, error or off";
     let (_dir, path) = config_file("[log]\nlevel = \"eror\"\n")?;
     let loopback = [
         ("SLUICE_API_LISTEN", "127.0.0.1:0"),
@@ -360,39 +362,49 @@ fn a_log_level_that_is_none_is_refused_by_check_config_and_run() -> Result<()> {
         // Nothing listens on port 9: were it to start, it would retry and say so.
         ("SLUICE_NATS_URL", "nats://127.0.0.1:9"),
     ];
-    let mut with_variable = loopback.to_vec();
-    with_variable.push(("SLUICE_LOG_LEVEL", "loud"));
-    for (args, env, names) in [
-        (
-            vec!["check-config", "--config", &path, "--offline"],
-            loopback.to_vec(),
-            "line 2: [log] level:",
-        ),
-        (
-            vec!["run", "--config", &path],
-            loopback.to_vec(),
-            "line 2: [log] level:",
-        ),
-        (
-            vec!["check-config", "--offline"],
-            with_variable.clone(),
-            "SLUICE_LOG_LEVEL: [log] level:",
-        ),
-        (
-            vec!["run"],
-            with_variable.clone(),
-            "SLUICE_LOG_LEVEL: [log] level:",
-        ),
-    ] {
-        let run = sluice_bounded(&args, &env)?;
-        assert_eq!(run.code, Some(1), "{args:?}: {}{}", run.stdout, run.stderr);
-        assert!(run.stderr.contains(names), "{args:?}: {}", run.stderr);
-        assert!(
-            run.stderr
-                .contains("trace, debug, info, warn, error or off"),
-            "{args:?}: {}",
-            run.stderr
-        );
+    let with = |var: &'static str, value: &'static str| {
+        let mut env = loopback.to_vec();
+        env.push((var, value));
+        env
+    };
+    let file = ["--config", path.as_str()];
+    for command in [&["check-config", "--offline"][..], &["run"]] {
+        for (config, env, names, accepted) in [
+            (&file[..], loopback.to_vec(), "line 2: [log] level:", LEVELS),
+            (
+                &[],
+                with("SLUICE_LOG_LEVEL", "loud"),
+                "SLUICE_LOG_LEVEL: [log] level:",
+                LEVELS,
+            ),
+            (
+                &[],
+                with("SLUICE_LOG_FORMAT", "yaml"),
+                "SLUICE_LOG_FORMAT: [log] format:",
+                "expected `text` or `json`",
+            ),
+            (
+                &[],
+                with("SLUICE_API_AUTH", "tokn"),
+                "SLUICE_API_AUTH: [api] auth:",
+                "expected `token` or `none`",
+            ),
+        ] {
+            let args: Vec<&str> = command.iter().chain(config).copied().collect();
+            let run = sluice_bounded(&args, &env)?;
+            assert_eq!(
+                run.code,
+                Some(1),
+                "{args:?} {env:?}: {}{}",
+                run.stdout,
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains(names) && run.stderr.contains(accepted),
+                "{args:?} {env:?}: {}",
+                run.stderr
+            );
+        }
     }
     Ok(())
 }
