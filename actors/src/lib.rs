@@ -56,9 +56,9 @@ pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
-    Class, ClickHouseError, Dedup, Delivery, DeliveryMeta, InsertRequest, Inserter, ManifestStore,
-    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, StoreError,
-    TableKey,
+    Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, InsertRequest, Inserter,
+    ManifestStore, Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory,
+    StoreError, TableKey,
 };
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,

@@ -574,6 +574,7 @@ impl Inserter for ScriptedInserter {
                 "scripted: does not deduplicate"
             }
             .into(),
+            window: None,
         })
     }
 
