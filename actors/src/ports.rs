@@ -211,10 +211,12 @@ pub trait Inserter: Send + Sync + 'static {
     /// A cheap request proving the target answers (used for readiness).
     fn probe(&self) -> impl Future<Output = Result<ServerInfo, ClickHouseError>> + Send;
 
-    /// Whether ClickHouse deduplicates inserts into `table` (a `Replicated*MergeTree`, or
-    /// a `MergeTree` with `non_replicated_deduplication_window` > 0 where the server has
-    /// it). Asked before a table's batches are formed; the answer may be cached by the
-    /// implementation for a short while (a table's engine rarely changes).
+    /// Whether Sluice may count on ClickHouse to drop a retried insert into `table`: it
+    /// deduplicates (a `Replicated*MergeTree`, or a `MergeTree` with
+    /// `non_replicated_deduplication_window` > 0 where the server has it) over a window
+    /// that covers a redelivery, and no materialized view loses rows when a retry is
+    /// dropped. Asked before a table's batches are formed; what the server says of the
+    /// table may be cached by the implementation for a short while.
     fn deduplicates(
         &self,
         table: &TableKey,

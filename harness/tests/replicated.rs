@@ -345,13 +345,7 @@ async fn what_a_retry_dropped_as_a_duplicate_does_to_materialized_views() -> Res
     // Taken by the table and the view; the same block again by neither.
     insert(&clickhouse, "replicated", ROWS).await?;
     insert(&clickhouse, "replicated", ROWS).await?;
-    assert_eq!(
-        (
-            clickhouse.count("replicated").await?,
-            clickhouse.count("by_view").await?
-        ),
-        (3, 3)
-    );
+    assert_eq!(table_and_view(&clickhouse).await?, (3, 3));
 
     // A block with a row the view throws on: the insert fails, the table has the rows.
     let with_bad = "{\"id\":10,\"s\":\"ok\"}\n{\"id\":11,\"s\":\"bad\"}\n";
@@ -359,10 +353,7 @@ async fn what_a_retry_dropped_as_a_duplicate_does_to_materialized_views() -> Res
     assert_eq!(status, 500, "{body}");
     assert!(body.starts_with("Code: 395"), "{body}");
     assert_eq!(
-        (
-            clickhouse.count("replicated").await?,
-            clickhouse.count("by_view").await?
-        ),
+        table_and_view(&clickhouse).await?,
         (5, 3),
         "the table took the block before the view threw"
     );
@@ -371,10 +362,7 @@ async fn what_a_retry_dropped_as_a_duplicate_does_to_materialized_views() -> Res
     let (status, body) = insert_with(&clickhouse, "insert_deduplicate=1", with_bad).await?;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        (
-            clickhouse.count("replicated").await?,
-            clickhouse.count("by_view").await?
-        ),
+        table_and_view(&clickhouse).await?,
         (5, 3),
         "a dropped retry skips the view"
     );
@@ -386,14 +374,19 @@ async fn what_a_retry_dropped_as_a_duplicate_does_to_materialized_views() -> Res
     let (status, body) = insert_with(&clickhouse, "insert_deduplicate=0", ROWS).await?;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        (
-            clickhouse.count("replicated").await?,
-            clickhouse.count("by_view").await?
-        ),
+        table_and_view(&clickhouse).await?,
         (10, 6),
         "a block not deduplicated reaches the view"
     );
     Ok(())
+}
+
+/// The rows in `replicated` and in its view's table `by_view`.
+async fn table_and_view(clickhouse: &ClickHouseServer) -> Result<(u64, u64)> {
+    Ok((
+        clickhouse.count("replicated").await?,
+        clickhouse.count("by_view").await?,
+    ))
 }
 
 /// Inserts `rows` into `replicated` with the request's `settings`; the answer.

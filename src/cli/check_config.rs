@@ -1,6 +1,7 @@
 //! `sluice check-config`: validate without starting anything; then, unless `--offline`,
-//! ask each ClickHouse target which of its tables deduplicate inserts — the tables
-//! whose rows land exactly once (see docs/operations.md, "Delivery guarantees").
+//! ask each ClickHouse target which of its tables are exactly-once — they deduplicate
+//! inserts over a window that covers a redelivery (see docs/operations.md, "Delivery
+//! guarantees").
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -297,6 +297,13 @@ mod tests {
         .need("acme", "events")
     }
 
+    /// What Sluice makes of a `ReplicatedMergeTree` with `settings`, at its defaults.
+    fn replicated_with(settings: &str, server: &ServerDedup) -> Dedup {
+        let full =
+            format!("ReplicatedMergeTree('/p', '{{replica}}') ORDER BY id SETTINGS {settings}");
+        dedup_of(&table("ReplicatedMergeTree", &full), server, &need())
+    }
+
     const REPLICATED: &str = "ReplicatedMergeTree('/clickhouse/tables/{shard}/default/e', '{replica}') ORDER BY id SETTINGS index_granularity = 8192";
 
     #[test]
@@ -330,13 +337,9 @@ mod tests {
 
     #[test]
     fn a_window_of_its_own_or_the_current_default_covers_a_redelivery() {
-        let own = dedup_of(
-            &table(
-                "ReplicatedMergeTree",
-                "ReplicatedMergeTree('/p', '{replica}') ORDER BY id SETTINGS index_granularity = 8192, replicated_deduplication_window = 10000",
-            ),
+        let own = replicated_with(
+            "index_granularity = 8192, replicated_deduplication_window = 10000",
             &server_1816(),
-            &need(),
         );
         assert!(own.exactly_once, "{own:?}");
         assert_eq!(own.window.map(|w| w.blocks), Some(10_000));
@@ -361,13 +364,9 @@ mod tests {
 
     #[test]
     fn a_window_shorter_than_the_delay_is_not_exactly_once() {
-        let short = dedup_of(
-            &table(
-                "ReplicatedMergeTree",
-                "ReplicatedMergeTree('/p', '{replica}') ORDER BY id SETTINGS replicated_deduplication_window = 1000, replicated_deduplication_window_seconds = 60, index_granularity = 8192",
-            ),
+        let short = replicated_with(
+            "replicated_deduplication_window = 1000, replicated_deduplication_window_seconds = 60, index_granularity = 8192",
             &server_1816(),
-            &need(),
         );
         assert!(!short.exactly_once, "{short:?}");
         assert_eq!(
@@ -382,13 +381,9 @@ mod tests {
             "{}",
             short.why
         );
-        let both = dedup_of(
-            &table(
-                "ReplicatedMergeTree",
-                "ReplicatedMergeTree('/p', '{replica}') ORDER BY id SETTINGS replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 30",
-            ),
+        let both = replicated_with(
+            "replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 30",
             &server_1816(),
-            &need(),
         );
         assert!(
             !both.exactly_once
