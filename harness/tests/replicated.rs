@@ -402,3 +402,56 @@ async fn insert_with(
         .await?;
     Ok((response.status().as_u16(), response.text().await?))
 }
+
+/// What a window is: a block inserted again after more than
+/// `replicated_deduplication_window` other blocks, once the table's cleanup has
+/// forgotten its hash, is inserted again (the duplicate a crash past the window makes,
+/// which is why Sluice holds the window against a redelivery). The cleanup runs every
+/// `cleanup_delay_period` (30 s on 18.16; 1 s here) and keeps the newest blocks.
+#[tokio::test]
+async fn a_block_retried_past_the_window_counts_twice() -> Result<()> {
+    if !installed("a_block_retried_past_the_window_counts_twice")? {
+        return Ok(());
+    }
+    let (clickhouse, _zookeeper) = replicated_pair().await?;
+    clickhouse
+        .exec(&format!(
+            "CREATE TABLE small_window AS plain ENGINE = {} ORDER BY id SETTINGS \
+             replicated_deduplication_window = 10, cleanup_delay_period = 1, \
+             cleanup_delay_period_random_add = 0",
+            clickhouse::replicated_merge_tree("default", "small_window")
+        ))
+        .await?;
+    insert(&clickhouse, "small_window", ROWS).await?;
+    // Within the window: dropped.
+    insert(&clickhouse, "small_window", ROWS).await?;
+    assert_eq!(clickhouse.count("small_window").await?, 3);
+    for id in 100..115 {
+        let row = format!("{{\"id\":{id},\"s\":\"x\"}}\n");
+        insert(&clickhouse, "small_window", &row).await?;
+    }
+    let path = value(
+        &clickhouse,
+        "SELECT zookeeper_path FROM system.replicas WHERE table = 'small_window'",
+    )
+    .await?;
+    let blocks = format!("SELECT count() FROM system.zookeeper WHERE path = '{path}/blocks'");
+    sluice_harness::wait_for(
+        "the cleanup to keep the last 10 blocks' hashes",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let kept: u64 = value(&clickhouse, &blocks).await?.parse()?;
+            anyhow::ensure!(kept <= 10, "{kept} hashes kept");
+            Ok(())
+        },
+    )
+    .await?;
+    insert(&clickhouse, "small_window", ROWS).await?;
+    assert_eq!(
+        clickhouse.count("small_window").await?,
+        3 + 15 + 3,
+        "the first block, forgotten, is inserted again"
+    );
+    Ok(())
+}

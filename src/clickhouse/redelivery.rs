@@ -154,19 +154,12 @@ impl Redelivery {
     /// What a window must hold for `table` whichever tenant writes it: the pace that
     /// needs the most blocks.
     pub fn strictest_need(&self, table: &str) -> Need {
-        let mut paces = vec![self.paces.default];
-        if !self.paces.tenants.is_empty() {
-            paces = self
-                .paces
-                .tenants
-                .iter()
-                .map(|tenant| self.paces.of(tenant, table))
-                .collect();
-        }
-        paces
-            .into_iter()
-            .map(|pace| self.need_at(pace))
+        self.paces
+            .tenants
+            .iter()
+            .map(|tenant| self.need(tenant, table))
             .max_by_key(Need::blocks)
+            // No tenant is routed here: `[ingest]`'s pace.
             .unwrap_or_else(|| self.need_at(self.paces.default))
     }
 
@@ -261,6 +254,7 @@ pub fn isolation_blocks(rows: usize) -> u64 {
     }
 }
 
+/// A duration as the configuration writes it (`2m 1s`), to the millisecond.
 pub fn human(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
 }
