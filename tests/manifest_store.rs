@@ -883,6 +883,7 @@ impl Inserter for DedupTable {
         Ok(Dedup {
             exactly_once: true,
             why: "a test table that deduplicates".into(),
+            window: None,
         })
     }
 }

@@ -61,8 +61,8 @@ pub use ledger::{
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
-    Class, ClickHouseError, Dedup, Delivery, DeliveryMeta, InsertRequest, Inserter, Parking,
-    Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, TableKey,
+    Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, InsertRequest, Inserter,
+    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, TableKey,
 };
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,

@@ -170,10 +170,27 @@ pub struct InsertRequest {
 /// the same rows harmless and exactly-once possible.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Dedup {
+    /// Sluice records the table's batches and counts on ClickHouse to drop a retry:
+    /// the table deduplicates, its window covers a redelivery, and nothing else on it
+    /// (a materialized view on a server that skips views on a retry) would lose rows.
     pub exactly_once: bool,
-    /// Why, in a few words: `ReplicatedMergeTree`, `MergeTree without
-    /// non_replicated_deduplication_window`, ...
+    /// Why, in a sentence an operator can act on: the engine, the window against the
+    /// blocks a redelivery may come after, what to set.
     pub why: String,
+    /// The table's deduplication window, when it deduplicates at all (whether or not
+    /// it covers a redelivery): what a retry must come within to be dropped.
+    pub window: Option<DedupWindow>,
+}
+
+/// How far back ClickHouse remembers the blocks a table took: a retry of a block is
+/// dropped only while its hash is among the last `blocks` and younger than `seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DedupWindow {
+    /// `replicated_deduplication_window` (or `non_replicated_deduplication_window`).
+    pub blocks: u64,
+    /// `replicated_deduplication_window_seconds`, counted back from the table's newest
+    /// block; `None`: no limit in time (the non-replicated window has none).
+    pub seconds: Option<Duration>,
 }
 
 /// What a successful probe learnt about the server.
@@ -194,10 +211,12 @@ pub trait Inserter: Send + Sync + 'static {
     /// A cheap request proving the target answers (used for readiness).
     fn probe(&self) -> impl Future<Output = Result<ServerInfo, ClickHouseError>> + Send;
 
-    /// Whether ClickHouse deduplicates inserts into `table` (a `Replicated*MergeTree`, or
-    /// a `MergeTree` with `non_replicated_deduplication_window` > 0 where the server has
-    /// it). Asked before a table's batches are formed; the answer may be cached by the
-    /// implementation for a short while (a table's engine rarely changes).
+    /// Whether Sluice may count on ClickHouse to drop a retried insert into `table`: it
+    /// deduplicates (a `Replicated*MergeTree`, or a `MergeTree` with
+    /// `non_replicated_deduplication_window` > 0 where the server has it) over a window
+    /// that covers a redelivery, and no materialized view loses rows when a retry is
+    /// dropped. Asked before a table's batches are formed; what the server says of the
+    /// table may be cached by the implementation for a short while.
     fn deduplicates(
         &self,
         table: &TableKey,

@@ -593,6 +593,7 @@ impl Inserter for ScriptedInserter {
                 "scripted: does not deduplicate"
             }
             .into(),
+            window: None,
         })
     }
 
