@@ -599,7 +599,7 @@ impl Inserter for ScriptedInserter {
                 "scripted: does not deduplicate"
             }
             .into(),
-            window: self.dedup_window.lock().unwrap().clone(),
+            window: *self.dedup_window.lock().unwrap(),
         })
     }
 
