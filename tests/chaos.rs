@@ -47,6 +47,7 @@
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
 //! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0        | 3     |
+//! | `split_interrupted_by_an_outage` | the twin's batch split (252), its first parts in, then every INSERT 502 for 5 s: resumed, never sent whole | 20 |
 //! | `replicated_default_window`      | Sluice kill -9 beside a Replicated copy left at 18.16's default window (100): reported at least once, as the docs' arithmetic says | 20 |
 //! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
 //! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
@@ -1147,6 +1148,84 @@ async fn replicated_default_window() -> Result<()> {
 
 /// The scenarios where NATS itself is under stress: the test command runs these
 /// against both nats-server versions.
+/// Issue 20: a batch of the Replicated twin is split (its first insert answered 252,
+/// too many parts), its first row and first half go in as blocks of their own, then
+/// every INSERT is answered 502 for 5 s while rows flow (bad ones among them, so other
+/// batches are being isolated too), then everything passes. The split batch resumes
+/// from its recorded split: the twin holds every good row once (an earlier Sluice sent
+/// it whole again after the outage and inserted its first half twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_interrupted_by_an_outage() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "split_interrupted_by_an_outage",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..8000).with_bad_spread(8),
+        Pace::new(200, ms(100)),
+    )?;
+    landing(&s, "events", 400).await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_requests();
+    let twin = sluice_harness::chaos::twin_of("events");
+    // `INSERT INTO `<database>`.`<table>``: the table's part of the query.
+    let into_twin = format!("`.`{twin}`");
+    proxy.add_rule(
+        Rule::query_contains(
+            &into_twin,
+            Respond::clickhouse_modern(
+                252,
+                "TOO_MANY_PARTS",
+                "Too many parts (300). Merges are processing significantly slower than inserts",
+            ),
+        )
+        .times(1),
+    );
+    proxy.add_rule(Rule::query_contains(&into_twin, Mode::PassThrough).times(2));
+    proxy.add_rule(Rule::query_contains("INSERT", Respond::status_only(502)));
+    // The split met the outage: the 252, its first parts through, then 502s.
+    wait_for(
+        "the twin's split met the outage",
+        secs(30),
+        ms(100),
+        || async {
+            let log = proxy.requests();
+            let split = log.iter().position(|r| r.action.contains("respond 500"));
+            let through = split.map_or(0, |at| {
+                log[at..]
+                    .iter()
+                    .filter(|r| r.uri.contains("INSERT") && r.action.ends_with("pass"))
+                    .count()
+            });
+            let outage = log
+                .iter()
+                .filter(|r| r.action.contains("respond 502"))
+                .count();
+            if split.is_some() && through >= 2 && outage >= 1 {
+                Ok(())
+            } else {
+                anyhow::bail!("split {split:?}, {through} parts through, {outage} outage answers")
+            }
+        },
+    )
+    .await
+    .with_context(|| s.logs())?;
+    tokio::time::sleep(secs(5)).await; // the outage
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_rules();
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
 mod nats {
     use super::*;
 

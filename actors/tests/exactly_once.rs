@@ -15,6 +15,7 @@ use common::*;
 
 const SUBJ: &str = "ingest.acme.events";
 use sluice_actors::testkit::{rejected, transport, Event, FakeManifestStore, FAKE_INCARNATION};
+use sluice_actors::DedupWindow;
 use sluice_actors::*;
 
 async fn eo_rig(batch_rows: usize) -> Rig {
@@ -734,6 +735,51 @@ async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
         r.main().request_count(),
         0,
         "copies of settled rows inserted"
+    );
+    r.handle.shutdown().await;
+}
+
+/// A recorded batch sent again later than the table's deduplication window since it was
+/// claimed is sent all the same (its rows must go in) and counted; one within the window
+/// is not.
+#[tokio::test(start_paused = true)]
+async fn a_batch_sent_again_past_the_dedup_window_is_counted() {
+    let r = eo_rig(100).await;
+    r.main().set_dedup_window(Some(DedupWindow {
+        blocks: 1000,
+        seconds: Some(Duration::from_secs(60)),
+    }));
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let now = sluice_actors::ledger::forming::unix_ms();
+    let mut all = Vec::new();
+    for claimed_ago in [600_000u64, 10_000] {
+        let seqs: Vec<u64> = (0..2)
+            .map(|i| {
+                let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
+                let seq = d.seq;
+                std::mem::forget(d);
+                seq
+            })
+            .collect();
+        let m = Manifest::new(
+            TableKey::new("acme", "events"),
+            FAKE_INCARNATION,
+            seqs.clone(),
+        )
+        .claimed_at(now - claimed_ago);
+        futures::executor::block_on(store(&r).claim(&m)).unwrap();
+        redeliver(&r, &seqs, 2);
+        until(&r, Duration::from_secs(10), |r| {
+            last_events(r, &seqs).iter().all(Option::is_some)
+        })
+        .await;
+        all.extend(seqs);
+    }
+    assert_eq!(r.main().request_count(), 2, "both sent again");
+    let tree = r.handle.tree_json().to_string();
+    assert!(
+        tree.contains("\"batches_past_dedup_window\":1"),
+        "the old one counted, the recent one not: {tree}"
     );
     r.handle.shutdown().await;
 }
