@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{error, AdminState};
-use crate::config::{is_table_name, is_tenant_name};
+use crate::config::{is_table_name, is_tenant_name, TABLE_NAME_RULE, TENANT_NAME_RULE};
 
 /// The most rows one peek or replay takes.
 const MAX_LIMIT: usize = 10_000;
@@ -128,7 +128,7 @@ fn bad_names(tenant: &str, table: &str) -> Option<Response> {
     } else {
         Some(error(
             StatusCode::BAD_REQUEST,
-            "tenant and table must be names ([A-Za-z_][A-Za-z0-9_-]* and [A-Za-z_][A-Za-z0-9_]*)",
+            &format!("tenant and table must be names (tenant {TENANT_NAME_RULE}; table {TABLE_NAME_RULE})"),
         ))
     }
 }

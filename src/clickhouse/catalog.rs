@@ -16,23 +16,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::insert::HttpInserter;
-
-/// What the catalog knows of one table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct TableInfo {
-    pub name: String,
-    /// `MergeTree`, `ReplicatedReplacingMergeTree`, `Distributed`...: what the table
-    /// does with a repeated insert depends on it.
-    pub engine: String,
-    /// The engine with its arguments and settings (`engine_full` of `system.tables`,
-    /// present since before 18.16), e.g. a replicated table's ZooKeeper path.
-    #[serde(default)]
-    pub engine_full: String,
-}
+use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 
 /// The table list could not be read (ClickHouse down, denied, too slow), so nothing is
 /// known of a table the cache lacks.
@@ -195,7 +182,7 @@ impl TableSource for HttpInserter {
     async fn list_tables(&self, database: &str) -> Result<Vec<TableInfo>, String> {
         // `database` is an identifier (checked by the configuration): safe to quote.
         let sql = format!(
-            "SELECT name, engine, engine_full FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
+            "SELECT {TABLE_INFO_COLUMNS} FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
         );
         let text = self.query(&sql).await.map_err(|e| e.message)?;
         text.lines()
@@ -253,6 +240,7 @@ mod tests {
                     name: name.to_string(),
                     engine: "MergeTree".into(),
                     engine_full: "MergeTree ORDER BY id".into(),
+                    ..TableInfo::default()
                 })
                 .collect())
         }

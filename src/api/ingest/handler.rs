@@ -37,7 +37,7 @@ use super::reply::{self, come_back, failure, IngestReply};
 use super::tables::TenantTables;
 use crate::api::tenant::{Tenant, TenantResolver};
 use crate::clickhouse::catalog::Catalog;
-use crate::config::is_table_name;
+use crate::config::{is_table_name, TABLE_NAME_RULE};
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
 
@@ -200,7 +200,7 @@ async fn admit(
     if !is_table_name(table) {
         return Err(failure(
             StatusCode::NOT_FOUND,
-            format!("{table:?} is not a table name ([A-Za-z_][A-Za-z0-9_]*)"),
+            format!("{table:?} is not a table name ({TABLE_NAME_RULE})"),
         ));
     }
     let content_type = headers
