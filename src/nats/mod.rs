@@ -9,6 +9,7 @@ mod delivery;
 mod dlq;
 mod held;
 mod idempotency;
+mod kv_bucket;
 mod manifest;
 mod publish;
 mod reply;
@@ -19,9 +20,7 @@ mod stall;
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
-pub use idempotency::{
-    idempotency_stream_name, Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot,
-};
+pub use idempotency::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
 pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,

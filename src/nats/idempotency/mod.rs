@@ -17,9 +17,8 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
+use super::kv_bucket;
 use super::publish::{PublishError, Publisher};
-
-pub use bucket::stream_name as idempotency_stream_name;
 
 /// The header a key-value delete marker carries.
 const KV_OPERATION: &str = "KV-Operation";
@@ -86,7 +85,7 @@ impl KeyStore {
         Self {
             puts: Publisher::new(
                 js.clone(),
-                &bucket::stream_name(&settings.bucket),
+                &kv_bucket::stream_name(&settings.bucket),
                 settings.max_bytes,
             ),
             js,
@@ -152,7 +151,7 @@ impl KeyStore {
             async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             expected.to_string().as_str(),
         );
-        let subject = bucket::subject(&self.settings.bucket, key);
+        let subject = kv_bucket::subject(&self.settings.bucket, key);
         match self.puts.publish(subject, value, Some(headers), None).await {
             Ok(published) => Ok(published.sequence),
             Err(PublishError::WrongLastSequence) => Err(KeyStoreError::Conflict),
