@@ -354,7 +354,7 @@ pub fn is_table_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && s.len() <= 128
+        && s.len() <= MAX_NAME_LEN
 }
 
 /// Tenant names may also carry `-`.
@@ -362,8 +362,11 @@ pub fn is_tenant_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        && s.len() <= 128
+        && s.len() <= MAX_NAME_LEN
 }
+
+/// The longest tenant or table name taken.
+pub const MAX_NAME_LEN: usize = 128;
 
 #[cfg(test)]
 mod tests;

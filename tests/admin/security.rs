@@ -21,6 +21,8 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
     let replay = json!({"tenant": TENANT, "table": "events", "dry_run": true});
     let guarded: Vec<(Method, String, Option<Value>)> = vec![
         (Method::GET, "/admin/actors".into(), None),
+        (Method::GET, "/admin/rates".into(), None),
+        (Method::GET, "/admin/nats".into(), None),
         (Method::GET, "/admin/dlq".into(), None),
         (
             Method::GET,
@@ -87,6 +89,8 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
     }
     for path in [
         "/admin/actors".to_string(),
+        "/admin/rates".to_string(),
+        "/admin/nats".to_string(),
         "/admin/dlq".to_string(),
         format!("/admin/dlq/{TENANT}/events?limit=5"),
     ] {
@@ -103,14 +107,22 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
         .await?;
     assert_eq!(status, 200, "{answer}");
 
-    // Probes, the scraper and the page need no token.
-    for path in ["/healthz", "/readyz", "/metrics", "/admin/"] {
+    // Probes, the scraper, the page with its assets and the API's description need no
+    // token.
+    for (path, content_type) in [
+        ("/healthz", "application/json"),
+        ("/readyz", "application/json"),
+        ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
+        ("/admin/", "text/html; charset=utf-8"),
+        ("/admin/assets/page.js", "text/javascript; charset=utf-8"),
+        ("/admin/assets/page.css", "text/css; charset=utf-8"),
+        ("/favicon.ico", "image/svg+xml"),
+        ("/openapi.json", "application/json"),
+    ] {
         let (status, headers, _) = stack.admin_request(Method::GET, path, None, None).await?;
         assert_eq!(status, 200, "GET {path} without a token");
-        if path == "/admin/" {
-            let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
-            assert_eq!(ct, Some("text/html; charset=utf-8"));
-        }
+        let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
+        assert_eq!(ct, Some(content_type), "GET {path}");
     }
     Ok(())
 }
@@ -190,6 +202,8 @@ async fn secrets_never_show_in_the_tree_the_dlq_metrics_or_logs() -> Result<()> 
     let mut pages = Vec::new();
     for path in [
         "/admin/actors".to_string(),
+        "/admin/rates".to_string(),
+        "/admin/nats".to_string(),
         "/admin/dlq".to_string(),
         format!("/admin/dlq/{TENANT}/events?limit=100"),
         "/readyz".to_string(),
