@@ -294,11 +294,23 @@ async fn refusals_413_415_404_400_carry_a_json_reason() -> Result<()> {
     let r = post(&http, &stack, "events", row.clone(), &[AS_TENANT]).await?;
     assert_eq!(r.status, 415, "{r}");
 
-    // 404: a table name that is not an identifier.
-    for bad in ["bad-name", "1events", "a.b", "%27%3B%20DROP"] {
+    // 404: a table name that is not an identifier, or longer than one may be; the
+    // answer states the whole rule, the length cap too.
+    let too_long = "t".repeat(300);
+    for bad in [
+        "bad-name",
+        "1events",
+        "a.b",
+        "%27%3B%20DROP",
+        too_long.as_str(),
+    ] {
         let r = post(&http, &stack, bad, row.clone(), &[AS_TENANT, JSON]).await?;
         assert_eq!(r.status, 404, "{bad}: {r}");
         assert!(error_of(&r).contains("not a table name"), "{bad}: {r}");
+        assert!(
+            error_of(&r).contains("[A-Za-z_][A-Za-z0-9_]*, at most 128 characters"),
+            "{bad}: {r}"
+        );
     }
     // 404: a well-formed tenant no one configured; 400 without X-Tenant or with a
     // name that is not one.

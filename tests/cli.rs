@@ -213,6 +213,15 @@ fn classify_garbage_exits_2_and_says_what_it_wants() -> Result<()> {
     Ok(())
 }
 
+/// `text` written to a `config.toml` in a temp dir (kept while the dir lives), and its path.
+fn config_file(text: &str) -> Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, text)?;
+    let path = path.display().to_string();
+    Ok((dir, path))
+}
+
 fn example_config() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("config.toml")
@@ -261,19 +270,173 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
 
 #[test]
 fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        "[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n",
-    )?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file("[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n")?;
     let run = sluice(&["check-config", "--config", &path], &[])?;
     assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("batch_size"), "{}", run.stderr);
     assert!(run.stderr.contains("line 6"), "{}", run.stderr);
     assert!(!run.stdout.contains("ok"), "{}", run.stdout);
     Ok(())
+}
+
+/// README.md: `check-config` lists "every problem with its line". A file with problems
+/// of every kind (one that does not parse as TOML aside) gets them all in one run: a
+/// bad duration, an unknown key, a wrong type, an unknown choice, a log level that is
+/// none, and problems of the whole (a row limit above the request limit, a table of a
+/// tenant no one defined), each with its line.
+#[test]
+fn check_config_reports_every_problem_of_a_file_in_one_run_each_with_its_line() -> Result<()> {
+    let (_dir, path) = config_file(
+        r#"[nats]
+url = "nats://127.0.0.1:4222"
+ack_wait = "60"
+max_byte = "1GiB"
+
+[api]
+auth = "tokn"
+max_json_depth = "deep"
+max_request_bytes = "256KiB"
+max_row_bytes = "1MiB"
+
+[log]
+level = "eror"
+
+[tables."globex.events"]
+batch_rows = 500
+"#,
+    )?;
+    let run = sluice(&["check-config", "--config", &path, "--offline"], &[])?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    let problems: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("  - "))
+        .collect();
+    for (start, says) in [
+        ("line 3: [nats] ack_wait:", "needs a unit"),
+        ("line 4: [nats] max_byte:", "unknown field `max_byte`"),
+        (
+            "line 7: [api] auth:",
+            "unknown variant `tokn`, expected `token` or `none`",
+        ),
+        ("line 8: [api] max_json_depth:", "expected a whole number"),
+        (
+            "lines 9, 10: [api] max_row_bytes = 1MiB",
+            "above max_request_bytes = 256KiB",
+        ),
+        ("line 13: [log] level:", "`eror` is not a level"),
+        (
+            "line 15: [tables.\"globex.events\"]:",
+            "tenant \"globex\" is not defined",
+        ),
+    ] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(start) && p.contains(says)),
+            "no problem starting {start:?} and saying {says:?}:\n{}",
+            run.stderr
+        );
+    }
+    assert_eq!(problems.len(), 7, "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with(&format!("{path}: 7 problems")),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("ok"), "{}", run.stdout);
+    Ok(())
+}
+
+/// A log level that is none (`eror`, `loud`) would be a `tracing` filter for a module
+/// of that name, which silences the service; an unknown choice of `auth` or `format`
+/// means nothing. `check-config` and `run` refuse each, naming the key (with its line,
+/// or the variable that set it) and what it takes.
+#[test]
+fn unknown_levels_and_choices_are_refused_by_check_config_and_run() -> Result<()> {
+    const LEVELS: &str = "trace, debug, info, warn, error or off";
+    let (_dir, path) = config_file("[log]\nlevel = \"eror\"\n")?;
+    let loopback = [
+        ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+        ("SLUICE_ADMIN_LISTEN", "127.0.0.1:0"),
+        // Nothing listens on port 9: were it to start, it would retry and say so.
+        ("SLUICE_NATS_URL", "nats://127.0.0.1:9"),
+    ];
+    let with = |var: &'static str, value: &'static str| {
+        let mut env = loopback.to_vec();
+        env.push((var, value));
+        env
+    };
+    let file = ["--config", path.as_str()];
+    for command in [&["check-config", "--offline"][..], &["run"]] {
+        for (config, env, names, accepted) in [
+            (&file[..], loopback.to_vec(), "line 2: [log] level:", LEVELS),
+            (
+                &[],
+                with("SLUICE_LOG_LEVEL", "loud"),
+                "SLUICE_LOG_LEVEL: [log] level:",
+                LEVELS,
+            ),
+            (
+                &[],
+                with("SLUICE_LOG_FORMAT", "yaml"),
+                "SLUICE_LOG_FORMAT: [log] format:",
+                "expected `text` or `json`",
+            ),
+            (
+                &[],
+                with("SLUICE_API_AUTH", "tokn"),
+                "SLUICE_API_AUTH: [api] auth:",
+                "expected `token` or `none`",
+            ),
+        ] {
+            let args: Vec<&str> = command.iter().chain(config).copied().collect();
+            let run = sluice_bounded(&args, &env)?;
+            assert_eq!(
+                run.code,
+                Some(1),
+                "{args:?} {env:?}: {}{}",
+                run.stdout,
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains(names) && run.stderr.contains(accepted),
+                "{args:?} {env:?}: {}",
+                run.stderr
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `sluice` with `args`, ended by its PID after 10 s if it is still running (a `run`
+/// that took a configuration it should have refused); its code is then `None`.
+fn sluice_bounded(args: &[&str], env: &[(&str, &str)]) -> Result<Run> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting sluice {args:?}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            child.kill()?;
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let Output { stdout, stderr, .. } = child.wait_with_output()?;
+    Ok(Run {
+        code: status.and_then(|s| s.code()),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    })
 }
 
 #[test]
@@ -331,13 +494,7 @@ fn check_config_validates_a_configuration_from_the_environment_alone() -> Result
 /// `SLUICE_NATS_URL`.
 #[test]
 fn check_config_refuses_credentials_in_the_nats_url_without_printing_them() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        "[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n",
-    )?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file("[nats]\nurl = \"nats://alice:hunter2@127.0.0.1:4222\"\n")?;
     let from_file = sluice(&["check-config", "--config", &path], &[])?;
     let from_env = sluice(
         &["check-config"],
@@ -374,43 +531,29 @@ fn check_config_refuses_credentials_in_the_nats_url_without_printing_them() -> R
 /// ended by its PID if it is still going.)
 #[test]
 fn run_refuses_credentials_in_the_nats_url_and_never_logs_them() -> Result<()> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .env_clear()
-        // Nothing listens on port 9; the listeners take free ports.
-        .env("SLUICE_NATS_URL", "nats://alice:hunter2@127.0.0.1:9")
-        .env("SLUICE_API_LISTEN", "127.0.0.1:0")
-        .env("SLUICE_ADMIN_LISTEN", "127.0.0.1:0")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("starting sluice run")?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
-        }
-        if std::time::Instant::now() >= deadline {
-            child.kill()?;
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    let Output { stdout, stderr, .. } = child.wait_with_output()?;
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&stdout),
-        String::from_utf8_lossy(&stderr),
-    );
+    let run = sluice_bounded(
+        &["run"],
+        &[
+            // Nothing listens on port 9; the listeners take free ports.
+            ("SLUICE_NATS_URL", "nats://alice:hunter2@127.0.0.1:9"),
+            ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_ADMIN_LISTEN", "127.0.0.1:0"),
+        ],
+    )?;
     assert!(
-        !stdout.contains("hunter2") && !stderr.contains("hunter2"),
-        "the password was logged:\n{stdout}{stderr}"
+        !run.stdout.contains("hunter2") && !run.stderr.contains("hunter2"),
+        "the password was logged:\n{}{}",
+        run.stdout,
+        run.stderr
     );
     assert_eq!(
-        status.and_then(|s| s.code()),
+        run.code,
         Some(1),
-        "still running after 10 s, or an unexpected exit:\n{stdout}{stderr}"
+        "still running after 10 s, or an unexpected exit:\n{}{}",
+        run.stdout,
+        run.stderr
     );
-    ensure!(stderr.contains("carries credentials"), "{stderr}");
+    ensure!(run.stderr.contains("carries credentials"), "{}", run.stderr);
     Ok(())
 }
 
@@ -455,10 +598,7 @@ token_env = "SLUICE_ADMIN_TOKEN"
 
 #[test]
 fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("config.toml");
-    std::fs::write(&path, DESIGN_EXAMPLE)?;
-    let path = path.display().to_string();
+    let (_dir, path) = config_file(DESIGN_EXAMPLE)?;
     let env = [
         ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
         ("SLUICE_ADMIN_TOKEN", "admin-secret"),

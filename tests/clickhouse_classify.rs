@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use sluice::clickhouse::insert::HttpInserter;
+use sluice::clickhouse::redelivery::{Pace, Paces, Redelivery};
 use sluice::config::{Secret, TargetConfig};
 use sluice_actors::{Class, ClickHouseError, InsertRequest, Inserter, TableKey};
 use sluice_harness::{
@@ -45,7 +46,22 @@ fn target(url: &str, user: &str, password: Option<&str>, insert_timeout: Duratio
 }
 
 fn inserter(url: &str, user: &str, password: Option<&str>) -> Result<HttpInserter> {
-    HttpInserter::new(&target(url, user, password, INSERT_TIMEOUT))
+    client(&target(url, user, password, INSERT_TIMEOUT))
+}
+
+/// The insert client of `target`, its tables' windows held against Sluice's defaults.
+fn client(target: &TargetConfig) -> Result<HttpInserter> {
+    let redelivery = Redelivery {
+        ack_wait: Duration::from_secs(60),
+        reform_wait: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(30),
+        insert_timeout: target.insert_timeout,
+        paces: Paces::uniform(Pace {
+            batch_age: Duration::from_secs(1),
+            batch_rows: 10_000,
+        }),
+    };
+    HttpInserter::new(target, redelivery)
 }
 
 /// One insert request for `table`, the rows as NDJSON.
@@ -204,7 +220,7 @@ async fn behind_proxy(
     };
     events_table(&ch).await?;
     let proxy = FaultProxy::start(ch.http_addr()).await?;
-    let inserter = HttpInserter::new(&target(
+    let inserter = client(&target(
         &proxy.url(),
         INGEST_USER,
         Some(INGEST_PASSWORD),
@@ -388,7 +404,7 @@ async fn current_server_proxy(ch: &ClickHouseServer) -> Result<FaultProxy> {
     proxy.add_rule(Rule::contains(
         "system.settings",
         Respond::ok(
-            "async_insert\ndate_time_input_format\ninput_format_skip_unknown_fields\ninsert_deduplication_token\n",
+            "async_insert\ndate_time_input_format\ninput_format_skip_unknown_fields\ninsert_deduplication_token\ninsert_deduplicate\ndeduplicate_blocks_in_dependent_materialized_views\n",
         ),
     ));
     proxy.add_rule(Rule::contains("version()", Respond::ok("24.8.1.1\n")));
@@ -398,7 +414,9 @@ async fn current_server_proxy(ch: &ClickHouseServer) -> Result<FaultProxy> {
 
 /// A recorded batch (exactly-once) carries its deduplication token only where the
 /// server knows the setting: 18.16 would refuse it (`Code: 115`), and deduplicates a
-/// Replicated table by the block's hash alone. `insert_deduplicate=1` goes everywhere.
+/// Replicated table by the block's hash alone. The same for
+/// `deduplicate_blocks_in_dependent_materialized_views=1` (a retry reaches the views).
+/// `insert_deduplicate` goes everywhere: 1 for a recorded batch, 0 for any other.
 #[tokio::test]
 async fn a_recorded_batch_carries_its_token_only_where_the_server_knows_it() -> Result<()> {
     let Some((ch, proxy, old)) = behind_proxy(
@@ -436,6 +454,12 @@ async fn a_recorded_batch_carries_its_token_only_where_the_server_knows_it() -> 
         "18.16 does not know the token and would refuse the insert: {}",
         sent[0].uri
     );
+    assert_eq!(
+        sent[0].query_param("deduplicate_blocks_in_dependent_materialized_views"),
+        None,
+        "18.16 does not know it: {}",
+        sent[0].uri
+    );
 
     // The same through a proxy that answers the feature questions as a current server.
     let modern = current_server_proxy(&ch).await?;
@@ -458,12 +482,20 @@ async fn a_recorded_batch_carries_its_token_only_where_the_server_knows_it() -> 
         "{}",
         sent[0].uri
     );
+    assert_eq!(
+        sent[0]
+            .query_param("deduplicate_blocks_in_dependent_materialized_views")
+            .as_deref(),
+        Some("1"),
+        "{}",
+        sent[0].uri
+    );
     assert!(
         sent[0].action.starts_with("rule"),
         "the canned answer took it: {}",
         sent[0].action
     );
-    // A batch that is not recorded carries neither.
+    // A batch that is not recorded is not deduplicated: no token, insert_deduplicate=0.
     current
         .insert(request("events", &[r#"{"id": 3, "name": "a"}"#], false))
         .await
@@ -471,8 +503,8 @@ async fn a_recorded_batch_carries_its_token_only_where_the_server_knows_it() -> 
     let plain = inserts(&modern);
     let plain = plain.last().context("no second insert")?;
     assert_eq!(
-        plain.query_param("insert_deduplicate"),
-        None,
+        plain.query_param("insert_deduplicate").as_deref(),
+        Some("0"),
         "{}",
         plain.uri
     );

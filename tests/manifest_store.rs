@@ -13,16 +13,17 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use async_nats::jetstream::{self, consumer, kv, stream};
 use bytes::Bytes;
-use futures::TryStreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use sluice::nats::{
     bucket_stream_name, decode_manifest, ensure_consumer, ensure_streams, DlqWriter,
     JetStreamSource, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings,
     Publisher, StreamSettings, MANIFEST_MAX_AGE,
 };
 use sluice_actors::{
-    Class, ClickHouseError, Dedup, Delivery, InsertRequest, Inserter, Manifest, ManifestState,
-    ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings, RejectedRow, ServerInfo,
-    Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver, Target,
+    ClaimError, Class, ClickHouseError, Dedup, Delivery, FetchError, InsertRequest, Inserter,
+    Manifest, ManifestState, ManifestStore, PipelineConfig, PipelineHandle, PipelineSettings,
+    RejectedRow, ServerInfo, Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver,
+    Target,
 };
 use sluice_harness::{available, wait_until, NatsFlavor, NatsServer};
 use tokio::time::Instant;
@@ -65,6 +66,40 @@ fn manifest_settings() -> ManifestSettings {
 
 fn table() -> TableKey {
     TableKey::new("acme", "events")
+}
+
+/// A batch of these messages of the ingest stream as `store` reads it now.
+fn batch_of(store: &JsManifestStore, messages: Vec<u64>) -> Manifest {
+    let incarnation = store
+        .incarnation()
+        .expect("the store has read the ingest stream");
+    Manifest::new(table(), incarnation, messages)
+}
+
+/// Record a manifest as the ledger does: a new batch claims its messages, a later
+/// state of it is an update.
+async fn record(store: &JsManifestStore, m: &Manifest) -> Result<()> {
+    match m.state {
+        ManifestState::Open => store
+            .claim(m)
+            .await
+            .map_err(|e| anyhow!("claiming {}: {e}", m.id)),
+        _ => store
+            .update(m)
+            .await
+            .map_err(|e| anyhow!("recording {}: {e}", m.id)),
+    }
+}
+
+/// The manifest a value of `key` holds.
+fn decode_value(key: &str, value: &[u8]) -> Result<Manifest> {
+    let incarnation = key
+        .split('.')
+        .nth(1)
+        .and_then(|i| i.parse().ok())
+        .context("the incarnation in the key")?;
+    decode_manifest(value, incarnation)
+        .map_err(|e| anyhow!("the value of {key} is not a manifest: {e}"))
 }
 
 fn settled(mut m: Manifest, rejected: Vec<RejectedRow>) -> Manifest {
@@ -160,10 +195,11 @@ impl Instance {
     }
 
     async fn record(&self, m: &Manifest) -> Result<()> {
-        self.store
-            .record(m)
-            .await
-            .map_err(|e| anyhow!("recording {}: {e}", m.id))
+        record(&self.store, m).await
+    }
+
+    fn batch(&self, messages: Vec<u64>) -> Manifest {
+        batch_of(&self.store, messages)
     }
 
     /// Until this instance's store answers `holding(seq)` as `expect` (an id, or none).
@@ -220,8 +256,7 @@ async fn live_manifests(js: &jetstream::Context) -> Result<BTreeMap<String, Mani
         if entry.operation != kv::Operation::Put {
             continue;
         }
-        let manifest = decode_manifest(&entry.value)
-            .map_err(|e| anyhow!("the value of {key} is not a manifest: {e}"))?;
+        let manifest = decode_value(&key, &entry.value)?;
         ensure!(
             key.ends_with(&format!(".{}", manifest.id)),
             "key {key} holds manifest {}",
@@ -289,7 +324,7 @@ async fn the_bucket_is_created_by_sluice_and_again_harmlessly() -> Result<()> {
     );
 
     // It is a key-value bucket as any client sees one, and the store's writes are in it.
-    let m = Manifest::new(table(), setup.publish_rows(3).await?);
+    let m = first.batch(setup.publish_rows(3).await?);
     first.record(&m).await?;
     let kv = setup.js.get_key_value(BUCKET).await?;
     let keys: Vec<String> = kv.keys().await?.try_collect().await?;
@@ -299,7 +334,7 @@ async fn the_bucket_is_created_by_sluice_and_again_harmlessly() -> Result<()> {
         "{keys:?}"
     );
     let value = kv.get(&keys[0]).await?.context("the value")?;
-    assert_eq!(decode_manifest(&value).map_err(|e| anyhow!("{e}"))?, m);
+    assert_eq!(decode_value(&keys[0], &value)?, m);
     Ok(())
 }
 
@@ -315,7 +350,7 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
-    let open = Manifest::new(table(), seqs[..3].to_vec());
+    let open = a.batch(seqs[..3].to_vec());
     a.record(&open).await?;
     assert_eq!(
         a.store.holding(seqs[1]).as_deref(),
@@ -336,6 +371,7 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
             class: Class::Rejected,
             code: Some(27),
             error: "Cannot parse input".into(),
+            parked: false,
         }],
     );
     a.record(&done).await?;
@@ -357,6 +393,49 @@ async fn what_one_instance_records_the_other_finds_and_what_it_forgets_the_other
     Ok(())
 }
 
+/// Two instances form batches sharing a message (a copy delivered again, a record that
+/// landed late): the batch recorded first keeps it; the other's claim fails, names the
+/// first, and its record is gone from the bucket, so its rows go back to join the first.
+#[tokio::test]
+async fn of_two_batches_claiming_a_message_the_one_recorded_first_wins() -> Result<()> {
+    let Some(setup) =
+        Setup::start("of_two_batches_claiming_a_message_the_one_recorded_first_wins").await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(3).await?;
+    let first = a.batch(seqs[..2].to_vec());
+    let second = b.batch(seqs[1..].to_vec());
+    // Right after a's record: b's claim waits for its own index to pass its record,
+    // so it sees a's, recorded before.
+    a.record(&first).await?;
+    let refused = b
+        .store
+        .claim(&second)
+        .await
+        .expect_err("the second claim on a message");
+    assert_eq!(
+        refused,
+        ClaimError::Conflict {
+            id: second.id.clone(),
+            earlier: first.id.clone()
+        }
+    );
+    assert_eq!(
+        setup.bucket().await?.into_values().collect::<Vec<_>>(),
+        vec![first.clone()],
+        "the losing record is removed"
+    );
+    for instance in [&a, &b] {
+        instance.wait_holding(seqs[1], Some(&first)).await?;
+        instance.wait_holding(seqs[2], None).await?;
+    }
+    // The winner's messages are still its own: it claims them again without conflict.
+    a.record(&first).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Result<()> {
     // Enough that reading them takes longer than setting up the consumer does.
@@ -369,10 +448,7 @@ async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Re
     let a = setup.instance().await?;
     a.ready().await?;
     let seqs = setup.publish_rows(N * 2).await?;
-    let manifests: Vec<Manifest> = seqs
-        .chunks(2)
-        .map(|pair| Manifest::new(table(), pair.to_vec()))
-        .collect();
+    let manifests: Vec<Manifest> = seqs.chunks(2).map(|pair| a.batch(pair.to_vec())).collect();
     assert_eq!(manifests.len(), N);
     for m in &manifests {
         a.record(m).await?;
@@ -390,6 +466,50 @@ async fn a_source_does_not_connect_before_its_index_holds_every_manifest() -> Re
             );
         }
     }
+    Ok(())
+}
+
+/// nats-server restarts under a connected source: the index is rebuilt by a new watch,
+/// and the source pulls nothing before that watch has read every manifest again (a
+/// redelivered message checked against an index still filling could be taken for a
+/// fresh one and sent in a batch of its own).
+#[tokio::test]
+async fn after_a_reconnect_nothing_is_pulled_before_the_index_is_complete_again() -> Result<()> {
+    // Enough that a new watch takes a while to read them all.
+    const N: u64 = 20_000;
+    let Some(mut setup) =
+        Setup::start("after_a_reconnect_nothing_is_pulled_before_the_index_is_complete_again")
+            .await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let writes = (0..N).map(|i| {
+        let m = settled(a.batch(vec![1_000_000 + i]), vec![]);
+        let store = a.store.clone();
+        async move { store.update(&m).await }
+    });
+    let written: Vec<_> = futures::stream::iter(writes)
+        .buffer_unordered(200)
+        .try_collect()
+        .await
+        .map_err(|e| anyhow!("writing manifests: {e}"))?;
+    assert_eq!(written.len() as u64, N);
+    let mut source = a.source().await?;
+    let connects = a.connects();
+    setup.server.restart().await?;
+    wait_until("reconnected", DEADLINE, POLL, || async {
+        a.connects() > connects
+    })
+    .await?;
+    setup.publish_rows(1).await?;
+    let delivered = pull(&mut source, 1).await?;
+    assert!(
+        a.store.caught_up(),
+        "a message was pulled before the index read the bucket again"
+    );
+    drop(delivered);
     Ok(())
 }
 
@@ -430,8 +550,17 @@ async fn fetch_reads_rows_by_sequence_in_the_order_asked_and_names_a_missing_one
             .fetch(&[seqs[1], missing])
             .await
             .expect_err("a row not in the stream");
-        assert!(e.0.contains("no longer in the stream"), "{e}");
-        assert!(e.0.contains(&missing.to_string()), "names it: {e}");
+        assert_eq!(
+            e,
+            FetchError::Gone {
+                stream_sequence: missing
+            },
+            "names it"
+        );
+        assert!(
+            e.to_string().contains("no longer in the ingest stream"),
+            "{e}"
+        );
     }
     Ok(())
 }
@@ -449,8 +578,8 @@ async fn a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected() 
     let mut source = a.source().await?;
     let mut delivered = pull(&mut source, 3).await?;
     delivered.sort_by_key(|d| d.position().stream_sequence);
-    let done = settled(Manifest::new(table(), seqs[..2].to_vec()), vec![]);
-    let open = Manifest::new(table(), vec![seqs[2]]);
+    let done = settled(a.batch(seqs[..2].to_vec()), vec![]);
+    let open = a.batch(vec![seqs[2]]);
     a.record(&done).await?;
     a.record(&open).await?;
 
@@ -515,7 +644,7 @@ async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collect
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(2).await?;
-    let old = Manifest::new(table(), seqs.clone());
+    let old = a.batch(seqs.clone());
     a.record(&old).await?;
     b.wait_holding(seqs[0], Some(&old)).await?;
 
@@ -541,7 +670,7 @@ async fn a_manifest_of_a_deleted_stream_never_matches_the_new_one_and_is_collect
     assert!(setup.bucket().await?.is_empty());
 
     // A batch of the new stream is recorded and found as usual.
-    let new = Manifest::new(table(), again);
+    let new = a.batch(again);
     a.record(&new).await?;
     b.wait_holding(seqs[0], Some(&new)).await?;
     Ok(())
@@ -554,7 +683,7 @@ async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
     };
     let (a, b) = setup.two_instances().await?;
     let seqs = setup.publish_rows(4).await?;
-    let before = Manifest::new(table(), seqs[..2].to_vec());
+    let before = a.batch(seqs[..2].to_vec());
     a.record(&before).await?;
     b.wait_holding(seqs[0], Some(&before)).await?;
 
@@ -568,7 +697,7 @@ async fn the_index_is_rebuilt_after_nats_restarts() -> Result<()> {
     b.ready().await?;
     a.ready().await?;
     assert_eq!(b.store.holding(seqs[1]).as_deref(), Some(&before));
-    let after = Manifest::new(table(), seqs[2..].to_vec());
+    let after = a.batch(seqs[2..].to_vec());
     a.record(&after).await?;
     b.wait_holding(seqs[3], Some(&after)).await?;
     b.store
@@ -608,8 +737,8 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
     let mut refusal = None;
     for i in 0..400u64 {
         let first = 1 + i * 10_000;
-        let m = Manifest::new(table(), (first..first + 10_000).collect());
-        match store.record(&m).await {
+        let m = batch_of(&store, (first..first + 10_000).collect());
+        match store.claim(&m).await {
             Ok(()) => recorded.push(m),
             Err(e) => {
                 refusal = Some(e);
@@ -618,11 +747,10 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
         }
     }
     let refusal = refusal.context("the bucket never filled")?;
+    let refusal = refusal.to_string();
     assert!(
-        refusal
-            .0
-            .contains("manifest bucket SLUICE_MANIFESTS is full")
-            && refusal.0.contains("manifest_max_bytes"),
+        refusal.contains("manifest bucket SLUICE_MANIFESTS is full")
+            && refusal.contains("manifest_max_bytes"),
         "{refusal}"
     );
     assert!(recorded.len() > 50, "{} recorded", recorded.len());
@@ -644,12 +772,12 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
             .map_err(|e| anyhow!("forgetting {} in a full bucket: {e}", m.id))?;
     }
     assert_eq!(setup.bucket().await?.len(), recorded.len() - 10);
-    let m = Manifest::new(table(), (5_000_000..5_010_000).collect());
+    let m = batch_of(&store, (5_000_000..5_010_000).collect());
     wait_until(
         "the bucket takes a record again",
         DEADLINE,
         POLL,
-        || async { store.record(&m).await.is_ok() },
+        || async { store.claim(&m).await.is_ok() },
     )
     .await?;
     Ok(())
@@ -673,8 +801,8 @@ async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
     let b = setup.instance().await?;
     b.ready().await?;
     let seqs = setup.publish_rows(2).await?;
-    let m = Manifest::new(table(), seqs.clone());
-    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    let m = batch_of(&a, seqs.clone());
+    record(&a, &m).await?;
     a.forget(&m.id).await.map_err(|e| anyhow!("{e}"))?;
     b.wait_holding(seqs[0], None).await?;
     let mut bucket = setup.js.get_stream(bucket_stream_name(BUCKET)).await?;
@@ -697,7 +825,7 @@ async fn removal_markers_are_dropped_from_the_bucket_once_seen() -> Result<()> {
         "the bucket is empty"
     );
     // The same batch recorded again is found as ever.
-    a.record(&m).await.map_err(|e| anyhow!("{e}"))?;
+    record(&a, &m).await?;
     b.wait_holding(seqs[1], Some(&m)).await?;
     Ok(())
 }
@@ -755,6 +883,7 @@ impl Inserter for DedupTable {
         Ok(Dedup {
             exactly_once: true,
             why: "a test table that deduplicates".into(),
+            window: None,
         })
     }
 }
@@ -766,9 +895,20 @@ impl Setup {
         instance: Instance,
         table: Arc<DedupTable>,
     ) -> Result<PipelineHandle<JsDelivery>> {
+        self.pipeline_gathering(instance, table, Duration::from_millis(300))
+            .await
+    }
+
+    /// The same, gathering the messages of a recorded batch for `reform_wait`.
+    async fn pipeline_gathering(
+        &self,
+        instance: Instance,
+        table: Arc<DedupTable>,
+        reform_wait: Duration,
+    ) -> Result<PipelineHandle<JsDelivery>> {
         let settings = PipelineSettings {
             shutdown_deadline: Duration::from_secs(1),
-            reform_wait: Duration::from_millis(300),
+            reform_wait,
             ..Default::default()
         };
         let tables = TableSettingsResolver::new(TableSettings {
@@ -889,4 +1029,171 @@ async fn a_batch_left_by_a_stopped_instance_is_formed_again_by_another() -> Resu
         "the same rows under the same token"
     );
     Ok(())
+}
+
+/// Copies of a recorded batch's messages are gathered here while another instance
+/// settles the batch, acks its messages and removes the record: the copies are not
+/// inserted again (an earlier Sluice formed them into a new batch once the rest of
+/// the batch was no longer in the stream: their rows twice).
+#[tokio::test]
+async fn copies_gathered_while_their_batch_was_settled_elsewhere_are_not_inserted_again(
+) -> Result<()> {
+    let Some(setup) = Setup::start(
+        "copies_gathered_while_their_batch_was_settled_elsewhere_are_not_inserted_again",
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    // The other instance holds the four messages and records them as one batch.
+    let other = setup.instance().await?;
+    other.ready().await?;
+    let seqs = setup.publish_rows(4).await?;
+    let held = fetch_exactly(&setup.js, 4).await?;
+    let batch = other.batch(seqs.clone());
+    other.record(&batch).await?;
+    // This instance gathers copies of two of them (the others are still held there),
+    // and waits long for the rest.
+    let table = Arc::new(DedupTable::default());
+    let here = setup.instance().await?;
+    let here_store = here.store.clone();
+    let pipeline = setup
+        .pipeline_gathering(here, table.clone(), Duration::from_secs(5))
+        .await?;
+    here_store.ready(READY).await.map_err(|e| anyhow!("{e}"))?;
+    let mut kept = Vec::new();
+    for m in held {
+        let seq = m.info().map_err(|e| anyhow!("{e}"))?.stream_sequence;
+        if seq <= seqs[1] {
+            m.ack_with(jetstream::AckKind::Nak(None))
+                .await
+                .map_err(|e| anyhow!("nak: {e}"))?;
+        } else {
+            kept.push(m);
+        }
+    }
+    wait_until("the copies gathered here", DEADLINE, POLL, || async {
+        buffered_rows(&pipeline.tree_json()) == 2
+    })
+    .await?;
+    // The other instance settles the batch: its verdicts, every message acked (the two
+    // copies' messages leave the stream with it), the record removed.
+    other.record(&settled(batch.clone(), vec![])).await?;
+    for m in kept {
+        m.double_ack().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    let ingest = setup.js.get_stream("INGEST").await?;
+    for seq in &seqs[..2] {
+        ingest.delete_message(*seq).await?;
+    }
+    other
+        .store
+        .forget(&batch.id)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    wait_until("the stream empty", DEADLINE, POLL, || async {
+        stream_messages(&setup.js).await.is_ok_and(|n| n == 0)
+    })
+    .await?;
+    // Past the gathering's wait: the copies were settled, never inserted.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    pipeline.shutdown().await;
+    assert!(
+        table.sent().is_empty(),
+        "copies of settled rows were inserted again: {:?}",
+        table.sent()
+    );
+    Ok(())
+}
+
+/// A message of a settled batch comes back, its rejected row recorded as parked: it is
+/// acked, and the row is not parked again, however long after (the DLQ's own
+/// duplicate window is two minutes).
+#[tokio::test]
+async fn a_row_recorded_parked_is_not_parked_again_when_its_message_comes_back() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_row_recorded_parked_is_not_parked_again_when_its_message_comes_back")
+            .await?
+    else {
+        return Ok(());
+    };
+    let other = setup.instance().await?;
+    other.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let batch = other.batch(seqs.clone());
+    other.record(&batch).await?;
+    let done = settled(
+        batch,
+        vec![RejectedRow {
+            stream_sequence: seqs[1],
+            line: 0,
+            class: Class::Rejected,
+            code: Some(27),
+            error: "Cannot parse input".into(),
+            parked: true,
+        }],
+    );
+    other.record(&done).await?;
+    // The other instance died after parking and recording, before its acks.
+    let table = Arc::new(DedupTable::default());
+    let pipeline = setup
+        .pipeline(setup.instance().await?, table.clone())
+        .await?;
+    setup.wait_queue_empty().await?;
+    pipeline.shutdown().await;
+    assert!(
+        table.sent().is_empty(),
+        "inserted again: {:?}",
+        table.sent()
+    );
+    let dlq = setup.js.get_stream("DLQ").await?;
+    assert_eq!(dlq.cached_info().state.messages, 0, "parked a second time");
+    Ok(())
+}
+
+/// Exactly `n` messages pulled by one request of their own (no request left waiting on
+/// the server to take the ones handed back later).
+async fn fetch_exactly(js: &jetstream::Context, n: usize) -> Result<Vec<jetstream::Message>> {
+    let consumer: consumer::PullConsumer = js
+        .get_stream("INGEST")
+        .await?
+        .get_consumer("sluice")
+        .await
+        .map_err(|e| anyhow!("the consumer: {e}"))?;
+    let messages: Vec<jetstream::Message> = consumer
+        .fetch()
+        .max_messages(n)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .map_err(|e| anyhow!("fetching: {e}"))?
+        .try_collect()
+        .await
+        .map_err(|e| anyhow!("fetching: {e}"))?;
+    ensure!(messages.len() == n, "fetched {} of {n}", messages.len());
+    Ok(messages)
+}
+
+/// Messages in the ingest stream (a work queue: acked ones leave it).
+async fn stream_messages(js: &jetstream::Context) -> Result<u64> {
+    let mut stream = js.get_stream("INGEST").await?;
+    Ok(stream.info().await?.state.messages)
+}
+
+/// The rows a pipeline's tables hold (buffered or gathered), from its tree.
+fn buffered_rows(tree: &serde_json::Value) -> u64 {
+    fn walk(node: &serde_json::Value, sum: &mut u64) {
+        if let Some(n) = node
+            .pointer("/state/buffered_rows")
+            .and_then(|v| v.as_u64())
+        {
+            *sum += n;
+        }
+        for child in node["children"].as_array().into_iter().flatten() {
+            walk(child, sum);
+        }
+    }
+    let mut sum = 0;
+    walk(tree, &mut sum);
+    sum
 }

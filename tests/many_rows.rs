@@ -245,3 +245,74 @@ async fn an_outage_while_isolating_a_many_row_message_inserts_no_row_twice() -> 
     assert_eq!(stack.count("SELECT count() FROM events").await?, 99);
     Ok(())
 }
+
+/// `[pipeline] max_held_rows` bounds what the whole pipeline pulls and has not settled,
+/// in rows: with ClickHouse hanging on every insert (nothing is settled), 50 messages
+/// of 100 rows waiting, an instance bounded at 300 rows takes three messages and no
+/// more; once ClickHouse answers, every row lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_held_by_the_pipeline_stay_within_max_held_rows() -> Result<()> {
+    const BOUND: u64 = 300;
+    if sluice_harness::available(
+        "the_rows_held_by_the_pipeline_stay_within_max_held_rows",
+        sluice_harness::clickhouse::binary(),
+    )?
+    .is_none()
+    {
+        return Ok(());
+    }
+    let mut stack = Stack::start(StackOptions::default().with_proxy()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("pipeline.max_held_rows", BOUND as i64);
+    stack.set("ingest.batch_rows", BOUND as i64);
+    stack.set("ingest.batch_age", "200ms");
+    stack.set("clickhouse.targets.main.insert_timeout", "120s");
+    let sluice = stack.start_sluice(SLUICE).await?;
+    let proxy = stack.proxy.as_ref().context("the proxy")?;
+    proxy.add_rule(Rule::query_contains("INSERT", Mode::Stall));
+    let js = jetstream_of(&stack).await?;
+    for m in 0..50u64 {
+        publish(&js, "events", message(m * 100..m * 100 + 100, None)).await?;
+    }
+    let received = || async {
+        let text = stack.metrics_of(sluice).await?;
+        anyhow::Ok(sluice_harness::chaos::metric_value(
+            &text,
+            "sluice_rows_received_total",
+            &[("table", "events")],
+        ) as u64)
+    };
+    // The bound is reached (inserts hang, so nothing leaves)...
+    wait_for(
+        "the pipeline holds rows up to its bound",
+        DEADLINE,
+        POLL,
+        || async {
+            let n = received().await?;
+            if n > BOUND {
+                return Ok(Err(anyhow!("{n} rows pulled and held, over {BOUND}")));
+            }
+            if n == BOUND {
+                Ok(Ok(()))
+            } else {
+                bail!("{n} rows pulled so far")
+            }
+        },
+    )
+    .await??;
+    // ...and held: 20 looks over two seconds while the inserts hang.
+    for _ in 0..20 {
+        let n = received().await?;
+        anyhow::ensure!(n <= BOUND, "{n} rows pulled and held, over {BOUND}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let proxy = stack.proxy.as_ref().context("the proxy")?;
+    proxy.clear_rules();
+    // Refusing resets the hung inserts' connections; then ClickHouse answers.
+    proxy.set_mode(Mode::Refuse).await?;
+    proxy.set_mode(Mode::PassThrough).await?;
+    wait_exactly(&stack, "SELECT count() FROM events", 5000)
+        .await
+        .with_context(|| stack.sluice[sluice].log_tail(40))?;
+    Ok(())
+}

@@ -99,6 +99,15 @@ async fn a_kill_that_cannot_be_confirmed_still_answers_504_within_the_kill_timeo
         b["class"] == "timeout" && b["kill_confirmed"] == false,
         "{b}"
     );
+    // The stalled server took no KILL QUERY either, and the text says what the fields
+    // say: the kill was not taken.
+    let error = b["error"].as_str().unwrap_or_default();
+    ensure!(b["kill_sent"] == false, "{b}");
+    ensure!(
+        error.contains("did not take Sluice's KILL QUERY")
+            && !error.contains("Sluice sent KILL QUERY"),
+        "{b}"
+    );
     let texts: Vec<String> = proxy.requests().iter().map(|r| r.sql_text()).collect();
     ensure!(
         texts.iter().filter(|t| t.contains("SELECT 1")).count() == 1,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_actors::testkit::{FakeQueue, FakeSourceFactory, Ledger, ScriptedInserter};
+use sluice_actors::testkit::{FakeQueue, FakeSourceFactory, Journal, ScriptedInserter};
 use sluice_actors::*;
 
 struct Counting;
@@ -57,13 +57,13 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let queue = FakeQueue::new();
-        let ledger = Ledger::counting();
+        let journal = Journal::counting();
         // Rows of ~110 bytes over 4 tables, in runs as a real stream interleaves them.
         let subjects: Vec<Arc<str>> = (0..4).map(|i| Arc::from(format!("ingest.acme.t{i}"))).collect();
         let payload = |i: usize| {
             format!("{{\"ts\":\"2026-11-30T12:00:00.000Z\",\"user\":{i},\"event\":\"click\",\"page\":\"/a/b/c\",\"ms\":{}}}", i % 977)
         };
-        let deliveries: Vec<_> = (0..rows).map(|i| ledger.delivery(&subjects[(i / 250) % 4], payload(i))).collect();
+        let deliveries: Vec<_> = (0..rows).map(|i| journal.delivery(&subjects[(i / 250) % 4], payload(i))).collect();
         queue.push(deliveries);
         let ins = ScriptedInserter::instant();
         let settings = PipelineSettings { pull_batch: 1000, ..Default::default() };
@@ -79,7 +79,7 @@ fn main() {
         })
         .await
         .unwrap();
-        while ledger.acked() < rows as u64 {
+        while journal.acked() < rows as u64 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let wall = t0.elapsed();

@@ -33,6 +33,9 @@ pub enum RowVerdict {
     Inserted,
     /// Rejected alone by ClickHouse: parked with this reason.
     Rejected(Arc<ClickHouseError>),
+    /// Rejected, and on the DLQ already (its batch's record says so): acked, not parked
+    /// again.
+    AlreadyParked,
 }
 
 /// One message of a batch.
@@ -299,6 +302,11 @@ impl<D: Delivery> Batch<D> {
         self.body.slice(self.offsets[lo]..self.offsets[hi])
     }
 
+    /// The messages this flight holds, taken out (the batch is not sent).
+    pub fn into_deliveries(self) -> Vec<D> {
+        self.parts.into_iter().filter_map(|p| p.delivery).collect()
+    }
+
     /// The messages this flight holds (for `progress()`).
     pub fn deliveries(&self) -> impl Iterator<Item = &D> {
         self.parts.iter().filter_map(|p| p.delivery.as_ref())
@@ -328,11 +336,19 @@ impl<D: Delivery> Batch<D> {
     /// outage's delay; one whose rejected row cannot be parked is naked with the cap
     /// delay. Every held message is settled when this returns.
     pub async fn settle(self, verdicts: Vec<RowVerdict>, plan: &SettlePlan<'_>) -> Settled {
+        self.park(verdicts, plan).await.ack(plan).await
+    }
+
+    /// The first half of [`Batch::settle`]: every rejected row parked, every message
+    /// that goes back naked; the messages to ack are held in the answer, so that what
+    /// was parked can be recorded before any of them is acked.
+    pub async fn park(self, verdicts: Vec<RowVerdict>, plan: &SettlePlan<'_>) -> Parked<D> {
         let mut out = Settled {
             confirmed: true,
             ..Default::default()
         };
         let mut acks = Vec::with_capacity(self.parts.len());
+        let mut parked_rows = Vec::new();
         for part in self.parts {
             let Some(d) = part.delivery else { continue };
             let message = Message {
@@ -350,10 +366,59 @@ impl<D: Delivery> Batch<D> {
                 acks.push(d);
                 continue;
             }
+            let seq = part.stream_sequence;
             if let Some(d) = settle_message(d, &message, plan, &mut out).await {
+                parked_rows.extend(
+                    message
+                        .verdicts
+                        .iter()
+                        .zip(message.lines)
+                        .filter(|(v, _)| matches!(v, RowVerdict::Rejected(_)))
+                        .map(|(_, line)| (seq, *line)),
+                );
                 acks.push(d);
             }
         }
+        Parked {
+            acks,
+            out,
+            parked_rows,
+        }
+    }
+
+    /// Hand every held message back at once with `delay` (the flight could not run).
+    pub async fn hand_back(self, delay: Duration) -> usize {
+        let mut n = 0;
+        for part in self.parts {
+            if let Some(d) = part.delivery {
+                n += part.rows.len();
+                let _ = d.nak(delay).await;
+            }
+        }
+        n
+    }
+}
+
+/// A batch whose rejected rows are parked and whose messages that go back are naked:
+/// the messages to ack, held until [`Parked::ack`].
+pub struct Parked<D> {
+    acks: Vec<D>,
+    out: Settled,
+    /// Rows parked (stream sequence, line) of the messages to ack.
+    parked_rows: Vec<(u64, u32)>,
+}
+
+impl<D: Delivery> Parked<D> {
+    /// The rows parked, by (stream sequence, line), of messages about to be acked.
+    pub fn parked_rows(&self) -> &[(u64, u32)] {
+        &self.parked_rows
+    }
+
+    /// Ack every message left (the last one confirmed when the plan asks).
+    pub async fn ack(self, plan: &SettlePlan<'_>) -> Settled {
+        let Parked {
+            mut acks, mut out, ..
+        } = self;
         let last = if plan.confirm { acks.pop() } else { None };
         for d in acks {
             if let Err(e) = d.ack().await {
@@ -370,18 +435,6 @@ impl<D: Delivery> Batch<D> {
             }
         }
         out
-    }
-
-    /// Hand every held message back at once with `delay` (the flight could not run).
-    pub async fn hand_back(self, delay: Duration) -> usize {
-        let mut n = 0;
-        for part in self.parts {
-            if let Some(d) = part.delivery {
-                n += part.rows.len();
-                let _ = d.nak(delay).await;
-            }
-        }
-        n
     }
 }
 
@@ -414,7 +467,7 @@ impl Message<'_> {
         let mut lines = self.done.to_vec();
         for (i, v) in self.verdicts.iter().enumerate() {
             let parked = i < parked_before && matches!(v, RowVerdict::Rejected(_));
-            if *v == RowVerdict::Inserted || parked {
+            if matches!(v, RowVerdict::Inserted | RowVerdict::AlreadyParked) || parked {
                 lines.push(self.lines[i]);
             }
         }
@@ -447,8 +500,13 @@ async fn settle_message<D: Delivery>(
         .iter()
         .filter(|v| matches!(v, RowVerdict::Rejected(_)))
         .count();
+    let inserted = m
+        .verdicts
+        .iter()
+        .filter(|v| **v == RowVerdict::Inserted)
+        .count();
     if rejected == 0 {
-        out.inserted += m.verdicts.len();
+        out.inserted += inserted;
         return Some(d);
     }
     if !plan.dlq {
@@ -461,12 +519,12 @@ async fn settle_message<D: Delivery>(
         let RowVerdict::Rejected(err) = &m.verdicts[0] else {
             return Some(d);
         };
-        return match d.park(&Parking::from_error(plan.table, err)).await {
+        return match d.park_message(&Parking::from_error(plan.table, err)).await {
             Ok(()) => {
                 out.parked += 1;
-                None
+                Some(d)
             }
-            Err((d, e)) => {
+            Err(e) => {
                 park_failed(plan, &e.0, out);
                 out.handed_back += 1;
                 let _ = d.nak(plan.cap_delay).await;
@@ -490,7 +548,7 @@ async fn settle_message<D: Delivery>(
         parked += 1;
     }
     out.parked += parked;
-    out.inserted += m.verdicts.len() - rejected;
+    out.inserted += inserted;
     Some(d)
 }
 

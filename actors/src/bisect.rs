@@ -39,20 +39,24 @@ use tokio::time::Instant;
 
 use crate::batch::{Batch, RowVerdict};
 use crate::keepalive::Keepalive;
-use crate::manifest::Manifest;
+use crate::ledger::recording::SplitRecorder;
+use crate::ledger::split::RowRange;
+use crate::ledger::StoreError;
 use crate::metrics::TargetMetrics;
 use crate::ports::{Class, ClickHouseError, Delivery, InsertRequest, Inserter, TableKey};
 
 /// Everything an isolation needs besides the verdicts.
-pub struct Isolation<'a, I, D> {
+pub struct Isolation<'a, 's, I, D> {
     pub inserter: &'a I,
     pub table: &'a TableKey,
     pub skip_unknown_fields: bool,
     pub metrics: Option<&'a TargetMetrics>,
     pub keepalive: Keepalive,
     pub batch: &'a Batch<D>,
-    /// A recorded batch (exactly-once): every request carries the token of its range.
-    pub manifest: Option<&'a Manifest>,
+    /// A recorded batch (exactly-once): every request carries the token of its range,
+    /// and a range is sent on its own only once a split listing it is recorded (see
+    /// `ledger::split`).
+    pub record: Option<&'a mut SplitRecorder<'s>>,
     /// The batch has lost ClickHouse's connection again and again while ClickHouse
     /// answered in between (it may crash on a row of it): a lost connection is then
     /// taken as a rejection of what was sent, provided ClickHouse answers again within
@@ -76,11 +80,17 @@ pub struct BisectReport {
     pub answered: bool,
     /// The last rejection seen (for the table's last error).
     pub last_rejection: Option<ClickHouseError>,
+    /// A split could not be recorded: the isolation stopped before sending anything
+    /// unrecorded.
+    pub store_failed: Option<StoreError>,
+    /// The ranges not judged when the isolation stopped, as it held them (each to be
+    /// sent as it is when the batch is formed again).
+    pub untried: Vec<RowRange>,
 }
 
 // === impl Isolation ===
 
-impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
+impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
     /// Send rows `lo..hi` as one request.
     pub async fn insert(&mut self, lo: usize, hi: usize) -> Result<(), ClickHouseError> {
         let request = InsertRequest {
@@ -88,7 +98,10 @@ impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
             body: self.batch.slice(lo, hi),
             rows: hi - lo,
             skip_unknown_fields: self.skip_unknown_fields,
-            dedup_token: self.manifest.map(|m| m.token_of(lo, hi, self.batch.rows())),
+            dedup_token: self
+                .record
+                .as_ref()
+                .map(|r| r.record().token_of(lo, hi, self.batch.rows())),
         };
         let started = Instant::now();
         let out = self
@@ -203,7 +216,7 @@ pub fn row_hint(err: &ClickHouseError) -> Option<usize> {
 /// must take the server down twice on its own (`Ok`: it went in this time). Anything
 /// else passes through.
 async fn confirm_alone<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, I, D>,
+    iso: &mut Isolation<'_, '_, I, D>,
     lo: usize,
     hi: usize,
     err: ClickHouseError,
@@ -225,7 +238,7 @@ async fn confirm_alone<I: Inserter, D: Delivery>(
 /// Isolate the rows of the batch after the whole batch failed with `first`. Every
 /// verdict is `Pending` on entry; the ones still `Pending` on return are unsettled.
 pub async fn bisect<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, I, D>,
+    iso: &mut Isolation<'_, '_, I, D>,
     verdicts: &mut [RowVerdict],
     first: ClickHouseError,
 ) -> BisectReport {
@@ -238,27 +251,30 @@ pub async fn bisect<I: Inserter, D: Delivery>(
     let mut stack: Vec<Range> = Vec::with_capacity(64);
     if first.class != Class::Rejected && n > 1 {
         // Splittable: is it the batch's size, or the server? Ask with one row.
-        report.requests += 1;
-        match iso.insert(0, 1).await {
-            Ok(()) => {
-                report.answered = true;
-                report.inserted += judge(verdicts, 0, 1, RowVerdict::Inserted);
-            }
-            Err(e) if judges_rows(&e) => {
-                report.answered = true;
-                report.rejected += judge(verdicts, 0, 1, RowVerdict::Rejected(e.clone().into()));
-                report.last_rejection = Some(e);
-            }
-            Err(e) => {
-                report.stopped_by = Some(e);
-                report.unsettled = n;
-                return report;
-            }
-        }
         stack.push(Range {
             known: Some(first),
             ..Range::new(1, n)
         });
+        report.requests += 1;
+        match send(iso, verdicts, &stack, 0, 1).await {
+            Err(e) => {
+                report.store_failed = Some(e);
+                return stopped(report, verdicts, stack, Some(Range::new(0, 1)));
+            }
+            Ok(Ok(())) => {
+                report.answered = true;
+                report.inserted += judge(verdicts, 0, 1, RowVerdict::Inserted);
+            }
+            Ok(Err(e)) if judges_rows(&e) => {
+                report.answered = true;
+                report.rejected += judge(verdicts, 0, 1, RowVerdict::Rejected(e.clone().into()));
+                report.last_rejection = Some(e);
+            }
+            Ok(Err(e)) => {
+                report.stopped_by = Some(e);
+                return stopped(report, verdicts, stack, Some(Range::new(0, 1)));
+            }
+        }
     } else {
         stack.push(Range {
             known: Some(first),
@@ -266,16 +282,87 @@ pub async fn bisect<I: Inserter, D: Delivery>(
             ..Range::new(0, n)
         });
     }
-    let mut hints = true;
+    isolate(iso, verdicts, stack, report).await
+}
 
+/// Go on with an isolation a recorded split stopped (an outage, a crash, another
+/// instance): its untried ranges are sent as they are, first, and split from there.
+/// `verdicts` holds the split's judged rows on entry (the untried ones `Pending`).
+pub async fn resume<I: Inserter, D: Delivery>(
+    iso: &mut Isolation<'_, '_, I, D>,
+    verdicts: &mut [RowVerdict],
+    untried: &[RowRange],
+) -> BisectReport {
+    let stack = untried.iter().map(|r| Range::new(r.lo(), r.hi())).collect();
+    isolate(iso, verdicts, stack, BisectReport::default()).await
+}
+
+/// Send rows `lo..hi`, recording the split first when they are not a range it lists
+/// (`stack`: the ranges the isolation holds besides this one). `Err`: the split could
+/// not be recorded, nothing was sent.
+async fn send<I: Inserter, D: Delivery>(
+    iso: &mut Isolation<'_, '_, I, D>,
+    verdicts: &[RowVerdict],
+    stack: &[Range],
+    lo: usize,
+    hi: usize,
+) -> Result<Result<(), ClickHouseError>, StoreError> {
+    let rows = verdicts.len();
+    if let Some(record) = iso.record.as_mut() {
+        if !record.may_send(lo, hi, rows) {
+            let mut untried: Vec<RowRange> =
+                stack.iter().map(|r| RowRange::new(r.lo, r.hi)).collect();
+            untried.push(RowRange::new(lo, hi));
+            record.record_split(verdicts, untried).await?;
+        }
+    }
+    Ok(iso.insert(lo, hi).await)
+}
+
+/// The report of an isolation that stopped with `current` (the range it was on) and
+/// `stack` not judged.
+fn stopped(
+    mut report: BisectReport,
+    verdicts: &[RowVerdict],
+    stack: Vec<Range>,
+    current: Option<Range>,
+) -> BisectReport {
+    report.untried = stack
+        .iter()
+        .chain(current.as_ref())
+        .map(|r| RowRange::new(r.lo, r.hi))
+        .collect();
+    report.unsettled = verdicts
+        .iter()
+        .filter(|v| matches!(v, RowVerdict::Pending))
+        .count();
+    report
+}
+
+/// The isolation proper: take ranges off `stack` until none is left or an answer stops
+/// it.
+async fn isolate<I: Inserter, D: Delivery>(
+    iso: &mut Isolation<'_, '_, I, D>,
+    verdicts: &mut [RowVerdict],
+    mut stack: Vec<Range>,
+    mut report: BisectReport,
+) -> BisectReport {
+    let mut hints = true;
     while let Some(r) = stack.pop() {
         iso.keepalive.tick(iso.batch).await;
         let size = r.hi - r.lo;
         let (err, err_at) = match r.known {
-            Some(e) if size >= 2 => (e, r.known_at),
+            Some(ref e) if size >= 2 => (e.clone(), r.known_at),
             _ => {
                 report.requests += 1;
-                match iso.insert(r.lo, r.hi).await {
+                let answer = match send(iso, verdicts, &stack, r.lo, r.hi).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        report.store_failed = Some(e);
+                        return stopped(report, verdicts, stack, Some(r));
+                    }
+                };
+                match answer {
                     Ok(()) => {
                         report.answered = true;
                         if r.hinted {
@@ -354,21 +441,17 @@ pub async fn bisect<I: Inserter, D: Delivery>(
             }
         } else {
             report.stopped_by = Some(err);
-            break;
+            return stopped(report, verdicts, stack, Some(r));
         }
     }
-    report.unsettled = verdicts
-        .iter()
-        .filter(|v| matches!(v, RowVerdict::Pending))
-        .count();
-    report
+    stopped(report, verdicts, stack, None)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::batch::{SettlePlan, Settled};
-    use crate::testkit::{rejected, transport, unavailable, Event, Ledger, ScriptedInserter};
+    use crate::testkit::{rejected, transport, unavailable, Event, Journal, ScriptedInserter};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -389,7 +472,7 @@ mod tests {
 
     async fn run(
         ins: &ScriptedInserter,
-        ledger: &Arc<Ledger>,
+        journal: &Arc<Journal>,
         n: usize,
         bad: &[usize],
         dlq: bool,
@@ -402,7 +485,7 @@ mod tests {
                 } else {
                     format!("{{\"n\":{i}}}")
                 };
-                ledger.delivery(&subject, p)
+                journal.delivery(&subject, p)
             })
             .collect();
         let batch = Batch::new(rows, Instant::now());
@@ -426,7 +509,7 @@ mod tests {
                 metrics: None,
                 keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
                 batch: &batch,
-                manifest: None,
+                record: None,
                 suspect: None,
             };
             bisect(&mut iso, &mut verdicts, first).await
@@ -461,15 +544,15 @@ mod tests {
         for bad in [0usize, 1, 4999, 5000, 7777, 9999] {
             let ins = ScriptedInserter::new();
             ins.reject_containing("bad");
-            let ledger = Ledger::new();
-            let r = run(&ins, &ledger, 10_000, &[bad], true).await;
+            let journal = Journal::new();
+            let r = run(&ins, &journal, 10_000, &[bad], true).await;
             assert_eq!(r.parked, 1);
             assert_eq!(r.inserted, 9_999);
             assert!(r.pending.is_empty());
             let total = ins.request_count();
             assert!(total <= 40, "bad row {bad}: {total} requests");
-            assert_eq!(ledger.parkings()[0].0, bad as u64 + 1);
-            assert!(ledger.not_settled_once().is_empty());
+            assert_eq!(journal.parkings()[0].0, bad as u64 + 1);
+            assert!(journal.not_settled_once().is_empty());
         }
     }
 
@@ -480,8 +563,8 @@ mod tests {
             let bad: Vec<usize> = (0..k).map(|i| (i * 7919 + 13) % n).collect();
             let ins = ScriptedInserter::new();
             ins.reject_containing("bad");
-            let ledger = Ledger::new();
-            let r = run(&ins, &ledger, n, &bad, true).await;
+            let journal = Journal::new();
+            let r = run(&ins, &journal, n, &bad, true).await;
             assert_eq!(r.parked, k);
             assert_eq!(r.inserted, n - k);
             let bound = (2.0 * k as f64 * (n as f64).log2()).ceil() as usize + 1;
@@ -490,7 +573,7 @@ mod tests {
                 "k={k}: {} > {bound}",
                 ins.request_count()
             );
-            assert!(ledger.not_settled_once().is_empty());
+            assert!(journal.not_settled_once().is_empty());
         }
     }
 
@@ -546,16 +629,16 @@ mod tests {
         for bad in [0usize, 1, 4999, 5000, 7777, 9999] {
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", 0);
-            let ledger = Ledger::new();
-            let r = run(&ins, &ledger, 10_000, &[bad], true).await;
+            let journal = Journal::new();
+            let r = run(&ins, &journal, 10_000, &[bad], true).await;
             assert_eq!((r.parked, r.inserted), (1, 9_999), "bad row {bad}");
             assert!(r.pending.is_empty());
             // The whole batch, the rows before, the row alone, the rows after (no
             // "before" for the first row, no "after" for the last).
             let expected = 4 - usize::from(bad == 0) - usize::from(bad == 9_999);
             assert_eq!(ins.request_count(), expected, "bad row {bad}");
-            assert_eq!(ledger.parkings()[0].0, bad as u64 + 1);
-            assert!(ledger.not_settled_once().is_empty());
+            assert_eq!(journal.parkings()[0].0, bad as u64 + 1);
+            assert!(journal.not_settled_once().is_empty());
         }
     }
 
@@ -566,15 +649,15 @@ mod tests {
             let bad: Vec<usize> = (0..k).map(|i| (i * 7919 + 13) % n).collect();
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", 0);
-            let ledger = Ledger::new();
-            let r = run(&ins, &ledger, n, &bad, true).await;
+            let journal = Journal::new();
+            let r = run(&ins, &journal, n, &bad, true).await;
             assert_eq!((r.parked, r.inserted), (k, n - k));
             assert!(
                 ins.request_count() <= 3 * k + 1,
                 "k={k}: {}",
                 ins.request_count()
             );
-            assert!(ledger.not_settled_once().is_empty());
+            assert!(journal.not_settled_once().is_empty());
         }
     }
 
@@ -583,23 +666,23 @@ mod tests {
         for offset in [-3isize, 1, 250, -100_000] {
             let ins = ScriptedInserter::new();
             reject_naming_the_row(&ins, "bad", offset);
-            let ledger = Ledger::new();
-            let r = run(&ins, &ledger, 10_000, &[6_123], true).await;
+            let journal = Journal::new();
+            let r = run(&ins, &journal, 10_000, &[6_123], true).await;
             assert_eq!((r.parked, r.inserted), (1, 9_999), "offset {offset}");
             assert!(r.pending.is_empty());
-            assert_eq!(ledger.parkings()[0].0, 6_124);
+            assert_eq!(journal.parkings()[0].0, 6_124);
             assert!(
                 ins.request_count() <= 44,
                 "offset {offset}: {}",
                 ins.request_count()
             );
-            assert!(ledger.not_settled_once().is_empty());
+            assert!(journal.not_settled_once().is_empty());
         }
         // A row number past the batch is ignored: plain halves.
         let ins = ScriptedInserter::new();
         reject_naming_the_row(&ins, "bad", 1_000_000);
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 10_000, &[42], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 10_000, &[42], true).await;
         assert_eq!((r.parked, r.inserted), (1, 9_999));
         assert!(ins.request_count() <= 40);
     }
@@ -611,10 +694,10 @@ mod tests {
             let s = String::from_utf8_lossy(&r.body);
             s.contains("bad").then(|| Err(rejected(6)))
         });
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 8, &[3], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 8, &[3], true).await;
         assert_eq!(r.parked, 1);
-        let (seq, p) = &ledger.parkings()[0];
+        let (seq, p) = &journal.parkings()[0];
         assert_eq!(*seq, 4);
         assert_eq!(p.class, Class::Rejected);
         assert_eq!(p.code, Some(6));
@@ -626,25 +709,25 @@ mod tests {
     async fn dlq_off_naks_the_rejected_row_with_the_cap() {
         let ins = ScriptedInserter::new();
         ins.reject_containing("bad");
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 4, &[2], false).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 4, &[2], false).await;
         assert_eq!((r.parked, r.left_unacked, r.inserted), (0, 1, 3));
-        assert_eq!(ledger.nak_delays(), vec![(3, CAP)]);
-        assert_eq!(ledger.parked(), 0);
+        assert_eq!(journal.nak_delays(), vec![(3, CAP)]);
+        assert_eq!(journal.parked(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn dlq_publish_failure_naks_and_counts() {
         let ins = ScriptedInserter::new();
         ins.reject_containing("bad");
-        let ledger = Ledger::new();
-        ledger
+        let journal = Journal::new();
+        journal
             .dlq_fails
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let r = run(&ins, &ledger, 4, &[1], true).await;
+        let r = run(&ins, &journal, 4, &[1], true).await;
         assert_eq!((r.parked, r.dlq_failures, r.left_unacked), (0, 1, 1));
-        assert_eq!(ledger.terminal(2), vec![Event::Naked(CAP)]);
-        assert!(ledger.not_settled_once().is_empty());
+        assert_eq!(journal.terminal(2), vec![Event::Naked(CAP)]);
+        assert!(journal.not_settled_once().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -660,8 +743,8 @@ mod tests {
             Err(rejected(27)),
             Err(transport("connection reset by peer")),
         ]);
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 8, &[], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 8, &[], true).await;
         assert_eq!(r.inserted, 3);
         assert_eq!(r.parked, 1);
         assert_eq!(r.report.unsettled, 4);
@@ -670,11 +753,11 @@ mod tests {
             Some(Class::Unavailable)
         );
         assert_eq!(r.pending, vec![5, 6, 7, 8]);
-        assert_eq!(ledger.acked(), 3);
-        assert_eq!(ledger.parked(), 1);
+        assert_eq!(journal.acked(), 3);
+        assert_eq!(journal.parked(), 1);
         assert_eq!(r.settled.pending, 4);
         for seq in [5, 6, 7, 8] {
-            assert_eq!(ledger.terminal(seq), vec![Event::Naked(OUTAGE)]);
+            assert_eq!(journal.terminal(seq), vec![Event::Naked(OUTAGE)]);
         }
     }
 
@@ -683,8 +766,8 @@ mod tests {
         let ins = ScriptedInserter::new();
         // The whole batch: a bad row; then the table is dropped under the isolation.
         ins.script([Err(rejected(27)), Ok(()), Err(rejected(60).table_missing())]);
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 16, &[], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 16, &[], true).await;
         assert_eq!(
             ins.request_count(),
             3,
@@ -704,23 +787,23 @@ mod tests {
         // Too many partitions: any request with more than 3 rows fails with 252.
         let ins = ScriptedInserter::new();
         ins.rule(|r| (r.rows > 3).then(|| Err(unavailable(252).table_scoped().splittable())));
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 50, &[], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 50, &[], true).await;
         assert_eq!(r.inserted, 50);
         assert!(r.report.stopped_by.is_none() && r.report.answered);
         assert!(r.pending.is_empty());
-        assert_eq!(ledger.acked(), 50);
+        assert_eq!(journal.acked(), 50);
     }
 
     #[tokio::test(start_paused = true)]
     async fn splittable_that_fails_on_one_row_is_an_outage_after_two_requests() {
         let ins = ScriptedInserter::new();
         ins.set_default(Some(unavailable(241).splittable()));
-        let ledger = Ledger::new();
-        let r = run(&ins, &ledger, 100, &[], true).await;
+        let journal = Journal::new();
+        let r = run(&ins, &journal, 100, &[], true).await;
         assert_eq!(ins.request_count(), 2);
         assert_eq!(r.report.stopped_by.as_ref().and_then(|e| e.code), Some(241));
         assert_eq!(r.pending.len(), 100);
-        assert_eq!(ledger.acked() + ledger.parked(), 0);
+        assert_eq!(journal.acked() + journal.parked(), 0);
     }
 }

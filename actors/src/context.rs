@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Jitter;
+use crate::ledger::ManifestStore;
 use crate::observe::{Registry, Stats};
-use crate::ports::ManifestStore;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 
 pub struct Common {

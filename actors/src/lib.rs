@@ -19,8 +19,10 @@
 //!   with its log lines and gauge, as its owner keeps it; [`backoff`]: delays and
 //!   jitter; [`outage_log`]: the WARN/INFO cadence.
 //! - [`bisect`]: isolation of rejected rows; [`batch`]: a flight's rows, their verdicts
-//!   and their settlement; [`manifest`]: batch identities for exactly-once; [`table::flight`]: one flight; [`table::buffer`]: the
-//!   triggers; [`keepalive`]: `progress()` for rows held long.
+//!   and their settlement; [`ledger`]: the batch ledger (exactly-once: batch records,
+//!   their store, splits, gatherings); [`table::flight`]: one flight;
+//!   [`table::buffer`]: the triggers; [`keepalive`]: `progress()` for messages held
+//!   long.
 //! - [`consumer`], [`pool`], [`table`], [`supervisor`]: the actors; [`routing`]: subjects
 //!   to tables to pools; [`settle`]: rows handed back or parked without an insert;
 //!   [`restart`]: respawn pacing.
@@ -35,7 +37,7 @@ pub mod breaker;
 pub mod consumer;
 pub mod context;
 pub mod keepalive;
-pub mod manifest;
+pub mod ledger;
 pub mod metrics;
 pub mod observe;
 pub mod outage_log;
@@ -52,13 +54,15 @@ pub mod table;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
-pub use manifest::{Manifest, ManifestState, RejectedRow};
+pub use ledger::{
+    Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
+    ManifestStore, RejectedRow, StoreError,
+};
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
-    Class, ClickHouseError, Dedup, Delivery, DeliveryMeta, InsertRequest, Inserter, ManifestStore,
-    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, StoreError,
-    TableKey,
+    Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, InsertRequest, Inserter,
+    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, TableKey,
 };
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,

@@ -24,10 +24,11 @@ use tokio::time::Instant;
 
 use crate::consumer::{ConsumerDebug, ConsumerMsg};
 use crate::context::Common;
+use crate::ledger::ManifestStore;
 use crate::metrics::TargetMetrics;
 use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
 use crate::pool::{PoolDebug, PoolMemory, PoolMsg};
-use crate::ports::{Delivery, Inserter, ManifestStore, Source, SourceFactory, TableKey};
+use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
 use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 use crate::supervisor::{Children, PoolSpec, RootArgs, RootDebug, RootMsg, RootSupervisor};

@@ -1,4 +1,7 @@
-//! The two ports the actors speak through, and the types that cross them.
+//! The ports the actors speak through, and the types that cross them: an [`Inserter`]
+//! (ClickHouse), a [`Delivery`] (one JetStream message, carrying one row or many) and
+//! the [`Source`] of deliveries. The batch ledger's own port, the manifest store, is
+//! in [`crate::ledger::store`].
 //!
 //! Every decision the actors make (buffer, flush, bisect, park, back off) is taken
 //! against these traits, never against ClickHouse or JetStream directly, so each
@@ -12,10 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use serde::Serialize;
-
-use crate::manifest::Manifest;
 
 // === Class ===
 
@@ -170,10 +170,27 @@ pub struct InsertRequest {
 /// the same rows harmless and exactly-once possible.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Dedup {
+    /// Sluice records the table's batches and counts on ClickHouse to drop a retry:
+    /// the table deduplicates, its window covers a redelivery, and nothing else on it
+    /// (a materialized view on a server that skips views on a retry) would lose rows.
     pub exactly_once: bool,
-    /// Why, in a few words: `ReplicatedMergeTree`, `MergeTree without
-    /// non_replicated_deduplication_window`, ...
+    /// Why, in a sentence an operator can act on: the engine, the window against the
+    /// blocks a redelivery may come after, what to set.
     pub why: String,
+    /// The table's deduplication window, when it deduplicates at all (whether or not
+    /// it covers a redelivery): what a retry must come within to be dropped.
+    pub window: Option<DedupWindow>,
+}
+
+/// How far back ClickHouse remembers the blocks a table took: a retry of a block is
+/// dropped only while its hash is among the last `blocks` and younger than `seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DedupWindow {
+    /// `replicated_deduplication_window` (or `non_replicated_deduplication_window`).
+    pub blocks: u64,
+    /// `replicated_deduplication_window_seconds`, counted back from the table's newest
+    /// block; `None`: no limit in time (the non-replicated window has none).
+    pub seconds: Option<Duration>,
 }
 
 /// What a successful probe learnt about the server.
@@ -194,10 +211,12 @@ pub trait Inserter: Send + Sync + 'static {
     /// A cheap request proving the target answers (used for readiness).
     fn probe(&self) -> impl Future<Output = Result<ServerInfo, ClickHouseError>> + Send;
 
-    /// Whether ClickHouse deduplicates inserts into `table` (a `Replicated*MergeTree`, or
-    /// a `MergeTree` with `non_replicated_deduplication_window` > 0 where the server has
-    /// it). Asked before a table's batches are formed; the answer may be cached by the
-    /// implementation for a short while (a table's engine rarely changes).
+    /// Whether Sluice may count on ClickHouse to drop a retried insert into `table`: it
+    /// deduplicates (a `Replicated*MergeTree`, or a `MergeTree` with
+    /// `non_replicated_deduplication_window` > 0 where the server has it) over a window
+    /// that covers a redelivery, and no materialized view loses rows when a retry is
+    /// dropped. Asked before a table's batches are formed; what the server says of the
+    /// table may be cached by the implementation for a short while.
     fn deduplicates(
         &self,
         table: &TableKey,
@@ -249,7 +268,8 @@ impl Parking {
 #[error("{0}")]
 pub struct SettleError(pub String);
 
-/// One delivered row and the ways it can leave the actors.
+/// One delivered message (one row, or many as NDJSON lines) and the ways it can leave
+/// the actors. A message is acked only when every row in it is settled.
 ///
 /// Dropping a delivery that was never settled must hand it back for redelivery (a nak
 /// without delay where the connection allows), so that a crashed actor never strands
@@ -258,11 +278,12 @@ pub struct SettleError(pub String);
 /// `Sync`: a flush task keeps `&D` across awaits (`progress()` on rows still held
 /// during a long insert), and `progress(&self)`'s `Send` future needs it anyway.
 pub trait Delivery: Send + Sync + 'static {
-    /// The row as published: one JSON object.
+    /// The message as published: one JSON object, or many, one per line (NDJSON).
     fn payload(&self) -> &Bytes;
 
-    /// The subject the row was published on (`<prefix>.<tenant>.<table>`), borrowed:
-    /// the consumer routes every row by it, so it must not allocate (`meta()` does).
+    /// The subject the message was published on (`<prefix>.<tenant>.<table>`),
+    /// borrowed: the consumer routes every message by it, so it must not allocate
+    /// (`meta()` does).
     fn subject(&self) -> &str;
 
     fn meta(&self) -> DeliveryMeta;
@@ -270,7 +291,7 @@ pub trait Delivery: Send + Sync + 'static {
     /// The message's stream sequence and delivery count, without allocating.
     fn position(&self) -> Position;
 
-    /// The row is in ClickHouse: remove it from the queue.
+    /// Every row of the message is settled: remove it from the queue.
     fn ack(self) -> impl Future<Output = Result<(), SettleError>> + Send;
 
     /// Ack, and wait until JetStream confirms it. JetStream handles a connection's acks
@@ -278,20 +299,21 @@ pub trait Delivery: Send + Sync + 'static {
     /// it on the same connection was handled too: one confirmed ack closes a batch.
     fn ack_confirmed(self) -> impl Future<Output = Result<(), SettleError>> + Send;
 
-    /// Tell the queue the row is still being worked on, so `ack_wait` does not run out
-    /// and redeliver it while a long flush (a bisection, a slow insert) still holds it.
+    /// Tell the queue the message is still being worked on, so `ack_wait` does not run
+    /// out and redeliver it while a long flush (a bisection, a slow insert) still holds
+    /// it.
     ///
     /// `'static`: the future carries what it needs (a client handle, the ack address),
     /// so an actor can hand it to a task and never wait on it in its mailbox.
     fn progress(&self) -> impl Future<Output = Result<(), SettleError>> + Send + 'static;
 
-    /// When JetStream last heard the row is in hand: its delivery, or the last
+    /// When JetStream last heard the message is in hand: its delivery, or the last
     /// `progress()` sent for it. Once `ack_wait` has passed since, JetStream may have
     /// delivered it again, perhaps to another instance (this one was frozen, or its
-    /// runtime stalled): such a row must not start a batch of its own.
+    /// runtime stalled): such a message must not start a batch of its own.
     fn alive_since(&self) -> tokio::time::Instant;
 
-    /// Hand the row back to be delivered again after `delay`.
+    /// Hand the message back to be delivered again after `delay`.
     fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
 
     /// Publish one row of this message to the dead-letter stream, as its own message,
@@ -305,53 +327,24 @@ pub trait Delivery: Send + Sync + 'static {
         parking: &Parking,
     ) -> impl Future<Output = Result<(), SettleError>> + Send;
 
-    /// Publish the row to the dead-letter stream, then ack it. When the DLQ publish
-    /// fails the row is not acked and comes back with the error, for the caller to nak.
+    /// Publish the whole message (a one-row message) to the dead-letter stream, with the
+    /// reason in its headers. The message is not acked: its owner acks it (after
+    /// recording that it is parked, for a recorded batch). Parked twice (its message
+    /// redelivered after a crash), it is stored once within the DLQ's duplicate window.
+    fn park_message(
+        &self,
+        parking: &Parking,
+    ) -> impl Future<Output = Result<(), SettleError>> + Send;
+
+    /// Publish the message whole to the dead-letter stream, then ack it. When the DLQ
+    /// publish fails it is not acked and comes back with the error, for the caller to
+    /// nak.
     fn park(
         self,
         parking: &Parking,
     ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
     where
         Self: Sized;
-}
-
-// === ManifestStore ===
-
-/// Why the manifest store could not be read or written (NATS down, its stream full).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
-
-/// Where batch manifests live (a JetStream key-value bucket), shared by every Sluice
-/// instance: a batch's identity is recorded before its first attempt so that any
-/// instance can form exactly that batch again, and a batch's verdicts are recorded
-/// before any of its rows is settled so that a row redelivered afterwards is settled the
-/// same way without another insert. See [`crate::manifest`].
-///
-/// Object-safe (boxed futures): one store serves the whole pipeline; it is asked once
-/// per batch, not per row.
-pub trait ManifestStore: Send + Sync + 'static {
-    /// Write the manifest (create it, or replace an earlier state of it). Once this
-    /// returns `Ok`, every instance's [`ManifestStore::holding`] finds it within a
-    /// moment (well within `ack_wait`).
-    fn record<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Remove the manifest: every row of it is settled and the settlement confirmed.
-    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// The recorded manifest that holds the message at this stream sequence, if any,
-    /// from a local index the store keeps current. Never waits. The index holds every
-    /// manifest recorded before the source connected, so a redelivered message is never
-    /// taken for a fresh one.
-    fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>>;
-
-    /// The payloads of messages this instance does not hold (another instance has them,
-    /// or they wait out a delay), read from the stream by sequence, in the order asked.
-    /// A message no longer in the stream is an error: its batch cannot be formed again.
-    fn fetch<'a>(
-        &'a self,
-        stream_sequences: &'a [u64],
-    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>>;
 }
 
 // === Source ===

@@ -1,22 +1,37 @@
 //! Subjects to tables to pools: `<prefix>.<tenant>.<table>` with identifier tokens
-//! (tenant `[A-Za-z_][A-Za-z0-9_-]*`, table `[A-Za-z_][A-Za-z0-9_]*`). A tenant with no
-//! ClickHouse target, or a subject that does not parse, is parked with a clear error.
+//! ([`TENANT_NAME_RULE`], [`TABLE_NAME_RULE`]). A tenant with no ClickHouse target, or
+//! a subject that does not parse, is parked with a clear error.
+//!
+//! The name rules here are the only ones: the ingest API, the admin endpoint and the
+//! configuration check names with [`is_tenant`] and [`is_table`] too, so a name one
+//! of them takes is a name every other takes.
 //!
 //! Neutral ground between the consumer, which routes, and the pools, which receive
-//! [`RoutedRows`]: neither module knows the other's messages.
+//! [`Routed`]: neither module knows the other's messages.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::ledger::LedgerChange;
 use crate::metrics::TableMetrics;
 use crate::ports::TableKey;
 use crate::settings::TableSettingsResolver;
 use crate::settle::ParkReason;
 
-/// One group of rows for one table, as the consumer hands it to the table's pool.
-pub struct RoutedRows<D> {
-    pub key: TableKey,
-    pub rows: Vec<D>,
+/// What the consumer hands a pool for its tables.
+pub enum Routed<D> {
+    /// Messages pulled for one table (each carrying one row or many): one group per
+    /// subject of a pulled batch.
+    Messages { key: TableKey, messages: Vec<D> },
+    /// Changes of one table's recorded batches, routed ahead of the messages pulled
+    /// after them (a table without an actor drops them: it starts from the store's
+    /// snapshot when it is spawned).
+    Ledger {
+        key: TableKey,
+        changes: Vec<LedgerChange>,
+    },
+    /// Every table starts its ledger again from the store's snapshot.
+    LedgerResync,
 }
 
 /// Where the rows of one subject go.
@@ -38,16 +53,32 @@ pub enum Route {
     },
 }
 
+/// The longest tenant or table name taken: names are spliced into subjects, SQL,
+/// URLs and metric labels, and no real one comes near it.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// [`is_tenant`] as messages and docs state it.
+pub const TENANT_NAME_RULE: &str = "[A-Za-z_][A-Za-z0-9_-]*, at most 128 characters";
+
+/// [`is_table`] as messages and docs state it.
+pub const TABLE_NAME_RULE: &str = "[A-Za-z_][A-Za-z0-9_]*, at most 128 characters";
+
+/// A tenant name: an identifier that may also carry `-`.
 pub fn is_tenant(s: &str) -> bool {
-    let mut b = s.bytes();
-    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+    is_identifier(s, b"_-")
 }
 
+/// A table name (also a ClickHouse target or database name): an identifier.
 pub fn is_table(s: &str) -> bool {
+    is_identifier(s, b"_")
+}
+
+/// A letter or `_`, then letters, digits and `extra`; at most [`MAX_NAME_LEN`] bytes.
+fn is_identifier(s: &str, extra: &[u8]) -> bool {
     let mut b = s.bytes();
-    matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+    s.len() <= MAX_NAME_LEN
+        && matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
 }
 
 /// `(tenant, table)` of a subject, or `None` when it is not `<prefix>.<tenant>.<table>`.
@@ -102,7 +133,7 @@ impl Router {
                 Route::Park {
                     error: Arc::from(format!(
                         "invalid subject {subject:?}: expected {}.<tenant>.<table> with tenant \
-                         [A-Za-z_][A-Za-z0-9_-]* and table [A-Za-z_][A-Za-z0-9_]*",
+                         {TENANT_NAME_RULE} and table {TABLE_NAME_RULE}",
                         self.prefix
                     )),
                     dlq: tables.resolve(&key).dlq,
@@ -139,8 +170,22 @@ mod tests {
             "ingest..events",
             "ingest.acme.",
             "ingest.ac me.events",
+            format!("ingest.acme.{}", "t".repeat(MAX_NAME_LEN + 1)).as_str(),
+            format!("ingest.{}.events", "a".repeat(MAX_NAME_LEN + 1)).as_str(),
         ] {
             assert_eq!(parse_subject("ingest", bad), None, "{bad}");
+        }
+        let longest = "t".repeat(MAX_NAME_LEN);
+        assert!(parse_subject("ingest", &format!("ingest.acme.{longest}")).is_some());
+    }
+
+    #[test]
+    fn the_rules_as_stated_say_the_cap() {
+        for rule in [TENANT_NAME_RULE, TABLE_NAME_RULE] {
+            assert!(
+                rule.ends_with(&format!("at most {MAX_NAME_LEN} characters")),
+                "{rule}"
+            );
         }
     }
 }

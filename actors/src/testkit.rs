@@ -1,4 +1,4 @@
-//! Fakes for the ports: a recording [`FakeDelivery`] (with its [`Ledger`]), a scripted
+//! Fakes for the ports: a recording [`FakeDelivery`] (with its [`Journal`]), a scripted
 //! [`ScriptedInserter`] and an in-memory [`FakeSource`]. Used by this crate's tests and
 //! the throughput example; public so the binary's tests can drive the tree too.
 
@@ -29,7 +29,7 @@ pub enum Event {
     Progress,
     /// Dropped without being settled (the real adapter naks it at once).
     DroppedUnsettled,
-    /// A manifest was recorded (by a [`FakeManifestStore`] over this ledger; sequence 0):
+    /// A manifest was recorded (by a [`FakeManifestStore`] over this journal; sequence 0):
     /// `true` once its verdicts are. Orders the store's writes among the acks.
     ManifestRecorded(bool),
 }
@@ -48,7 +48,7 @@ impl Event {
 
 /// Records what happened to every [`FakeDelivery`] it made.
 #[derive(Debug, Default)]
-pub struct Ledger {
+pub struct Journal {
     record: bool,
     events: Mutex<Vec<(u64, Event)>>,
     next_seq: AtomicU64,
@@ -61,7 +61,7 @@ pub struct Ledger {
     dropped: AtomicU64,
 }
 
-impl Ledger {
+impl Journal {
     /// Records every event (tests).
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
@@ -93,24 +93,26 @@ impl Ledger {
             deliveries: 1,
             subject: subject.clone(),
             payload,
-            ledger: self.clone(),
+            journal: self.clone(),
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
+            parked_whole: Mutex::new(None),
         }
     }
 
     /// Message `seq` delivered again (its `deliveries`-th delivery), as JetStream does
     /// after a nak or `ack_wait`.
     pub fn redeliver(self: &Arc<Self>, seq: u64, deliveries: u64) -> FakeDelivery {
-        let (subject, payload) = self.payload(seq).expect("a message this ledger made");
+        let (subject, payload) = self.payload(seq).expect("a message this journal made");
         FakeDelivery {
             seq,
             deliveries,
             subject,
             payload,
-            ledger: self.clone(),
+            journal: self.clone(),
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
+            parked_whole: Mutex::new(None),
         }
     }
 
@@ -234,23 +236,30 @@ pub struct FakeDelivery {
     pub deliveries: u64,
     subject: Arc<str>,
     payload: Bytes,
-    ledger: Arc<Ledger>,
+    journal: Arc<Journal>,
     settled: bool,
     /// Moved on by `progress()`.
     alive_since: Mutex<tokio::time::Instant>,
+    /// Published to the DLQ whole (`park_message`): its ack is recorded as
+    /// [`Event::Parked`], as [`Delivery::park`] records it.
+    parked_whole: Mutex<Option<Parking>>,
 }
 
 impl FakeDelivery {
     fn settle(mut self, e: Event) {
         self.settled = true;
-        self.ledger.push(self.seq, e);
+        let e = match (&e, self.parked_whole.lock().unwrap().take()) {
+            (Event::Acked | Event::AckedConfirmed, Some(parking)) => Event::Parked(parking),
+            _ => e,
+        };
+        self.journal.push(self.seq, e);
     }
 }
 
 impl Drop for FakeDelivery {
     fn drop(&mut self) {
         if !self.settled {
-            self.ledger.push(self.seq, Event::DroppedUnsettled);
+            self.journal.push(self.seq, Event::DroppedUnsettled);
         }
     }
 }
@@ -290,23 +299,33 @@ impl Delivery for FakeDelivery {
     }
 
     async fn park_row(&self, line: u32, _row: Bytes, parking: &Parking) -> Result<(), SettleError> {
-        if self.ledger.dlq_fails.load(Ordering::Relaxed) {
-            self.ledger
+        if self.journal.dlq_fails.load(Ordering::Relaxed) {
+            self.journal
                 .push(self.seq, Event::ParkFailed(parking.clone()));
             return Err(SettleError("DLQ full".into()));
         }
-        self.ledger
+        self.journal
             .push(self.seq, Event::ParkedRow(line, parking.clone()));
+        Ok(())
+    }
+
+    async fn park_message(&self, parking: &Parking) -> Result<(), SettleError> {
+        if self.journal.dlq_fails.load(Ordering::Relaxed) {
+            self.journal
+                .push(self.seq, Event::ParkFailed(parking.clone()));
+            return Err(SettleError("DLQ full".into()));
+        }
+        *self.parked_whole.lock().unwrap() = Some(parking.clone());
         Ok(())
     }
 
     fn progress(
         &self,
     ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
-        let (ledger, seq) = (self.ledger.clone(), self.seq);
+        let (journal, seq) = (self.journal.clone(), self.seq);
         *self.alive_since.lock().unwrap() = tokio::time::Instant::now();
         async move {
-            ledger.push(seq, Event::Progress);
+            journal.push(seq, Event::Progress);
             Ok(())
         }
     }
@@ -321,8 +340,8 @@ impl Delivery for FakeDelivery {
     }
 
     async fn park(self, parking: &Parking) -> Result<(), (Self, SettleError)> {
-        if self.ledger.dlq_fails.load(Ordering::Relaxed) {
-            self.ledger
+        if self.journal.dlq_fails.load(Ordering::Relaxed) {
+            self.journal
                 .push(self.seq, Event::ParkFailed(parking.clone()));
             return Err((self, SettleError("DLQ full".into())));
         }
@@ -574,6 +593,7 @@ impl Inserter for ScriptedInserter {
                 "scripted: does not deduplicate"
             }
             .into(),
+            window: None,
         })
     }
 
@@ -686,25 +706,37 @@ impl SourceFactory for FakeSourceFactory {
 
 // === ManifestStore ===
 
-/// An in-memory manifest store over a [`Ledger`] (which plays the stream: `fetch` reads
-/// its payloads). Counts what it is asked; can be made to fail.
+/// An in-memory manifest store over a [`Journal`] (which plays the stream: `fetch` reads
+/// its payloads; a message acked or parked has left it). Keeps the real store's rule (of
+/// two batches claiming a message, the one recorded first wins) and reports its changes
+/// as the real one does. Counts what it is asked; can be made to fail.
 #[derive(Debug)]
 pub struct FakeManifestStore {
-    ledger: Arc<Ledger>,
-    manifests: Mutex<std::collections::HashMap<String, Arc<crate::manifest::Manifest>>>,
-    /// Every `record`, in order.
-    pub records: Mutex<Vec<crate::manifest::Manifest>>,
+    journal: Arc<Journal>,
+    state: Mutex<FakeStoreState>,
+    /// Every write (claim or update), in order.
+    pub records: Mutex<Vec<crate::ledger::Manifest>>,
     pub forgotten: Mutex<Vec<String>>,
     /// Writes fail while set (NATS down, the bucket full).
     pub fail_writes: AtomicBool,
     pub fetches: AtomicUsize,
 }
 
+#[derive(Debug, Default)]
+struct FakeStoreState {
+    revision: u64,
+    manifests: std::collections::HashMap<String, (u64, Arc<crate::ledger::Manifest>)>,
+    changes: Vec<crate::ledger::LedgerChange>,
+}
+
+/// The incarnation of the fake ingest stream.
+pub const FAKE_INCARNATION: u64 = 1_700_000_000_000_000_000;
+
 impl FakeManifestStore {
-    pub fn new(ledger: &Arc<Ledger>) -> Arc<Self> {
+    pub fn new(journal: &Arc<Journal>) -> Arc<Self> {
         Arc::new(Self {
-            ledger: ledger.clone(),
-            manifests: Mutex::default(),
+            journal: journal.clone(),
+            state: Mutex::default(),
             records: Mutex::default(),
             forgotten: Mutex::default(),
             fail_writes: AtomicBool::new(false),
@@ -712,79 +744,207 @@ impl FakeManifestStore {
         })
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<crate::manifest::Manifest>> {
-        self.manifests.lock().unwrap().get(id).cloned()
+    pub fn get(&self, id: &str) -> Option<Arc<crate::ledger::Manifest>> {
+        self.state
+            .lock()
+            .unwrap()
+            .manifests
+            .get(id)
+            .map(|(_, m)| m.clone())
     }
 
     /// The manifests recorded and not forgotten.
     pub fn open_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.manifests.lock().unwrap().keys().cloned().collect();
+        let mut ids: Vec<String> = self
+            .state
+            .lock()
+            .unwrap()
+            .manifests
+            .keys()
+            .cloned()
+            .collect();
         ids.sort();
         ids
     }
 
-    fn write_fails(&self) -> Result<(), StoreError> {
+    /// The recorded batch holding a message, if any (the one recorded first).
+    pub fn holding(&self, stream_sequence: u64) -> Option<Arc<crate::ledger::Manifest>> {
+        self.state
+            .lock()
+            .unwrap()
+            .manifests
+            .values()
+            .filter(|(_, m)| m.holds(stream_sequence))
+            .min_by_key(|(r, _)| *r)
+            .map(|(_, m)| m.clone())
+    }
+
+    fn write_fails(&self) -> Result<(), crate::ledger::StoreError> {
         if self.fail_writes.load(Ordering::Relaxed) {
-            Err(StoreError(
+            Err(crate::ledger::StoreError(
                 "the manifest bucket is unavailable (scripted)".into(),
             ))
         } else {
             Ok(())
         }
     }
+
+    fn put(&self, manifest: &crate::ledger::Manifest) {
+        self.journal
+            .push(0, Event::ManifestRecorded(manifest.is_settled()));
+        self.records.lock().unwrap().push(manifest.clone());
+        let mut state = self.state.lock().unwrap();
+        state.revision += 1;
+        let revision = state.revision;
+        let manifest = Arc::new(manifest.clone());
+        state
+            .manifests
+            .insert(manifest.id.clone(), (revision, manifest.clone()));
+        state
+            .changes
+            .push(crate::ledger::LedgerChange::Put { revision, manifest });
+    }
+
+    fn remove(&self, id: &str) {
+        let mut state = self.state.lock().unwrap();
+        if let Some((_, m)) = state.manifests.remove(id) {
+            state.revision += 1;
+            let revision = Some(state.revision);
+            state.changes.push(crate::ledger::LedgerChange::Removed {
+                table: m.table.clone(),
+                id: id.to_string(),
+                revision,
+            });
+        }
+    }
+
+    /// Whether the message is still in the stream: made, and neither acked nor parked.
+    fn in_stream_now(&self, seq: u64) -> bool {
+        self.journal.payload(seq).is_some()
+            && !self
+                .journal
+                .terminal(seq)
+                .iter()
+                .any(|e| matches!(e, Event::Acked | Event::AckedConfirmed | Event::Parked(_)))
+    }
 }
 
-impl ManifestStore for FakeManifestStore {
-    fn record<'a>(
+impl crate::ledger::ManifestStore for FakeManifestStore {
+    fn incarnation(&self) -> Option<u64> {
+        Some(FAKE_INCARNATION)
+    }
+
+    fn claim<'a>(
         &'a self,
-        manifest: &'a crate::manifest::Manifest,
-    ) -> futures::future::BoxFuture<'a, Result<(), StoreError>> {
+        manifest: &'a crate::ledger::Manifest,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::ClaimError>> {
         Box::pin(async move {
-            self.write_fails()?;
-            self.ledger
-                .push(0, Event::ManifestRecorded(manifest.is_settled()));
-            self.records.lock().unwrap().push(manifest.clone());
-            self.manifests
+            self.write_fails()
+                .map_err(crate::ledger::ClaimError::Unavailable)?;
+            let earlier = self
+                .state
                 .lock()
                 .unwrap()
-                .insert(manifest.id.clone(), Arc::new(manifest.clone()));
+                .manifests
+                .values()
+                .filter(|(_, m)| m.id != manifest.id)
+                .find(|(_, m)| manifest.messages.iter().any(|s| m.holds(*s)))
+                .map(|(_, m)| m.id.clone());
+            if let Some(earlier) = earlier {
+                return Err(crate::ledger::ClaimError::Conflict {
+                    id: manifest.id.clone(),
+                    earlier,
+                });
+            }
+            self.put(manifest);
             Ok(())
         })
     }
 
-    fn forget<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, Result<(), StoreError>> {
+    fn update<'a>(
+        &'a self,
+        manifest: &'a crate::ledger::Manifest,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
         Box::pin(async move {
             self.write_fails()?;
-            self.manifests.lock().unwrap().remove(id);
+            self.put(manifest);
+            Ok(())
+        })
+    }
+
+    fn current<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<crate::ledger::Manifest>, crate::ledger::StoreError>,
+    > {
+        Box::pin(async move { Ok(self.get(id).map(|m| (*m).clone())) })
+    }
+
+    fn forget<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
+        Box::pin(async move {
+            self.write_fails()?;
+            self.remove(id);
             self.forgotten.lock().unwrap().push(id.to_owned());
             Ok(())
         })
     }
 
-    fn holding(&self, stream_sequence: u64) -> Option<Arc<crate::manifest::Manifest>> {
-        self.manifests
-            .lock()
-            .unwrap()
-            .values()
-            .find(|m| m.messages.binary_search(&stream_sequence).is_ok())
-            .cloned()
-    }
-
     fn fetch<'a>(
         &'a self,
         stream_sequences: &'a [u64],
-    ) -> futures::future::BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+    ) -> futures::future::BoxFuture<'a, Result<Vec<Bytes>, crate::ledger::FetchError>> {
         Box::pin(async move {
             self.fetches
                 .fetch_add(stream_sequences.len(), Ordering::Relaxed);
             stream_sequences
                 .iter()
                 .map(|s| {
-                    self.ledger.payload(*s).map(|(_, p)| p).ok_or_else(|| {
-                        StoreError(format!("message {s} is no longer in the stream"))
-                    })
+                    self.journal.payload(*s).map(|(_, p)| p).ok_or(
+                        crate::ledger::FetchError::Gone {
+                            stream_sequence: *s,
+                        },
+                    )
                 })
                 .collect()
         })
+    }
+
+    fn in_stream<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<bool>, crate::ledger::StoreError>> {
+        Box::pin(async move {
+            Ok(stream_sequences
+                .iter()
+                .map(|s| self.in_stream_now(*s))
+                .collect())
+        })
+    }
+
+    fn changes(&self) -> crate::ledger::Changes {
+        let changes = std::mem::take(&mut self.state.lock().unwrap().changes);
+        if changes.is_empty() {
+            crate::ledger::Changes::None
+        } else {
+            crate::ledger::Changes::Some(changes)
+        }
+    }
+
+    fn of_table(&self, table: &TableKey) -> crate::ledger::LedgerSnapshot {
+        let state = self.state.lock().unwrap();
+        crate::ledger::LedgerSnapshot {
+            as_of: state.revision,
+            manifests: state
+                .manifests
+                .values()
+                .filter(|(_, m)| m.table == *table)
+                .map(|(r, m)| (*r, m.clone()))
+                .collect(),
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::*;
 
 const SUBJ: &str = "ingest.acme.events";
-use sluice_actors::testkit::{rejected, transport, Event, FakeManifestStore};
+use sluice_actors::testkit::{rejected, transport, Event, FakeManifestStore, FAKE_INCARNATION};
 use sluice_actors::*;
 
 async fn eo_rig(batch_rows: usize) -> Rig {
@@ -41,13 +41,13 @@ fn records(r: &Rig) -> Vec<Manifest> {
 /// Deliver these messages again (JetStream's redelivery after a nak or `ack_wait`).
 fn redeliver(r: &Rig, seqs: &[u64], deliveries: u64) {
     r.queue
-        .push(seqs.iter().map(|s| r.ledger.redeliver(*s, deliveries)));
+        .push(seqs.iter().map(|s| r.journal.redeliver(*s, deliveries)));
 }
 
 /// The last terminal event of each message.
 fn last_events(r: &Rig, seqs: &[u64]) -> Vec<Option<Event>> {
     seqs.iter()
-        .map(|s| r.ledger.terminal(*s).last().cloned())
+        .map(|s| r.journal.terminal(*s).last().cloned())
         .collect()
 }
 
@@ -55,7 +55,7 @@ async fn until(r: &Rig, within: Duration, cond: impl Fn(&Rig) -> bool) {
     assert!(
         r.until(within, cond).await,
         "events {:?}\nrecords {:?}\nrequests {:?}",
-        r.ledger.events(),
+        r.journal.events(),
         records(r),
         r.main()
             .requests()
@@ -103,7 +103,7 @@ async fn a_batch_is_recorded_before_its_first_attempt_and_its_verdicts_before_an
     // The verdicts were recorded before the first ack; the batch's last ack was
     // confirmed; then the manifest went, a moment later (JetStream writes acks down a
     // moment after confirming them).
-    let events = r.ledger.events();
+    let events = r.journal.events();
     let settled_at = events
         .iter()
         .position(|(_, e)| *e == Event::ManifestRecorded(true))
@@ -167,13 +167,17 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
     let subject: Arc<str> = Arc::from(SUBJ);
     let seqs: Vec<u64> = (0..4)
         .map(|i| {
-            let d = r.ledger.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
             let seq = d.seq;
             std::mem::forget(d);
             seq
         })
         .collect();
-    let mut m = Manifest::new(TableKey::new("acme", "events"), seqs.clone());
+    let mut m = Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.clone(),
+    );
     m.state = ManifestState::Settled {
         rejected: vec![RejectedRow {
             stream_sequence: seqs[2],
@@ -181,9 +185,10 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
             class: Class::Rejected,
             code: Some(27),
             error: "Cannot parse input".into(),
+            parked: false,
         }],
     };
-    futures::executor::block_on(store(&r).record(&m)).unwrap();
+    futures::executor::block_on(store(&r).update(&m)).unwrap();
     redeliver(&r, &seqs, 2);
     until(&r, Duration::from_secs(5), |r| {
         last_events(r, &seqs).iter().all(Option::is_some)
@@ -209,14 +214,18 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
     let subject: Arc<str> = Arc::from(SUBJ);
     let seqs: Vec<u64> = (0..6)
         .map(|i| {
-            let d = r.ledger.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
             let seq = d.seq;
             std::mem::forget(d);
             seq
         })
         .collect();
-    let m = Manifest::new(TableKey::new("acme", "events"), seqs.clone());
-    futures::executor::block_on(store(&r).record(&m)).unwrap();
+    let m = Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.clone(),
+    );
+    futures::executor::block_on(store(&r).update(&m)).unwrap();
     redeliver(&r, &seqs[..3], 2);
     until(&r, Duration::from_secs(5), |r| {
         last_events(r, &seqs[..3]).iter().all(Option::is_some)
@@ -253,14 +262,18 @@ async fn a_message_delivered_twice_while_its_batch_is_gathered_leaves_no_row_out
     let subject: Arc<str> = Arc::from(SUBJ);
     let seqs: Vec<u64> = (0..4)
         .map(|i| {
-            let d = r.ledger.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
             let seq = d.seq;
             std::mem::forget(d);
             seq
         })
         .collect();
-    let m = Manifest::new(TableKey::new("acme", "events"), seqs.clone());
-    futures::executor::block_on(store(&r).record(&m)).unwrap();
+    let m = Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.clone(),
+    );
+    futures::executor::block_on(store(&r).update(&m)).unwrap();
     // Four deliveries of three messages: the first comes twice, the last not at all.
     redeliver(&r, &[seqs[0], seqs[0], seqs[1], seqs[2]], 2);
     until(&r, Duration::from_secs(5), |r| {
@@ -283,12 +296,12 @@ async fn a_message_delivered_twice_while_its_batch_is_gathered_leaves_no_row_out
     // Every message acked; the copy of the first went back (before or after the ack:
     // JetStream ignores a nak of an acked message).
     assert!(seqs.iter().all(|s| r
-        .ledger
+        .journal
         .terminal(*s)
         .iter()
         .any(|e| matches!(e, Event::Acked | Event::AckedConfirmed))));
     assert!(r
-        .ledger
+        .journal
         .terminal(seqs[0])
         .iter()
         .any(|e| matches!(e, Event::Naked(_))));
@@ -304,7 +317,7 @@ async fn rows_held_past_ack_wait_go_back_instead_of_into_a_batch() {
     let r = eo_rig(3).await;
     let subject: Arc<str> = Arc::from(SUBJ);
     let held: Vec<_> = (0..3)
-        .map(|i| r.ledger.delivery(&subject, format!("{{\"n\":{i}}}")))
+        .map(|i| r.journal.delivery(&subject, format!("{{\"n\":{i}}}")))
         .collect();
     let seqs: Vec<u64> = held.iter().map(|d| d.seq).collect();
     tokio::time::advance(PipelineSettings::default().ack_wait).await;
@@ -341,7 +354,7 @@ async fn a_batch_is_sent_in_stream_order_whatever_the_order_rows_came_in() {
     let r = eo_rig(4).await;
     let subject: Arc<str> = Arc::from(SUBJ);
     let mut rows: Vec<_> = (0..4)
-        .map(|i| r.ledger.delivery(&subject, format!("{{\"n\":{i}}}")))
+        .map(|i| r.journal.delivery(&subject, format!("{{\"n\":{i}}}")))
         .collect();
     rows.reverse();
     r.queue.push(rows);
@@ -367,7 +380,7 @@ async fn when_the_manifest_store_cannot_be_written_nothing_is_inserted() {
     let retry = PipelineSettings::default().store_retry;
     assert!(seqs
         .iter()
-        .all(|s| r.ledger.terminal(*s) == vec![Event::Naked(retry)]));
+        .all(|s| r.journal.terminal(*s) == vec![Event::Naked(retry)]));
     assert!(r
         .table("acme.events")
         .and_then(|t| t["state"]["last_error"].as_str().map(str::to_owned))
@@ -385,8 +398,13 @@ async fn when_the_manifest_store_cannot_be_written_nothing_is_inserted() {
     r.handle.shutdown().await;
 }
 
+/// An outage in the middle of an isolation: nothing is settled, the batch goes back
+/// whole, and when it comes again its recorded split resumes where it stopped. The
+/// whole batch is never sent again (its first half, inserted as a block of its own,
+/// would go in twice under the whole batch's token: issue "a split, then an outage,
+/// then success: a row twice").
 #[tokio::test(start_paused = true)]
-async fn an_outage_mid_isolation_settles_nothing_and_the_batch_is_isolated_again_the_same_way() {
+async fn an_outage_mid_isolation_resumes_the_recorded_split_and_never_sends_the_batch_whole() {
     let r = eo_rig(8).await;
     // A bad row; the server goes away during the isolation (third request), once.
     let calls = Arc::new(AtomicUsize::new(0));
@@ -404,14 +422,13 @@ async fn an_outage_mid_isolation_settles_nothing_and_the_batch_is_isolated_again
     let seqs = r.push(SUBJ, 8, &[6]);
     r.settled(8).await;
     // Nothing settled: not the rows inserted, not the bad one.
-    assert_eq!(r.ledger.acked() + r.ledger.parked(), 0);
-    assert_eq!(records(&r).len(), 1, "open only");
-    let first_run: Vec<(usize, Option<String>)> = r
-        .main()
-        .requests()
-        .iter()
-        .map(|q| (q.rows, q.token.clone()))
-        .collect();
+    assert_eq!(r.journal.acked() + r.journal.parked(), 0);
+    let split = records(&r)
+        .into_iter()
+        .rev()
+        .find_map(|m| m.split().cloned())
+        .expect("the split is recorded before its parts are sent");
+    let first_run = r.main().requests().len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     redeliver(&r, &seqs, 2);
     until(&r, Duration::from_secs(10), |r| {
@@ -424,17 +441,43 @@ async fn an_outage_mid_isolation_settles_nothing_and_the_batch_is_isolated_again
     })
     .await;
     let requests = r.main().requests();
-    let second_run: Vec<(usize, Option<String>)> = requests[first_run.len()..]
-        .iter()
-        .map(|q| (q.rows, q.token.clone()))
-        .collect();
-    // The same splits with the same tokens: what the first run inserted is
-    // deduplicated by ClickHouse, not inserted twice.
-    assert_eq!(second_run[..first_run.len()], first_run[..], "{requests:?}");
-    assert_eq!(r.ledger.parked(), 1);
-    let parked = r.ledger.parkings();
+    let second_run = &requests[first_run..];
+    assert!(
+        second_run.iter().all(|q| q.rows < 8),
+        "the whole batch was sent again: {requests:?}"
+    );
+    let resumed = &second_run[0];
+    let untried: Vec<(usize, usize)> = split.untried.iter().map(|r| (r.lo(), r.hi())).collect();
+    assert!(
+        untried.iter().any(|(lo, hi)| hi - lo == resumed.rows),
+        "the first request again is an untried range of the recorded split {untried:?}: {resumed:?}"
+    );
+    // ClickHouse counts a block once per token: every good row once, the bad one parked.
+    let rows = deduplicated_lines(&r);
+    assert_eq!(rows.len(), 7, "{rows:?}");
+    assert!(
+        rows.values().all(|n| *n == 1),
+        "a row went in twice: {rows:?}"
+    );
+    assert_eq!(r.journal.parked(), 1);
+    let parked = r.journal.parkings();
     assert_eq!(parked[0].0, seqs[6]);
     r.handle.shutdown().await;
+}
+
+/// The counts of each row's content among the rows ClickHouse took, as a table that
+/// deduplicates counts them: a request whose token it already took adds nothing.
+fn deduplicated_lines(r: &Rig) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    let mut tokens = std::collections::HashSet::new();
+    for q in r.main().requests().into_iter().filter(|q| q.answer.is_ok()) {
+        if q.token.as_ref().is_none_or(|t| tokens.insert(t.clone())) {
+            for line in q.lines() {
+                *seen.entry(line).or_default() += 1;
+            }
+        }
+    }
+    seen
 }
 
 #[tokio::test(start_paused = true)]
@@ -482,16 +525,16 @@ async fn a_bad_row_inside_a_hundred_row_message_is_parked_alone_and_its_neighbou
     let r = simple(100).await;
     r.main().reject_containing("bad");
     let d = r
-        .ledger
+        .journal
         .delivery(&Arc::from(SUBJ), rows_with_a_bad_one(100, 42));
     let seq = d.seq;
     r.queue.push([d]);
     until(&r, Duration::from_secs(5), |r| {
-        !r.ledger.terminal(seq).is_empty()
+        !r.journal.terminal(seq).is_empty()
     })
     .await;
     let events: Vec<Event> = r
-        .ledger
+        .journal
         .events()
         .into_iter()
         .filter(|(s, _)| *s == seq)
@@ -518,22 +561,22 @@ async fn a_message_that_goes_back_for_a_full_dlq_keeps_its_batch_record_and_is_n
 {
     let r = eo_rig(100).await;
     r.main().reject_containing("bad");
-    r.ledger.dlq_fails.store(true, Ordering::Relaxed);
+    r.journal.dlq_fails.store(true, Ordering::Relaxed);
     let d = r
-        .ledger
+        .journal
         .delivery(&Arc::from(SUBJ), rows_with_a_bad_one(10, 4));
     let seq = d.seq;
     r.queue.push([d]);
     // Alone it is not a full batch: its age triggers it.
     tokio::time::sleep(Duration::from_secs(3601)).await;
     until(&r, Duration::from_secs(5), |r| {
-        !r.ledger.terminal(seq).is_empty()
+        !r.journal.terminal(seq).is_empty()
     })
     .await;
     assert!(
-        matches!(r.ledger.terminal(seq)[..], [Event::Naked(_)]),
+        matches!(r.journal.terminal(seq)[..], [Event::Naked(_)]),
         "{:?}",
-        r.ledger.terminal(seq)
+        r.journal.terminal(seq)
     );
     let inserts = r
         .main()
@@ -549,15 +592,15 @@ async fn a_message_that_goes_back_for_a_full_dlq_keeps_its_batch_record_and_is_n
     assert!(store(&r).holding(seq).is_some_and(|m| m.is_settled()));
     // The DLQ has room again; the message comes back (here as if to an instance that
     // never saw it: the record alone settles it).
-    r.ledger.dlq_fails.store(false, Ordering::Relaxed);
+    r.journal.dlq_fails.store(false, Ordering::Relaxed);
     redeliver(&r, &[seq], 2);
     until(&r, Duration::from_secs(5), |r| {
-        r.ledger.terminal(seq).len() == 2
+        r.journal.terminal(seq).len() == 2
     })
     .await;
-    assert_eq!(r.ledger.terminal(seq)[1], Event::Acked);
+    assert_eq!(r.journal.terminal(seq)[1], Event::Acked);
     assert!(r
-        .ledger
+        .journal
         .events()
         .iter()
         .any(|(s, e)| *s == seq && matches!(e, Event::ParkedRow(4, _))));
@@ -609,27 +652,27 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
     let seqs: Vec<u64> = [message(0, None), message(1, Some(9))]
         .into_iter()
         .map(|body| {
-            let d = r.ledger.delivery(&subject, body);
+            let d = r.journal.delivery(&subject, body);
             let seq = d.seq;
             r.queue.push([d]);
             seq
         })
         .collect();
     until(&r, Duration::from_secs(5), |r| {
-        seqs.iter().all(|s| !r.ledger.terminal(*s).is_empty())
+        seqs.iter().all(|s| !r.journal.terminal(*s).is_empty())
     })
     .await;
     // The first message's rows all went in: acked. The second went back with part of
     // its rows in ClickHouse.
-    assert_eq!(r.ledger.terminal(seqs[0]), vec![Event::Acked]);
-    assert!(matches!(r.ledger.terminal(seqs[1])[..], [Event::Naked(_)]));
+    assert_eq!(r.journal.terminal(seqs[0]), vec![Event::Acked]);
+    assert!(matches!(r.journal.terminal(seqs[1])[..], [Event::Naked(_)]));
     // It comes back: only its rows not yet in ClickHouse are sent.
     tokio::time::sleep(Duration::from_secs(3)).await;
     redeliver(&r, &seqs[1..], 2);
     // Alone it is not a full batch: its age triggers it.
     tokio::time::sleep(Duration::from_secs(3601)).await;
     until(&r, Duration::from_secs(5), |r| {
-        r.ledger.terminal(seqs[1]).len() == 2
+        r.journal.terminal(seqs[1]).len() == 2
     })
     .await;
     let lines = inserted_lines(&r);
@@ -638,6 +681,59 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
         lines.values().all(|n| *n == 1),
         "a row went in twice: {lines:?}"
     );
-    assert_eq!(r.ledger.parked(), 1);
+    assert_eq!(r.journal.parked(), 1);
+    r.handle.shutdown().await;
+}
+
+/// A recorded batch is removed while copies of two of its messages are gathered here
+/// (another instance settled it and acked every message; this one heard only of the
+/// removal): the copies are acked, never inserted as a batch of their own.
+#[tokio::test(start_paused = true)]
+async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
+    let r = eo_rig(100).await;
+    let subject: Arc<str> = Arc::from(SUBJ);
+    let seqs: Vec<u64> = (0..4)
+        .map(|i| {
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect();
+    let m = Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.clone(),
+    );
+    futures::executor::block_on(store(&r).claim(&m)).unwrap();
+    redeliver(&r, &seqs[..2], 2);
+    until(&r, Duration::from_millis(500), |r| {
+        r.handle
+            .tree_json()
+            .to_string()
+            .contains("\"buffered_rows\":2")
+    })
+    .await;
+    // Elsewhere: every message acked, the record removed.
+    for s in &seqs {
+        futures::executor::block_on(r.journal.redeliver(*s, 3).ack()).unwrap();
+    }
+    futures::executor::block_on(store(&r).forget(&m.id)).unwrap();
+    until(&r, Duration::from_secs(10), |r| {
+        seqs[..2].iter().all(|s| {
+            r.journal
+                .terminal(*s)
+                .iter()
+                .filter(|e| **e == Event::Acked)
+                .count()
+                == 2
+        })
+    })
+    .await;
+    assert_eq!(
+        r.main().request_count(),
+        0,
+        "copies of settled rows inserted"
+    );
     r.handle.shutdown().await;
 }

@@ -12,10 +12,10 @@ const SUBJ: &str = "ingest.acme.events";
 
 fn no_parks(r: &Rig) {
     assert_eq!(
-        r.ledger.parked(),
+        r.journal.parked(),
         0,
         "nothing may be parked: {:?}",
-        r.ledger.parkings()
+        r.journal.parkings()
     );
 }
 
@@ -53,8 +53,8 @@ async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay(
         r.push(SUBJ, rows, &[]);
         r.settled(rows as u64).await;
         no_parks(&r);
-        assert_eq!(r.ledger.naked(), rows as u64, "{name}");
-        for (_, d) in r.ledger.nak_delays() {
+        assert_eq!(r.journal.naked(), rows as u64, "{name}");
+        for (_, d) in r.journal.nak_delays() {
             assert!(
                 d > Duration::ZERO && d <= Duration::from_secs(1),
                 "{name}: delay {d:?}"
@@ -88,7 +88,7 @@ async fn a_batch_refused_for_its_size_is_split_and_every_row_lands_with_no_backo
             .rule(move |req| (req.rows > 6).then(|| Err(err.clone())));
         r.push(SUBJ, 40, &[]);
         r.settled(40).await;
-        assert_eq!(r.ledger.acked(), 40, "code {c}");
+        assert_eq!(r.journal.acked(), 40, "code {c}");
         assert_eq!(r.main().rows_inserted(), 40);
         no_parks(&r);
         assert!(
@@ -112,8 +112,8 @@ async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
         });
         let seqs = r.push(SUBJ, 100, &[37]);
         r.settled(100).await;
-        assert_eq!(r.ledger.acked(), 99);
-        let parked = r.ledger.parkings();
+        assert_eq!(r.journal.acked(), 99);
+        let parked = r.journal.parkings();
         assert_eq!(parked.len(), 1);
         let (seq, p) = &parked[0];
         assert_eq!(*seq, seqs[37]);
@@ -121,7 +121,7 @@ async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
         assert_eq!(p.code, Some(c));
         assert!(p.error.contains(&format!("Code: {c}")));
         assert_eq!(p.table, TableKey::new("acme", "events"));
-        assert!(r.ledger.not_settled_once().is_empty());
+        assert!(r.journal.not_settled_once().is_empty());
         assert!(r.main().request_count() <= 2 + 2 * 7);
         r.handle.shutdown().await;
     }
@@ -141,16 +141,19 @@ async fn an_outage_mid_isolation_retries_exactly_the_unsettled_rows() {
     let seqs = r.push(SUBJ, 8, &[]);
     r.settled(8).await;
     for s in &seqs[..3] {
-        assert_eq!(r.ledger.terminal(*s), vec![Event::Acked]);
+        assert_eq!(r.journal.terminal(*s), vec![Event::Acked]);
     }
-    assert!(matches!(r.ledger.terminal(seqs[3])[..], [Event::Parked(_)]));
+    assert!(matches!(
+        r.journal.terminal(seqs[3])[..],
+        [Event::Parked(_)]
+    ));
     for s in &seqs[4..] {
-        match r.ledger.terminal(*s)[..] {
+        match r.journal.terminal(*s)[..] {
             [Event::Naked(d)] => assert!(d > Duration::ZERO && d <= Duration::from_secs(1)),
             ref other => panic!("row {s}: {other:?}"),
         }
     }
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert!(r.journal.not_settled_once().is_empty());
     assert!(
         r.until(Duration::from_secs(2), |r| r.pool_state("main") == "open")
             .await
@@ -181,9 +184,9 @@ async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_poo
     r.push("ingest.t2.events", 3, &[]);
     r.settled(9).await;
     assert_eq!(b.request_count(), 1);
-    assert_eq!(r.ledger.acked(), 3);
+    assert_eq!(r.journal.acked(), 3);
     // Every row handed back with (at most) the window's delay.
-    for (_, d) in r.ledger.nak_delays() {
+    for (_, d) in r.journal.nak_delays() {
         assert!(d <= Duration::from_secs(1));
     }
     // ClickHouse comes back; the window ends; both tables' rows come back at once.
@@ -204,7 +207,7 @@ async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_poo
             .collect::<Vec<_>>()
     );
     let last_naks: Vec<Duration> = r
-        .ledger
+        .journal
         .nak_delays()
         .iter()
         .rev()
@@ -222,7 +225,7 @@ async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_poo
     // Closed: everything flows again.
     r.push("ingest.t1.clicks", 3, &[]);
     r.settled(18).await;
-    assert_eq!(r.ledger.acked(), 9);
+    assert_eq!(r.journal.acked(), 9);
     no_parks(&r);
     assert_eq!(r.pool_state("b"), "closed");
     r.handle.shutdown().await;
@@ -234,12 +237,12 @@ async fn nothing_is_buffered_while_the_pool_backs_off_or_a_probe_is_out() {
     r.main().set_default(Some(unavailable(745)));
     r.push(SUBJ, 5, &[]);
     r.settled(5).await;
-    let window = r.ledger.nak_delays()[0].1;
+    let window = r.journal.nak_delays()[0].1;
     // Arrivals during the window: handed back with the remaining delay, never buffered.
     tokio::time::sleep(window / 4).await;
     r.push(SUBJ, 2, &[]);
     r.settled(7).await;
-    let d = r.ledger.nak_delays().last().unwrap().1;
+    let d = r.journal.nak_delays().last().unwrap().1;
     assert!(
         d <= window - window / 4 + Duration::from_millis(20) && d > Duration::ZERO,
         "{d:?} vs {window:?}"
@@ -258,12 +261,12 @@ async fn nothing_is_buffered_while_the_pool_backs_off_or_a_probe_is_out() {
     );
     r.push(SUBJ, 3, &[]);
     r.settled(10).await;
-    for (_, d) in r.ledger.nak_delays().iter().rev().take(3) {
+    for (_, d) in r.journal.nak_delays().iter().rev().take(3) {
         assert!(*d >= Duration::from_millis(500));
     }
     assert_eq!(r.table("acme.events").unwrap()["state"]["buffered_rows"], 0);
     r.settled(15).await;
-    assert_eq!(r.ledger.acked(), 5);
+    assert_eq!(r.journal.acked(), 5);
     assert_eq!(r.main().request_count(), 2);
     no_parks(&r);
     r.handle.shutdown().await;
@@ -284,7 +287,7 @@ async fn a_read_only_table_backs_off_alone_and_a_neighbours_success_does_not_clo
     // The neighbour inserts; the pool stays closed; the read-only table stays open.
     r.push("ingest.acme.ok", 2, &[]);
     r.settled(4).await;
-    assert_eq!(r.ledger.acked(), 2);
+    assert_eq!(r.journal.acked(), 2);
     assert_eq!(r.pool_state("main"), "closed");
     assert_eq!(r.table_backoff("acme.ro"), "open");
     // Its arrivals are handed back with no request.
@@ -308,7 +311,7 @@ async fn denied_and_unknown_back_off_the_pool_and_never_park() {
         r.push(SUBJ, 4, &[]);
         r.settled(4).await;
         no_parks(&r);
-        assert_eq!(r.ledger.naked(), 4);
+        assert_eq!(r.journal.naked(), 4);
         assert_eq!(r.main().request_count(), 1);
         assert!(
             r.until(Duration::from_secs(2), |r| r.pool_state("main") == "open")
@@ -333,18 +336,18 @@ async fn dlq_off_leaves_a_rejected_row_unacked_and_a_failing_dlq_is_counted() {
     let s = r.push("ingest.acme.nodlq", 4, &[1]);
     r.settled(4).await;
     assert_eq!(
-        r.ledger.terminal(s[1]),
+        r.journal.terminal(s[1]),
         vec![Event::Naked(Duration::from_secs(30))]
     );
     no_parks(&r);
     // DLQ on, but the DLQ refuses: the row stays unacked (naked with the cap), counted.
-    r.ledger
+    r.journal
         .dlq_fails
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let s = r.push(SUBJ, 4, &[2]);
     r.settled(8).await;
     assert_eq!(
-        r.ledger.terminal(s[2]),
+        r.journal.terminal(s[2]),
         vec![Event::Naked(Duration::from_secs(30))]
     );
     assert_eq!(r.handle.stats().dlq_failures, 1);
@@ -354,7 +357,7 @@ async fn dlq_off_leaves_a_rejected_row_unacked_and_a_failing_dlq_is_counted() {
             .is_some_and(|t| t["state"]["dlq_failures"] == 1))
             .await
     );
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert!(r.journal.not_settled_once().is_empty());
     r.handle.shutdown().await;
 }
 
@@ -370,7 +373,7 @@ async fn a_tenant_without_target_is_parked_whole_and_an_invalid_subject_too() {
     let r = rig(&["main"], &[("acme", "main")], t, settings()).await;
     r.push("ingest.ghost.events", 3, &[]);
     r.settled(3).await;
-    let parked = r.ledger.parkings();
+    let parked = r.journal.parkings();
     assert_eq!(parked.len(), 3);
     assert!(parked
         .iter()
@@ -378,17 +381,17 @@ async fn a_tenant_without_target_is_parked_whole_and_an_invalid_subject_too() {
             && p.table == TableKey::new("ghost", "events")));
     r.push("ingest.ghost.nodlq", 2, &[]);
     r.settled(5).await;
-    assert_eq!(r.ledger.parked(), 3);
-    assert_eq!(r.ledger.nak_delays().len(), 2);
+    assert_eq!(r.journal.parked(), 3);
+    assert_eq!(r.journal.nak_delays().len(), 2);
     assert!(r
-        .ledger
+        .journal
         .nak_delays()
         .iter()
         .all(|(_, d)| *d == Duration::from_secs(30)));
     r.push("ingest.acme.bad-table", 1, &[]);
     r.push("elsewhere.acme.events", 1, &[]);
     r.settled(7).await;
-    let parked = r.ledger.parkings();
+    let parked = r.journal.parkings();
     assert_eq!(parked.len(), 5);
     for (_, p) in &parked[3..] {
         assert_eq!(p.table, TableKey::new("_invalid", "subject"));
@@ -466,7 +469,7 @@ async fn flush_triggers_by_rows_bytes_and_age_with_per_table_overrides() {
         bodies[0],
         "{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n{\"n\":4}\n"
     );
-    assert_eq!(r.ledger.acked(), 14);
+    assert_eq!(r.journal.acked(), 14);
     r.handle.shutdown().await;
 }
 
@@ -480,7 +483,7 @@ async fn rows_held_past_half_the_ack_wait_get_progress() {
     r.settled(3).await;
     for s in seqs {
         let ev: Vec<Event> = r
-            .ledger
+            .journal
             .events()
             .into_iter()
             .filter(|(q, _)| *q == s)
@@ -511,7 +514,7 @@ async fn rows_buffered_past_half_the_ack_wait_get_progress_too() {
     r.settled(2).await;
     for s in seqs {
         let ev: Vec<Event> = r
-            .ledger
+            .journal
             .events()
             .into_iter()
             .filter(|(q, _)| *q == s)
@@ -555,7 +558,7 @@ async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
             .await,
         "{} {:?}",
         r.handle.tree_json(),
-        r.ledger.events()
+        r.journal.events()
     );
     assert!(r
         .table("acme.late")
@@ -563,29 +566,29 @@ async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
             .as_u64()
             .is_some_and(|ms| ms > 0)));
     tokio::time::sleep(Duration::from_secs(50)).await;
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.parked(), 0);
     assert_eq!(r.pool_state("main"), "closed");
     assert!(seqs
         .iter()
-        .all(|s| matches!(r.ledger.terminal(*s)[..], [Event::Naked(_)])));
+        .all(|s| matches!(r.journal.terminal(*s)[..], [Event::Naked(_)])));
     // Past the grace: the rows that come (again) are parked, each with the reason.
     tokio::time::sleep(Duration::from_secs(15)).await;
     let mut late = r.push("ingest.acme.late", 10, &[]);
     assert!(
-        r.until(Duration::from_secs(60), |r| r.ledger.parked() == 10)
+        r.until(Duration::from_secs(60), |r| r.journal.parked() == 10)
             .await,
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
     // That answer closed the table's wait: what comes next goes straight to the DLQ.
     late.extend(r.push("ingest.acme.late", 20, &[]));
     assert!(
-        r.until(Duration::from_secs(120), |r| r.ledger.parked() == 30)
+        r.until(Duration::from_secs(120), |r| r.journal.parked() == 30)
             .await,
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
-    for (seq, parking) in r.ledger.parkings() {
+    for (seq, parking) in r.journal.parkings() {
         assert!(late.contains(&seq));
         assert_eq!(parking.code, Some(60));
         assert!(
@@ -602,7 +605,7 @@ async fn a_missing_table_is_waited_for_then_parked_whole_without_bisection() {
         requests.iter().map(|q| q.rows).collect::<Vec<_>>()
     );
     assert!(requests.len() <= 15, "{} requests", requests.len());
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert!(r.journal.not_settled_once().is_empty());
 }
 
 /// The usual cause, a deploy race: the table appears within the grace, and its rows
@@ -624,15 +627,15 @@ async fn a_table_created_within_the_grace_takes_its_rows() {
     let more = r.push("ingest.acme.late", 10, &[]);
     r.settled(30).await;
     assert!(
-        r.until(Duration::from_secs(120), |r| r.ledger.acked() == 10)
+        r.until(Duration::from_secs(120), |r| r.journal.acked() == 10)
             .await,
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.parked(), 0);
     assert!(more
         .iter()
-        .all(|s| r.ledger.terminal(*s).last() == Some(&Event::Acked)));
+        .all(|s| r.journal.terminal(*s).last() == Some(&Event::Acked)));
     assert!(r
         .table("acme.late")
         .is_some_and(|t| t["state"]["missing_table"].is_null()));
@@ -676,10 +679,10 @@ async fn a_missing_tables_grace_runs_on_through_a_table_restart() {
     tokio::time::sleep(Duration::from_secs(25)).await;
     r.push("ingest.acme.late", 10, &[]);
     assert!(
-        r.until(Duration::from_secs(30), |r| r.ledger.parked() == 10)
+        r.until(Duration::from_secs(30), |r| r.journal.parked() == 10)
             .await,
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
     r.handle.shutdown().await;
 }
@@ -707,7 +710,7 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
             } else {
                 format!("{{\"n\":{i}}}")
             };
-            let d = r.ledger.delivery(&subject, body);
+            let d = r.journal.delivery(&subject, body);
             let seq = d.seq;
             r.queue.push([d]);
             seq
@@ -715,7 +718,7 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
         .collect();
     let settled = |r: &Rig, n: usize| {
         seqs.iter()
-            .filter(|s| r.ledger.terminal(**s).len() >= n)
+            .filter(|s| r.journal.terminal(**s).len() >= n)
             .count()
             == seqs.len()
     };
@@ -727,7 +730,7 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
                 .await
         );
         assert_eq!(
-            r.ledger.parked(),
+            r.journal.parked(),
             0,
             "nothing parked before the batch is suspect"
         );
@@ -737,15 +740,15 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
                 .await
         );
         r.queue
-            .push(seqs.iter().map(|s| r.ledger.redeliver(*s, cycle + 1)));
+            .push(seqs.iter().map(|s| r.journal.redeliver(*s, cycle + 1)));
     }
     assert!(
-        r.until(Duration::from_secs(120), |r| r.ledger.parked() == 1)
+        r.until(Duration::from_secs(120), |r| r.journal.parked() == 1)
             .await,
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
-    let parkings = r.ledger.parkings();
+    let parkings = r.journal.parkings();
     assert_eq!(parkings[0].0, seqs[4]);
     assert!(
         parkings[0].1.error.contains("dropped the connection"),
@@ -758,7 +761,11 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
     );
     for (i, s) in seqs.iter().enumerate() {
         if i != 4 {
-            assert_eq!(r.ledger.terminal(*s).last(), Some(&Event::Acked), "row {i}");
+            assert_eq!(
+                r.journal.terminal(*s).last(),
+                Some(&Event::Acked),
+                "row {i}"
+            );
         }
     }
 }
@@ -785,20 +792,20 @@ async fn a_server_crashing_on_inserts_whatever_they_carry_parks_no_good_row() {
     for round in 1..=12u64 {
         let acked = |r: &Rig| {
             seqs.iter()
-                .filter(|s| r.ledger.terminal(**s).last() == Some(&Event::Acked))
+                .filter(|s| r.journal.terminal(**s).last() == Some(&Event::Acked))
                 .count()
         };
         // Every row is settled once more (acked, or handed back for JetStream).
         assert!(
             r.until(Duration::from_secs(60), |r| seqs.iter().all(|s| r
-                .ledger
+                .journal
                 .terminal(*s)
                 .len()
                 >= round as usize
-                || r.ledger.terminal(*s).last() == Some(&Event::Acked)))
+                || r.journal.terminal(*s).last() == Some(&Event::Acked)))
                 .await,
             "round {round}: {:?}",
-            r.ledger.events()
+            r.journal.events()
         );
         if acked(&r) == seqs.len() {
             break;
@@ -810,17 +817,17 @@ async fn a_server_crashing_on_inserts_whatever_they_carry_parks_no_good_row() {
         );
         let again: Vec<_> = seqs
             .iter()
-            .filter(|s| r.ledger.terminal(**s).last() != Some(&Event::Acked))
-            .map(|s| r.ledger.redeliver(*s, round + 1))
+            .filter(|s| r.journal.terminal(**s).last() != Some(&Event::Acked))
+            .map(|s| r.journal.redeliver(*s, round + 1))
             .collect();
         r.queue.push(again);
     }
-    assert_eq!(r.ledger.parked(), 0, "{:?}", r.ledger.events());
+    assert_eq!(r.journal.parked(), 0, "{:?}", r.journal.events());
     assert!(
         seqs.iter()
-            .all(|s| r.ledger.terminal(*s).last() == Some(&Event::Acked)),
+            .all(|s| r.journal.terminal(*s).last() == Some(&Event::Acked)),
         "{:?}",
-        r.ledger.events()
+        r.journal.events()
     );
     assert_eq!(r.main().rows_inserted(), 10);
 }
@@ -839,7 +846,7 @@ async fn a_long_real_outage_never_parks_a_good_row() {
     for round in 1..=20u64 {
         assert!(
             r.until(Duration::from_secs(60), |r| seqs.iter().all(|s| r
-                .ledger
+                .journal
                 .terminal(*s)
                 .len()
                 >= round as usize))
@@ -847,9 +854,9 @@ async fn a_long_real_outage_never_parks_a_good_row() {
         );
         tokio::time::sleep(Duration::from_secs(30)).await;
         r.queue
-            .push(seqs.iter().map(|s| r.ledger.redeliver(*s, round + 1)));
+            .push(seqs.iter().map(|s| r.journal.redeliver(*s, round + 1)));
     }
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.parked(), 0);
     // ClickHouse is back; the rows come once more and land.
     r.main().set_default(None);
     r.main().set_probe(None);
@@ -859,10 +866,10 @@ async fn a_long_real_outage_never_parks_a_good_row() {
             .await
     );
     r.queue
-        .push(seqs.iter().map(|s| r.ledger.redeliver(*s, 22)));
+        .push(seqs.iter().map(|s| r.journal.redeliver(*s, 22)));
     assert!(
         r.until(Duration::from_secs(120), |r| r.main().rows_inserted() == 10)
             .await
     );
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.parked(), 0);
 }

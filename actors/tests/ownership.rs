@@ -15,10 +15,10 @@ use sluice_actors::context::Common;
 use sluice_actors::metrics::TargetMetrics;
 use sluice_actors::observe::{self, NodeKind, Registry, ROOT_ID};
 use sluice_actors::pool::{PoolActor, PoolArgs, PoolDebug, PoolMemory, PoolMsg, PoolReport};
-use sluice_actors::routing::RoutedRows;
+use sluice_actors::routing::Routed;
 use sluice_actors::table::TableReport;
 use sluice_actors::testkit::{
-    transport, unavailable, Event, FakeDelivery, Ledger, ScriptedInserter,
+    transport, unavailable, Event, FakeDelivery, Journal, ScriptedInserter,
 };
 use sluice_actors::*;
 use tokio::sync::mpsc;
@@ -99,7 +99,7 @@ const TARGET: &str = "main";
 struct PoolRig {
     pool: ActorRef<PoolMsg<FakeDelivery>>,
     ins: Arc<ScriptedInserter>,
-    ledger: Arc<Ledger>,
+    journal: Arc<Journal>,
     common: Arc<Common>,
     memories: mpsc::UnboundedReceiver<PoolMemory>,
     recorder: ActorRef<RootStandIn>,
@@ -169,7 +169,7 @@ impl PoolRig {
         let rig = Self {
             pool,
             ins,
-            ledger: Ledger::new(),
+            journal: Journal::new(),
             common,
             memories,
             recorder,
@@ -187,15 +187,15 @@ impl PoolRig {
     fn rows(&self, table: &str, n: usize) -> Vec<u64> {
         let subject: Arc<str> = Arc::from(format!("ingest.acme.{table}"));
         let rows: Vec<FakeDelivery> = (0..n)
-            .map(|i| self.ledger.delivery(&subject, format!("{{\"n\":{i}}}")))
+            .map(|i| self.journal.delivery(&subject, format!("{{\"n\":{i}}}")))
             .collect();
         let seqs = rows.iter().map(|d| d.seq).collect();
-        let routed = RoutedRows {
+        let routed = Routed::Messages {
             key: TableKey::new("acme", table),
-            rows,
+            messages: rows,
         };
         self.pool
-            .cast(PoolMsg::Rows(routed))
+            .cast(PoolMsg::Routed(routed))
             .expect("the pool runs");
         seqs
     }
@@ -239,7 +239,7 @@ impl PoolRig {
 
     fn naks(&self, seqs: &[u64]) -> Vec<Duration> {
         seqs.iter()
-            .flat_map(|s| self.ledger.terminal(*s))
+            .flat_map(|s| self.journal.terminal(*s))
             .filter_map(|e| match e {
                 Event::Naked(d) => Some(d),
                 _ => None,
@@ -248,7 +248,7 @@ impl PoolRig {
     }
 
     fn settled(&self, seqs: &[u64]) -> bool {
-        seqs.iter().all(|s| !self.ledger.terminal(*s).is_empty())
+        seqs.iter().all(|s| !self.journal.terminal(*s).is_empty())
     }
 
     /// Open the pool's breaker: one batch of `table` meets a refused connection.
@@ -383,7 +383,7 @@ async fn a_tables_backoff_is_its_own_and_a_neighbours_success_does_not_close_it(
     assert!(r.until(Duration::from_secs(1), |r| r.settled(&fine)).await);
     assert!(fine
         .iter()
-        .all(|s| r.ledger.terminal(*s) == vec![Event::Acked]));
+        .all(|s| r.journal.terminal(*s) == vec![Event::Acked]));
     assert_eq!(r.table_backoff("ro")["state"], "open");
     // Its arrivals go back without a request.
     let before = r.ins.request_count();

@@ -28,9 +28,9 @@ async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
     // Every buffered row is handed back (dropped unsettled → the adapter naks it).
     r.settled(4).await;
     for s in held {
-        assert_eq!(r.ledger.terminal(s), vec![Event::DroppedUnsettled]);
+        assert_eq!(r.journal.terminal(s), vec![Event::DroppedUnsettled]);
     }
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.parked(), 0);
     assert!(
         r.until(Duration::from_secs(5), |r| r
             .table("acme.events")
@@ -42,8 +42,8 @@ async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
     // Later rows flow normally.
     r.push(SUBJ, 10, &[]);
     r.settled(14).await;
-    assert_eq!(r.ledger.acked(), 10);
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert_eq!(r.journal.acked(), 10);
+    assert!(r.journal.not_settled_once().is_empty());
     r.handle.shutdown().await;
 }
 
@@ -63,11 +63,11 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
     r.handle.inject_pool_panic("main").await.unwrap();
     r.settled(13).await;
     for s in held {
-        assert_eq!(r.ledger.terminal(s), vec![Event::DroppedUnsettled]);
+        assert_eq!(r.journal.terminal(s), vec![Event::DroppedUnsettled]);
     }
     // The flight owned its rows: they were inserted and acked although its actors died.
     for s in flying {
-        assert_eq!(r.ledger.terminal(s), vec![Event::Acked]);
+        assert_eq!(r.journal.terminal(s), vec![Event::Acked]);
     }
     assert!(
         r.until(Duration::from_secs(5), |r| r
@@ -80,8 +80,8 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
     r.main().set_latency(Duration::ZERO);
     r.push(SUBJ, 10, &[]);
     r.settled(23).await;
-    assert_eq!(r.ledger.acked(), 20);
-    assert_eq!(r.ledger.parked(), 0);
+    assert_eq!(r.journal.acked(), 20);
+    assert_eq!(r.journal.parked(), 0);
     r.handle.shutdown().await;
 }
 
@@ -116,7 +116,7 @@ async fn a_consumer_panic_is_survived() {
     );
     r.push(SUBJ, 5, &[]);
     r.settled(5).await;
-    assert_eq!(r.ledger.acked(), 5);
+    assert_eq!(r.journal.acked(), 5);
     r.handle.shutdown().await;
 }
 
@@ -150,7 +150,7 @@ async fn a_source_failure_reconnects_and_resumes() {
     );
     r.push(SUBJ, 5, &[]);
     r.settled(5).await;
-    assert_eq!(r.ledger.acked(), 5);
+    assert_eq!(r.journal.acked(), 5);
     r.handle.shutdown().await;
 }
 
@@ -186,9 +186,9 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The tree: breaker open while inserts fail, closed after.
-    let ledger = sluice_actors::testkit::Ledger::new();
+    let journal = sluice_actors::testkit::Journal::new();
     ins.set_default(Some(transport("connection refused")));
-    queue.push(ledger.rows(SUBJ, 2));
+    queue.push(journal.rows(SUBJ, 2));
     let breaker = |h: &PipelineHandle<_>| {
         h.tree_json()["children"]
             .as_array()
@@ -209,7 +209,7 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
     assert!(b["last_error"].as_str().unwrap().contains("refused"));
     ins.set_default(None);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    queue.push(ledger.rows(SUBJ, 2));
+    queue.push(journal.rows(SUBJ, 2));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while breaker(&handle)["state"] != "closed" {
         assert!(
@@ -219,7 +219,7 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(ledger.acked(), 2);
+    assert_eq!(journal.acked(), 2);
     handle.shutdown().await;
 }
 
@@ -294,8 +294,8 @@ async fn shutdown_flushes_every_buffer_now() {
     assert_eq!(summary.rows_flushed, 12);
     assert_eq!(summary.rows_handed_back, 0);
     assert!(!summary.deadline_hit);
-    assert_eq!(r.ledger.acked(), 12);
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert_eq!(r.journal.acked(), 12);
+    assert!(r.journal.not_settled_once().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -313,9 +313,9 @@ async fn shutdown_past_its_deadline_hands_back_what_is_still_in_flight() {
     let summary = r.handle.shutdown().await;
     assert!(summary.deadline_hit);
     assert_eq!(summary.rows_handed_back, 6);
-    assert_eq!(r.ledger.nak_delays().len(), 6);
-    assert!(r.ledger.nak_delays().iter().all(|(_, d)| d.is_zero()));
-    assert!(r.ledger.not_settled_once().is_empty());
+    assert_eq!(r.journal.nak_delays().len(), 6);
+    assert!(r.journal.nak_delays().iter().all(|(_, d)| d.is_zero()));
+    assert!(r.journal.not_settled_once().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -348,7 +348,7 @@ async fn an_idle_table_is_reaped_and_comes_back_on_its_next_row() {
     );
     r.push(SUBJ, 2, &[]);
     r.settled(4).await;
-    assert_eq!(r.ledger.acked(), 4);
+    assert_eq!(r.journal.acked(), 4);
     assert!(r.table("acme.events").is_some_and(|t| t["restarts"] == 0));
     r.handle.shutdown().await;
 }
@@ -366,14 +366,14 @@ async fn every_table_panic_is_counted_while_rows_keep_arriving() {
     let key = TableKey::new("acme", "events");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pusher = {
-        let (queue, ledger, stop) = (r.queue.clone(), r.ledger.clone(), stop.clone());
+        let (queue, journal, stop) = (r.queue.clone(), r.journal.clone(), stop.clone());
         let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
         tokio::spawn(async move {
             for i in 0..200_000u32 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                queue.push(vec![ledger.delivery(&subject, format!("{{\"n\":{i}}}"))]);
+                queue.push(vec![journal.delivery(&subject, format!("{{\"n\":{i}}}"))]);
                 tokio::task::yield_now().await;
             }
         })

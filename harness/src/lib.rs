@@ -45,4 +45,4 @@ pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;
 pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
-pub use tables::create_replicated_like;
+pub use tables::{create_replicated_like, create_replicated_like_at_default_window};

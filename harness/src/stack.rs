@@ -477,6 +477,16 @@ impl Stack {
         crate::tables::create_replicated_like(&self.clickhouse, table, like).await
     }
 
+    /// As [`Stack::create_replicated_table`], left at the server's default
+    /// deduplication window (100 blocks on 18.16).
+    pub async fn create_replicated_table_at_default_window(
+        &self,
+        table: &str,
+        like: &str,
+    ) -> Result<()> {
+        crate::tables::create_replicated_like_at_default_window(&self.clickhouse, table, like).await
+    }
+
     /// Wait until a table holds at least `n` rows; returns the count seen.
     pub async fn wait_for_count(&self, table: &str, n: u64, deadline: Duration) -> Result<u64> {
         let ch = &self.clickhouse;

@@ -9,7 +9,9 @@
 //! The twins are made with the window of current servers (1000; 18.16 has 100): with a
 //! bad row in every batch, isolation inserts a dozen blocks per batch, and 100 blocks
 //! are passed within the `ack_wait` a redelivery waits (measured: `two_instances_sigstop`
-//! counted one isolated batch twice with 100, never with 1000).
+//! counted one isolated batch twice with 100, never with 1000). A table left at the
+//! server's default window ([`create_replicated_like_at_default_window`]) is what Sluice
+//! must report as not exactly-once.
 
 use anyhow::{bail, Context, Result};
 
@@ -26,6 +28,27 @@ pub async fn create_replicated_like(
     clickhouse: &ClickHouseServer,
     table: &str,
     like: &str,
+) -> Result<()> {
+    create_replicated(clickhouse, table, like, Some(CURRENT_DEDUPLICATION_WINDOW)).await
+}
+
+/// As [`create_replicated_like`], the table left at the server's own
+/// `replicated_deduplication_window` (100 on 18.16).
+pub async fn create_replicated_like_at_default_window(
+    clickhouse: &ClickHouseServer,
+    table: &str,
+    like: &str,
+) -> Result<()> {
+    create_replicated(clickhouse, table, like, None).await
+}
+
+/// A Replicated copy of `like`, with `window` as its deduplication window, or the
+/// server's default.
+async fn create_replicated(
+    clickhouse: &ClickHouseServer,
+    table: &str,
+    like: &str,
+    window: Option<u32>,
 ) -> Result<()> {
     for name in [table, like] {
         check_identifier(name)?;
@@ -62,10 +85,12 @@ pub async fn create_replicated_like(
     } else {
         format!("({sorting_key})")
     };
+    let settings = window
+        .map(|blocks| format!(" SETTINGS replicated_deduplication_window = {blocks}"))
+        .unwrap_or_default();
     clickhouse
         .exec(&format!(
-            "CREATE TABLE {table} AS {like} ENGINE = {}{partition_by} ORDER BY {order_by} \
-             SETTINGS replicated_deduplication_window = {CURRENT_DEDUPLICATION_WINDOW}",
+            "CREATE TABLE {table} AS {like} ENGINE = {}{partition_by} ORDER BY {order_by}{settings}",
             replicated_merge_tree(database, table)
         ))
         .await

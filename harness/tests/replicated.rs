@@ -154,8 +154,9 @@ async fn a_replicated_table_counts_rows_inserted_again_once() -> Result<()> {
 
 /// What 18.16 says about a table and the settings that decide deduplication: the
 /// engine name tells a Replicated table, `insert_deduplicate` is on, the window is
-/// 100 blocks, there is no window for plain tables, and `insert_deduplication_token`
-/// is an unknown setting.
+/// 100 blocks and 7 days, there is no window for plain tables, and
+/// `insert_deduplication_token` and `deduplicate_blocks_in_dependent_materialized_views`
+/// are unknown settings.
 #[tokio::test]
 async fn what_clickhouse_says_about_deduplication() -> Result<()> {
     if !installed("what_clickhouse_says_about_deduplication")? {
@@ -219,6 +220,17 @@ async fn what_clickhouse_says_about_deduplication() -> Result<()> {
             !windows.contains("non_replicated_deduplication_window"),
             "{windows}"
         );
+        assert!(
+            windows.contains("replicated_deduplication_window_seconds=604800"),
+            "{windows}"
+        );
+        let views_setting = value(
+            &clickhouse,
+            "SELECT count() FROM system.settings \
+             WHERE name = 'deduplicate_blocks_in_dependent_materialized_views'",
+        )
+        .await?;
+        assert_eq!(views_setting, "0", "18.16 has no such setting");
         let token = loopback_client(Duration::from_secs(30))?
             .post(format!(
                 "{}/?insert_deduplication_token=batch-1",
@@ -249,18 +261,9 @@ async fn what_turns_deduplication_off() -> Result<()> {
         return Ok(());
     }
     let (clickhouse, _zookeeper) = replicated_pair().await?;
-    let http = loopback_client(Duration::from_secs(30))?;
     for _ in 0..2 {
-        let response = http
-            .post(format!("{}/?insert_deduplicate=0", clickhouse.http_url()))
-            .body(format!("INSERT INTO replicated FORMAT JSONEachRow\n{ROWS}"))
-            .send()
-            .await?;
-        assert!(
-            response.status().is_success(),
-            "{:?}",
-            response.text().await
-        );
+        let (status, body) = insert_with(&clickhouse, "insert_deduplicate=0", ROWS).await?;
+        assert_eq!(status, 200, "{body}");
     }
     assert_eq!(clickhouse.count("replicated").await?, 6);
 
@@ -302,6 +305,153 @@ async fn a_replicated_table_needs_a_zookeeper() -> Result<()> {
     assert!(
         format!("{error:#}").contains("has no ZooKeeper"),
         "{error:#}"
+    );
+    Ok(())
+}
+
+/// What 18.16 does with a table's materialized views, which decides whether Sluice may
+/// count on ClickHouse to drop a retry into that table: `system.tables` lists the views
+/// of a table; the table takes a block before its views do, so a view that throws
+/// fails the insert with the table's rows already in; and a retry the table drops as a
+/// duplicate skips the views, so the rows a view missed never reach it. With
+/// `insert_deduplicate=0` the retry reaches both.
+#[tokio::test]
+async fn what_a_retry_dropped_as_a_duplicate_does_to_materialized_views() -> Result<()> {
+    if !installed("what_a_retry_dropped_as_a_duplicate_does_to_materialized_views")? {
+        return Ok(());
+    }
+    let (clickhouse, _zookeeper) = replicated_pair().await?;
+    if !clickhouse.version().await?.starts_with("18.") {
+        eprintln!("not 18.16: what is measured here is 18.16's behaviour");
+        return Ok(());
+    }
+    clickhouse.exec("CREATE TABLE by_view AS plain").await?;
+    // A view that takes every row but `s = 'bad'`, where it throws (code 395).
+    clickhouse
+        .exec(
+            "CREATE MATERIALIZED VIEW picky TO by_view AS \
+             SELECT id, s FROM replicated WHERE throwIf(s = 'bad') = 0",
+        )
+        .await?;
+    let views = value(
+        &clickhouse,
+        "SELECT concat(arrayStringConcat(dependencies_database, ','), '/', \
+                arrayStringConcat(dependencies_table, ',')) \
+         FROM system.tables WHERE database = currentDatabase() AND name = 'replicated'",
+    )
+    .await?;
+    assert_eq!(views, "default/picky");
+
+    // Taken by the table and the view; the same block again by neither.
+    insert(&clickhouse, "replicated", ROWS).await?;
+    insert(&clickhouse, "replicated", ROWS).await?;
+    assert_eq!(table_and_view(&clickhouse).await?, (3, 3));
+
+    // A block with a row the view throws on: the insert fails, the table has the rows.
+    let with_bad = "{\"id\":10,\"s\":\"ok\"}\n{\"id\":11,\"s\":\"bad\"}\n";
+    let (status, body) = insert_with(&clickhouse, "insert_deduplicate=1", with_bad).await?;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.starts_with("Code: 395"), "{body}");
+    assert_eq!(
+        table_and_view(&clickhouse).await?,
+        (5, 3),
+        "the table took the block before the view threw"
+    );
+    // The retry is dropped as a duplicate and succeeds: the view is skipped, so row 10
+    // never reaches it (and the row it threw on is not refused again).
+    let (status, body) = insert_with(&clickhouse, "insert_deduplicate=1", with_bad).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        table_and_view(&clickhouse).await?,
+        (5, 3),
+        "a dropped retry skips the view"
+    );
+    // Without deduplication the retry reaches the table and the view again (which
+    // throws again on its bad row).
+    let (status, body) = insert_with(&clickhouse, "insert_deduplicate=0", with_bad).await?;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(clickhouse.count("replicated").await?, 7);
+    let (status, body) = insert_with(&clickhouse, "insert_deduplicate=0", ROWS).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        table_and_view(&clickhouse).await?,
+        (10, 6),
+        "a block not deduplicated reaches the view"
+    );
+    Ok(())
+}
+
+/// The rows in `replicated` and in its view's table `by_view`.
+async fn table_and_view(clickhouse: &ClickHouseServer) -> Result<(u64, u64)> {
+    Ok((
+        clickhouse.count("replicated").await?,
+        clickhouse.count("by_view").await?,
+    ))
+}
+
+/// Inserts `rows` into `replicated` with the request's `settings`; the answer.
+async fn insert_with(
+    clickhouse: &ClickHouseServer,
+    settings: &str,
+    rows: &str,
+) -> Result<(u16, String)> {
+    let response = loopback_client(Duration::from_secs(30))?
+        .post(format!("{}/?{settings}", clickhouse.http_url()))
+        .body(format!("INSERT INTO replicated FORMAT JSONEachRow\n{rows}"))
+        .send()
+        .await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// What a window is: a block inserted again after more than
+/// `replicated_deduplication_window` other blocks, once the table's cleanup has
+/// forgotten its hash, is inserted again (the duplicate a crash past the window makes,
+/// which is why Sluice holds the window against a redelivery). The cleanup runs every
+/// `cleanup_delay_period` (30 s on 18.16; 1 s here) and keeps the newest blocks.
+#[tokio::test]
+async fn a_block_retried_past_the_window_counts_twice() -> Result<()> {
+    if !installed("a_block_retried_past_the_window_counts_twice")? {
+        return Ok(());
+    }
+    let (clickhouse, _zookeeper) = replicated_pair().await?;
+    clickhouse
+        .exec(&format!(
+            "CREATE TABLE small_window AS plain ENGINE = {} ORDER BY id SETTINGS \
+             replicated_deduplication_window = 10, cleanup_delay_period = 1, \
+             cleanup_delay_period_random_add = 0",
+            clickhouse::replicated_merge_tree("default", "small_window")
+        ))
+        .await?;
+    insert(&clickhouse, "small_window", ROWS).await?;
+    // Within the window: dropped.
+    insert(&clickhouse, "small_window", ROWS).await?;
+    assert_eq!(clickhouse.count("small_window").await?, 3);
+    for id in 100..115 {
+        let row = format!("{{\"id\":{id},\"s\":\"x\"}}\n");
+        insert(&clickhouse, "small_window", &row).await?;
+    }
+    let path = value(
+        &clickhouse,
+        "SELECT zookeeper_path FROM system.replicas WHERE table = 'small_window'",
+    )
+    .await?;
+    let blocks = format!("SELECT count() FROM system.zookeeper WHERE path = '{path}/blocks'");
+    sluice_harness::wait_for(
+        "the cleanup to keep the last 10 blocks' hashes",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let kept: u64 = value(&clickhouse, &blocks).await?.parse()?;
+            anyhow::ensure!(kept <= 10, "{kept} hashes kept");
+            Ok(())
+        },
+    )
+    .await?;
+    insert(&clickhouse, "small_window", ROWS).await?;
+    assert_eq!(
+        clickhouse.count("small_window").await?,
+        3 + 15 + 3,
+        "the first block, forgotten, is inserted again"
     );
     Ok(())
 }

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::{error, AdminState};
-use crate::config::{is_table_name, is_tenant_name};
+use crate::config::{is_table_name, is_tenant_name, TABLE_NAME_RULE, TENANT_NAME_RULE};
 use crate::nats::ParkedRow;
 
 /// The most rows one peek or replay takes.
@@ -190,7 +190,7 @@ fn bad_names(tenant: &str, table: &str) -> Option<Response> {
     } else {
         Some(error(
             StatusCode::BAD_REQUEST,
-            "tenant and table must be names ([A-Za-z_][A-Za-z0-9_-]* and [A-Za-z_][A-Za-z0-9_]*)",
+            &format!("tenant and table must be names (tenant {TENANT_NAME_RULE}; table {TABLE_NAME_RULE})"),
         ))
     }
 }

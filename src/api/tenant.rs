@@ -14,7 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::config::{is_tenant_name, AuthMode, Config};
+use crate::config::{is_tenant_name, AuthMode, Config, TENANT_NAME_RULE};
 
 /// The header naming the tenant when `auth = "none"`.
 pub const TENANT_HEADER: &str = "x-tenant";
@@ -92,10 +92,9 @@ impl fmt::Display for TenantError {
                     "missing X-Tenant header: name the tenant the request is for"
                 )
             }
-            TenantError::InvalidTenantName(shown) => write!(
-                f,
-                "X-Tenant {shown} is not a tenant name ([A-Za-z_][A-Za-z0-9_-]*)"
-            ),
+            TenantError::InvalidTenantName(shown) => {
+                write!(f, "X-Tenant {shown} is not a tenant name ({TENANT_NAME_RULE})")
+            }
             TenantError::UnknownTenant(name) => write!(f, "no tenant named {name:?}"),
             TenantError::RepeatedHeader(name) => write!(
                 f,

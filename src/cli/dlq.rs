@@ -12,7 +12,7 @@ use clap::{Args, Subcommand};
 
 use super::admin_client::AdminClient;
 use crate::admin::{PeekPage, Purged, ReplayRequest, DLQ_MAX_LIMIT};
-use crate::config::{is_table_name, is_tenant_name};
+use crate::config::{is_table_name, is_tenant_name, TABLE_NAME_RULE, TENANT_NAME_RULE};
 use crate::nats::{DlqCounts, ParkedRow, ReplayReport};
 
 #[derive(Debug, Args)]
@@ -108,7 +108,7 @@ fn parse_table(text: &str) -> Result<TableName, String> {
             table: table.to_string(),
         }),
         _ => Err(format!(
-            "{text:?} is not <tenant>.<table> (a tenant [A-Za-z_][A-Za-z0-9_-]*, a table [A-Za-z_][A-Za-z0-9_]*), e.g. acme.events"
+            "{text:?} is not <tenant>.<table> (a tenant {TENANT_NAME_RULE}, a table {TABLE_NAME_RULE}), e.g. acme.events"
         )),
     }
 }

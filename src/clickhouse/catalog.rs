@@ -22,16 +22,42 @@ use tokio::time::Instant;
 use super::insert::HttpInserter;
 
 /// What the catalog knows of one table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct TableInfo {
     pub name: String,
     /// `MergeTree`, `ReplicatedReplacingMergeTree`, `Distributed`...: what the table
     /// does with a repeated insert depends on it.
     pub engine: String,
     /// The engine with its arguments and settings (`engine_full` of `system.tables`,
-    /// present since before 18.16), e.g. a replicated table's ZooKeeper path.
+    /// present since before 18.16), e.g. a replicated table's ZooKeeper path and its
+    /// own deduplication window.
     #[serde(default)]
     pub engine_full: String,
+    /// The databases of [`Self::dependencies_table`], one each.
+    #[serde(default)]
+    pub dependencies_database: Vec<String>,
+    /// The materialized views that select from this table (18.16 and later): an insert
+    /// feeds them too, which matters to whether a retry may be dropped.
+    #[serde(default)]
+    pub dependencies_table: Vec<String>,
+}
+
+/// The columns of `system.tables` a [`TableInfo`] is read from.
+pub const TABLE_INFO_COLUMNS: &str =
+    "name, engine, engine_full, dependencies_database, dependencies_table";
+
+impl TableInfo {
+    /// The materialized views on this table, as `database.view`.
+    pub fn views(&self) -> Vec<String> {
+        self.dependencies_table
+            .iter()
+            .enumerate()
+            .map(|(i, view)| match self.dependencies_database.get(i) {
+                Some(database) => format!("{database}.{view}"),
+                None => view.clone(),
+            })
+            .collect()
+    }
 }
 
 /// The table list could not be read (ClickHouse down, denied, too slow), so nothing is
@@ -195,7 +221,7 @@ impl TableSource for HttpInserter {
     async fn list_tables(&self, database: &str) -> Result<Vec<TableInfo>, String> {
         // `database` is an identifier (checked by the configuration): safe to quote.
         let sql = format!(
-            "SELECT name, engine, engine_full FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
+            "SELECT {TABLE_INFO_COLUMNS} FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
         );
         let text = self.query(&sql).await.map_err(|e| e.message)?;
         text.lines()
@@ -253,6 +279,7 @@ mod tests {
                     name: name.to_string(),
                     engine: "MergeTree".into(),
                     engine_full: "MergeTree ORDER BY id".into(),
+                    ..TableInfo::default()
                 })
                 .collect())
         }

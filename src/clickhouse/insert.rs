@@ -16,10 +16,11 @@ use rand::RngExt as _;
 use sluice_actors::{Class, ClickHouseError, Dedup, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::catalog::TableInfo;
+use super::catalog::{TableInfo, TABLE_INFO_COLUMNS};
 use super::classify;
-use super::dedup::{dedup_of, DedupDefaults};
+use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::redelivery::Redelivery;
 use crate::config::TargetConfig;
 
 /// The settings an insert pins where the server knows them. Learnt once per target:
@@ -38,8 +39,13 @@ pub struct ServerFeatures {
     /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
     /// (exactly-once); older servers deduplicate the identical block by its hash.
     pub insert_deduplication_token: bool,
-    /// The server's deduplication windows, for telling which tables deduplicate.
-    pub dedup_defaults: DedupDefaults,
+    /// `insert_deduplicate` (every supported server): pinned to 1 for a recorded batch
+    /// and to 0 for any other, so a table Sluice inserts at least once keeps two
+    /// batches that happen to carry the same rows.
+    pub insert_deduplicate: bool,
+    /// The server's deduplication windows and what a dropped retry does to views, for
+    /// telling which tables are exactly-once.
+    pub dedup: ServerDedup,
 }
 
 /// Inserts into one ClickHouse target (URL + user + database).
@@ -54,18 +60,22 @@ pub struct HttpInserter {
     /// A per-process counter in each query id, so ids stay unique and readable.
     sequence: AtomicU64,
     instance: u32,
-    /// Whether each table deduplicates, asked at most every [`DEDUP_TTL`].
-    dedup: Mutex<HashMap<String, (Dedup, Instant)>>,
+    /// What a table's deduplication window must cover (Sluice's settings).
+    redelivery: Redelivery,
+    /// What `system.tables` says of each table, asked at most every [`DEDUP_TTL`].
+    tables: Mutex<HashMap<String, (TableInfo, Instant)>>,
 }
 
-/// How long a table's deduplication answer is kept (an engine rarely changes; a table
-/// recreated with another engine is seen within this).
+/// How long a table's engine, settings and views are kept (they rarely change; a table
+/// altered or recreated is seen within this).
 const DEDUP_TTL: Duration = Duration::from_secs(60);
 
 // === impl HttpInserter ===
 
 impl HttpInserter {
-    pub fn new(target: &TargetConfig) -> anyhow::Result<Self> {
+    /// The client of `target`; `redelivery` is what its tables' deduplication windows
+    /// are held against ([`Redelivery::of`] the configuration).
+    pub fn new(target: &TargetConfig, redelivery: Redelivery) -> anyhow::Result<Self> {
         let endpoint = Endpoint::new(
             &target.url,
             &target.user,
@@ -86,12 +96,18 @@ impl HttpInserter {
             features: OnceCell::new(),
             sequence: AtomicU64::new(0),
             instance: rand::rng().random(),
-            dedup: Mutex::new(HashMap::new()),
+            redelivery,
+            tables: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// What this target's tables' windows are held against.
+    pub fn redelivery(&self) -> &Redelivery {
+        &self.redelivery
     }
 
     /// What the server supports, asked once and remembered; a failure is not
@@ -105,20 +121,21 @@ impl HttpInserter {
             .await
     }
 
-    /// Every table of the target's database, and whether ClickHouse deduplicates its
-    /// inserts (what `sluice check-config` shows before anything runs).
+    /// Every table of the target's database, and whether its inserts are exactly-once
+    /// (what `sluice check-config` shows before anything runs), at the pace of the
+    /// tenant that needs the most of its window.
     pub async fn dedup_of_tables(&self) -> Result<Vec<(TableInfo, Dedup)>, String> {
-        let defaults = self
+        let server = self
             .features()
             .await
             .map_err(|e| e.message.clone())?
-            .dedup_defaults
+            .dedup
             .clone();
         let tables = super::catalog::TableSource::list_tables(self, &self.database).await?;
         Ok(tables
             .into_iter()
             .map(|t| {
-                let dedup = dedup_of(&t, &defaults);
+                let dedup = dedup_of(&t, &server, &self.redelivery.strictest_need(&t.name));
                 (t, dedup)
             })
             .collect())
@@ -129,14 +146,17 @@ impl HttpInserter {
         let names = self
             .query(
                 "SELECT name FROM system.settings WHERE name IN \
-                 ('async_insert', 'date_time_input_format', 'input_format_skip_unknown_fields', 'insert_deduplication_token')",
+                 ('async_insert', 'date_time_input_format', 'input_format_skip_unknown_fields', \
+                  'insert_deduplication_token', 'insert_deduplicate', \
+                  'deduplicate_blocks_in_dependent_materialized_views')",
             )
             .await?;
         let has = |name: &str| names.lines().any(|l| l.trim() == name);
         let windows = self
             .query(
                 "SELECT name, value FROM system.merge_tree_settings WHERE name IN \
-                 ('replicated_deduplication_window', 'non_replicated_deduplication_window')",
+                 ('replicated_deduplication_window', 'replicated_deduplication_window_seconds', \
+                  'non_replicated_deduplication_window')",
             )
             .await?;
         let window = |name: &str| {
@@ -151,9 +171,12 @@ impl HttpInserter {
             date_time_input_format: has("date_time_input_format"),
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
-            dedup_defaults: DedupDefaults {
+            insert_deduplicate: has("insert_deduplicate"),
+            dedup: ServerDedup {
                 replicated_window: window("replicated_deduplication_window"),
+                replicated_window_seconds: window("replicated_deduplication_window_seconds"),
                 non_replicated_window: window("non_replicated_deduplication_window"),
+                views_see_retries: has("deduplicate_blocks_in_dependent_materialized_views"),
             },
         };
         tracing::info!(pool = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
@@ -176,14 +199,39 @@ impl HttpInserter {
         Err(read_error(response).await)
     }
 
-    fn dedup_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Dedup, Instant)>> {
-        self.dedup.lock().unwrap_or_else(|e| e.into_inner())
+    fn table_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (TableInfo, Instant)>> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn known_dedup(&self, table: &str) -> Option<Dedup> {
-        let cache = self.dedup_cache();
-        let (dedup, at) = cache.get(table)?;
-        (at.elapsed() < DEDUP_TTL).then(|| dedup.clone())
+    fn known_table(&self, table: &str) -> Option<TableInfo> {
+        let cache = self.table_cache();
+        let (info, at) = cache.get(table)?;
+        (at.elapsed() < DEDUP_TTL).then(|| info.clone())
+    }
+
+    /// What `system.tables` says of `table`; `None`: it does not exist (not cached: the
+    /// insert's answer decides what follows).
+    async fn table_info(&self, table: &str) -> Result<Option<TableInfo>, ClickHouseError> {
+        if let Some(known) = self.known_table(table) {
+            return Ok(Some(known));
+        }
+        // Both are identifiers (checked by the configuration and the subject parser).
+        let sql = format!(
+            "SELECT {TABLE_INFO_COLUMNS} FROM system.tables WHERE database = '{}' AND name = '{table}' FORMAT JSONEachRow",
+            self.database
+        );
+        let text = self.query(&sql).await.map_err(dedup_lookup_failed)?;
+        let Some(line) = text.lines().find(|l| !l.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let info: TableInfo = serde_json::from_str(line).map_err(|e| {
+            dedup_lookup_failed(classify::transport(format!(
+                "an unexpected line in system.tables ({e}): {line}"
+            )))
+        })?;
+        self.table_cache()
+            .insert(table.to_string(), (info.clone(), Instant::now()));
+        Ok(Some(info))
     }
 
     fn query_id(&self) -> String {
@@ -220,13 +268,24 @@ impl Inserter for HttpInserter {
             };
             params.push(("input_format_skip_unknown_fields", skip));
         }
-        if let Some(token) = &request.dedup_token {
-            // A recorded batch: whatever the user's profile says, ClickHouse must
-            // deduplicate it, by the token where it knows one.
-            params.push(("insert_deduplicate", "1"));
-            if features.insert_deduplication_token {
-                params.push(("insert_deduplication_token", token));
+        // Whatever the user's profile says: a recorded batch must be deduplicated (by
+        // its token where the server knows one, its retries reaching the views where
+        // the server can), and any other must not, or two batches that happen to
+        // carry the same rows would count once in a table inserted at least once.
+        match &request.dedup_token {
+            Some(token) => {
+                if features.insert_deduplicate {
+                    params.push(("insert_deduplicate", "1"));
+                }
+                if features.dedup.views_see_retries {
+                    params.push(("deduplicate_blocks_in_dependent_materialized_views", "1"));
+                }
+                if features.insert_deduplication_token {
+                    params.push(("insert_deduplication_token", token));
+                }
             }
+            None if features.insert_deduplicate => params.push(("insert_deduplicate", "0")),
+            None => {}
         }
         let response = self
             .endpoint
@@ -245,32 +304,16 @@ impl Inserter for HttpInserter {
     }
 
     async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, ClickHouseError> {
-        if let Some(known) = self.known_dedup(&table.table) {
-            return Ok(known);
-        }
-        let defaults = self.features().await?.dedup_defaults.clone();
-        // Both are identifiers (checked by the configuration and the subject parser).
-        let sql = format!(
-            "SELECT name, engine, engine_full FROM system.tables WHERE database = '{}' AND name = '{}' FORMAT JSONEachRow",
-            self.database, table.table
-        );
-        let text = self.query(&sql).await.map_err(dedup_lookup_failed)?;
-        let Some(line) = text.lines().find(|l| !l.trim().is_empty()) else {
-            // Not there (yet): not cached, the insert's answer decides what follows.
+        let server = self.features().await?.dedup.clone();
+        let Some(info) = self.table_info(&table.table).await? else {
             return Ok(Dedup {
                 exactly_once: false,
                 why: "the table does not exist".into(),
+                window: None,
             });
         };
-        let info: TableInfo = serde_json::from_str(line).map_err(|e| {
-            dedup_lookup_failed(classify::transport(format!(
-                "an unexpected line in system.tables ({e}): {line}"
-            )))
-        })?;
-        let dedup = dedup_of(&info, &defaults);
-        self.dedup_cache()
-            .insert(table.table.to_string(), (dedup.clone(), Instant::now()));
-        Ok(dedup)
+        let need = self.redelivery.need(&table.tenant, &table.table);
+        Ok(dedup_of(&info, &server, &need))
     }
 
     async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {

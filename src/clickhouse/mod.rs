@@ -1,8 +1,10 @@
-//! Everything that speaks to ClickHouse: the error classifier, the insert client and
-//! the query gateway.
+//! Everything that speaks to ClickHouse: the error classifier, the insert client,
+//! whether a table's inserts are exactly-once, and the query gateway.
 
 pub mod catalog;
 pub mod classify;
 pub mod dedup;
 pub mod endpoint;
 pub mod insert;
+pub mod redelivery;
+pub mod report;

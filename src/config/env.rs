@@ -10,9 +10,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use toml::{Table, Value};
+use toml::Value;
 
-/// What a value must be parsed as; everything not listed is a string.
+use super::key::Key;
+use super::schema::{self, Segment, ValueKind};
+
+/// What a value must be parsed as; everything else is a string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Str,
@@ -21,122 +24,16 @@ enum Kind {
     Bool,
 }
 
-const NATS_KEYS: &[(&str, Kind)] = &[
-    ("url", Kind::Str),
-    ("stream", Kind::Str),
-    ("subject_prefix", Kind::Str),
-    ("consumer", Kind::Str),
-    ("dlq_stream", Kind::Str),
-    ("dlq_subject_prefix", Kind::Str),
-    ("max_bytes", Kind::Str),
-    ("dlq_max_bytes", Kind::Str),
-    ("duplicate_window", Kind::Str),
-    ("ack_wait", Kind::Str),
-    ("max_ack_pending", Kind::Int),
-    ("user", Kind::Str),
-    ("password_env", Kind::Str),
-    ("token_env", Kind::Str),
-    ("creds_file", Kind::Str),
-    ("replicas", Kind::Int),
-    ("manifest_bucket", Kind::Str),
-    ("manifest_max_bytes", Kind::Str),
-];
-
-const TARGET_KEYS: &[(&str, Kind)] = &[
-    ("url", Kind::Str),
-    ("user", Kind::Str),
-    ("password_env", Kind::Str),
-    ("database", Kind::Str),
-    ("insert_timeout", Kind::Str),
-    ("connect_timeout", Kind::Str),
-    ("insert_concurrency", Kind::Int),
-    ("pool_idle_timeout", Kind::Str),
-];
-
-const TENANT_KEYS: &[(&str, Kind)] = &[("target", Kind::Str), ("token_env", Kind::Str)];
-
-const TABLE_KEYS: &[(&str, Kind)] = &[
-    ("batch_rows", Kind::Int),
-    ("batch_bytes", Kind::Str),
-    ("batch_age", Kind::Str),
-    ("dlq", Kind::Bool),
-    ("skip_unknown_fields", Kind::Bool),
-    ("missing_table_grace", Kind::Str),
-];
-
-/// Keys of `[ingest]` that `[tables."tenant.table"]` does not have.
-const INGEST_ONLY_KEYS: &[(&str, Kind)] = &[("exactly_once", Kind::Bool)];
-
-const PIPELINE_KEYS: &[(&str, Kind)] = &[
-    ("pull_batch", Kind::Int),
-    ("max_held_rows", Kind::Int),
-    ("max_inflight_flushes", Kind::Int),
-    ("idle_table_after", Kind::Str),
-    ("shutdown_deadline", Kind::Str),
-    ("backoff_initial", Kind::Str),
-    ("backoff_max", Kind::Str),
-];
-
-const API_KEYS: &[(&str, Kind)] = &[
-    ("listen", Kind::Str),
-    ("auth", Kind::Str),
-    ("max_request_bytes", Kind::Str),
-    ("ingest_memory", Kind::Str),
-    ("max_row_bytes", Kind::Str),
-    ("chunk_rows", Kind::Int),
-    ("chunk_bytes", Kind::Str),
-    ("retry_after", Kind::Str),
-    ("max_json_depth", Kind::Int),
-    ("max_tables_per_tenant", Kind::Int),
-    ("fd_reserve", Kind::Int),
-    ("header_timeout", Kind::Str),
-    ("body_timeout", Kind::Str),
-    ("idle_timeout", Kind::Str),
-    ("max_connections", Kind::Int),
-];
-
-const ADMIN_KEYS: &[(&str, Kind)] = &[
-    ("listen", Kind::Str),
-    ("token_env", Kind::Str),
-    ("fault_injection", Kind::Bool),
-    ("header_timeout", Kind::Str),
-    ("body_timeout", Kind::Str),
-    ("idle_timeout", Kind::Str),
-    ("max_connections", Kind::Int),
-];
-
-const QUERY_KEYS: &[(&str, Kind)] = &[
-    ("target", Kind::Str),
-    ("user", Kind::Str),
-    ("password_env", Kind::Str),
-    ("default_timeout", Kind::Str),
-    ("max_timeout", Kind::Str),
-    ("server_margin", Kind::Str),
-    ("kill_timeout", Kind::Str),
-    ("max_result_rows", Kind::Int),
-    ("max_result_bytes", Kind::Str),
-    ("concurrency", Kind::Int),
-    ("tenant_concurrency", Kind::Int),
-    ("max_attempts", Kind::Int),
-    ("backoff_base", Kind::Str),
-    ("backoff_max", Kind::Str),
-    ("retry_budget", Kind::Float),
-    ("retry_refill_per_sec", Kind::Float),
-];
-
-const LOG_KEYS: &[(&str, Kind)] = &[("format", Kind::Str), ("level", Kind::Str)];
-
-/// Fixed sections: `SLUICE_<SECTION>_<KEY>`.
-const SECTIONS: &[(&str, &[(&str, Kind)])] = &[
-    ("nats", NATS_KEYS),
-    ("ingest", TABLE_KEYS),
-    ("ingest", INGEST_ONLY_KEYS),
-    ("pipeline", PIPELINE_KEYS),
-    ("api", API_KEYS),
-    ("admin", ADMIN_KEYS),
-    ("query", QUERY_KEYS),
-    ("log", LOG_KEYS),
-];
+impl From<ValueKind> for Kind {
+    fn from(kind: ValueKind) -> Kind {
+        match kind {
+            ValueKind::Integer => Kind::Int,
+            ValueKind::Float => Kind::Float,
+            ValueKind::Bool => Kind::Bool,
+            ValueKind::Text | ValueKind::WithUnit | ValueKind::Choice(_) => Kind::Str,
+        }
+    }
+}
 
 /// Variables with the prefix that are not overrides: the config file's path, where
 /// `sluice dlq` finds the admin endpoint and its token, and the server binaries
@@ -166,12 +63,13 @@ impl Override {
     }
 }
 
-/// The overrides among `vars`, and a warning for each `SLUICE_*` variable that is
-/// neither an override nor a secret named by the configuration.
+/// The overrides among `vars`; for each override whose value is not of its key's type,
+/// the key and why; and a warning for each `SLUICE_*` variable that is neither an
+/// override nor a secret named by the configuration.
 pub fn overrides(
     vars: &BTreeMap<String, String>,
     secrets: &BTreeSet<String>,
-) -> (Vec<Override>, Vec<String>, Vec<String>) {
+) -> (Vec<Override>, Vec<(Key, String)>, Vec<String>) {
     let mut found = Vec::new();
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
@@ -193,10 +91,11 @@ pub fn overrides(
                     path,
                     value,
                 }),
-                Err(expected) => errors.push(format!(
-                    "{var}={raw:?}: `{}` expects {expected}",
-                    path.join(".")
-                )),
+                Err(expected) => {
+                    let key = Key::from_path(path, false);
+                    let text = format!("{var}={raw:?}: {key} expects {expected}");
+                    errors.push((key, text));
+                }
             },
             None => warnings.push(format!(
                 "{var} is set but is no configuration key (see config.toml for the keys); ignored"
@@ -206,63 +105,70 @@ pub fn overrides(
     (found, errors, warnings)
 }
 
-/// Apply overrides to a parsed document, creating tables as needed.
-pub fn apply(doc: &mut Table, overrides: &[Override]) {
-    for o in overrides {
-        if let Some((last, parents)) = o.path.split_last() {
-            let table = parents.iter().fold(&mut *doc, |table, part| {
-                let entry = table
-                    .entry(part.clone())
-                    .or_insert_with(|| Value::Table(Table::new()));
-                if !entry.is_table() {
-                    *entry = Value::Table(Table::new());
-                }
-                match entry {
-                    Value::Table(t) => t,
-                    _ => unreachable!("just made a table"),
-                }
-            });
-            table.insert(last.clone(), o.value.clone());
-        }
-    }
-}
-
+/// The key `rest` (a variable's name after `SLUICE_`, in lower case) sets: every key
+/// of the schema, a chosen name (`[tenants.<name>]`) matching any non-empty run of the
+/// name; where more than one key fits, the longest fixed part wins
+/// (`..._MAIN_DB_PASSWORD_ENV` is `password_env` of target `main_db`).
 fn locate(rest: &str) -> Option<(Vec<String>, Kind)> {
-    if let Some(tail) = rest.strip_prefix("clickhouse_targets_") {
-        let (name, key, kind) = split_named(tail, TARGET_KEYS)?;
-        return Some((
-            vec!["clickhouse".into(), "targets".into(), name, key.into()],
-            kind,
-        ));
-    }
-    if let Some(tail) = rest.strip_prefix("tenants_") {
-        let (name, key, kind) = split_named(tail, TENANT_KEYS)?;
-        return Some((vec!["tenants".into(), name, key.into()], kind));
-    }
-    if let Some(tail) = rest.strip_prefix("tables_") {
-        let (name, key, kind) = split_named(tail, TABLE_KEYS)?;
-        let name = name.replacen("__", ".", 1);
-        return Some((vec!["tables".into(), name, key.into()], kind));
-    }
-    for (section, keys) in SECTIONS {
-        if let Some(key) = rest.strip_prefix(section).and_then(|r| r.strip_prefix('_')) {
-            // A section may be listed more than once (`ingest`): look on.
-            if let Some((_, kind)) = keys.iter().find(|(k, _)| *k == key) {
-                return Some((vec![(*section).into(), key.into()], *kind));
-            }
-        }
-    }
-    None
+    schema::keys()
+        .iter()
+        .filter_map(|spec| {
+            let path = match_path(&spec.path, rest)?;
+            let fixed: usize = spec
+                .path
+                .iter()
+                .map(|s| match s {
+                    Segment::Key(k) => k.len(),
+                    Segment::Name => 0,
+                })
+                .sum();
+            Some((path, Kind::from(spec.kind), fixed))
+        })
+        .max_by_key(|(_, _, fixed)| *fixed)
+        .map(|(path, kind, _)| (path, kind))
 }
 
-/// `name_key` → (name, key) for a key of `keys`, the longest key that fits.
-fn split_named<'k>(tail: &str, keys: &'k [(&'k str, Kind)]) -> Option<(String, &'k str, Kind)> {
-    keys.iter()
-        .filter_map(|(key, kind)| {
-            let name = tail.strip_suffix(key)?.strip_suffix('_')?;
-            (!name.is_empty()).then(|| (name.to_string(), *key, *kind))
-        })
-        .max_by_key(|(_, key, _)| key.len())
+/// The path `rest` spells with these segments (joined by `_`), if it does. Only one
+/// chosen name per path is supported (the schema has no more).
+fn match_path(segments: &[Segment], rest: &str) -> Option<Vec<String>> {
+    let at = segments.iter().position(|s| *s == Segment::Name);
+    let fixed = |segs: &[Segment]| -> Vec<&'static str> {
+        segs.iter()
+            .filter_map(|s| match s {
+                Segment::Key(k) => Some(*k),
+                Segment::Name => None,
+            })
+            .collect()
+    };
+    match at {
+        None => {
+            let keys = fixed(segments);
+            (keys.join("_") == rest).then(|| keys.iter().map(|k| k.to_string()).collect())
+        }
+        Some(at) => {
+            let (before, after) = (fixed(&segments[..at]), fixed(&segments[at + 1..]));
+            let mut name = rest;
+            if !before.is_empty() {
+                name = name.strip_prefix(&before.join("_"))?.strip_prefix('_')?;
+            }
+            if !after.is_empty() {
+                name = name.strip_suffix(&after.join("_"))?.strip_suffix('_')?;
+            }
+            if name.is_empty() {
+                return None;
+            }
+            // `[tables."tenant.table"]`: a double underscore stands for the dot.
+            let name = if before == ["tables"] {
+                name.replacen("__", ".", 1)
+            } else {
+                name.to_string()
+            };
+            let mut path: Vec<String> = before.iter().map(|k| k.to_string()).collect();
+            path.push(name);
+            path.extend(after.iter().map(|k| k.to_string()));
+            Some(path)
+        }
+    }
 }
 
 fn typed(raw: &str, kind: Kind) -> Result<Value, &'static str> {
@@ -339,28 +245,48 @@ mod tests {
     }
 
     #[test]
+    fn every_key_of_the_schema_can_be_set() {
+        // Keys added to file.rs are overridable without a list to update here.
+        let (found, errors, warnings) = overrides(
+            &env(&[
+                ("SLUICE_API_RETRY_AFTER", "9s"),
+                ("SLUICE_ADMIN_FAULT_INJECTION", "true"),
+                ("SLUICE_QUERY_SERVER_MARGIN", "1s"),
+                ("SLUICE_TABLES_ACME__EVENTS_MISSING_TABLE_GRACE", "1m"),
+                ("SLUICE_INGEST_EXACTLY_ONCE", "off"),
+            ]),
+            &BTreeSet::new(),
+        );
+        assert!(
+            errors.is_empty() && warnings.is_empty(),
+            "{errors:?} {warnings:?}"
+        );
+        let paths: Vec<_> = found.iter().map(Override::dotted).collect();
+        for want in [
+            "api.retry_after",
+            "admin.fault_injection",
+            "query.server_margin",
+            "tables.acme.events.missing_table_grace",
+            "ingest.exactly_once",
+        ] {
+            assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
+        }
+        // [ingest]'s own key has no per-table override.
+        let (_, _, warnings) = overrides(
+            &env(&[("SLUICE_TABLES_ACME__EVENTS_EXACTLY_ONCE", "true")]),
+            &BTreeSet::new(),
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         let vars = env(&[("SLUICE_INGEST_BATCH_ROWS", "many")]);
         let (_, errors, _) = overrides(&vars, &BTreeSet::new());
         assert_eq!(errors.len(), 1);
-        assert!(
-            errors[0].contains("SLUICE_INGEST_BATCH_ROWS"),
-            "{}",
-            errors[0]
-        );
-        assert!(errors[0].contains("integer"), "{}", errors[0]);
-    }
-
-    #[test]
-    fn apply_creates_tables() {
-        let mut doc: Table = toml::from_str("[nats]\nurl = \"a\"\n").expect("toml");
-        let vars = env(&[
-            ("SLUICE_NATS_URL", "b"),
-            ("SLUICE_TENANTS_ACME_TARGET", "main"),
-        ]);
-        let (found, _, _) = overrides(&vars, &BTreeSet::new());
-        apply(&mut doc, &found);
-        assert_eq!(doc["nats"]["url"].as_str(), Some("b"));
-        assert_eq!(doc["tenants"]["acme"]["target"].as_str(), Some("main"));
+        let (key, text) = &errors[0];
+        assert_eq!(key.to_string(), "[ingest] batch_rows");
+        assert!(text.contains("SLUICE_INGEST_BATCH_ROWS"), "{text}");
+        assert!(text.contains("integer"), "{text}");
     }
 }

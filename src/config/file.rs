@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::log_filter::LogFilter;
 use super::units::{Size, Span};
 
 #[derive(Debug, Default, Deserialize)]
@@ -242,7 +243,9 @@ pub struct ApiFile {
     /// What the ingest requests in progress may hold together: each reserves twice its
     /// body before reading it (see `api::ingest::memory`).
     pub ingest_memory: Size,
-    pub max_row_bytes: Size,
+    /// The largest row taken. Unset: 1 MiB, or `max_request_bytes` when that is
+    /// smaller (a row is part of a request, so it is never larger).
+    pub max_row_bytes: Option<Size>,
     /// The most rows of one request published as one NDJSON message: NATS costs per
     /// message, not per byte, so a request's rows travel in chunks.
     pub chunk_rows: usize,
@@ -279,7 +282,7 @@ impl Default for ApiFile {
             auth: AuthMode::Token,
             max_request_bytes: Size(10 << 20),
             ingest_memory: Size(128 << 20),
-            max_row_bytes: Size(1 << 20),
+            max_row_bytes: None,
             chunk_rows: CHUNK_ROWS,
             chunk_bytes: Size(1 << 20),
             retry_after: Span(std::time::Duration::from_secs(5)),
@@ -293,6 +296,9 @@ impl Default for ApiFile {
         }
     }
 }
+
+/// `[api] max_row_bytes` when unset (and `max_request_bytes` is not smaller).
+pub const MAX_ROW_BYTES: Size = Size(1 << 20);
 
 /// Rows per message of the ingest API by default: measured with `scripts/bench`'s `api`
 /// phase (docs/benchmark.md, "Many rows per message").
@@ -404,15 +410,15 @@ impl Default for QueryFile {
 #[serde(deny_unknown_fields, default)]
 pub struct LogFile {
     pub format: LogFormat,
-    /// A `tracing` filter, e.g. `info` or `info,sluice_actors=debug`.
-    pub level: String,
+    /// A `tracing` filter of levels, e.g. `info` or `info,sluice_actors=debug`.
+    pub level: LogFilter,
 }
 
 impl Default for LogFile {
     fn default() -> Self {
         Self {
             format: LogFormat::Text,
-            level: "info".into(),
+            level: LogFilter("info".into()),
         }
     }
 }

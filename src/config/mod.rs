@@ -1,28 +1,43 @@
 //! Configuration: `config.toml`, strict, with environment overrides and secrets read
 //! from the environment.
 //!
-//! Loading happens in three steps, each with its own kind of error:
-//! 1. the file is parsed strictly (`file.rs`): an unknown key, a wrong type, a size or
-//!    duration without a unit is an error naming the key and its line;
+//! Loading happens in three steps, and every problem of all three is reported at once,
+//! each with the line of the key it is about (or the variable that set it), so an
+//! operator fixes them all in one pass:
+//! 1. the file is parsed (`document.rs`);
 //! 2. `SLUICE_<SECTION>_<KEY>` variables are applied (`env.rs`);
-//! 3. the whole is checked (`validate.rs`): every problem is collected, so an operator
-//!    fixes them all in one pass.
+//! 3. the document is read strictly into the file's types (`file.rs`: an unknown key,
+//!    a wrong type, a size or duration without a unit, an unknown choice is a problem),
+//!    and the whole is checked (`validate.rs`).
+//!
+//! `schema.rs` reads the keys off the types, for the overrides and the documentation.
 
+mod document;
 mod env;
 mod file;
+mod key;
+mod log_filter;
 mod nats_url;
+mod schema;
 mod secret;
+mod summary;
 pub mod units;
 mod validate;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use document::{Document, Problem};
 pub use file::{AuthMode, LogFormat};
 pub use secret::Secret;
+/// The name rules, one for every place a name is taken (see `sluice_actors::routing`).
+pub use sluice_actors::routing::{
+    is_table as is_table_name, is_tenant as is_tenant_name, MAX_NAME_LEN, TABLE_NAME_RULE,
+    TENANT_NAME_RULE,
+};
 
 /// Why a configuration cannot be used: every problem found, each on its own line.
 #[derive(Debug)]
@@ -260,42 +275,43 @@ impl Config {
         text: &str,
         vars: &BTreeMap<String, String>,
     ) -> Result<Config, ConfigError> {
-        let fail = |problems: Vec<String>| ConfigError {
-            source_name: source_name.to_string(),
-            problems,
-        };
-        // 1. The file alone, strictly: errors carry the key and its line.
-        let parsed: file::FileConfig =
-            toml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
-
-        // 2. Overrides from the environment. Secret variables are never overrides.
-        let secrets = secret_vars(&parsed);
-        let (overrides, mut problems, warnings) = env::overrides(vars, &secrets);
-        let parsed = if overrides.is_empty() {
-            parsed
-        } else {
-            let mut doc: toml::Table =
-                toml::from_str(text).map_err(|e| fail(vec![e.to_string()]))?;
-            env::apply(&mut doc, &overrides);
-            let names: Vec<_> = overrides.iter().map(|o| o.var.as_str()).collect();
-            match toml::Value::Table(doc).try_into::<file::FileConfig>() {
-                Ok(merged) => merged,
-                Err(e) => {
-                    problems.push(format!(
-                        "after the environment overrides ({}): {}",
-                        names.join(", "),
-                        e.to_string().trim()
-                    ));
-                    return Err(fail(problems));
-                }
-            }
-        };
-        if !problems.is_empty() {
-            return Err(fail(problems));
+        let doc = Document::parse(text);
+        // Overrides from the environment; the variables that hold secrets are none.
+        let mut secrets = doc.secret_variables();
+        secrets.extend(file::FileConfig::default().admin.token_env);
+        let (overrides, env_errors, warnings) = env::overrides(vars, &secrets);
+        let literals: Vec<String> = overrides.iter().map(|o| o.value.to_string()).collect();
+        let mut doc = doc.apply(&overrides, &literals);
+        let mut refused = Vec::new();
+        for (key, text) in env_errors {
+            doc.problems.push(Problem::general(text));
+            refused.push(key);
         }
 
-        // 3. The whole, every problem collected.
-        validate::validate(source_name, parsed, vars, warnings).map_err(fail)
+        // Where each value came from, before `read` takes refused ones out.
+        let origins = doc.origins();
+        let read = doc.read();
+        let mut problems = std::mem::take(&mut doc.problems);
+        let checked = match read {
+            // A file with a syntax error is not checked further: what was read of it
+            // may not be what was written.
+            Some(read) if !doc.broken => {
+                refused.extend(read.refused);
+                validate::validate(source_name, read.file, vars, warnings, &refused)
+            }
+            _ => Err(Vec::new()),
+        };
+        match checked {
+            Ok(config) if problems.is_empty() => return Ok(config),
+            Ok(_) => {}
+            Err(more) => problems.extend(more),
+        }
+        // In the file's order; problems of no line (defaults, variables) after.
+        problems.sort_by_key(|p| origins.first_line(p).unwrap_or(usize::MAX));
+        Err(ConfigError {
+            source_name: source_name.to_string(),
+            problems: problems.iter().map(|p| origins.show(p)).collect(),
+        })
     }
 
     /// The settings of one table: `[ingest]` with its `[tables."tenant.table"]` overrides.
@@ -324,49 +340,9 @@ impl Config {
 
     /// A short human summary for `sluice check-config` (no secrets).
     pub fn summary(&self) -> String {
-        validate::summary(self)
+        summary::summary(self)
     }
 }
-
-/// Every variable a `*_env` key names: they hold secrets, never overrides.
-fn secret_vars(parsed: &file::FileConfig) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut add = |v: &Option<String>| {
-        if let Some(v) = v {
-            names.insert(v.clone());
-        }
-    };
-    add(&parsed.nats.password_env);
-    add(&parsed.nats.token_env);
-    for t in parsed.clickhouse.targets.values() {
-        add(&t.password_env);
-    }
-    for t in parsed.tenants.values() {
-        add(&t.token_env);
-    }
-    add(&parsed.admin.token_env);
-    add(&parsed.query.password_env);
-    names
-}
-
-/// Identifiers Sluice splices into subjects, URLs and SQL: nothing else gets through.
-pub fn is_table_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && s.len() <= MAX_NAME_LEN
-}
-
-/// Tenant names may also carry `-`.
-pub fn is_tenant_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        && s.len() <= MAX_NAME_LEN
-}
-
-/// The longest tenant or table name taken.
-pub const MAX_NAME_LEN: usize = 128;
 
 #[cfg(test)]
 mod tests;

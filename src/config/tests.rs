@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::key::Key;
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -283,6 +284,18 @@ fn identifiers() {
     assert!(is_tenant_name("acme-eu"));
     assert!(!is_tenant_name("-acme"));
     assert!(!is_tenant_name("acme eu"));
+    // The cap, as the rules state it, and the docs state the rules as they are.
+    let longest = "t".repeat(MAX_NAME_LEN);
+    assert!(is_table_name(&longest) && is_tenant_name(&longest));
+    let longer = "t".repeat(MAX_NAME_LEN + 1);
+    assert!(!is_table_name(&longer) && !is_tenant_name(&longer));
+    let docs = include_str!("../../docs/operations.md");
+    for rule in [TABLE_NAME_RULE, TENANT_NAME_RULE] {
+        assert!(
+            docs.contains(&format!("`{rule}`")),
+            "docs/operations.md lacks {rule}"
+        );
+    }
 }
 
 #[test]
@@ -517,4 +530,315 @@ fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
         &[],
     );
     assert!(p.iter().any(|l| l.contains("missing_table_grace")), "{p:?}");
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported_in_one_run_each_with_its_line() {
+    // Problems serde finds (a bad duration, an unknown key, a wrong type, an unknown
+    // choice, a bad log level, an unknown section) and problems of the whole, together.
+    let text = r#"[nats]
+ack_wait = "60"
+max_byte = "1GiB"
+
+[api]
+auth = "tokn"
+max_json_depth = "deep"
+max_row_bytes = "2MiB"
+max_request_bytes = "1MiB"
+
+[natz]
+url = "x"
+
+[log]
+level = "eror"
+
+[tables."acme.events"]
+batch_rows = 0
+"#;
+    let p = problems(text, &[]);
+    let want = [
+        ("line 2: [nats] ack_wait:", "needs a unit"),
+        ("line 3: [nats] max_byte:", "unknown field `max_byte`"),
+        ("line 6: [api] auth:", "expected `token` or `none`"),
+        ("line 7: [api] max_json_depth:", "expected a whole number"),
+        (
+            "lines 8, 9: [api] max_row_bytes = 2MiB",
+            "is above max_request_bytes",
+        ),
+        ("line 11: [natz]:", "unknown field `natz`"),
+        ("line 15: [log] level:", "`eror` is not a level"),
+        (
+            "line 17: [tables.\"acme.events\"]:",
+            "tenant \"acme\" is not defined",
+        ),
+        (
+            "line 18: [tables.\"acme.events\"] batch_rows = 0",
+            "must be at least 1",
+        ),
+    ];
+    for (start, says) in want {
+        assert!(
+            p.iter().any(|l| l.starts_with(start) && l.contains(says)),
+            "no problem starting {start:?} and saying {says:?} in {p:#?}"
+        );
+    }
+    // In the file's order.
+    let lines: Vec<usize> = p
+        .iter()
+        .filter_map(|l| l.strip_prefix("line ").or(l.strip_prefix("lines ")))
+        .filter_map(|l| l.split([':', ',']).next()?.parse().ok())
+        .collect();
+    assert!(lines.windows(2).all(|w| w[0] <= w[1]), "{p:#?}");
+}
+
+#[test]
+fn a_file_that_is_not_toml_says_where_each_break_is() {
+    let p = problems("[nats]\nurl = \"x\nstream = 5\n[api\n", &[]);
+    assert!(
+        p.iter().any(|l| l.starts_with("line 2: not TOML")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter().any(|l| l.starts_with("line 4: not TOML")),
+        "{p:#?}"
+    );
+    // What parses is still read: its problems come in the same run.
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("line 3: [nats] stream:") && l.contains("a string")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_problem_from_the_environment_names_its_variable() {
+    let p = problems(
+        "[api]\nauth = \"none\"\n",
+        &[
+            ("SLUICE_API_AUTH", "tokn"),
+            ("SLUICE_API_MAX_ROW_BYTES", "64MiB"),
+            ("SLUICE_NATS_REPLICAS", "0"),
+        ],
+    );
+    let all = p.join("\n");
+    assert!(
+        all.contains(
+            "SLUICE_API_AUTH: [api] auth: unknown variant `tokn`, expected `token` or `none`"
+        ),
+        "{all}"
+    );
+    assert!(
+        all.contains("SLUICE_API_MAX_ROW_BYTES: [api] max_row_bytes = 64MiB is above max_request_bytes = 10MiB"),
+        "{all}"
+    );
+    assert!(
+        all.contains("SLUICE_NATS_REPLICAS: [nats] replicas = 0: must be 1 to 5"),
+        "{all}"
+    );
+}
+
+#[test]
+fn a_value_refused_as_written_brings_no_echo_from_its_default() {
+    // ingest_memory = 4MiB is below the default max_request_bytes (10MiB), which is
+    // only in force because the written "2M" could not be read: one problem, not two.
+    let p = problems(
+        "[api]\nmax_request_bytes = \"2M\"\ningest_memory = \"4MiB\"\n",
+        &[],
+    );
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("line 2: [api] max_request_bytes:"),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn the_row_limit_follows_a_lower_request_limit_unless_set() {
+    let config = Config::from_parts("t", "[api]\nmax_request_bytes = \"256KiB\"\n", &env(&[]))
+        .expect("a lower request limit alone is taken");
+    assert_eq!(
+        (config.api.max_request_bytes, config.api.max_row_bytes),
+        (256 << 10, 256 << 10)
+    );
+    assert!(
+        config
+            .summary()
+            .contains("requests up to 256KiB, rows up to 256KiB"),
+        "{}",
+        config.summary()
+    );
+    let config = Config::from_parts("t", "", &env(&[])).expect("defaults");
+    assert_eq!(config.api.max_row_bytes, 1 << 20);
+    let config = Config::from_parts(
+        "t",
+        "[api]\nmax_request_bytes = \"256KiB\"\nmax_row_bytes = \"64KiB\"\n",
+        &env(&[]),
+    )
+    .expect("a smaller row limit");
+    assert_eq!(config.api.max_row_bytes, 64 << 10);
+    // Set above the request limit: refused, with the link and both lines.
+    let p = problems(
+        "[api]\nmax_request_bytes = \"256KiB\"\nmax_row_bytes = \"1MiB\"\n",
+        &[],
+    );
+    assert!(
+        p[0].starts_with("lines 2, 3: [api] max_row_bytes = 1MiB is above max_request_bytes = 256KiB: a row is part of a request"),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_log_level_that_is_no_level_is_refused_wherever_it_is_set() {
+    for (text, vars, names) in [
+        ("[log]\nlevel = \"eror\"\n", vec![], "line 2: [log] level:"),
+        (
+            "",
+            vec![("SLUICE_LOG_LEVEL", "loud")],
+            "SLUICE_LOG_LEVEL: [log] level:",
+        ),
+        ("", vec![("RUST_LOG", "loud")], "RUST_LOG"),
+        (
+            "[log]\nlevel = \"info,sluice_actors\"\n",
+            vec![],
+            "line 2: [log] level:",
+        ),
+    ] {
+        let p = problems(text, &vars);
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(p[0].starts_with(names), "{p:#?}");
+        assert!(
+            p[0].contains("trace, debug, info, warn, error or off"),
+            "{p:#?}"
+        );
+    }
+    for level in ["error", "warn,sluice_actors=debug"] {
+        let config = Config::from_parts(
+            "t",
+            &format!("[log]\nlevel = \"{level}\"\n"),
+            &env(&[("RUST_LOG", "info")]),
+        )
+        .expect(level);
+        assert_eq!(config.log.level, level);
+    }
+}
+
+#[test]
+fn every_choice_refuses_an_unknown_value_naming_the_key_and_the_choices() {
+    // Read off the types: a choice added to file.rs is checked here without a word.
+    let choices: Vec<_> = schema::keys()
+        .iter()
+        .filter_map(|k| match k.kind {
+            schema::ValueKind::Choice(words) => Some((k, words)),
+            _ => None,
+        })
+        .collect();
+    assert!(choices.len() >= 2, "{choices:?}");
+    for (spec, words) in choices {
+        let path: Vec<&str> = spec
+            .path
+            .iter()
+            .map(|s| match s {
+                schema::Segment::Key(k) => *k,
+                schema::Segment::Name => "x",
+            })
+            .collect();
+        let (name, section) = path.split_last().expect("a key has a name");
+        let key = Key::table(section.iter().copied()).key(name);
+        let text = format!("[{}]\n{name} = \"nonsense\"\n", section.join("."));
+        let var = format!("SLUICE_{}", path.join("_").to_ascii_uppercase());
+        for (text, vars, place) in [
+            (text.as_str(), vec![], "line 2".to_string()),
+            ("", vec![(var.as_str(), "nonsense")], var.clone()),
+        ] {
+            let p = problems(text, &vars);
+            let line = p
+                .iter()
+                .find(|l| l.contains("nonsense"))
+                .unwrap_or_else(|| panic!("{key}: {p:#?}"));
+            assert!(line.starts_with(&format!("{place}: {key}:")), "{line}");
+            for word in words {
+                assert!(line.contains(&format!("`{word}`")), "{word} not in {line}");
+            }
+        }
+    }
+}
+
+/// config.toml with its commented-out keys and sections written in (`# key = ...` and
+/// `# [section]` lose their `# `): every key the example shows, set.
+fn every_key_config_toml_shows(example: &str) -> String {
+    fn shows_a_key(line: &str) -> Option<&str> {
+        let rest = line
+            .strip_prefix('#')
+            .map(|r| r.strip_prefix(' ').unwrap_or(r))?;
+        let name_end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let is_key = name_end > 0 && rest[name_end..].trim_start().starts_with('=');
+        (is_key || rest.starts_with('[')).then_some(rest)
+    }
+    example
+        .lines()
+        .map(|line| shows_a_key(line).unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every key of the document, with whether its line carries a comment after the value,
+/// and the line.
+fn keys_with_comments(text: &str) -> Vec<(Vec<String>, bool, usize)> {
+    let root = toml::de::DeTable::parse(text).expect("config.toml with every key shown parses");
+    let mut out = Vec::new();
+    let mut stack = vec![(Vec::new(), root.into_inner())];
+    while let Some((path, table)) = stack.pop() {
+        for (key, value) in table {
+            let mut here: Vec<String> = path.clone();
+            here.push(key.get_ref().to_string());
+            let span = value.span();
+            match value.into_inner() {
+                toml::de::DeValue::Table(inner) => stack.push((here, inner)),
+                _ => {
+                    let after = text[span.end..].split('\n').next().unwrap_or_default();
+                    let line = 1 + text[..span.start].matches('\n').count();
+                    out.push((here, after.trim_start().starts_with('#'), line));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The guard on config.toml: every key the configuration takes (read off its types, so
+/// a key added later fails here until documented) is shown there, set or commented
+/// out, with a comment on its line saying what it does; and every key shown is one
+/// the configuration takes, with a value of the right kind.
+#[test]
+fn config_toml_shows_every_key_with_a_comment() {
+    let shown = every_key_config_toml_shows(include_str!("../../config.toml"));
+    if let Err(e) = toml::from_str::<file::FileConfig>(&shown) {
+        panic!("config.toml shows a key Sluice does not take as written:\n{e}");
+    }
+    let found = keys_with_comments(&shown);
+    let mut problems = Vec::new();
+    for spec in schema::keys() {
+        let fits = |path: &[String]| {
+            path.len() == spec.path.len()
+                && spec.path.iter().zip(path).all(|(s, p)| match s {
+                    schema::Segment::Key(k) => k == p,
+                    schema::Segment::Name => true,
+                })
+        };
+        let shown: Vec<_> = found.iter().filter(|(path, ..)| fits(path)).collect();
+        if shown.is_empty() {
+            problems.push(format!("{} is not in config.toml", spec.dotted()));
+        }
+        for (path, commented, line) in shown {
+            if !*commented {
+                problems.push(format!(
+                    "config.toml line {line}: {} says nothing of what it does",
+                    path.join(".")
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -335,14 +335,22 @@ impl Delivery for JsDelivery {
         self.settle(kind).await
     }
 
-    async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {
+    async fn park_message(&self, parking: &Parking) -> Result<(), SettleError> {
         let Some(row) = self.row.as_ref() else {
-            return Ok(());
+            return Err(SettleError("the message is already settled".into()));
         };
         let headers = DlqWriter::headers(parking, &self.meta(), None);
         let payload = row.payload.clone();
-        let id = self.park_id(None);
-        if let Err(e) = self.dlq.publish(parking, payload, headers, &id).await {
+        self.dlq
+            .publish(parking, payload, headers, &self.park_id(None))
+            .await
+    }
+
+    async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {
+        if self.row.is_none() {
+            return Ok(());
+        }
+        if let Err(e) = self.park_message(parking).await {
             return Err((self, e));
         }
         // Parked. Should the ack be lost, the row comes back, is parked again under the

@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use sluice_actors::{Class, ClickHouseError};
 
+use super::kill::KillOutcome;
 use super::request::RequestError;
 use super::QUERY_ID_HEADER;
 use crate::api::tenant::TenantError;
@@ -44,13 +45,55 @@ fn is_not_found(code: u32) -> bool {
     MISSING_TABLE_CODES.contains(&code) || NOT_FOUND_QUERY_CODES.contains(&code)
 }
 
-/// Who stopped a query that ran out of time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who stopped a query that ran out of time, and what is known of how: the answer's
+/// text and its `kill_sent` / `kill_confirmed` are both made from this, so they cannot
+/// tell different stories.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoppedBy {
-    /// ClickHouse's `max_execution_time` (code 159).
-    ClickHouse,
-    /// The client deadline passed first; Sluice sent `KILL QUERY`.
-    Sluice,
+    /// ClickHouse's `max_execution_time` (code 159), set to this.
+    ClickHouse { server_limit: Duration },
+    /// The client deadline passed first; Sluice tried to kill the query.
+    Sluice(KillOutcome),
+}
+
+impl StoppedBy {
+    /// Whether ClickHouse accepted Sluice's `KILL QUERY`.
+    fn kill_sent(&self) -> bool {
+        matches!(self, StoppedBy::Sluice(kill) if kill.sent)
+    }
+
+    /// Whether Sluice saw the query gone from ClickHouse after its kill.
+    fn kill_confirmed(&self) -> bool {
+        matches!(self, StoppedBy::Sluice(kill) if kill.confirmed_gone)
+    }
+
+    /// The 504's `error`: what stopped the query, and what became of the kill.
+    fn message(&self) -> String {
+        const LATE: &str = "the query did not finish within its timeout";
+        const STILL_ENDS: &str = "ClickHouse's own time limit still ends it";
+        let kill = match self {
+            StoppedBy::ClickHouse { server_limit } => {
+                return format!(
+                    "ClickHouse stopped the query at its time limit (max_execution_time = {} s, the request's timeout less the server margin); not retried: a retry would repeat the same heavy work",
+                    server_limit.as_secs()
+                )
+            }
+            StoppedBy::Sluice(kill) => kill,
+        };
+        let why = kill.problem.as_deref().unwrap_or("no answer");
+        match (kill.sent, kill.confirmed_gone) {
+            (true, true) => format!("{LATE}; Sluice killed it on ClickHouse (confirmed gone)"),
+            (true, false) => format!(
+                "{LATE}; Sluice sent KILL QUERY but could not confirm it stopped ({why}); {STILL_ENDS}"
+            ),
+            (false, true) => format!(
+                "{LATE}; ClickHouse did not take Sluice's KILL QUERY ({why}), but the query is no longer running there"
+            ),
+            (false, false) => format!(
+                "{LATE}; ClickHouse did not take Sluice's KILL QUERY and the query could not be confirmed stopped ({why}); {STILL_ENDS}"
+            ),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -85,10 +128,7 @@ pub enum QueryError {
     Timeout {
         timeout: Duration,
         stopped_by: StoppedBy,
-        kill_sent: bool,
-        kill_confirmed: bool,
         attempts: u32,
-        message: String,
     },
     /// The relayed result crossed the gateway's byte cap before the status was sent.
     ResultTooLarge {
@@ -280,15 +320,12 @@ impl QueryError {
             QueryError::Timeout {
                 timeout,
                 stopped_by,
-                kill_sent,
-                kill_confirmed,
                 attempts,
-                message,
             } => {
-                put("error", json!(message));
+                put("error", json!(stopped_by.message()));
                 let code = match stopped_by {
-                    StoppedBy::ClickHouse => json!(TIMEOUT_EXCEEDED),
-                    StoppedBy::Sluice => Value::Null,
+                    StoppedBy::ClickHouse { .. } => json!(TIMEOUT_EXCEEDED),
+                    StoppedBy::Sluice(_) => Value::Null,
                 };
                 put("code", code);
                 put("class", json!("timeout"));
@@ -301,12 +338,12 @@ impl QueryError {
                 put(
                     "stopped_by",
                     json!(match stopped_by {
-                        StoppedBy::ClickHouse => "clickhouse",
-                        StoppedBy::Sluice => "sluice",
+                        StoppedBy::ClickHouse { .. } => "clickhouse",
+                        StoppedBy::Sluice(_) => "sluice",
                     }),
                 );
-                put("kill_sent", json!(kill_sent));
-                put("kill_confirmed", json!(kill_confirmed));
+                put("kill_sent", json!(stopped_by.kill_sent()));
+                put("kill_confirmed", json!(stopped_by.kill_confirmed()));
             }
             QueryError::ResultTooLarge { limit_bytes } => {
                 put(
@@ -572,11 +609,13 @@ mod tests {
     fn timeouts_say_who_stopped_the_query_and_whether_the_kill_was_confirmed() {
         let (s, ra, b) = reply(QueryError::Timeout {
             timeout: Duration::from_millis(800),
-            stopped_by: StoppedBy::Sluice,
-            kill_sent: true,
-            kill_confirmed: true,
+            stopped_by: StoppedBy::Sluice(KillOutcome {
+                sent: true,
+                found: true,
+                confirmed_gone: true,
+                problem: None,
+            }),
             attempts: 1,
-            message: "timed out".into(),
         });
         assert_eq!((s.as_u16(), ra), (504, None));
         assert_eq!(b["class"], "timeout");
@@ -587,18 +626,64 @@ mod tests {
             (b["kill_sent"].clone(), b["kill_confirmed"].clone()),
             (json!(true), json!(true))
         );
+        assert!(b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("confirmed gone")));
         let (_, _, b) = reply(QueryError::Timeout {
             timeout: Duration::from_secs(2),
-            stopped_by: StoppedBy::ClickHouse,
-            kill_sent: false,
-            kill_confirmed: false,
+            stopped_by: StoppedBy::ClickHouse {
+                server_limit: Duration::from_secs(1),
+            },
             attempts: 1,
-            message: "timed out".into(),
         });
         assert_eq!(
             (b["code"].clone(), b["stopped_by"].clone()),
             (json!(159), json!("clickhouse"))
         );
+        assert_eq!(
+            (b["kill_sent"].clone(), b["kill_confirmed"].clone()),
+            (json!(false), json!(false))
+        );
+    }
+
+    /// The text never says a kill was sent or confirmed that the fields say was not.
+    #[test]
+    fn a_timeout_says_what_became_of_the_kill_as_its_fields_do() {
+        for (sent, confirmed_gone) in [(true, true), (true, false), (false, true), (false, false)] {
+            let (_, _, b) = reply(QueryError::Timeout {
+                timeout: Duration::from_millis(800),
+                stopped_by: StoppedBy::Sluice(KillOutcome {
+                    sent,
+                    found: false,
+                    confirmed_gone,
+                    problem: Some("KILL QUERY got no answer within 1s".into()),
+                }),
+                attempts: 1,
+            });
+            assert_eq!(
+                (b["kill_sent"].clone(), b["kill_confirmed"].clone()),
+                (json!(sent), json!(confirmed_gone))
+            );
+            let error = b["error"].as_str().unwrap_or_default();
+            assert_eq!(
+                error.contains("Sluice sent KILL QUERY"),
+                sent && !confirmed_gone,
+                "{error}"
+            );
+            assert_eq!(
+                error.contains("did not take Sluice's KILL QUERY"),
+                !sent,
+                "{error}"
+            );
+            assert_eq!(
+                error.contains("confirmed gone") || error.contains("no longer running"),
+                confirmed_gone,
+                "{error}"
+            );
+            if !sent {
+                assert!(error.contains("got no answer"), "says why: {error}");
+            }
+        }
     }
 
     #[test]

@@ -155,14 +155,8 @@ impl Gateway {
             if error.code == Some(TIMEOUT_EXCEEDED) {
                 return Err(QueryError::Timeout {
                     timeout: query.timeout,
-                    stopped_by: StoppedBy::ClickHouse,
-                    kill_sent: false,
-                    kill_confirmed: false,
+                    stopped_by: StoppedBy::ClickHouse { server_limit },
                     attempts,
-                    message: format!(
-                        "ClickHouse stopped the query at its time limit (max_execution_time = {} s, the request's timeout less the server margin); not retried: a retry would repeat the same heavy work",
-                        server_limit.as_secs()
-                    ),
                 });
             }
             let give_up = |error: ClickHouseError| QueryError::ClickHouse {
@@ -228,23 +222,12 @@ impl Gateway {
             kill_found = kill.found,
             kill_confirmed = kill.confirmed_gone,
             problem = kill.problem.as_deref().unwrap_or(""),
-            "query deadline passed: KILL QUERY sent"
+            "query deadline passed: KILL QUERY tried"
         );
-        let message = if kill.confirmed_gone {
-            "the query did not finish within its timeout; Sluice killed it on ClickHouse (confirmed gone)".to_string()
-        } else {
-            format!(
-                "the query did not finish within its timeout; Sluice sent KILL QUERY but could not confirm it stopped ({}); ClickHouse's own time limit still ends it",
-                kill.problem.as_deref().unwrap_or("no confirmation")
-            )
-        };
         QueryError::Timeout {
             timeout: query.timeout,
-            stopped_by: StoppedBy::Sluice,
-            kill_sent: kill.sent,
-            kill_confirmed: kill.confirmed_gone,
+            stopped_by: StoppedBy::Sluice(kill),
             attempts,
-            message,
         }
     }
 

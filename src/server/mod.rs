@@ -22,6 +22,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::clickhouse::insert::HttpInserter;
+use crate::clickhouse::redelivery::Redelivery;
 use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
@@ -70,7 +71,8 @@ pub async fn run_until(
     // table catalogs.
     let mut inserters = BTreeMap::new();
     for target in config.targets.values() {
-        let inserter = HttpInserter::new(target)
+        let redelivery = Redelivery::of(&config, target);
+        let inserter = HttpInserter::new(target, redelivery)
             .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
         inserters.insert(target.name.clone(), Arc::new(inserter));
     }

@@ -5,7 +5,7 @@
 //! and agreeing with docs/operations.md) and Grafana dashboard
 //! (`deploy/grafana-dashboard.json`) using only metrics a scrape shows.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -242,7 +242,7 @@ async fn every_design_metric_appears_with_its_labels() -> Result<()> {
         m.value("sluice_dlq_publish_failures_total", &[("table", "events")]),
         Some(0.0)
     );
-    let mut problems = Vec::new();
+    let mut problems = undocumented(&m)?;
     for (name, labels) in EXPECTED {
         let want: BTreeSet<String> = labels.iter().map(|l| l.to_string()).collect();
         match labels_of(&m, name) {
@@ -404,6 +404,87 @@ fn unknown_metrics(m: &Metrics, queries: &[(String, String)]) -> Vec<String> {
     problems
 }
 
+/// The "Metrics and alerts" section of docs/operations.md.
+fn metrics_section() -> Result<String> {
+    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
+    let section = doc
+        .split("## Metrics and alerts")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    Ok(section.to_string())
+}
+
+/// Labels whose values come from the configuration (and a histogram's buckets): any
+/// value goes. Every other label's values are the code's own, and the docs list them.
+const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "stream", "le"];
+
+/// docs/operations.md's metrics table: each metric a row names in its first cell
+/// (`` `name{label,label}` ``), with those labels and the row's text.
+fn documented_metrics() -> Result<BTreeMap<String, (BTreeSet<String>, String)>> {
+    let section = metrics_section()?;
+    let mut out = BTreeMap::new();
+    for row in section.lines().filter(|l| l.starts_with("| `sluice_")) {
+        let first_cell = row.split('|').nth(1).unwrap_or_default();
+        for named in first_cell.split('`').skip(1).step_by(2) {
+            let (name, labels) = match named.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (named, ""),
+            };
+            let labels: BTreeSet<String> = labels
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            out.insert(name.to_string(), (labels, row.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// What the metrics table of docs/operations.md does not say of this page: a family
+/// (or a name of the actor crate's list) without a row, a row whose labels are not the
+/// page's, and a value of a label the configuration does not name that its row does
+/// not list (as `` `value` ``).
+fn undocumented(m: &Metrics) -> Result<Vec<String>> {
+    let doc = documented_metrics()?;
+    let mut problems = BTreeSet::new();
+    for name in sluice_actors::metrics::ALL {
+        if !doc.contains_key(*name) {
+            problems.insert(format!("{name} has no row in docs/operations.md's table"));
+        }
+    }
+    let families = m
+        .types
+        .keys()
+        .filter(|f| f.starts_with("sluice_") && !m.family(f).is_empty());
+    for family in families {
+        let Some((labels, row)) = doc.get(family) else {
+            problems.insert(format!("{family} has no row in docs/operations.md's table"));
+            continue;
+        };
+        let shown: BTreeSet<String> = m.label_sets(family).into_iter().flatten().collect();
+        if &shown != labels {
+            problems.insert(format!(
+                "{family}: the page shows labels {shown:?}, the table {labels:?}"
+            ));
+        }
+        for sample in m.family(family) {
+            for (label, value) in &sample.labels {
+                if !NAMED_BY_CONFIGURATION.contains(&label.as_str())
+                    && !row.contains(&format!("`{value}`"))
+                {
+                    problems.insert(format!(
+                        "{family}{{{label}=\"{value}\"}}: `{value}` is not in its row of docs/operations.md"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(problems.into_iter().collect())
+}
+
 /// Series that must be on the page with value 0 before any traffic.
 fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     let mut series = Vec::new();
@@ -432,10 +513,19 @@ fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     ] {
         series.push((name, events.to_vec()));
     }
-    for reason in ["rejected", "no_target", "invalid_subject"] {
+    for reason in ["rejected", "missing_table", "no_target", "invalid_subject"] {
         let mut labels = events.to_vec();
         labels.push(("reason", reason));
         series.push(("sluice_rows_parked_total", labels));
+    }
+    // The ingest API's, before the table's first request: a request with refused rows
+    // must raise them from 0, or the `SluiceIngestRowsRefused` alert misses it.
+    for name in [
+        "sluice_ingest_rows_total",
+        "sluice_ingest_rows_rejected_total",
+        "sluice_ingest_messages_total",
+    ] {
+        series.push((name, events.to_vec()));
     }
     for reason in ["unavailable", "denied", "unknown", "backoff"] {
         series.push((
@@ -490,6 +580,8 @@ async fn metrics_exist_from_start_pass_promtool_and_back_every_alert_and_panel()
         "{start}"
     );
     promtool_check_metrics(&promtool, &start).context("the page at start")?;
+    let problems = undocumented(&m)?;
+    assert!(problems.is_empty(), "{problems:#?}\n{start}");
 
     // Rows that land, one ClickHouse rejects (parked), rows of a table met only now, a
     // request the API refuses, and a query.
@@ -538,6 +630,8 @@ async fn metrics_exist_from_start_pass_promtool_and_back_every_alert_and_panel()
     .await?;
     promtool_check_metrics(&promtool, &loaded).context("the page after load")?;
     let m = Metrics::parse(&loaded)?;
+    let problems = undocumented(&m)?;
+    assert!(problems.is_empty(), "{problems:#?}\n{loaded}");
     for kind in ["consumer", "pool", "table"] {
         assert_eq!(
             m.value("sluice_actor_restarts_total", &[("kind", kind)]),
@@ -571,12 +665,7 @@ fn the_alert_rules_pass_promtool_and_agree_with_the_operations_doc() -> Result<(
     promtool_check_rules(&promtool, &repo_file("deploy/alerts.yaml"))?;
 
     let in_file: BTreeSet<String> = alert_rules()?.into_iter().map(|(name, _)| name).collect();
-    let doc = std::fs::read_to_string(repo_file("docs/operations.md"))?;
-    let section = doc
-        .split("## Metrics and alerts")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .context("docs/operations.md has a \"Metrics and alerts\" section")?;
+    let section = metrics_section()?;
     let in_doc: BTreeSet<String> = section
         .split('`')
         .skip(1)

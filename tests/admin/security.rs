@@ -1,6 +1,8 @@
 //! The admin token (401 without, 403 wrong, 200 right; probes and scrapes open), and
 //! secrets that never show: not in the tree, the DLQ tools, `/metrics` or the logs.
 
+use std::collections::BTreeSet;
+
 use anyhow::Result;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -10,6 +12,98 @@ use sluice_harness::{
 
 use crate::*;
 
+/// The admin routes that want the token, as docs/deploy.md writes them.
+const GUARDED: &[(Method, &str)] = &[
+    (Method::GET, "/admin/actors"),
+    (Method::GET, "/admin/rates"),
+    (Method::GET, "/admin/nats"),
+    (Method::GET, "/admin/dlq"),
+    (Method::GET, "/admin/dlq/{tenant}/{table}"),
+    (Method::DELETE, "/admin/dlq/{tenant}/{table}"),
+    (Method::POST, "/admin/dlq/replay"),
+    (Method::POST, "/admin/debug/panic/{tenant}/{table}"),
+    (Method::POST, "/admin/debug/panic-pool/{target}"),
+];
+
+/// The `GET` routes that answer without it, with the media type of their answer.
+const OPEN: &[(&str, &str)] = &[
+    ("/healthz", "application/json"),
+    ("/readyz", "application/json"),
+    ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
+    ("/openapi.json", "application/json"),
+    ("/admin", "text/html; charset=utf-8"),
+    ("/admin/", "text/html; charset=utf-8"),
+    ("/admin/assets/page.js", "text/javascript; charset=utf-8"),
+    ("/admin/assets/page.css", "text/css; charset=utf-8"),
+    ("/favicon.ico", "image/svg+xml"),
+];
+
+/// A request for `route` on the test's stack: the tenant's `events` table, target
+/// `main`, and what each route needs besides (a purge's confirmation, a replay's body).
+fn concrete(method: &Method, route: &str) -> (Method, String, Option<Value>) {
+    let mut path = route
+        .replace("{tenant}", TENANT)
+        .replace("{table}", "events")
+        .replace("{target}", "main");
+    let mut body = None;
+    match (method.as_str(), route) {
+        ("GET", "/admin/dlq/{tenant}/{table}") => path.push_str("?limit=5"),
+        ("DELETE", _) => path.push_str(&format!("?confirm={TENANT}.events")),
+        ("POST", "/admin/dlq/replay") => {
+            body = Some(json!({"tenant": TENANT, "table": "events", "dry_run": true}))
+        }
+        _ => {}
+    }
+    (method.clone(), path, body)
+}
+
+/// docs/deploy.md's table of admin routes: (method, route, whether it wants the token).
+fn documented_admin_routes() -> Result<BTreeSet<(String, String, bool)>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/deploy.md");
+    let doc = std::fs::read_to_string(&path)?;
+    let mut routes = BTreeSet::new();
+    for row in doc.lines().map(str::trim).filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (Some(route), Some(token)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        let Some((method, route)) = route.trim_matches('`').split_once(' ') else {
+            continue;
+        };
+        if !route.starts_with('/') {
+            continue;
+        }
+        let token = match *token {
+            "yes" => true,
+            "no" => false,
+            other => {
+                anyhow::bail!("docs/deploy.md: {method} {route}: token {other:?}, want yes or no")
+            }
+        };
+        routes.insert((method.to_string(), route.to_string(), token));
+    }
+    Ok(routes)
+}
+
+/// The admin endpoint's OpenAPI document: (method, route, whether it wants the token).
+async fn openapi_admin_routes(stack: &Stack) -> Result<BTreeSet<(String, String, bool)>> {
+    let (status, doc) = stack.admin_get("/openapi.json").await?;
+    anyhow::ensure!(status == 200, "/openapi.json answered {status}");
+    let mut routes = BTreeSet::new();
+    for (route, item) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, operation) in item.as_object().into_iter().flatten() {
+            if method == "parameters" {
+                continue;
+            }
+            let token = operation["security"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty());
+            routes.insert((method.to_ascii_uppercase(), route.clone(), token));
+        }
+    }
+    Ok(routes)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<()> {
     let mut stack = Stack::start(StackOptions::default()).await?;
@@ -18,30 +112,31 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
     ingest_ok(&stack, "events", &[json!({"id": 1, "name": "a"})]).await?;
     wait_count(&stack, "SELECT count() FROM events", 1).await?;
 
-    let replay = json!({"tenant": TENANT, "table": "events", "dry_run": true});
-    let guarded: Vec<(Method, String, Option<Value>)> = vec![
-        (Method::GET, "/admin/actors".into(), None),
-        (Method::GET, "/admin/rates".into(), None),
-        (Method::GET, "/admin/nats".into(), None),
-        (Method::GET, "/admin/dlq".into(), None),
-        (
-            Method::GET,
-            format!("/admin/dlq/{TENANT}/events?limit=5"),
-            None,
-        ),
-        (Method::POST, "/admin/dlq/replay".into(), Some(replay)),
-        (
-            Method::DELETE,
-            format!("/admin/dlq/{TENANT}/events?confirm={TENANT}.events"),
-            None,
-        ),
-        (
-            Method::POST,
-            format!("/admin/debug/panic/{TENANT}/events"),
-            None,
-        ),
-        (Method::POST, "/admin/debug/panic-pool/main".into(), None),
-    ];
+    // What docs/deploy.md's table of admin routes says is what this test finds.
+    let documented = documented_admin_routes()?;
+    let tested: BTreeSet<(String, String, bool)> = GUARDED
+        .iter()
+        .map(|(m, route)| (m.to_string(), route.to_string(), true))
+        .chain(
+            OPEN.iter()
+                .map(|(route, _)| ("GET".into(), route.to_string(), false)),
+        )
+        .collect();
+    assert_eq!(
+        documented, tested,
+        "docs/deploy.md's admin routes (method, route, token) and the ones this test checks"
+    );
+    // And the endpoint's OpenAPI document says the same.
+    assert_eq!(
+        openapi_admin_routes(&stack).await?,
+        tested,
+        "the admin endpoint's /openapi.json (method, route, token) and the ones this test checks"
+    );
+
+    let guarded: Vec<(Method, String, Option<Value>)> = GUARDED
+        .iter()
+        .map(|(method, route)| concrete(method, route))
+        .collect();
     for (method, path, body) in &guarded {
         let (status, headers, answer) = stack
             .admin_request(method.clone(), path, None, body.as_ref())
@@ -107,22 +202,13 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
         .await?;
     assert_eq!(status, 200, "{answer}");
 
-    // Probes, the scraper, the page with its assets and the API's description need no
-    // token.
-    for (path, content_type) in [
-        ("/healthz", "application/json"),
-        ("/readyz", "application/json"),
-        ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
-        ("/admin/", "text/html; charset=utf-8"),
-        ("/admin/assets/page.js", "text/javascript; charset=utf-8"),
-        ("/admin/assets/page.css", "text/css; charset=utf-8"),
-        ("/favicon.ico", "image/svg+xml"),
-        ("/openapi.json", "application/json"),
-    ] {
+    // Probes, the scraper, the page with its assets and the endpoint's description
+    // need no token.
+    for (path, content_type) in OPEN {
         let (status, headers, _) = stack.admin_request(Method::GET, path, None, None).await?;
         assert_eq!(status, 200, "GET {path} without a token");
         let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
-        assert_eq!(ct, Some(content_type), "GET {path}");
+        assert_eq!(ct, Some(*content_type), "GET {path}");
     }
     Ok(())
 }

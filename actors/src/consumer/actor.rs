@@ -13,16 +13,17 @@ use super::messages::{ConsumerDebug, ConsumerMsg};
 use crate::backoff::Backoff;
 use crate::batch::row_count;
 use crate::context::Common;
+use crate::ledger::{Changes, LedgerChange};
 use crate::metrics;
 use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
 use crate::ports::{Delivery, Source, SourceFactory};
-use crate::routing::{Route, RoutedRows, Router};
+use crate::routing::{Route, Routed, Router};
 use crate::settle::{hand_back, park_all};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
 /// A pool as the consumer knows it: where its rows go.
-pub type PoolLink<D> = DerivedActorRef<RoutedRows<D>>;
+pub type PoolLink<D> = DerivedActorRef<Routed<D>>;
 
 pub struct ConsumerActor<F>(PhantomData<fn() -> F>);
 
@@ -123,12 +124,14 @@ impl<F: SourceFactory> ConsumerState<F> {
                 let restarting = common.settings.handback_while_restarting;
                 match self.args.pools.get(*pool).and_then(Option::as_ref) {
                     Some(p) => {
-                        let routed = RoutedRows {
+                        let routed = Routed::Messages {
                             key: key.clone(),
-                            rows,
+                            messages: rows,
                         };
-                        if let Err(MessagingErr::SendErr(back)) = p.send_message(routed) {
-                            hand_back(common, Some(metrics), back.rows, restarting);
+                        if let Err(MessagingErr::SendErr(Routed::Messages { messages, .. })) =
+                            p.send_message(routed)
+                        {
+                            hand_back(common, Some(metrics), messages, restarting);
                         }
                     }
                     // The pool is restarting: its rows come back shortly.
@@ -210,6 +213,9 @@ impl<F: SourceFactory> ConsumerState<F> {
         match pulled {
             None => self.stopped = true,
             Some(Ok(batch)) => {
+                // The store's changes first: a table has heard of every batch recorded
+                // before one of its messages arrives.
+                self.route_ledger_changes();
                 if !batch.is_empty() {
                     self.route_batch(batch);
                     self.throttle.dirty = true;
@@ -218,6 +224,40 @@ impl<F: SourceFactory> ConsumerState<F> {
                 let _ = myself.cast(ConsumerMsg::Pull);
             }
             Some(Err(e)) => self.source_failed(myself, e.to_string()),
+        }
+    }
+
+    /// The manifest store's changes since the last pull, to the tables they concern
+    /// (through their pools, in the order the store saw them).
+    fn route_ledger_changes(&mut self) {
+        let Some(store) = self.args.common.manifests.as_ref() else {
+            return;
+        };
+        match store.changes() {
+            Changes::None => {}
+            Changes::Resync => {
+                for pool in self.args.pools.iter().flatten() {
+                    let _ = pool.send_message(Routed::LedgerResync);
+                }
+            }
+            Changes::Some(changes) => {
+                let mut by_table: Vec<(crate::ports::TableKey, Vec<LedgerChange>)> = Vec::new();
+                for change in changes {
+                    match by_table.iter_mut().find(|(k, _)| k == change.table()) {
+                        Some((_, v)) => v.push(change),
+                        None => by_table.push((change.table().clone(), vec![change])),
+                    }
+                }
+                for (key, changes) in by_table {
+                    let pool = self.args.router.pool_of_tenant(&key.tenant);
+                    if let Some(p) = pool
+                        .and_then(|i| self.args.pools.get(i))
+                        .and_then(Option::as_ref)
+                    {
+                        let _ = p.send_message(Routed::Ledger { key, changes });
+                    }
+                }
+            }
         }
     }
 

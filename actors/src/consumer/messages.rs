@@ -2,7 +2,7 @@
 
 use ractor::{DerivedActorRef, RpcReplyPort};
 
-use crate::routing::RoutedRows;
+use crate::routing::Routed;
 
 pub enum ConsumerMsg<D> {
     Connect,
@@ -10,7 +10,7 @@ pub enum ConsumerMsg<D> {
     /// The root (re)spawned pool number `index`: route its tenants' rows there.
     PoolUp {
         index: usize,
-        pool: DerivedActorRef<RoutedRows<D>>,
+        pool: DerivedActorRef<Routed<D>>,
     },
     /// Pool number `index` is down (restarting): its rows go back for a moment.
     PoolDown {

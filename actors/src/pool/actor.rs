@@ -22,11 +22,12 @@ use super::messages::{PoolDebug, PoolMsg, PoolReport};
 use crate::backoff::Backoff;
 use crate::breaker::{Admission, Ticket};
 use crate::context::Common;
+use crate::ledger::LedgerChange;
 use crate::metrics::{self, TableMetrics, TargetMetrics};
 use crate::observe::{self, NodeKind, NodeState, PoolSnapshot, SnapshotThrottle};
 use crate::ports::{ClickHouseError, Delivery, Inserter, ServerInfo, TableKey};
 use crate::restart::child_gone;
-use crate::routing::RoutedRows;
+use crate::routing::Routed;
 use crate::scoped_breaker::ScopedBreaker;
 use crate::settle::hand_back;
 use crate::table::{
@@ -199,8 +200,27 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
 
     // --- rows ---
 
-    async fn on_rows(&mut self, myself: &ActorRef<PoolMsg<D>>, routed: RoutedRows<D>) {
-        let RoutedRows { key, rows } = routed;
+    async fn on_routed(&mut self, myself: &ActorRef<PoolMsg<D>>, routed: Routed<D>) {
+        match routed {
+            Routed::Messages { key, messages } => self.on_messages(myself, key, messages).await,
+            Routed::Ledger { key, changes } => self.on_ledger(&key, changes),
+            Routed::LedgerResync => {
+                for table in self.live_tables() {
+                    let _ = table.cast(TableMsg::LedgerResync);
+                }
+            }
+        }
+    }
+
+    /// Changes of a table's recorded batches: to its actor, if one runs (one that starts
+    /// later reads the store's snapshot, which holds them).
+    fn on_ledger(&mut self, key: &TableKey, changes: Vec<LedgerChange>) {
+        if let Some(actor) = self.tables.get(key).and_then(|e| e.actor.as_ref()) {
+            let _ = actor.cast(TableMsg::Ledger(changes));
+        }
+    }
+
+    async fn on_messages(&mut self, myself: &ActorRef<PoolMsg<D>>, key: TableKey, rows: Vec<D>) {
         if let Some(delay) = self.breaker.arrival_delay(Instant::now()) {
             // The window is open or the probe is out: nothing is buffered anywhere.
             let metrics = self.entry(&key).ctx.metrics.clone();
@@ -218,9 +238,9 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
             .and_then(|e| e.actor.as_ref())
             .map(|a| (a.clone(), a.get_id()));
         if let Some((actor, id)) = live {
-            match actor.cast(TableMsg::Rows(rows)) {
+            match actor.cast(TableMsg::Messages(rows)) {
                 Ok(()) => return,
-                Err(MessagingErr::SendErr(TableMsg::Rows(back))) => {
+                Err(MessagingErr::SendErr(TableMsg::Messages(back))) => {
                     // The table's mailbox is closed but its supervision event is not
                     // here yet: it is down now. Respawning it here instead would skip
                     // the restart count and the backoff, and the late event would find
@@ -249,7 +269,9 @@ impl<I: Inserter, D: Delivery> PoolState<I, D> {
             hand_back(&self.common, None, rows, delay);
             return;
         };
-        if let Err(MessagingErr::SendErr(TableMsg::Rows(back))) = actor.cast(TableMsg::Rows(rows)) {
+        if let Err(MessagingErr::SendErr(TableMsg::Messages(back))) =
+            actor.cast(TableMsg::Messages(rows))
+        {
             let delay = self.common.settings.handback_while_restarting;
             hand_back(&self.common, None, back, delay);
         }
@@ -662,7 +684,7 @@ impl<I: Inserter, D: Delivery> Actor for PoolActor<I, D> {
     ) -> Result<(), ActorProcessingErr> {
         let generation = state.breaker.generation();
         match msg {
-            PoolMsg::Rows(routed) => state.on_rows(&myself, routed).await,
+            PoolMsg::Routed(routed) => state.on_routed(&myself, routed).await,
             PoolMsg::FromTable(report) => state.on_table_report(report),
             PoolMsg::RespawnTable(key) => state.on_respawn_table(&myself, key).await,
             PoolMsg::ReadinessProbe => state.on_readiness_probe(&myself),

@@ -5,13 +5,14 @@ use ractor::RpcReplyPort;
 use super::memory::PoolMemory;
 use crate::breaker::Ticket;
 use crate::ports::{ClickHouseError, ServerInfo, TableKey};
-use crate::routing::RoutedRows;
+use crate::routing::Routed;
 use crate::table::TableReport;
 
 pub enum PoolMsg<D> {
-    /// A group of rows for one of this pool's tables (spawned on first use), from the
-    /// consumer (through a derived reference: see the `From` impls below).
-    Rows(RoutedRows<D>),
+    /// Messages or ledger changes for this pool's tables (a table is spawned on its
+    /// first messages), from the consumer (through a derived reference: see the `From`
+    /// impls below).
+    Routed(Routed<D>),
     /// What one of the pool's tables says (through a derived reference).
     FromTable(TableReport),
     /// Respawn a table that failed (after its restart delay).
@@ -55,18 +56,18 @@ pub enum PoolReport {
 
 // === conversions for derived references ===
 
-impl<D> From<RoutedRows<D>> for PoolMsg<D> {
-    fn from(rows: RoutedRows<D>) -> Self {
-        PoolMsg::Rows(rows)
+impl<D> From<Routed<D>> for PoolMsg<D> {
+    fn from(routed: Routed<D>) -> Self {
+        PoolMsg::Routed(routed)
     }
 }
 
-impl<D> TryFrom<PoolMsg<D>> for RoutedRows<D> {
+impl<D> TryFrom<PoolMsg<D>> for Routed<D> {
     type Error = ();
 
     fn try_from(msg: PoolMsg<D>) -> Result<Self, ()> {
         match msg {
-            PoolMsg::Rows(rows) => Ok(rows),
+            PoolMsg::Routed(routed) => Ok(routed),
             _ => Err(()),
         }
     }

@@ -1,6 +1,8 @@
-//! The TableActor itself: one table's buffer and flush triggers, and the owner of the
-//! table's own backoff. A batch that is due asks the table's backoff, then the pool, for
-//! a flight; the flight runs as a task and its verdict comes back as a message.
+//! The TableActor itself: one table's buffer and flush triggers, the owner of the
+//! table's own backoff and of its part of the batch ledger (its index of recorded
+//! batches, fed by the store's changes as messages). A batch that is due asks the
+//! table's backoff, then the pool, for a flight; the flight runs as a task and its
+//! verdict comes back as a message.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -10,16 +12,14 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort}
 use tokio::time::Instant;
 
 use super::buffer::{weigh, Buffer};
-use super::flight::{spawn_flight, FlightCtx, FlightLinks, FlightOutcome};
-use super::forming::{settle_by_record, Cargo};
+use super::flight::{spawn_flight, FlightCtx, FlightLinks};
 use super::messages::{TableCarryOver, TableDebug, TableMsg, TableReport};
-use super::partly::PartlySettled;
-use super::reforming::Reforming;
 use super::strikes::Strikes;
-use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
+use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
+use crate::batch::SettlePlan;
 use crate::breaker::{Admission, Ticket};
 use crate::keepalive::lease_ran_out;
-use crate::manifest::Manifest;
+use crate::ledger::{settle_by_record, Cargo, LedgerChange, Manifest, TableLedger};
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
 use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
@@ -90,10 +90,10 @@ pub struct TableState<I, D> {
     /// wait, table-scoped, for `missing_table_grace` (a deploy race is the usual cause),
     /// then are parked (a producer's typo must not fill the stream).
     missing_since: Option<Instant>,
-    /// Messages of recorded batches delivered again, gathered per batch.
-    reforming: Reforming<D>,
-    /// Lines of messages handed back with some rows settled.
-    partly: PartlySettled,
+    /// The table's part of the batch ledger: which recorded batch each message belongs
+    /// to, the batches gathered to fly again, the lines settled of messages that went
+    /// back.
+    ledger: TableLedger<D>,
     /// Whether ClickHouse deduplicates this table's inserts, as the last flight found.
     dedup: Option<Dedup>,
     /// Messages suspected of crashing ClickHouse.
@@ -148,8 +148,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             publish_armed: false,
             last_progress: None,
             missing_since,
-            reforming: Reforming::default(),
-            partly: PartlySettled::default(),
+            ledger: TableLedger::default(),
             dedup: None,
             strikes: Strikes::default(),
         }
@@ -159,7 +158,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         TableSnapshot {
             tenant: self.ctx.key.tenant.to_string(),
             table: self.ctx.key.table.to_string(),
-            buffered_rows: self.buffer.len() + self.reforming.len(),
+            buffered_rows: self.buffer.len() + self.ledger.gathered(),
             buffered_bytes: self.buffer.bytes(),
             flights: self.flights,
             backoff: self.backoff.snapshot(Instant::now()),
@@ -212,7 +211,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         hand_back(&self.ctx.common, Some(&self.ctx.metrics), rows, delay);
     }
 
-    fn on_rows(&mut self, myself: &ActorRef<TableMsg<D>>, rows: Vec<D>) {
+    fn on_messages(&mut self, myself: &ActorRef<TableMsg<D>>, rows: Vec<D>) {
         let now = Instant::now();
         self.last_activity = now;
         self.idle_reported = false;
@@ -246,50 +245,51 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         rows: Vec<D>,
         now: Instant,
     ) -> Vec<D> {
-        let Some(store) = self.ctx.common.manifests.clone() else {
-            return rows;
-        };
-        // Nearly always none is: then the rows stay where they are (moving each one
-        // into a new vector showed in the CPU per row).
-        if rows
-            .iter()
-            .all(|d| store.holding(d.position().stream_sequence).is_none())
-        {
+        if self.ctx.common.manifests.is_none() {
             return rows;
         }
-        let mut fresh = Vec::with_capacity(rows.len());
-        let mut settled: Vec<(Arc<Manifest>, Vec<D>)> = Vec::new();
-        for d in rows {
-            // Every message is looked up, first deliveries too: nats-server 2.9 hands a
-            // message back to a dropped pull request and then delivers it again as new
-            // (deliveries 1), measured by the manifest store's tests.
-            let recorded = store.holding(d.position().stream_sequence);
-            match recorded {
-                None => fresh.push(d),
-                Some(m) if m.is_settled() => match settled.iter_mut().find(|(s, _)| s.id == m.id) {
-                    Some((_, held)) => held.push(d),
-                    None => settled.push((m, vec![d])),
-                },
-                Some(m) => {
-                    let id = m.id.clone();
-                    if self.reforming.add(m, d, now) {
-                        let wait = self.ctx.common.settings.reform_wait;
-                        myself.send_after(wait, move || TableMsg::ReformDue(id));
-                    }
-                }
-            }
+        let sorted = self.ledger.sort(rows, now);
+        for id in sorted.opened {
+            let wait = self.ctx.common.settings.reform_wait;
+            myself.send_after(wait, move || TableMsg::ReformDue(id));
         }
+        self.settle_by_records(sorted.settled);
+        sorted.fresh
+    }
+
+    /// Messages of batches whose verdicts are recorded: settled by them, from a task.
+    fn settle_by_records(&self, settled: Vec<(Arc<Manifest>, Vec<D>)>) {
         for (manifest, held) in settled {
             let ctx = self.ctx.clone();
             self.ctx.common.tracker.spawn(async move {
-                settle_by_record(&ctx, &manifest, held).await;
+                let plan = SettlePlan {
+                    table: &ctx.key,
+                    dlq: ctx.settings.dlq,
+                    cap_delay: ctx.common.settings.pool_backoff.max,
+                    pending_delay: ctx.common.settings.store_retry,
+                    confirm: false,
+                };
+                settle_by_record(ctx.common.manifests.as_ref(), &manifest, held, &plan).await;
             });
         }
-        fresh
+    }
+
+    /// Changes of the table's recorded batches, from the store.
+    fn on_ledger(&mut self, changes: Vec<LedgerChange>) {
+        self.last_activity = Instant::now();
+        let settled = self.ledger.apply(changes);
+        self.settle_by_records(settled);
+    }
+
+    /// Start the ledger's index again from the store's snapshot of the table.
+    fn load_ledger(&mut self) {
+        if let Some(store) = &self.ctx.common.manifests {
+            self.ledger.load(store.of_table(&self.ctx.key));
+        }
     }
 
     fn on_reform_due(&mut self, myself: &ActorRef<TableMsg<D>>, id: String) {
-        self.reforming.wait_over(&id);
+        self.ledger.wait_over(&id);
         self.pump(myself);
     }
 
@@ -300,8 +300,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let forced = self.draining.is_some() || self.retiring;
         while self.has_work() && self.awaiting_permit.is_none() {
             let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
-            let due =
-                self.reforming.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
+            let due = self.ledger.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
             if !forced && (busy || !due) {
                 break;
             }
@@ -331,7 +330,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// Something to fly: buffered messages, or a recorded batch gathered and ready.
     fn has_work(&self) -> bool {
-        !self.buffer.is_empty() || self.reforming.has_ready()
+        !self.buffer.is_empty() || self.ledger.has_ready()
     }
 
     /// Turned away: with the remaining delay, or at once while shutting down (another
@@ -346,7 +345,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// The messages of the next batch, to hand back (a recorded batch ready first).
     fn take_next(&mut self) -> Vec<D> {
-        if let Some(g) = self.reforming.next_ready() {
+        if let Some(g) = self.ledger.next_ready() {
             return g.held;
         }
         let s = &self.ctx.settings;
@@ -380,7 +379,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     fn fly(&mut self, myself: &ActorRef<TableMsg<D>>, tickets: Tickets) {
         let threshold = self.ctx.common.settings.poison_strikes;
-        let (cargo, held_since) = match self.reforming.next_ready() {
+        let (cargo, held_since) = match self.ledger.next_ready() {
             Some(g) => {
                 let suspect = self
                     .strikes
@@ -396,8 +395,15 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                 let s = &self.ctx.settings;
                 let (deliveries, _bytes, held_since) =
                     self.buffer.take(s.batch_rows, s.batch_bytes);
+                let (deliveries, aside) = self.ledger.launch_fresh(deliveries);
+                if !aside.is_empty() {
+                    tracing::debug!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table, messages = aside.len(),
+                        "messages delivered twice or already in a recorded batch go back");
+                    let delay = self.ctx.common.settings.store_retry;
+                    self.hand_back(aside, delay);
+                }
                 let sequences = || deliveries.iter().map(|d| d.position().stream_sequence);
-                let done = self.partly.take(sequences());
+                let done = self.ledger.take_settled_lines(sequences());
                 let suspect = self.strikes.suspect(sequences(), threshold);
                 let cargo = Cargo::Fresh {
                     deliveries,
@@ -444,7 +450,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     let _ = reply.send(pending);
                 }
             }
-            Verdict::PoolOutage(_) | Verdict::Unfinished | Verdict::StoreDown(_) => {
+            Verdict::PoolOutage(_) | Verdict::Unfinished | Verdict::Unsent(_) => {
                 self.backoff.release(v.tickets.table, now);
             }
         }
@@ -519,7 +525,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if out.last_error.is_some() {
             self.totals.last_error = out.last_error;
         }
-        self.partly.remember(out.partly);
+        self.ledger.remember_settled_lines(out.partly);
         self.strikes.strike(&out.struck);
         if let Some(dedup) = out.dedup {
             self.ctx
@@ -560,6 +566,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let now = Instant::now();
         self.pump(myself);
         self.keep_buffered_rows_alive(now);
+        self.keep_gathered_alive(now);
         self.ctx.common.registry.beat(&self.node_id);
         self.report_idle(myself, now);
     }
@@ -590,13 +597,38 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.last_progress = Some(now);
     }
 
+    /// Messages gathered for a recorded batch (waiting for the rest of it, or for a
+    /// flight) get `progress()` like buffered ones, from a task: each once half of
+    /// `ack_wait` passed since JetStream last heard of it.
+    fn keep_gathered_alive(&mut self, now: Instant) {
+        let ack_wait = self.ctx.common.settings.ack_wait;
+        let half = ack_wait / 2;
+        let touches: Vec<_> = self
+            .ledger
+            .gathered_messages()
+            .filter(|d| {
+                now.saturating_duration_since(d.alive_since()) >= half
+                    && !lease_ran_out(*d, ack_wait, now)
+            })
+            .map(Delivery::progress)
+            .collect();
+        if touches.is_empty() {
+            return;
+        }
+        self.ctx.common.tracker.spawn(async move {
+            for touch in touches {
+                let _ = touch.await;
+            }
+        });
+    }
+
     fn report_idle(&mut self, myself: &ActorRef<TableMsg<D>>, now: Instant) {
         let idle_after = self.ctx.common.settings.idle_table_after;
         if !self.idle_reported
             && !self.retiring
             && self.draining.is_none()
             && self.buffer.is_empty()
-            && self.reforming.is_empty()
+            && self.ledger.is_idle()
             && self.flights == 0
             && self.awaiting_permit.is_none()
             && self.backoff.is_closed()
@@ -628,7 +660,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     fn on_hand_back_all(&mut self, reply: RpcReplyPort<usize>) {
         let mut rows = self.buffer.take_all();
-        rows.extend(self.reforming.take_all());
+        rows.extend(self.ledger.take_gathered());
         let n = rows.len();
         self.hand_back(rows, Duration::ZERO);
         self.answer_drain();
@@ -655,7 +687,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if self.retiring
             && self.flights == 0
             && self.buffer.is_empty()
-            && self.reforming.is_empty()
+            && self.ledger.gathered() == 0
             && self.awaiting_permit.is_none()
         {
             myself.stop(Some("idle".into()));
@@ -673,7 +705,9 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(TableState::new(args))
+        let mut state = TableState::new(args);
+        state.load_ledger();
+        Ok(state)
     }
 
     async fn post_start(
@@ -693,7 +727,9 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            TableMsg::Rows(rows) => state.on_rows(&myself, rows),
+            TableMsg::Messages(rows) => state.on_messages(&myself, rows),
+            TableMsg::Ledger(changes) => state.on_ledger(changes),
+            TableMsg::LedgerResync => state.load_ledger(),
             TableMsg::AgeDue(generation) => state.on_age_due(&myself, generation),
             TableMsg::ReformDue(id) => state.on_reform_due(&myself, id),
             TableMsg::Permit(permit) => state.on_permit(&myself, permit),

@@ -157,7 +157,7 @@ impl<D: Delivery> Buffer<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::Ledger;
+    use crate::testkit::Journal;
 
     fn settings(rows: usize, bytes: usize, age_ms: u64) -> TableSettings {
         TableSettings {
@@ -170,10 +170,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn triggers_by_rows_bytes_and_age() {
-        let ledger = Ledger::new();
+        let journal = Journal::new();
         let now = Instant::now();
         let mut b = Buffer::default();
-        let rows = ledger.rows("ingest.a.b", 3); // {"n":0} = 7 bytes + \n
+        let rows = journal.rows("ingest.a.b", 3); // {"n":0} = 7 bytes + \n
         let weight = weigh(&rows);
         assert_eq!(weight, (3, 24));
         b.push(rows, weight, now);
@@ -197,7 +197,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn many_row_messages_weigh_their_rows_and_are_never_split() {
-        let ledger = Ledger::new();
+        let journal = Journal::new();
         let subject: std::sync::Arc<str> = std::sync::Arc::from("ingest.a.b");
         let now = Instant::now();
         let mut b = Buffer::default();
@@ -206,7 +206,7 @@ mod tests {
                 let rows: String = (0..4)
                     .map(|i| format!("{{\"n\":{}}}\n", m * 4 + i))
                     .collect();
-                ledger.delivery(&subject, rows)
+                journal.delivery(&subject, rows)
             })
             .collect();
         let weight = weigh(&messages);

@@ -1,13 +1,14 @@
 //! The flight: one batch, run as a task the TableActor spawns once its own backoff and
 //! its pool both let it go. It owns its messages until each is settled, even if the
-//! actor dies meanwhile: it forms the batch (and records it, for a table that
-//! deduplicates), inserts, isolates rejected rows, sends its verdict to its table
-//! (which settles its own backoff and passes the pool's part on), learns what becomes of
-//! the rows it could not settle, records the verdicts (exactly-once), settles every
-//! message and reports its counts.
+//! actor dies meanwhile: it forms the batch through the ledger (claimed in the store
+//! first, for a table that deduplicates), inserts, isolates rejected rows (recording
+//! each split before sending its parts), sends its verdict to its table (which settles
+//! its own backoff and passes the pool's part on), learns what becomes of the rows it
+//! could not settle, records the verdicts, settles every message and reports its counts.
 //!
 //! A flight decides nothing about windows: it reports what ClickHouse answered, and the
-//! owners of the breakers decide.
+//! owners of the breakers decide. It decides nothing about which batch a message
+//! belongs to either: the table's ledger did, and the store answers the rest.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,17 +16,22 @@ use std::time::Duration;
 use ractor::{ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::forming::{finish_record, form, Cargo, Formed};
 use super::messages::{TableMsg, TableReport};
-use super::verdict::{FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
+use super::verdict::{
+    outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
+};
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
-use crate::bisect::{bisect, lost_on_rows, Isolation};
+use crate::bisect::{bisect, lost_on_rows, resume, Isolation};
 use crate::context::Common;
 use crate::keepalive::Keepalive;
-use crate::manifest::Manifest;
+use crate::ledger::forming::{claim_fresh, reform, Formed, LedgerIo};
+use crate::ledger::recording::{forget_soon, record_parked, record_verdicts, SplitRecorder};
+use crate::ledger::split::RowRange;
+use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, ManifestState};
 use crate::metrics::{retry_reason, TableMetrics, TargetMetrics};
-use crate::ports::{Class, ClickHouseError, Dedup, Delivery, Inserter, TableKey};
+use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
 use crate::settings::{Failpoint, TableSettings};
+use crate::settle::hand_back;
 
 /// What every flight of one table needs.
 pub struct FlightCtx<I> {
@@ -39,22 +45,17 @@ pub struct FlightCtx<I> {
     pub common: Arc<Common>,
 }
 
-/// What one flight did, for the table's totals and snapshot.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FlightOutcome {
-    pub rows: usize,
-    pub inserted: usize,
-    pub parked: usize,
-    pub handed_back: usize,
-    pub dlq_failures: usize,
-    pub last_error: Option<String>,
-    /// Messages naked with some lines settled: those lines need nothing more.
-    pub partly: Vec<(u64, Vec<u32>)>,
-    /// Whether ClickHouse deduplicates this table's inserts, as the flight found out.
-    pub dedup: Option<Dedup>,
-    /// The flight lost ClickHouse's connection while ClickHouse was taking inserts:
-    /// a strike against each of these messages.
-    pub struck: Vec<u64>,
+impl<I> FlightCtx<I> {
+    /// How this table's rows are settled: `pending_delay` for the rows that go back.
+    fn plan(&self, pending_delay: Duration, confirm: bool) -> SettlePlan<'_> {
+        SettlePlan {
+            table: &self.key,
+            dlq: self.settings.dlq,
+            cap_delay: self.common.settings.pool_backoff.max,
+            pending_delay,
+            confirm,
+        }
+    }
 }
 
 /// Where a flight reports: its table; its pool should the table be gone; the root,
@@ -81,6 +82,29 @@ pub fn spawn_flight<I: Inserter, D: Delivery>(
     });
 }
 
+/// How a batch is sent.
+enum Attempt {
+    /// Whole first (an unrecorded batch, or a recorded one still open).
+    Whole,
+    /// A recorded split, resumed from its untried ranges (verdicts pre-filled).
+    Resume(Vec<RowRange>),
+}
+
+/// What a flight has once its cargo is formed.
+enum Prepared<D> {
+    /// A batch to send.
+    Send {
+        batch: Batch<D>,
+        record: Option<Manifest>,
+        attempt: Attempt,
+        verdicts: Vec<RowVerdict>,
+    },
+    /// A batch that cannot be sent now: every row goes back under `verdict`.
+    Failed { batch: Batch<D>, verdict: Verdict },
+    /// Nothing to send: the messages were settled without an insert.
+    Nothing,
+}
+
 /// Run one flight to the end: every held message is settled when this returns.
 pub async fn run_flight<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
@@ -90,33 +114,50 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     links: &FlightLinks<D>,
 ) -> FlightOutcome {
     let suspect = cargo.suspect();
-    let Formed {
-        batch,
-        manifest,
-        dedup,
-        failed,
-    } = form(ctx, cargo, held_since).await;
-    let n = batch.rows();
-    if n == 0 && failed.is_none() {
-        // Settled by a record while forming: nothing to send. The tickets go back.
-        let verdict = Verdict::Unfinished;
-        report(ctx, links, tickets, verdict, false).await;
-        return FlightOutcome {
-            dedup,
-            ..Default::default()
-        };
-    }
-    let mut verdicts = vec![RowVerdict::Pending; n];
-    let (verdict, last_error) = match failed {
-        Some(verdict) => {
-            let text = failure_text(&verdict);
-            (verdict, text)
+    let (prepared, dedup) = prepare(ctx, cargo, held_since).await;
+    let (batch, record, mut verdicts, verdict, last_error, untried) = match prepared {
+        Prepared::Nothing => {
+            // Settled by a record (counted when its batch was), or nothing left: the
+            // tickets go back.
+            report(ctx, links, tickets, Verdict::Unfinished, false).await;
+            return FlightOutcome {
+                dedup,
+                ..Default::default()
+            };
         }
-        None => {
-            ctx.metrics.batch_rows.record(n as f64);
-            judge_or_cancel(ctx, &batch, manifest.as_ref(), &mut verdicts, suspect).await
+        Prepared::Failed { batch, verdict } => {
+            let text = failure_text(&verdict);
+            let verdicts = vec![RowVerdict::Pending; batch.rows()];
+            (batch, None, verdicts, verdict, text, Vec::new())
+        }
+        Prepared::Send {
+            batch,
+            record,
+            attempt,
+            mut verdicts,
+        } => {
+            ctx.metrics.batch_rows.record(batch.rows() as f64);
+            let mut recorder = record
+                .clone()
+                .and_then(|m| Some(SplitRecorder::new(ctx.common.manifests.as_ref()?, m)));
+            let judged = judge_or_cancel(
+                ctx,
+                &batch,
+                recorder.as_mut(),
+                &mut verdicts,
+                suspect,
+                attempt,
+            )
+            .await;
+            let (verdict, text, untried) = judged;
+            let record = match (record, recorder) {
+                (Some(_), Some(recorder)) => Some(recorder.into_record()),
+                (record, _) => record,
+            };
+            (batch, record, verdicts, verdict, text, untried)
         }
     };
+    let n = batch.rows();
     // Lost while ClickHouse was taking inserts (not a probe's loss): a strike.
     let struck = match &verdict {
         Verdict::PoolOutage(e) if e.lost_connection() && !tickets.pool.is_probe() => {
@@ -130,7 +171,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         }
         _ => None,
     };
-    let store_down = matches!(verdict, Verdict::StoreDown(_));
+    let unsent = matches!(verdict, Verdict::Unsent(_));
     let has_pending = verdicts.contains(&RowVerdict::Pending);
     let mut parked_missing = false;
     let mut pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
@@ -144,38 +185,54 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
             Duration::ZERO
         }
     };
-    if store_down {
+    if unsent {
         pending_delay = ctx.common.settings.store_retry;
     }
     let mut last_error = last_error;
-    if let Some(m) = &manifest {
+    let mut settled_record = None;
+    if let (Some(m), Some(store)) = (&record, &ctx.common.manifests) {
         crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
-        if let Err(e) = finish_record(ctx, m, &batch, &mut verdicts).await {
-            pending_delay = ctx.common.settings.store_retry;
-            last_error = Some(e);
+        match record_verdicts(store, m.clone(), &batch, &mut verdicts, untried).await {
+            Ok(recorded) => settled_record = Some(recorded).filter(Manifest::is_settled),
+            Err(e) => {
+                ctx.metrics.manifest_failures.increment(1);
+                pending_delay = ctx.common.settings.store_retry;
+                last_error = Some(format!("manifest store: {e}"));
+            }
         }
         crash_if(ctx, Failpoint::CrashAfterVerdicts, &verdicts);
     }
-    let plan = SettlePlan {
-        table: &ctx.key,
-        dlq: ctx.settings.dlq,
-        cap_delay: ctx.common.settings.pool_backoff.max,
-        pending_delay,
-        confirm: manifest.is_some(),
-    };
+    let plan = ctx.plan(pending_delay, record.is_some());
     // Only a flight that held every message of its batch knows them all acked; a batch
     // formed again with messages held elsewhere is left to the store's collection.
-    let held_all = manifest
+    let held_all = record
         .as_ref()
         .is_some_and(|m| batch.deliveries().count() == m.messages.len());
-    let settled = batch.settle(verdicts, &plan).await;
+    let parked = batch.park(verdicts, &plan).await;
+    if let (Some(m), Some(store)) = (&settled_record, &ctx.common.manifests) {
+        if !parked.parked_rows().is_empty() {
+            if let Err(e) = record_parked(store, m, parked.parked_rows()).await {
+                tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
+                    "could not record which rows are parked; a copy delivered again after the DLQ's duplicate window would park them again");
+            }
+        }
+    }
+    let settled = parked.ack(&plan).await;
     // A message that went back (a row pending, or rejected and not parked: the DLQ is
     // full) comes again: its batch's record must be there to settle it by, or its
     // inserted rows would go into a new batch (and, after a restart, into ClickHouse
     // again). The collector removes the record once every message is acked.
     let all_acked = settled.confirmed && settled.handed_back == 0;
-    if let (Some(m), true, true) = (&manifest, held_all, all_acked) {
-        forget_soon(ctx, m);
+    if let (Some(m), Some(store), true, true) =
+        (&settled_record, &ctx.common.manifests, held_all, all_acked)
+    {
+        forget_soon(
+            store,
+            &ctx.common.tracker,
+            &ctx.common.shutdown,
+            &ctx.key,
+            &m.id,
+        );
     }
     count(ctx, &settled, retry_class, parked_missing);
     FlightOutcome {
@@ -185,10 +242,178 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         handed_back: settled.handed_back,
         dlq_failures: settled.dlq_failures,
         last_error,
-        partly: settled.partly,
+        partly: if record.is_some() {
+            Vec::new()
+        } else {
+            settled.partly
+        },
         dedup,
         struck,
     }
+}
+
+/// Form the cargo into what the flight sends, through the ledger.
+async fn prepare<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    cargo: Cargo<D>,
+    held_since: Instant,
+) -> (Prepared<D>, Option<Dedup>) {
+    let store = ctx.common.manifests.as_ref();
+    match cargo {
+        Cargo::Fresh {
+            deliveries, done, ..
+        } => {
+            let Some(store) = store else {
+                return (unrecorded(deliveries, done, held_since), None);
+            };
+            let dedup = match ctx.inserter.deduplicates(&ctx.key).await {
+                Ok(dedup) => dedup,
+                Err(e) => {
+                    let batch = Batch::resuming(deliveries, done, held_since);
+                    let verdict = outage(e);
+                    return (Prepared::Failed { batch, verdict }, None);
+                }
+            };
+            if !dedup.exactly_once {
+                return (unrecorded(deliveries, done, held_since), Some(dedup));
+            }
+            // A recorded batch never skips lines: its rows are a function of its
+            // messages (an unrecorded flight settles lines only while the table was not
+            // exactly-once).
+            let io = ctx.ledger_io(store);
+            let (formed, expired) = claim_fresh(&io, deliveries, held_since).await;
+            if !expired.is_empty() {
+                tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = expired.len(),
+                    "messages held past ack_wait may be in another batch by now: they go back");
+                back_for_now(ctx, expired);
+            }
+            (settle_formed(ctx, formed, held_since).await, Some(dedup))
+        }
+        Cargo::Reformed { manifest, held, .. } => {
+            let Some(store) = store else {
+                return (unrecorded(held, Vec::new(), held_since), None);
+            };
+            let io = ctx.ledger_io(store);
+            let formed = reform(&io, &manifest.id, held, held_since).await;
+            (settle_formed(ctx, formed, held_since).await, None)
+        }
+    }
+}
+
+fn unrecorded<D: Delivery>(
+    deliveries: Vec<D>,
+    done: Vec<(u64, Vec<u32>)>,
+    held_since: Instant,
+) -> Prepared<D> {
+    let batch = Batch::resuming(deliveries, done, held_since);
+    let verdicts = vec![RowVerdict::Pending; batch.rows()];
+    Prepared::Send {
+        batch,
+        record: None,
+        attempt: Attempt::Whole,
+        verdicts,
+    }
+}
+
+/// What the flight does with what the ledger formed.
+async fn settle_formed<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    formed: Formed<D>,
+    held_since: Instant,
+) -> Prepared<D> {
+    match formed {
+        Formed::Batch {
+            batch,
+            record,
+            back,
+        } => {
+            back_for_now(ctx, back);
+            let rows = batch.rows();
+            let Some(m) = record.map(|m| *m) else {
+                let verdicts = vec![RowVerdict::Pending; rows];
+                return Prepared::Send {
+                    batch,
+                    record: None,
+                    attempt: Attempt::Whole,
+                    verdicts,
+                };
+            };
+            let attempt = match &m.state {
+                ManifestState::Split(split) => match split.verdicts(rows) {
+                    Ok(verdicts) => {
+                        let attempt = Attempt::Resume(split.untried.clone());
+                        return Prepared::Send {
+                            batch,
+                            record: Some(m),
+                            attempt,
+                            verdicts,
+                        };
+                    }
+                    Err(e) => {
+                        tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, error = %e,
+                            "a recorded split does not fit its batch: nothing is sent");
+                        let why =
+                            LedgerRefusal::StoreDown(crate::ledger::StoreError(e.to_string()));
+                        return Prepared::Failed {
+                            batch,
+                            verdict: Verdict::Unsent(why),
+                        };
+                    }
+                },
+                _ => Attempt::Whole,
+            };
+            Prepared::Send {
+                batch,
+                record: Some(m),
+                attempt,
+                verdicts: vec![RowVerdict::Pending; rows],
+            }
+        }
+        Formed::Refused { messages, why } => {
+            if !matches!(why, LedgerRefusal::Conflict { .. }) {
+                ctx.metrics.manifest_failures.increment(1);
+            }
+            tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, reason = %why,
+                "the batch is not sent now: its messages go back (nothing is inserted unrecorded)");
+            Prepared::Failed {
+                batch: Batch::new(messages, held_since),
+                verdict: Verdict::Unsent(why),
+            }
+        }
+        Formed::Settled {
+            by_record,
+            copies,
+            back,
+        } => {
+            back_for_now(ctx, back);
+            for copy in copies {
+                // Its message left the stream (acked after its batch was settled): the
+                // ack is a no-op for JetStream, and nothing is inserted again.
+                let _ = copy.ack().await;
+            }
+            if let Some((manifest, held)) = by_record {
+                let plan = ctx.plan(ctx.common.settings.store_retry, false);
+                settle_by_record(ctx.common.manifests.as_ref(), &manifest, held, &plan).await;
+            }
+            Prepared::Nothing
+        }
+    }
+}
+
+impl<I> FlightCtx<I> {
+    fn ledger_io<'a>(&'a self, store: &'a Arc<dyn crate::ledger::ManifestStore>) -> LedgerIo<'a> {
+        LedgerIo {
+            store,
+            key: &self.key,
+            ack_wait: self.common.settings.ack_wait,
+        }
+    }
+}
+
+/// Messages that must not go into this batch: back to the queue for a moment, to come
+/// again as what they are.
+fn back_for_now<I, D: Delivery>(ctx: &FlightCtx<I>, messages: Vec<D>) {
+    hand_back(&ctx.common, None, messages, ctx.common.settings.store_retry);
 }
 
 /// The failpoint of the tests: crash here when it is this one and the batch went in.
@@ -205,67 +430,45 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
         Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
             Some(e.to_string())
         }
-        Verdict::StoreDown(e) => Some(format!("manifest store: {e}")),
+        Verdict::Unsent(why) => Some(why.to_string()),
         _ => None,
     }
 }
 
-/// JetStream confirms an ack before it has written it down: a nats-server killed
-/// within that moment comes back without the ack and delivers the rows again, and
-/// their manifest must still be there to settle them by (not insert them anew). So a
-/// manifest whose rows are all settled and confirmed goes a little later (at once when
-/// the pipeline shuts down); one left by a failure is collected by the store.
-const FORGET_AFTER: Duration = Duration::from_secs(2);
-
-fn forget_soon<I>(ctx: &FlightCtx<I>, m: &Manifest) {
-    let Some(store) = ctx.common.manifests.clone() else {
-        return;
-    };
-    let shutdown = ctx.common.shutdown.clone();
-    let (id, key) = (m.id.clone(), ctx.key.clone());
-    ctx.common.tracker.spawn(async move {
-        // A graceful shutdown does not wait for it: the moment has mostly passed, and
-        // an instance that stops leaves no collector behind for its own manifests.
-        tokio::select! {
-            _ = tokio::time::sleep(FORGET_AFTER) => {}
-            _ = shutdown.cancelled() => {}
-        }
-        if let Err(e) = store.forget(&id).await {
-            tracing::debug!(tenant = %key.tenant, table = %key.table, manifest = %id, error = %e,
-                "a settled manifest could not be removed now; the store collects it later");
-        }
-    });
-}
-
-/// [`judge`], unless the shutdown deadline cancels it first.
+/// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
+/// last error's text and, when the isolation stopped short, the ranges it had not
+/// judged.
 async fn judge_or_cancel<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     batch: &Batch<D>,
-    manifest: Option<&Manifest>,
+    record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
     suspect: bool,
-) -> (Verdict, Option<String>) {
+    attempt: Attempt,
+) -> (Verdict, Option<String>, Vec<RowRange>) {
     let cancel = ctx.common.cancel_flights.clone();
     let judged = tokio::select! {
         biased;
-        judged = judge(ctx, batch, manifest, verdicts, suspect) => Some(judged),
+        judged = judge(ctx, batch, record, verdicts, suspect, attempt) => Some(judged),
         _ = cancel.cancelled() => None,
     };
     judged.unwrap_or_else(|| {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
             "shutdown deadline: handing back the rows of a flight still running");
-        (Verdict::Unfinished, None)
+        (Verdict::Unfinished, None, Vec::new())
     })
 }
 
-/// Insert the batch, isolating rejected rows; fills `verdicts` and says how it ended.
+/// Insert the batch (or resume its recorded split), isolating rejected rows; fills
+/// `verdicts` and says how it ended.
 async fn judge<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     batch: &Batch<D>,
-    manifest: Option<&Manifest>,
+    record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
     suspect: bool,
-) -> (Verdict, Option<String>) {
+    attempt: Attempt,
+) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
     let mut iso = Isolation {
@@ -275,54 +478,55 @@ async fn judge<I: Inserter, D: Delivery>(
         metrics: Some(&ctx.target_metrics),
         keepalive: Keepalive::new(ctx.common.settings.ack_wait, batch.held_since()),
         batch,
-        manifest,
+        record,
         suspect: suspect.then_some(revive_within),
     };
-    let first = match iso.insert(0, n).await {
-        Err(e) if suspect => {
-            tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
-                "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
-            Err(lost_on_rows(&*ctx.inserter, e, revive_within).await)
-        }
-        answer => answer,
-    };
-    match first {
-        Ok(()) => {
-            verdicts.fill(RowVerdict::Inserted);
-            (Verdict::Answered, None)
-        }
-        Err(e) if e.missing_table => {
-            let text = e.to_string();
-            (Verdict::MissingTable(e), Some(text))
-        }
-        Err(e) if e.class == Class::Rejected || (e.splittable && n > 1) => {
-            let report = bisect(&mut iso, verdicts, e).await;
-            match report.stopped_by {
-                None => (
-                    Verdict::Answered,
-                    report.last_rejection.map(|r| r.to_string()),
-                ),
-                Some(err) => {
-                    let text = err.to_string();
-                    (outage(err), Some(text))
+    let report = match attempt {
+        Attempt::Resume(untried) => resume(&mut iso, verdicts, &untried).await,
+        Attempt::Whole => {
+            let first = match iso.insert(0, n).await {
+                Err(e) if suspect => {
+                    tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
+                        "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
+                    Err(lost_on_rows(&*ctx.inserter, e, revive_within).await)
+                }
+                answer => answer,
+            };
+            match first {
+                Ok(()) => {
+                    verdicts.fill(RowVerdict::Inserted);
+                    return (Verdict::Answered, None, Vec::new());
+                }
+                Err(e) if e.missing_table => {
+                    let text = e.to_string();
+                    return (Verdict::MissingTable(e), Some(text), Vec::new());
+                }
+                Err(e) if e.class == Class::Rejected || (e.splittable && n > 1) => {
+                    bisect(&mut iso, verdicts, e).await
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    return (outage(e), Some(text), Vec::new());
                 }
             }
         }
-        Err(e) => {
-            let text = e.to_string();
-            (outage(e), Some(text))
-        }
+    };
+    if let Some(e) = report.store_failed {
+        ctx.metrics.manifest_failures.increment(1);
+        let why = LedgerRefusal::StoreDown(e);
+        let text = why.to_string();
+        return (Verdict::Unsent(why), Some(text), report.untried);
     }
-}
-
-/// The verdict of an answer that stopped a flight short of judging every row.
-pub fn outage(e: ClickHouseError) -> Verdict {
-    if e.missing_table {
-        Verdict::MissingTable(e)
-    } else if e.table_scoped {
-        Verdict::TableOutage(e)
-    } else {
-        Verdict::PoolOutage(e)
+    match report.stopped_by {
+        None => (
+            Verdict::Answered,
+            report.last_rejection.map(|r| r.to_string()),
+            Vec::new(),
+        ),
+        Some(err) => {
+            let text = err.to_string();
+            (outage(err), Some(text), report.untried)
+        }
     }
 }
 
@@ -337,12 +541,12 @@ async fn report<I, D: Delivery>(
 ) -> PendingRows {
     let settings = &ctx.common.settings;
     // Unfinished at the shutdown deadline: back at once, another instance may take them.
-    // A batch that could not be recorded: the flight knows its own delay.
-    let decided_here = matches!(verdict, Verdict::Unfinished | Verdict::StoreDown(_));
+    // A batch the ledger did not let go: the flight knows its own delay.
+    let decided_here = matches!(verdict, Verdict::Unfinished | Verdict::Unsent(_));
     // Nobody answered: back with the first step of the breaker that would have decided.
     let fallback = PendingRows::HandBack(match &verdict {
         Verdict::TableOutage(_) | Verdict::MissingTable(_) => settings.table_backoff.initial,
-        Verdict::Unfinished | Verdict::StoreDown(_) => Duration::ZERO,
+        Verdict::Unfinished | Verdict::Unsent(_) => Duration::ZERO,
         _ => settings.pool_backoff.initial,
     });
     let wants_answer = has_pending && !decided_here;

@@ -5,15 +5,22 @@ use std::time::Duration;
 use ractor::{ActorId, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::flight::FlightOutcome;
-use super::verdict::{FlightVerdict, PendingRows, PoolVerdict};
+use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict};
 use crate::breaker::Ticket;
+use crate::ledger::LedgerChange;
 use crate::ports::TableKey;
 use crate::scoped_breaker::ScopedBreaker;
 
 pub enum TableMsg<D> {
-    /// A group of rows routed to this table (one message per pulled group, never per row).
-    Rows(Vec<D>),
+    /// Messages routed to this table (one actor message per pulled group, never per
+    /// JetStream message).
+    Messages(Vec<D>),
+    /// Changes of the table's recorded batches, in the order the store saw them
+    /// (routed ahead of the messages pulled after them).
+    Ledger(Vec<LedgerChange>),
+    /// The store's changes could not be told one by one: start the ledger's index
+    /// again from the store's snapshot.
+    LedgerResync,
     /// The age trigger of the rows buffered at arming time (generation-stamped).
     AgeDue(u64),
     /// The wait for the messages of a recorded batch (by id) is over: it flies with

@@ -7,7 +7,8 @@ use std::time::Duration;
 use ractor::RpcReplyPort;
 
 use crate::breaker::Ticket;
-use crate::ports::{ClickHouseError, StoreError};
+use crate::ledger::LedgerRefusal;
+use crate::ports::{ClickHouseError, Dedup};
 
 /// The permissions a flight went with: the pool's (outage breaker) and the table's own
 /// (table backoff). Either may be its owner's probe.
@@ -32,9 +33,40 @@ pub enum Verdict {
     MissingTable(ClickHouseError),
     /// Nothing to judge by (cancelled at the shutdown deadline): tokens go back.
     Unfinished,
-    /// The batch could not be recorded (exactly-once) so nothing was sent: tokens go
-    /// back, ClickHouse was not asked.
-    StoreDown(StoreError),
+    /// The ledger did not let the batch go (its record could not be written or read, an
+    /// earlier batch holds one of its messages, a lease ran out): nothing was sent (or
+    /// nothing more, once a split could not be recorded); tokens go back.
+    Unsent(LedgerRefusal),
+}
+
+/// The verdict of an answer that stopped a flight short of judging every row.
+pub fn outage(e: ClickHouseError) -> Verdict {
+    if e.missing_table {
+        Verdict::MissingTable(e)
+    } else if e.table_scoped {
+        Verdict::TableOutage(e)
+    } else {
+        Verdict::PoolOutage(e)
+    }
+}
+
+/// What one flight did, for the table's totals and snapshot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlightOutcome {
+    pub rows: usize,
+    pub inserted: usize,
+    pub parked: usize,
+    pub handed_back: usize,
+    pub dlq_failures: usize,
+    pub last_error: Option<String>,
+    /// Messages naked with some lines settled (a batch not recorded): those lines need
+    /// nothing more.
+    pub partly: Vec<(u64, Vec<u32>)>,
+    /// Whether ClickHouse deduplicates this table's inserts, as the flight found out.
+    pub dedup: Option<Dedup>,
+    /// The flight lost ClickHouse's connection while ClickHouse was taking inserts:
+    /// a strike against each of these messages.
+    pub struck: Vec<u64>,
 }
 
 /// What becomes of a flight's pending rows, as the owner of the breaker that sent them
@@ -75,7 +107,7 @@ impl FlightVerdict {
                 PoolVerdict::Answered(t)
             }
             Verdict::PoolOutage(e) => PoolVerdict::Outage(t, e.clone()),
-            Verdict::Unfinished | Verdict::StoreDown(_) => PoolVerdict::Unfinished(t),
+            Verdict::Unfinished | Verdict::Unsent(_) => PoolVerdict::Unfinished(t),
         }
     }
 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_actors::testkit::{
-    FakeDelivery, FakeManifestStore, FakeQueue, FakeSourceFactory, Ledger, ScriptedInserter,
+    FakeDelivery, FakeManifestStore, FakeQueue, FakeSourceFactory, Journal, ScriptedInserter,
 };
 use sluice_actors::*;
 
 pub struct Rig {
     pub handle: PipelineHandle<FakeDelivery>,
     pub queue: Arc<FakeQueue>,
-    pub ledger: Arc<Ledger>,
+    pub journal: Arc<Journal>,
     pub ins: HashMap<String, Arc<ScriptedInserter>>,
     /// The manifest store, when the rig was made with one (exactly-once).
     pub store: Option<Arc<FakeManifestStore>>,
@@ -55,8 +55,8 @@ pub async fn rig_with_store(
     settings: PipelineSettings,
     with_store: bool,
 ) -> Rig {
-    let ledger = Ledger::new();
-    let store = with_store.then(|| FakeManifestStore::new(&ledger));
+    let journal = Journal::new();
+    let store = with_store.then(|| FakeManifestStore::new(&journal));
     let queue = FakeQueue::new();
     let mut ins = HashMap::new();
     let targets = targets
@@ -87,7 +87,7 @@ pub async fn rig_with_store(
     let rig = Rig {
         handle,
         queue,
-        ledger,
+        journal,
         ins,
         store,
     };
@@ -126,7 +126,7 @@ impl Rig {
                 } else {
                     format!("{{\"n\":{i}}}")
                 };
-                self.ledger.delivery(&s, p)
+                self.journal.delivery(&s, p)
             })
             .collect();
         let seqs = rows.iter().map(|d| d.seq).collect();
@@ -151,13 +151,13 @@ impl Rig {
     /// Wait until `n` rows have been settled (any way).
     pub async fn settled(&self, n: u64) {
         let ok = self
-            .until(Duration::from_secs(60), |r| r.ledger.settled() >= n)
+            .until(Duration::from_secs(60), |r| r.journal.settled() >= n)
             .await;
         assert!(
             ok,
             "only {} of {n} rows settled; events {:?}",
-            self.ledger.settled(),
-            self.ledger.events()
+            self.journal.settled(),
+            self.journal.events()
         );
     }
 

@@ -51,8 +51,8 @@ use tokio::time::Instant;
 
 pub use feed::{Feed, Pace, Progress, Published, Route};
 pub use observe::{
-    held_in_tree, metric_value, Backlog, Held, JetStreamView, ParkedRow, CONSUMER, DLQ_STREAM,
-    INGEST_STREAM,
+    held_in_tree, metric_value, table_state, Backlog, Held, JetStreamView, ParkedRow, CONSUMER,
+    DLQ_STREAM, INGEST_STREAM,
 };
 pub use rows::{create_table_sql, id_of, RowSet};
 pub use tally::{counts, ids_in, Tally, REPORT_ENV};

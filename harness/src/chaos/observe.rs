@@ -216,6 +216,23 @@ pub fn held_in_tree(tree: &Value) -> Held {
     held
 }
 
+/// The state of `table`'s node in an `/admin/actors` answer (the first one found).
+pub fn table_state<'a>(tree: &'a Value, table: &str) -> Option<&'a Value> {
+    let mut stack = vec![tree];
+    // Bounded by the tree's size: each node is visited once.
+    while let Some(node) = stack.pop() {
+        if node.get("kind").and_then(Value::as_str) == Some("table")
+            && node["state"]["table"] == table
+        {
+            return Some(&node["state"]);
+        }
+        if let Some(children) = node.get("children").and_then(Value::as_array) {
+            stack.extend(children.iter());
+        }
+    }
+    None
+}
+
 /// The value of a Prometheus sample: the sum of every series of `name` whose labels
 /// include all of `labels` (e.g. `&[("kind", "table")]`); 0 when there is none.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -32,7 +32,7 @@ use super::publishing::{max_message_id_len, Publishing};
 use super::tables::TenantTables;
 use crate::api::tenant::{Tenant, TenantResolver};
 use crate::clickhouse::catalog::Catalog;
-use crate::config::is_table_name;
+use crate::config::{is_table_name, TABLE_NAME_RULE};
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
 
@@ -105,7 +105,7 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
     if !is_table_name(table) {
         return failure(
             StatusCode::NOT_FOUND,
-            format!("{table:?} is not a table name ([A-Za-z_][A-Za-z0-9_]*)"),
+            format!("{table:?} is not a table name ({TABLE_NAME_RULE})"),
         );
     }
     let content_type = headers

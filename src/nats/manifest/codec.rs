@@ -1,31 +1,46 @@
 //! A manifest's wire form: the value of its key in the bucket.
 //!
-//! Written once before a batch's first insert and once more with its verdicts, so it
-//! must be small: a 10,000-message batch as JSON would cost ~70 KB per write. Here the
-//! messages are LEB128 varints, the first sequence and then the gaps between ascending
-//! sequences (a batch's messages are mostly consecutive: one byte each).
+//! Written before a batch's first insert, again for each split of its isolation, once
+//! more with its verdicts (and once with the rows parked, when it has rejected ones), so
+//! it must be small: a 10,000-message batch as JSON would cost ~70 KB per write. Here
+//! the messages are LEB128 varints, the first sequence and then the gaps between
+//! ascending sequences (a batch's messages are mostly consecutive: one byte each).
 //!
 //! ```text
-//! version (1)   u8
-//! state         u8: 0 open, 1 settled
+//! version (2)   u8
+//! state         u8: 0 open, 1 settled, 2 split
 //! tenant, table varint length + UTF-8 each
 //! messages      varint count, varint first sequence, varint gap to each next one
-//! rejected      (settled only) varint count, then per row: varint stream sequence,
-//!               varint line, u8 class, varint code + 1 (0: none), varint length +
-//!               UTF-8 error (at most 1 KiB, as on the DLQ)
+//! claimed at    varint ms since the epoch (0: unknown)
+//! settled:      varint count, then per rejected row: varint stream sequence, varint
+//!               line, u8 class, varint code + 1 (0: none), varint length + UTF-8 error
+//!               (at most 1 KiB, as on the DLQ), u8 parked (0, 1)
+//! split:        varint count + (varint lo, varint hi) per untried range, in the order
+//!               the isolation keeps them; the same for the inserted ranges; varint
+//!               count, then per rejected row: varint row, u8 class, varint code + 1,
+//!               varint length + UTF-8 error
 //! ```
 //!
+//! Version 1 (open and settled only, no parked flag) is still read: a record written
+//! before tokens named the stream's incarnation comes back with incarnation 0, so its
+//! batch keeps the token its first attempts carried.
+//!
 //! The id is not stored: it is a function of the messages, and the reader checks it
-//! against the key (a value that does not match its key is refused).
+//! against the key (a value that does not match its key is refused). Nor is the
+//! incarnation: it is part of the key.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use sluice_actors::ledger::split::{RowRange, Split, SplitRejection};
 use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
 use crate::nats::delivery::{truncate, MAX_ERROR_HEADER};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// Open and settled only, no parked flag, and no incarnation in the token.
+const VERSION_1: u8 = 1;
 const OPEN: u8 = 0;
 const SETTLED: u8 = 1;
+const SPLIT: u8 = 2;
 
 /// Why a value cannot be read as a manifest.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -45,6 +60,7 @@ pub fn encode(m: &Manifest) -> Bytes {
     out.put_u8(match m.state {
         ManifestState::Open => OPEN,
         ManifestState::Settled { .. } => SETTLED,
+        ManifestState::Split(_) => SPLIT,
     });
     put_str(&mut out, &m.table.tenant);
     put_str(&mut out, &m.table.table);
@@ -55,24 +71,41 @@ pub fn encode(m: &Manifest) -> Bytes {
         put_varint(&mut out, if i == 0 { seq } else { seq - previous });
         previous = seq;
     }
-    if let ManifestState::Settled { rejected } = &m.state {
-        put_varint(&mut out, rejected.len() as u64);
-        for r in rejected {
-            put_varint(&mut out, r.stream_sequence);
-            put_varint(&mut out, u64::from(r.line));
-            out.put_u8(class_byte(r.class));
-            put_varint(&mut out, r.code.map_or(0, |c| u64::from(c) + 1));
-            put_str(&mut out, truncate(&r.error, MAX_ERROR_HEADER));
+    put_varint(&mut out, m.claimed_at_ms);
+    match &m.state {
+        ManifestState::Open => {}
+        ManifestState::Settled { rejected } => {
+            put_varint(&mut out, rejected.len() as u64);
+            for r in rejected {
+                put_varint(&mut out, r.stream_sequence);
+                put_varint(&mut out, u64::from(r.line));
+                put_reason(&mut out, r.class, r.code, &r.error);
+                out.put_u8(u8::from(r.parked));
+            }
+        }
+        ManifestState::Split(split) => {
+            for ranges in [&split.untried, &split.inserted] {
+                put_varint(&mut out, ranges.len() as u64);
+                for r in ranges {
+                    put_varint(&mut out, u64::from(r.lo));
+                    put_varint(&mut out, u64::from(r.hi));
+                }
+            }
+            put_varint(&mut out, split.rejected.len() as u64);
+            for r in &split.rejected {
+                put_varint(&mut out, u64::from(r.row));
+                put_reason(&mut out, r.class, r.code, &r.error);
+            }
         }
     }
     out.freeze()
 }
 
-/// The manifest a value holds.
-pub fn decode(value: &[u8]) -> Result<Manifest, DecodeError> {
+/// The manifest a value of a key of the ingest stream's `incarnation` holds.
+pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
     let mut r = Reader(value);
     let version = r.u8()?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_1 {
         return Err(DecodeError::Version(version));
     }
     let state = r.u8()?;
@@ -91,29 +124,51 @@ pub fn decode(value: &[u8]) -> Result<Manifest, DecodeError> {
             .ok_or(DecodeError::Malformed("a sequence past 2^64"))?;
         messages.push(seq);
     }
-    let mut manifest = Manifest::new(TableKey::new(tenant, table), messages);
+    let incarnation = if version == VERSION_1 { 0 } else { incarnation };
+    let claimed_at = if version == VERSION_1 { 0 } else { r.varint()? };
+    let mut manifest =
+        Manifest::new(TableKey::new(tenant, table), incarnation, messages).claimed_at(claimed_at);
     manifest.state = match state {
         OPEN => ManifestState::Open,
         SETTLED => {
             let count = r.len()?;
             let mut rejected = Vec::with_capacity(count);
             for _ in 0..count {
+                let stream_sequence = r.varint()?;
+                let line = r.u32()?;
+                let (class, code, error) = r.reason()?;
+                let parked = version != VERSION_1 && r.flag()?;
                 rejected.push(RejectedRow {
-                    stream_sequence: r.varint()?,
-                    line: u32::try_from(r.varint()?)
-                        .map_err(|_| DecodeError::Malformed("a line past 2^32"))?,
-                    class: class_of(r.u8()?)?,
-                    code: match r.varint()? {
-                        0 => None,
-                        c => Some(
-                            u32::try_from(c - 1)
-                                .map_err(|_| DecodeError::Malformed("a code past 2^32"))?,
-                        ),
-                    },
-                    error: r.str()?.to_string(),
+                    stream_sequence,
+                    line,
+                    class,
+                    code,
+                    error,
+                    parked,
                 });
             }
             ManifestState::Settled { rejected }
+        }
+        SPLIT if version != VERSION_1 => {
+            let untried = r.ranges()?;
+            let inserted = r.ranges()?;
+            let count = r.len()?;
+            let mut rejected = Vec::with_capacity(count);
+            for _ in 0..count {
+                let row = r.u32()?;
+                let (class, code, error) = r.reason()?;
+                rejected.push(SplitRejection {
+                    row,
+                    class,
+                    code,
+                    error,
+                });
+            }
+            ManifestState::Split(Split {
+                untried,
+                inserted,
+                rejected,
+            })
         }
         _ => return Err(DecodeError::Malformed("an unknown state")),
     };
@@ -121,6 +176,12 @@ pub fn decode(value: &[u8]) -> Result<Manifest, DecodeError> {
         return Err(DecodeError::Malformed("bytes after the end"));
     }
     Ok(manifest)
+}
+
+fn put_reason(out: &mut BytesMut, class: Class, code: Option<u32>, error: &str) {
+    out.put_u8(class_byte(class));
+    put_varint(out, code.map_or(0, |c| u64::from(c) + 1));
+    put_str(out, truncate(error, MAX_ERROR_HEADER));
 }
 
 fn class_byte(class: Class) -> u8 {
@@ -187,6 +248,43 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        u32::try_from(self.varint()?).map_err(|_| DecodeError::Malformed("a number past 2^32"))
+    }
+
+    fn flag(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Malformed("a flag that is neither 0 nor 1")),
+        }
+    }
+
+    /// A class, a code and an error, as `put_reason` writes them.
+    fn reason(&mut self) -> Result<(Class, Option<u32>, String), DecodeError> {
+        let class = class_of(self.u8()?)?;
+        let code = match self.varint()? {
+            0 => None,
+            c => {
+                Some(u32::try_from(c - 1).map_err(|_| DecodeError::Malformed("a code past 2^32"))?)
+            }
+        };
+        Ok((class, code, self.str()?.to_string()))
+    }
+
+    fn ranges(&mut self) -> Result<Vec<RowRange>, DecodeError> {
+        let count = self.len()?;
+        let mut ranges = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (lo, hi) = (self.u32()?, self.u32()?);
+            if lo >= hi {
+                return Err(DecodeError::Malformed("an empty range of rows"));
+            }
+            ranges.push(RowRange { lo, hi });
+        }
+        Ok(ranges)
+    }
+
     fn str(&mut self) -> Result<&'a str, DecodeError> {
         let n = self.len()?;
         let (s, rest) = self.0.split_at(n);
@@ -199,65 +297,114 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    const INCARNATION: u64 = 1_750_000_000_123_456_789;
+
     fn key() -> TableKey {
         TableKey::new("acme", "events")
     }
 
-    #[test]
-    fn an_open_manifest_round_trips() {
-        let m = Manifest::new(key(), vec![5, 3, 1_000_000, 4, u64::MAX]);
-        let back = decode(&encode(&m)).expect("decodes");
-        assert_eq!(back, m);
-        assert_eq!(back.id, m.id);
+    fn manifest(messages: Vec<u64>) -> Manifest {
+        Manifest::new(key(), INCARNATION, messages).claimed_at(1_764_660_000_000)
+    }
+
+    fn rejected(
+        stream_sequence: u64,
+        line: u32,
+        class: Class,
+        code: Option<u32>,
+        error: &str,
+    ) -> RejectedRow {
+        RejectedRow {
+            stream_sequence,
+            line,
+            class,
+            code,
+            error: error.into(),
+            parked: false,
+        }
+    }
+
+    fn round_trip(m: &Manifest) -> Manifest {
+        decode(&encode(m), INCARNATION).expect("decodes")
     }
 
     #[test]
-    fn a_settled_manifest_round_trips_with_its_rejected_rows() {
-        let mut m = Manifest::new(key(), vec![10, 11, 40]);
+    fn an_open_manifest_round_trips() {
+        let m = manifest(vec![5, 3, 1_000_000, 4, u64::MAX]);
+        let back = round_trip(&m);
+        assert_eq!(back, m);
+        assert_eq!(back.id, m.id);
+        assert_eq!(back.token(), m.token());
+    }
+
+    #[test]
+    fn a_settled_manifest_round_trips_with_its_rejected_rows_and_what_is_parked() {
+        let mut m = manifest(vec![10, 11, 40]);
         m.state = ManifestState::Settled {
             rejected: vec![
+                rejected(
+                    11,
+                    3,
+                    Class::Rejected,
+                    Some(27),
+                    "Cannot parse input: expected \" before: x",
+                ),
                 RejectedRow {
-                    stream_sequence: 11,
-                    line: 3,
-                    class: Class::Rejected,
-                    code: Some(27),
-                    error: "Cannot parse input: expected \" before: x".into(),
+                    parked: true,
+                    ..rejected(40, 0, Class::Unknown, None, "")
                 },
-                RejectedRow {
-                    stream_sequence: 40,
-                    line: 0,
-                    class: Class::Unknown,
-                    code: None,
-                    error: String::new(),
-                },
-                RejectedRow {
-                    stream_sequence: 40,
-                    line: 1,
-                    class: Class::Rejected,
-                    code: Some(0),
-                    error: "zero is a code too".into(),
-                },
+                rejected(40, 1, Class::Rejected, Some(0), "zero is a code too"),
             ],
         };
-        assert_eq!(decode(&encode(&m)).expect("decodes"), m);
-        let mut empty = m.clone();
-        empty.state = ManifestState::Settled { rejected: vec![] };
-        assert_eq!(decode(&encode(&empty)).expect("decodes"), empty);
+        assert_eq!(round_trip(&m), m);
+        let empty = m.with_state(ManifestState::Settled { rejected: vec![] });
+        assert_eq!(round_trip(&empty), empty);
+    }
+
+    #[test]
+    fn a_split_round_trips_in_the_order_the_isolation_keeps_it() {
+        let m = manifest(vec![1, 2, 3]).with_state(ManifestState::Split(Split {
+            untried: vec![
+                RowRange { lo: 700, hi: 1000 },
+                RowRange { lo: 500, hi: 700 },
+            ],
+            inserted: vec![RowRange { lo: 0, hi: 499 }],
+            rejected: vec![SplitRejection {
+                row: 499,
+                class: Class::Rejected,
+                code: Some(27),
+                error: "Cannot parse input".into(),
+            }],
+        }));
+        assert_eq!(round_trip(&m), m);
+    }
+
+    #[test]
+    fn a_version_1_record_keeps_the_token_its_first_attempts_carried() {
+        // Written by the Sluice before this one: version 1, open, acme.events, [4, 5].
+        let v1 = [
+            1, OPEN, 4, b'a', b'c', b'm', b'e', 6, b'e', b'v', b'e', b'n', b't', b's', 2, 4, 1,
+        ];
+        let m = decode(&v1, INCARNATION).expect("decodes");
+        assert_eq!(m.messages, vec![4, 5]);
+        assert_eq!(m.token(), format!("sluice-{}", m.id));
+        let now = manifest(vec![4, 5]);
+        assert_ne!(now.token(), m.token(), "a new record names the incarnation");
     }
 
     #[test]
     fn an_error_is_kept_to_1_kib_at_a_character_boundary() {
-        let mut m = Manifest::new(key(), vec![1]);
+        let mut m = manifest(vec![1]);
         m.state = ManifestState::Settled {
-            rejected: vec![RejectedRow {
-                stream_sequence: 1,
-                line: 0,
-                class: Class::Rejected,
-                code: Some(117),
-                error: "é".repeat(2000),
-            }],
+            rejected: vec![rejected(
+                1,
+                0,
+                Class::Rejected,
+                Some(117),
+                &"é".repeat(2000),
+            )],
         };
-        let back = decode(&encode(&m)).expect("decodes");
+        let back = round_trip(&m);
         let ManifestState::Settled { rejected } = back.state else {
             panic!("settled")
         };
@@ -273,7 +420,7 @@ mod tests {
         let messages: Vec<u64> = (0..10_000u64)
             .map(|i| first + i + (i / 1000) * 17)
             .collect();
-        let mut m = Manifest::new(key(), messages);
+        let mut m = manifest(messages);
         let open = encode(&m);
         assert!(
             open.len() < 10_100,
@@ -281,17 +428,17 @@ mod tests {
             open.len()
         );
         m.state = ManifestState::Settled {
-            rejected: vec![RejectedRow {
-                stream_sequence: first + 5,
-                line: 0,
-                class: Class::Rejected,
-                code: Some(27),
-                error: "Cannot parse input".into(),
-            }],
+            rejected: vec![rejected(
+                first + 5,
+                0,
+                Class::Rejected,
+                Some(27),
+                "Cannot parse input",
+            )],
         };
         let settled = encode(&m);
         assert!(settled.len() < 10_150, "{} bytes", settled.len());
-        assert_eq!(decode(&settled).expect("decodes"), m);
+        assert_eq!(round_trip(&m), m);
         // Against the JSON it replaces: the messages alone.
         let json = serde_json::to_vec(&m.messages).expect("json");
         assert!(
@@ -304,22 +451,36 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_the_reason() {
-        let m = Manifest::new(key(), vec![1, 2, 3]);
+        let m = manifest(vec![1, 2, 3]);
         let good = encode(&m);
-        assert_eq!(decode(&[]), Err(DecodeError::Truncated));
-        assert_eq!(decode(&[2, 0]), Err(DecodeError::Version(2)));
+        assert_eq!(decode(&[], INCARNATION), Err(DecodeError::Truncated));
+        assert_eq!(decode(&[3, 0], INCARNATION), Err(DecodeError::Version(3)));
         for cut in 1..good.len() {
-            assert!(decode(&good[..cut]).is_err(), "cut at {cut}");
+            assert!(decode(&good[..cut], INCARNATION).is_err(), "cut at {cut}");
         }
         let mut longer = good.to_vec();
         longer.push(0);
-        assert!(matches!(decode(&longer), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode(&longer, INCARNATION),
+            Err(DecodeError::Malformed(_))
+        ));
         let mut state = good.to_vec();
         state[1] = 7;
-        assert!(matches!(decode(&state), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode(&state, INCARNATION),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut v1_split = good.to_vec();
+        v1_split[0] = VERSION_1;
+        v1_split[1] = SPLIT;
+        assert!(matches!(
+            decode(&v1_split, INCARNATION),
+            Err(DecodeError::Malformed(_))
+        ));
         // A count far past the value's length reserves nothing.
         let mut huge = vec![VERSION, OPEN, 1, b'a', 1, b'b'];
         huge.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
-        assert_eq!(decode(&huge), Err(DecodeError::Truncated));
+        huge.push(0);
+        assert_eq!(decode(&huge, INCARNATION), Err(DecodeError::Truncated));
     }
 }

@@ -1,5 +1,7 @@
-//! The local index of the bucket: stream sequence → the manifest holding it, kept by a
-//! watch of every key, so that `holding()` answers from memory, never waiting.
+//! The store's own index of the bucket, kept by a watch of every key: what it reports
+//! to the tables (as [`LedgerChange`]s, taken by the consumer after each pull), what a
+//! new claim is checked against (the first claim on a message wins), what a starting
+//! table reads (`of_table`) and what the collector looks through.
 //!
 //! The watch delivers the last value of every key, then each change as it is written.
 //! Until it has delivered everything the bucket held when it started, the index is not
@@ -12,14 +14,14 @@
 //! forms again, never send it twice.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt as _;
-use sluice_actors::Manifest;
+use sluice_actors::ledger::index::BatchIndex;
+use sluice_actors::{Changes, LedgerChange, LedgerSnapshot, Manifest, TableKey};
 use tokio::time::Instant;
 
 use super::bucket::{ensure_bucket, stream_name};
@@ -33,6 +35,10 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(20);
 /// Backoff between attempts to open a watch.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Changes kept for the tables until the consumer takes them: past this many (nothing
+/// pulls for a long while), they are dropped and every table starts again from a
+/// snapshot instead.
+const MAX_OUTBOX: usize = 100_000;
 
 /// One manifest as the index holds it.
 #[derive(Clone)]
@@ -59,10 +65,6 @@ pub struct Index {
     /// `<stream>.`: keys of other ingest streams sharing the bucket are not ours.
     prefix: String,
     state: RwLock<State>,
-    /// Whether any message is held by a manifest: most deliveries (every one, for a
-    /// table that does not deduplicate) are looked up and found in none, and this
-    /// answers them without the lock. Set under the write lock.
-    holds_any: AtomicBool,
     readiness: tokio::sync::watch::Sender<Readiness>,
     /// The highest bucket revision the watch has applied: once it passes a record's
     /// revision, every value written before that record is in the index.
@@ -74,37 +76,17 @@ struct State {
     /// The ingest stream's current incarnation, once known.
     incarnation: Option<u64>,
     by_key: HashMap<String, Indexed>,
-    /// Manifests of the current incarnation by each of their messages.
-    by_seq: HashMap<u64, Arc<Manifest>, BuildHasherDefault<SequenceHasher>>,
-    /// Two manifests claimed one sequence (a batch that could not be formed again, its
-    /// held messages recorded anew): removing one must rebuild `by_seq`.
-    overlapped: bool,
+    /// The current incarnation's batches by message, under the ledger's own rule (the
+    /// one the tables keep): the first claim on a message wins.
+    claims: BatchIndex,
     /// Keys removed, by the revision of their removal marker and when it was seen: the
     /// collector drops the markers once every watch has had time to see them.
     tombstones: HashMap<String, (u64, Instant)>,
-}
-
-/// The hash of a stream sequence for `by_seq`: one multiplication (the constant of
-/// rustc's FxHash), where the default SipHash took most of an exactly-once batch's
-/// bookkeeping (every message is indexed, re-indexed when its batch is settled, and
-/// removed). Sequences are not chosen by anyone who could aim at collisions.
-#[derive(Default)]
-struct SequenceHasher(u64);
-
-impl Hasher for SequenceHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(u64::from(*b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
+    /// Changes of the current incarnation not yet taken for the tables.
+    outbox: Vec<LedgerChange>,
+    /// The changes cannot be told one by one any more (a new incarnation, the outbox
+    /// overflowed): the tables start again from snapshots.
+    resync: bool,
 }
 
 // === impl Index ===
@@ -114,7 +96,6 @@ impl Index {
         Self {
             prefix: format!("{stream}."),
             state: RwLock::default(),
-            holds_any: AtomicBool::new(false),
             readiness: tokio::sync::watch::Sender::new(Readiness::default()),
             watched: tokio::sync::watch::Sender::new(0),
         }
@@ -130,23 +111,22 @@ impl Index {
         format!("{}{incarnation}.{id}", self.prefix)
     }
 
+    /// The batch holding a message (the first claim on it), for tests and tools.
     pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
-        if !self.holds_any.load(Ordering::Acquire) {
-            return None;
-        }
-        self.read().by_seq.get(&stream_sequence).cloned()
+        self.read().claims.holding(stream_sequence).cloned()
     }
 
     pub fn incarnation(&self) -> Option<u64> {
         self.read().incarnation
     }
 
-    /// The ingest stream as it is now; a new incarnation re-indexes by sequence.
+    /// The ingest stream as it is now; a new incarnation starts the claims and the
+    /// tables' indexes again.
     pub fn set_incarnation(&self, incarnation: u64) {
         let mut state = self.write();
         if state.incarnation != Some(incarnation) {
             state.incarnation = Some(incarnation);
-            state.rebuild_by_seq();
+            state.rebuild_claims();
         }
     }
 
@@ -170,20 +150,18 @@ impl Index {
             }
             state.tombstones.remove(key);
         }
-        let indexed = Indexed {
-            incarnation,
-            manifest: Arc::new(manifest),
-            revision,
-        };
-        // A batch's verdicts, recorded over its open record: the same messages, so
-        // each index entry is swapped in place instead of removed and added again.
-        if !state.replace_same_messages(key, &indexed) {
-            state.remove_key(key);
-            if Some(incarnation) == state.incarnation {
-                state.index_by_seq(&indexed.manifest);
-            }
+        let manifest = Arc::new(manifest);
+        state.by_key.insert(
+            key.to_string(),
+            Indexed {
+                incarnation,
+                manifest: manifest.clone(),
+                revision,
+            },
+        );
+        if Some(incarnation) == state.incarnation {
+            state.report(LedgerChange::Put { revision, manifest });
         }
-        state.by_key.insert(key.to_string(), indexed);
     }
 
     /// The watch applied the bucket's value at `revision`.
@@ -205,26 +183,11 @@ impl Index {
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// A manifest recorded before `revision` that claims a message of `m` (two batches
-    /// formed of the same message: a copy delivered again, a record that failed
-    /// ambiguously and landed later). The first claim wins; `None` when there is none
-    /// in the index.
-    pub fn earlier_claim(&self, m: &Manifest, revision: u64) -> Option<String> {
-        let state = self.read();
-        if !state.overlapped {
-            return None;
-        }
-        let mine: HashSet<u64> = m.messages.iter().copied().collect();
-        state
-            .by_key
-            .values()
-            .filter(|v| {
-                Some(v.incarnation) == state.incarnation
-                    && v.revision < revision
-                    && v.manifest.id != m.id
-            })
-            .find(|v| v.manifest.messages.iter().any(|s| mine.contains(s)))
-            .map(|v| v.manifest.id.clone())
+    /// A batch recorded before `m` that claims one of its messages (two batches formed
+    /// of the same message: a copy delivered again, a record that failed ambiguously and
+    /// landed later). The first claim wins; `None` when there is none in the index.
+    pub fn earlier_claim(&self, m: &Manifest) -> Option<String> {
+        self.read().claims.earlier_claim(m).map(|e| e.id.clone())
     }
 
     /// `key` is gone; `marker`: the revision of its removal marker, when the watch saw
@@ -243,7 +206,7 @@ impl Index {
                 .tombstones
                 .insert(key.to_string(), (marker, Instant::now()));
         }
-        state.remove_key(key);
+        state.remove_key(key, marker);
     }
 
     /// Every manifest of our stream, for the collector.
@@ -253,6 +216,34 @@ impl Index {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    /// One table's manifests of the current incarnation, as of the watch's progress.
+    pub fn of_table(&self, table: &TableKey) -> LedgerSnapshot {
+        let as_of = *self.watched.borrow();
+        let state = self.read();
+        LedgerSnapshot {
+            as_of,
+            manifests: state
+                .by_key
+                .values()
+                .filter(|v| Some(v.incarnation) == state.incarnation && v.manifest.table == *table)
+                .map(|v| (v.revision, v.manifest.clone()))
+                .collect(),
+        }
+    }
+
+    /// The changes for the tables since the last call.
+    pub fn take_changes(&self) -> Changes {
+        let mut state = self.write();
+        if std::mem::take(&mut state.resync) {
+            state.outbox.clear();
+            return Changes::Resync;
+        }
+        if state.outbox.is_empty() {
+            return Changes::None;
+        }
+        Changes::Some(std::mem::take(&mut state.outbox))
     }
 
     /// Removal markers seen at least `age` ago, forgotten here: the collector drops
@@ -283,7 +274,7 @@ impl Index {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in gone {
-                state.remove_key(&key);
+                state.remove_key(&key, None);
             }
         }
         self.readiness.send_replace(Readiness {
@@ -294,6 +285,12 @@ impl Index {
 
     fn not_caught_up(&self) {
         self.readiness.send_modify(|r| r.caught_up = false);
+    }
+
+    /// Whether a watch on the client's current connection has caught up.
+    pub fn caught_up_on(&self, client: &async_nats::Client) -> bool {
+        let r = *self.readiness.borrow();
+        r.caught_up && r.connects == client.statistics().connects.load(Ordering::Relaxed)
     }
 
     /// Wait until a watch on the client's current connection has caught up.
@@ -320,116 +317,63 @@ impl Index {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+    fn read(&self) -> RwLockReadGuard<'_, State> {
         // A panic while the lock was held left the maps consistent (every change is a
         // few map operations): keep answering.
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> StateWriter<'_> {
-        StateWriter {
-            state: self.state.write().unwrap_or_else(|e| e.into_inner()),
-            holds_any: &self.holds_any,
-        }
-    }
-}
-
-/// The write lock, which leaves `holds_any` true to the maps when it is let go.
-struct StateWriter<'a> {
-    state: RwLockWriteGuard<'a, State>,
-    holds_any: &'a AtomicBool,
-}
-
-impl std::ops::Deref for StateWriter<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.state
-    }
-}
-
-impl std::ops::DerefMut for StateWriter<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.state
-    }
-}
-
-impl Drop for StateWriter<'_> {
-    fn drop(&mut self) {
-        // Still under the lock: a reader sees the flag and the maps agree.
-        self.holds_any
-            .store(!self.state.by_seq.is_empty(), Ordering::Release);
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 // === impl State ===
 
 impl State {
-    fn index_by_seq(&mut self, manifest: &Arc<Manifest>) {
-        for &seq in &manifest.messages {
-            if let Some(other) = self.by_seq.insert(seq, manifest.clone()) {
-                self.overlapped |= other.id != manifest.id;
-            }
+    /// A change of the current incarnation: into the claims, and out to the tables.
+    fn report(&mut self, change: LedgerChange) {
+        self.claims.apply(change.clone());
+        if self.resync {
+            return;
         }
+        if self.outbox.len() >= MAX_OUTBOX {
+            self.outbox.clear();
+            self.resync = true;
+            return;
+        }
+        self.outbox.push(change);
     }
 
-    /// Swap `key`'s manifest for `new` in `by_seq` where both list the same messages
-    /// (of one incarnation); `false`, changing nothing, otherwise.
-    fn replace_same_messages(&mut self, key: &str, new: &Indexed) -> bool {
-        let Some(old) = self.by_key.get(key) else {
-            return false;
-        };
-        if self.overlapped
-            || old.incarnation != new.incarnation
-            || old.manifest.messages != new.manifest.messages
-        {
-            return false;
-        }
-        let old = old.manifest.clone();
-        if Some(new.incarnation) == self.incarnation {
-            for seq in &new.manifest.messages {
-                if let Some(slot) = self.by_seq.get_mut(seq) {
-                    if Arc::ptr_eq(slot, &old) {
-                        *slot = new.manifest.clone();
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    fn remove_key(&mut self, key: &str) {
+    fn remove_key(&mut self, key: &str, marker: Option<u64>) {
         let Some(old) = self.by_key.remove(key) else {
             return;
         };
-        if self.overlapped {
-            self.rebuild_by_seq();
-            return;
-        }
-        for seq in &old.manifest.messages {
-            if self
-                .by_seq
-                .get(seq)
-                .is_some_and(|m| Arc::ptr_eq(m, &old.manifest))
-            {
-                self.by_seq.remove(seq);
-            }
+        if Some(old.incarnation) == self.incarnation {
+            self.report(LedgerChange::Removed {
+                table: old.manifest.table.clone(),
+                id: old.manifest.id.clone(),
+                revision: marker,
+            });
         }
     }
 
-    /// From `by_key`, the latest value winning where two manifests claim a sequence.
-    fn rebuild_by_seq(&mut self) {
-        let mut current: Vec<&Indexed> = self
+    /// The claims of the current incarnation, from `by_key`; the tables start again.
+    fn rebuild_claims(&mut self) {
+        let mut claims = BatchIndex::default();
+        for v in self
             .by_key
             .values()
             .filter(|v| Some(v.incarnation) == self.incarnation)
-            .collect();
-        current.sort_by_key(|v| v.revision);
-        let manifests: Vec<Arc<Manifest>> = current.iter().map(|v| v.manifest.clone()).collect();
-        self.by_seq.clear();
-        self.overlapped = false;
-        for m in &manifests {
-            self.index_by_seq(m);
+        {
+            claims.apply(LedgerChange::Put {
+                revision: v.revision,
+                manifest: v.manifest.clone(),
+            });
         }
+        self.claims = claims;
+        self.outbox.clear();
+        self.resync = true;
     }
 }
 
@@ -530,11 +474,11 @@ async fn watch_once(
 
 /// One change of the bucket, into the index.
 fn apply(index: &Index, entry: &kv::Entry) {
-    let Some((_, id)) = index.parse_key(&entry.key) else {
+    let Some((incarnation, id)) = index.parse_key(&entry.key) else {
         return;
     };
     match entry.operation {
-        kv::Operation::Put => match decode(&entry.value) {
+        kv::Operation::Put => match decode(&entry.value, incarnation) {
             Ok(manifest) if manifest.id == id => index.put(&entry.key, entry.revision, manifest),
             Ok(manifest) => tracing::warn!(key = %entry.key, id = %manifest.id,
                 "a manifest whose key does not match its messages is ignored"),
@@ -554,7 +498,7 @@ mod tests {
     use super::*;
 
     fn manifest(messages: Vec<u64>) -> Manifest {
-        Manifest::new(TableKey::new("acme", "events"), messages)
+        Manifest::new(TableKey::new("acme", "events"), 7, messages)
     }
 
     fn index() -> (Index, String, String) {
@@ -585,35 +529,28 @@ mod tests {
     }
 
     #[test]
-    fn the_latest_manifest_answers_for_a_shared_sequence_and_removal_restores_the_other() {
+    fn the_first_claim_holds_a_shared_message_and_removal_restores_the_other() {
         let (index, ka, kb) = index();
         let a = held(&index, 1).expect("a");
         let b = held(&index, 4).expect("b");
-        assert_eq!(held(&index, 3), Some(b.clone()), "the later record wins");
-        index.remove(&kb, Some(12));
-        assert_eq!(held(&index, 3), Some(a.clone()), "a holds 3 again");
-        assert_eq!(held(&index, 4), None);
-        index.remove(&ka, None);
+        assert_eq!(held(&index, 3), Some(a.clone()), "a was recorded first");
+        index.remove(&ka, Some(12));
+        assert_eq!(held(&index, 3), Some(b.clone()), "b holds 3 now");
         assert_eq!(held(&index, 1), None);
+        index.remove(&kb, None);
         assert_eq!(held(&index, 3), None);
+        assert_eq!(held(&index, 4), None);
     }
 
     #[test]
     fn the_first_claim_on_a_message_wins() {
         let (index, _, _) = index();
         let (a, b) = (manifest(vec![1, 2, 3]), manifest(vec![3, 4]));
-        assert_eq!(
-            index.earlier_claim(&b, 11),
-            Some(a.id.clone()),
-            "b came second"
-        );
-        assert_eq!(index.earlier_claim(&a, 10), None, "a came first");
+        assert_eq!(index.earlier_claim(&b), Some(a.id.clone()), "b came second");
+        assert_eq!(index.earlier_claim(&a), None, "a came first");
         let c = manifest(vec![5, 6]);
         index.put(&index.key(7, &c.id), 12, c.clone());
-        assert_eq!(index.earlier_claim(&c, 12), None, "c shares nothing");
-        // Once b is gone, nothing overlaps: no scan at all.
-        index.remove(&index.key(7, &b.id), None);
-        assert_eq!(index.earlier_claim(&manifest(vec![9]), 99), None);
+        assert_eq!(index.earlier_claim(&c), None, "c shares nothing");
     }
 
     #[tokio::test]
@@ -658,6 +595,56 @@ mod tests {
         assert!(held(&index, 100).is_some());
         assert_eq!(held(&index, 1), None);
         assert_eq!(index.snapshot().len(), 3, "all kept for the collector");
+    }
+
+    #[test]
+    fn the_tables_hear_every_change_of_the_current_incarnation_in_order() {
+        let (index, ka, _) = index();
+        // Setting the first incarnation made the tables start from snapshots, which hold
+        // the two records made since.
+        assert_eq!(index.take_changes(), Changes::Resync);
+        assert_eq!(index.take_changes(), Changes::None);
+        let c = manifest(vec![20]);
+        index.put(&index.key(7, &c.id), 12, c);
+        let Changes::Some(changes) = index.take_changes() else {
+            panic!("the new record");
+        };
+        assert!(
+            matches!(&changes[..], [LedgerChange::Put { revision: 12, .. }]),
+            "{changes:?}"
+        );
+        index.remove(&ka, Some(13));
+        let old = manifest(vec![100]);
+        index.put(&index.key(6, &old.id), 14, old);
+        let Changes::Some(changes) = index.take_changes() else {
+            panic!("the removal");
+        };
+        assert!(
+            matches!(
+                &changes[..],
+                [LedgerChange::Removed {
+                    revision: Some(13),
+                    ..
+                }]
+            ),
+            "not the other incarnation's record: {changes:?}"
+        );
+        assert_eq!(index.take_changes(), Changes::None);
+        index.set_incarnation(6);
+        assert_eq!(index.take_changes(), Changes::Resync);
+    }
+
+    #[test]
+    fn a_table_starts_from_its_manifests_as_of_the_watch() {
+        let (index, _, _) = index();
+        index.saw(11);
+        let other = Manifest::new(TableKey::new("acme", "clicks"), 7, vec![50]);
+        index.put(&index.key(7, &other.id), 12, other);
+        let snapshot = index.of_table(&TableKey::new("acme", "events"));
+        assert_eq!(snapshot.as_of, 11);
+        let mut revisions: Vec<u64> = snapshot.manifests.iter().map(|(r, _)| *r).collect();
+        revisions.sort_unstable();
+        assert_eq!(revisions, vec![10, 11]);
     }
 
     #[test]

@@ -3,15 +3,16 @@
 //! - `bucket.rs`: the bucket's stream, created by Sluice (async-nats cannot create a
 //!   bucket on nats-server 2.9.10) with a byte budget and a last-resort TTL.
 //! - `codec.rs`: a manifest's value, compact (a 10,000-message batch in ~10 KB).
-//! - `index.rs`: stream sequence → manifest, in memory, kept by a watch of the bucket;
-//!   `holding()` reads it and never waits.
+//! - `index.rs`: the store's own index, kept by a watch of the bucket: the changes it
+//!   reports to the tables, the claims a new batch is checked against, what a starting
+//!   table reads.
 //! - `collect.rs`: the manifests no batch will remove, collected every few seconds.
 //!
 //! Keys are `<stream>.<incarnation>.<manifest id>`. The incarnation is the ingest
 //! stream's creation time in ns: a stream deleted and created again numbers its
 //! messages from 1 again, and a manifest of the old one must never be taken for a
-//! batch of the new one's messages. Only manifests of the current incarnation answer
-//! `holding()`; the collector removes the others.
+//! batch of the new one's messages. Only manifests of the current incarnation reach the
+//! tables; the collector removes the others.
 //!
 //! The store must use the same NATS client as the deliveries whose acks it relies on:
 //! a confirmed ack covers the acks sent before it on that connection only, so a
@@ -37,7 +38,9 @@ use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{StreamExt as _, TryStreamExt as _};
-use sluice_actors::{Manifest, ManifestStore, StoreError};
+use sluice_actors::{
+    Changes, ClaimError, FetchError, LedgerSnapshot, Manifest, ManifestStore, StoreError, TableKey,
+};
 use tokio::task::JoinHandle;
 
 pub use bucket::{stream_name as bucket_stream_name, MAX_AGE as MANIFEST_MAX_AGE};
@@ -173,6 +176,18 @@ impl JsManifestStore {
     pub async fn collect(&self) -> Result<Collected, StoreError> {
         collect::collect(&self.shared).await
     }
+
+    /// Whether the index holds every manifest of the bucket for the client's current
+    /// connection (what [`JsManifestStore::ready`] waits for), without waiting.
+    pub fn caught_up(&self) -> bool {
+        self.shared.index.caught_up_on(&self.shared.js.client())
+    }
+
+    /// The batch holding a message (the first claim on it), as this instance's index
+    /// knows it now (tests and tools: the tables keep their own).
+    pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
+        self.shared.index.holding(stream_sequence)
+    }
 }
 
 impl Drop for JsManifestStore {
@@ -184,23 +199,46 @@ impl Drop for JsManifestStore {
 }
 
 impl ManifestStore for JsManifestStore {
-    fn record<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.shared.record(manifest))
+    fn incarnation(&self) -> Option<u64> {
+        self.shared.index.incarnation()
+    }
+
+    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), ClaimError>> {
+        Box::pin(self.shared.claim(manifest))
+    }
+
+    fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.shared.record(manifest).await.map(|_| ()) })
+    }
+
+    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>> {
+        Box::pin(self.shared.current(id))
     }
 
     fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.shared.forget(id))
     }
 
-    fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
-        self.shared.index.holding(stream_sequence)
-    }
-
     fn fetch<'a>(
         &'a self,
         stream_sequences: &'a [u64],
-    ) -> BoxFuture<'a, Result<Vec<Bytes>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, FetchError>> {
         Box::pin(self.shared.fetch(stream_sequences))
+    }
+
+    fn in_stream<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(self.shared.in_stream(stream_sequences))
+    }
+
+    fn changes(&self) -> Changes {
+        self.shared.index.take_changes()
+    }
+
+    fn of_table(&self, table: &TableKey) -> LedgerSnapshot {
+        self.shared.index.of_table(table)
     }
 }
 
@@ -225,7 +263,8 @@ impl Shared {
         Ok(self.index.key(incarnation, id))
     }
 
-    async fn record(&self, m: &Manifest) -> Result<(), StoreError> {
+    /// Write a manifest; returns its key and the bucket's revision of the value.
+    async fn record(&self, m: &Manifest) -> Result<(String, u64), StoreError> {
         let key = self.key_of(&m.id)?;
         // Read before the write: a reconnect during it makes `forget` defer.
         let connects = self.connects();
@@ -243,34 +282,47 @@ impl Shared {
             })?;
         self.index.put(&key, published.sequence, m.clone());
         lock(&self.recorded).insert(m.id.clone(), connects);
-        if !m.is_settled() {
-            self.check_claim(&key, m, published.sequence).await?;
-        }
-        Ok(())
+        Ok((key, published.sequence))
     }
 
     /// A new batch claims its messages: no batch recorded before it may hold one of
     /// them, or the two would insert that message's rows in two different blocks that
     /// ClickHouse cannot tell for copies. The earlier claim wins: this one is removed
     /// and its rows go back, to come again and join that batch.
-    async fn check_claim(&self, key: &str, m: &Manifest, revision: u64) -> Result<(), StoreError> {
+    async fn claim(&self, m: &Manifest) -> Result<(), ClaimError> {
+        let (key, revision) = self.record(m).await.map_err(ClaimError::Unavailable)?;
         if !self.index.wait_watched(revision, CLAIM_WAIT).await {
-            return Err(StoreError(format!(
+            return Err(ClaimError::Unavailable(StoreError(format!(
                 "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its rows go back",
                 m.id
-            )));
+            ))));
         }
-        let Some(earlier) = self.index.earlier_claim(m, revision) else {
+        let Some(earlier) = self.index.earlier_claim(m) else {
             return Ok(());
         };
-        if self.purge_key(key).await.is_ok() {
-            self.index.remove(key, None);
+        if self.purge_key(&key).await.is_ok() {
+            self.index.remove(&key, None);
             lock(&self.recorded).remove(&m.id);
         }
-        Err(StoreError(format!(
-            "batch {} shares messages with batch {earlier}, recorded first: its rows go back to join that one",
-            m.id
-        )))
+        Err(ClaimError::Conflict {
+            id: m.id.clone(),
+            earlier,
+        })
+    }
+
+    /// The manifest's value in the bucket now, read directly (not from the index).
+    async fn current(&self, id: &str) -> Result<Option<Manifest>, StoreError> {
+        let key = self.key_of(id)?;
+        let kv = self.bucket()?;
+        let value = kv
+            .get(&key)
+            .await
+            .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))?;
+        let incarnation = self.index.parse_key(&key).map_or(0, |(i, _)| i);
+        value
+            .map(|v| codec::decode(&v, incarnation))
+            .transpose()
+            .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))
     }
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
@@ -289,7 +341,36 @@ impl Shared {
         Ok(())
     }
 
-    async fn fetch(&self, sequences: &[u64]) -> Result<Vec<Bytes>, StoreError> {
+    async fn fetch(&self, sequences: &[u64]) -> Result<Vec<Bytes>, FetchError> {
+        let name = &self.settings.stream;
+        let stream = self
+            .js
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| FetchError::Unavailable(StoreError(format!("stream {name}: {e}"))))?;
+        let stream = &stream;
+        futures::stream::iter(sequences.iter().copied())
+            .map(|seq| async move {
+                match stream.get_raw_message(seq).await {
+                    Ok(message) => Ok(message.payload),
+                    Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
+                        Err(FetchError::Gone {
+                            stream_sequence: seq,
+                        })
+                    }
+                    Err(e) => Err(FetchError::Unavailable(StoreError(format!(
+                        "reading message {seq} of stream {name}: {e}"
+                    )))),
+                }
+            })
+            .buffered(FETCH_CONCURRENCY)
+            .try_collect()
+            .await
+    }
+
+    /// Whether each message is still in the ingest stream (a work queue: an acked
+    /// message leaves it).
+    async fn in_stream(&self, sequences: &[u64]) -> Result<Vec<bool>, StoreError> {
         let name = &self.settings.stream;
         let stream = self
             .js
@@ -300,10 +381,8 @@ impl Shared {
         futures::stream::iter(sequences.iter().copied())
             .map(|seq| async move {
                 match stream.get_raw_message(seq).await {
-                    Ok(message) => Ok(message.payload),
-                    Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Err(
-                        StoreError(format!("message {seq} is no longer in the stream {name}")),
-                    ),
+                    Ok(_) => Ok(true),
+                    Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(false),
                     Err(e) => Err(StoreError(format!(
                         "reading message {seq} of stream {name}: {e}"
                     ))),
@@ -314,19 +393,23 @@ impl Shared {
             .await
     }
 
-    /// Remove a key; every watch sees the removal marker.
-    async fn purge_key(&self, key: &str) -> Result<(), String> {
-        let kv = self
-            .kv
+    /// The bucket, once the watch has opened it.
+    fn bucket(&self) -> Result<kv::Store, StoreError> {
+        self.kv
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or_else(|| {
-                format!(
+                StoreError(format!(
                     "the manifest bucket {} is not open yet",
                     self.settings.bucket
-                )
-            })?;
+                ))
+            })
+    }
+
+    /// Remove a key; every watch sees the removal marker.
+    async fn purge_key(&self, key: &str) -> Result<(), String> {
+        let kv = self.bucket().map_err(|e| e.0)?;
         kv.purge(key)
             .await
             .map_err(|e| format!("removing manifest {key}: {e}"))

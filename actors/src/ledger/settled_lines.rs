@@ -1,8 +1,9 @@
 //! Lines of messages that went back to the queue with some of their rows settled (an
-//! outage in the middle of an isolation, a row that could not be parked): when such a
-//! message comes back, those lines are not sent again. For tables that deduplicate, the
-//! manifest does this durably; this in-memory record serves the others, and is lost
-//! with the process (they are at-least-once after a crash anyway).
+//! outage in the middle of an isolation, a row that could not be parked) for a table
+//! whose batches are not recorded: when such a message comes back, those lines are not
+//! sent again. This in-memory record is lost with the process (such tables are
+//! at-least-once after a crash anyway). A recorded batch never needs it: its split and
+//! its verdicts are in its manifest.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -11,12 +12,12 @@ use std::collections::{HashMap, VecDeque};
 const MAX_REMEMBERED: usize = 100_000;
 
 #[derive(Debug, Default)]
-pub struct PartlySettled {
+pub struct SettledLines {
     lines: HashMap<u64, Vec<u32>>,
     order: VecDeque<u64>,
 }
 
-impl PartlySettled {
+impl SettledLines {
     pub fn remember(&mut self, partly: Vec<(u64, Vec<u32>)>) {
         for (seq, lines) in partly {
             if self.lines.insert(seq, lines).is_none() {
@@ -51,7 +52,7 @@ mod tests {
 
     #[test]
     fn remembers_until_taken_and_forgets_the_oldest_past_its_bound() {
-        let mut p = PartlySettled::default();
+        let mut p = SettledLines::default();
         p.remember(vec![(7, vec![0, 2]), (9, vec![1])]);
         assert_eq!(p.take([9, 8].into_iter()), vec![(9, vec![1])]);
         assert_eq!(p.take([9].into_iter()), vec![]);

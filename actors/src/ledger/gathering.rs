@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::manifest::Manifest;
+use super::manifest::Manifest;
 use crate::ports::Delivery;
 
 /// One recorded batch being gathered.
@@ -21,13 +21,13 @@ pub struct Gathering<D> {
     pub since: Instant,
 }
 
-pub struct Reforming<D> {
+pub struct Gatherings<D> {
     gathering: HashMap<String, Gathering<D>>,
     /// Batches ready to fly, first come first served.
     ready: VecDeque<Gathering<D>>,
 }
 
-impl<D> Default for Reforming<D> {
+impl<D> Default for Gatherings<D> {
     fn default() -> Self {
         Self {
             gathering: HashMap::new(),
@@ -36,7 +36,7 @@ impl<D> Default for Reforming<D> {
     }
 }
 
-impl<D: Delivery> Reforming<D> {
+impl<D: Delivery> Gatherings<D> {
     /// A message of `manifest` came. Returns `true` when it opened a gathering (the
     /// caller arms its wait).
     pub fn add(&mut self, manifest: Arc<Manifest>, d: D, now: Instant) -> bool {
@@ -85,6 +85,23 @@ impl<D: Delivery> Reforming<D> {
     pub fn len(&self) -> usize {
         self.gathering.values().map(|g| g.held.len()).sum::<usize>()
             + self.ready.iter().map(|g| g.held.len()).sum::<usize>()
+    }
+
+    /// Every message held, gathering or ready (`progress()` while they wait).
+    pub fn held(&self) -> impl Iterator<Item = &D> {
+        self.gathering
+            .values()
+            .flat_map(|g| g.held.iter())
+            .chain(self.ready.iter().flat_map(|g| g.held.iter()))
+    }
+
+    /// The messages gathered for batch `id` (waiting or ready), taken out.
+    pub fn take(&mut self, id: &str) -> Option<Vec<D>> {
+        if let Some(g) = self.gathering.remove(id) {
+            return Some(g.held);
+        }
+        let at = self.ready.iter().position(|g| g.manifest.id == id)?;
+        self.ready.remove(at).map(|g| g.held)
     }
 
     /// Everything held (shutdown past its deadline, the table's window open).

@@ -1,0 +1,263 @@
+//! From what a table hands a flight to the batch the flight sends: the messages as they
+//! came (a fresh batch, claimed in the store first when the table deduplicates), or a
+//! recorded batch formed again from its record.
+//!
+//! A recorded batch is formed again from the record as the store has it now (read
+//! directly, not from an index that may lag): settled meanwhile, its messages are
+//! settled by it; removed meanwhile, every message it held was acknowledged (a record
+//! goes only once its rows are settled and the acks confirmed, or once nothing of it is
+//! left in the stream), so a copy held here is of a settled row unless it is still in
+//! the stream. Nothing recorded is ever sent as a new batch from here.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::manifest::Manifest;
+use super::store::{ClaimError, FetchError, ManifestStore, StoreError};
+use super::LedgerRefusal;
+use crate::batch::Batch;
+use crate::keepalive::lease_ran_out;
+use crate::ports::{Delivery, TableKey};
+
+/// What forming needs of the flight's table.
+pub struct LedgerIo<'a> {
+    pub store: &'a Arc<dyn ManifestStore>,
+    pub key: &'a TableKey,
+    pub ack_wait: Duration,
+}
+
+/// What forming made of a cargo.
+pub enum Formed<D> {
+    /// A batch to send, with the record it goes under (exactly-once) or none; `back`:
+    /// copies of its messages delivered twice, which go back beside it.
+    Batch {
+        batch: Batch<D>,
+        record: Option<Box<Manifest>>,
+        back: Vec<D>,
+    },
+    /// The batch cannot be sent now: its messages go back (see the refusal).
+    Refused {
+        messages: Vec<D>,
+        why: LedgerRefusal,
+    },
+    /// Nothing to send: the messages are settled by a record (acked, parked again), or
+    /// they are copies of messages settled and gone from the stream (`copies`: acked, a
+    /// no-op for JetStream), or they go back to come again as what they are now.
+    Settled {
+        by_record: Option<(Arc<Manifest>, Vec<D>)>,
+        copies: Vec<D>,
+        back: Vec<D>,
+    },
+}
+
+impl<D> Formed<D> {
+    fn nothing() -> Self {
+        Formed::Settled {
+            by_record: None,
+            copies: Vec::new(),
+            back: Vec::new(),
+        }
+    }
+}
+
+/// A fresh batch of a table whose inserts ClickHouse deduplicates: recorded first, and
+/// only with messages JetStream still counts as ours. Returns the messages whose lease
+/// ran out beside it: they may be in another batch by now and go back.
+pub async fn claim_fresh<D: Delivery>(
+    io: &LedgerIo<'_>,
+    deliveries: Vec<D>,
+    held_since: Instant,
+) -> (Formed<D>, Vec<D>) {
+    let now = Instant::now();
+    let (mut live, expired): (Vec<D>, Vec<D>) = deliveries
+        .into_iter()
+        .partition(|d| !lease_ran_out(d, io.ack_wait, now));
+    // The order the manifest lists (and a batch formed again sends): isolation splits a
+    // batch by position, so the same pieces need the same order.
+    live.sort_unstable_by_key(|d| d.position().stream_sequence);
+    if live.is_empty() {
+        return (Formed::nothing(), expired);
+    }
+    let Some(incarnation) = io.store.incarnation() else {
+        let why = LedgerRefusal::StoreDown(StoreError(
+            "the manifest store has not read the ingest stream yet (is NATS reachable?)".into(),
+        ));
+        return (
+            Formed::Refused {
+                messages: live,
+                why,
+            },
+            expired,
+        );
+    };
+    let batch = Batch::new(live, held_since);
+    let manifest =
+        Manifest::new(io.key.clone(), incarnation, batch.sequences()).claimed_at(unix_ms());
+    if let Err(e) = io.store.claim(&manifest).await {
+        let why = match e {
+            ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },
+            ClaimError::Unavailable(e) => LedgerRefusal::StoreDown(e),
+        };
+        let messages = batch.into_deliveries();
+        return (Formed::Refused { messages, why }, expired);
+    }
+    // The record may have taken long (NATS slow or frozen), or this process stood
+    // still: a message JetStream gave up on meanwhile may be in another batch already.
+    if batch
+        .deliveries()
+        .any(|d| lease_ran_out(d, io.ack_wait, Instant::now()))
+    {
+        let _ = io.store.forget(&manifest.id).await;
+        let why = LedgerRefusal::LeaseLost { id: manifest.id };
+        let messages = batch.into_deliveries();
+        return (Formed::Refused { messages, why }, expired);
+    }
+    let formed = Formed::Batch {
+        batch,
+        record: Some(Box::new(manifest)),
+        back: Vec::new(),
+    };
+    (formed, expired)
+}
+
+/// Now, in ms since the epoch (a record's time: it is read by other instances).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A recorded batch again: the record read now; the messages held, the others read
+/// from the stream.
+pub async fn reform<D: Delivery>(
+    io: &LedgerIo<'_>,
+    id: &str,
+    held: Vec<D>,
+    held_since: Instant,
+) -> Formed<D> {
+    let current = match io.store.current(id).await {
+        Ok(current) => current,
+        Err(e) => {
+            return Formed::Refused {
+                messages: held,
+                why: LedgerRefusal::StoreDown(e),
+            };
+        }
+    };
+    let Some(manifest) = current else {
+        return removed_meanwhile(io, id, held).await;
+    };
+    if manifest.is_settled() {
+        return Formed::Settled {
+            by_record: Some((Arc::new(manifest), held)),
+            copies: Vec::new(),
+            back: Vec::new(),
+        };
+    }
+    let have: HashSet<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
+    let missing: Vec<u64> = manifest
+        .messages
+        .iter()
+        .copied()
+        .filter(|s| !have.contains(s))
+        .collect();
+    let fetched = if missing.is_empty() {
+        Vec::new()
+    } else {
+        match io.store.fetch(&missing).await {
+            Ok(payloads) => missing.into_iter().zip(payloads).collect(),
+            Err(FetchError::Gone { stream_sequence }) => {
+                return incomplete(io, &manifest, stream_sequence, held).await;
+            }
+            Err(FetchError::Unavailable(e)) => {
+                return Formed::Refused {
+                    messages: held,
+                    why: LedgerRefusal::StoreDown(e),
+                };
+            }
+        }
+    };
+    let (batch, copies) = Batch::reformed(&manifest.messages, held, fetched, held_since);
+    // Every message must be in (its record's split fits the batch only then).
+    if batch.sequences() != manifest.messages {
+        let why = LedgerRefusal::StoreDown(StoreError(format!(
+            "recorded batch {} formed again without all of its {} messages",
+            manifest.id,
+            manifest.messages.len()
+        )));
+        let mut messages = copies;
+        messages.extend(batch.into_deliveries());
+        return Formed::Refused { messages, why };
+    }
+    Formed::Batch {
+        batch,
+        record: Some(Box::new(manifest)),
+        back: copies,
+    }
+}
+
+/// The record is gone: its batch was settled and every message of it acknowledged
+/// (or nothing of it was left in the stream), or it lost its claim to an earlier batch
+/// before anything was sent. A copy whose message left the stream is of a settled row
+/// (acked here, a no-op for JetStream); one still in the stream goes back, to come again
+/// as what it is now.
+async fn removed_meanwhile<D: Delivery>(io: &LedgerIo<'_>, id: &str, held: Vec<D>) -> Formed<D> {
+    let sequences: Vec<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
+    let in_stream = match io.store.in_stream(&sequences).await {
+        Ok(flags) => flags,
+        Err(e) => {
+            return Formed::Refused {
+                messages: held,
+                why: LedgerRefusal::StoreDown(e),
+            }
+        }
+    };
+    let mut back = Vec::new();
+    let mut copies = Vec::new();
+    for (d, there) in held.into_iter().zip(in_stream) {
+        if there {
+            back.push(d);
+        } else {
+            copies.push(d);
+        }
+    }
+    tracing::debug!(tenant = %io.key.tenant, table = %io.key.table, manifest = %id,
+        acked_elsewhere = copies.len(), still_queued = back.len(),
+        "a recorded batch was removed while its messages were gathered: copies of settled rows are dropped, the rest come again");
+    Formed::Settled {
+        by_record: None,
+        copies,
+        back,
+    }
+}
+
+/// A message of an open (or split) batch left the stream. Its record is read directly
+/// from the store, so it is not a record lagging behind: only an operator removing
+/// messages by hand makes this (acks come only after a batch's verdicts are recorded).
+/// The batch can never be formed whole again: its record is withdrawn and what is held
+/// comes again as new messages (their rows may have gone in under the old record: the
+/// operator's removal costs exactly-once for this batch, never a row).
+async fn incomplete<D: Delivery>(
+    io: &LedgerIo<'_>,
+    manifest: &Manifest,
+    gone: u64,
+    held: Vec<D>,
+) -> Formed<D> {
+    tracing::warn!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
+        message = gone,
+        "a message of a recorded, unfinished batch was removed from the ingest stream by hand: the batch cannot be formed again; its record is withdrawn and its other messages come again as new ones (their rows may be inserted twice)");
+    if let Err(e) = io.store.forget(&manifest.id).await {
+        return Formed::Refused {
+            messages: held,
+            why: LedgerRefusal::StoreDown(e),
+        };
+    }
+    Formed::Settled {
+        by_record: None,
+        copies: Vec::new(),
+        back: held,
+    }
+}

@@ -1,0 +1,293 @@
+//! One table's index of its recorded batches: stream sequence → the batch holding it.
+//! Owned by the table's actor and changed only by the changes the store reports
+//! (routed to the table like its messages), so which batch a message belongs to is
+//! decided from the table's own state, in its mailbox.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use super::manifest::Manifest;
+use super::store::{LedgerChange, LedgerSnapshot};
+
+/// One recorded batch as the index holds it.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The store's revision of this state.
+    revision: u64,
+    manifest: Arc<Manifest>,
+}
+
+#[derive(Debug, Default)]
+pub struct BatchIndex {
+    /// Changes at or below this revision are in already (the snapshot it started from).
+    as_of: u64,
+    by_id: HashMap<String, Entry>,
+    /// The batch holding each message. Two batches may claim one message for a moment
+    /// (the store removes the later one): the one recorded first answers.
+    by_seq: HashMap<u64, Arc<Manifest>, BuildHasherDefault<SequenceHasher>>,
+    /// Two batches claimed one message at some point: a removal must look for the other.
+    overlapped: bool,
+}
+
+/// The hash of a stream sequence for `by_seq`: one multiplication (the constant of
+/// rustc's FxHash), where the default SipHash took most of an exactly-once batch's
+/// bookkeeping (every message is indexed, re-indexed when its batch is settled, and
+/// removed). Sequences are not chosen by anyone who could aim at collisions.
+#[derive(Default)]
+struct SequenceHasher(u64);
+
+impl Hasher for SequenceHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+// === impl BatchIndex ===
+
+impl BatchIndex {
+    /// Start again from the store's snapshot of the table.
+    pub fn load(&mut self, snapshot: LedgerSnapshot) {
+        *self = Self {
+            as_of: snapshot.as_of,
+            ..Self::default()
+        };
+        for (revision, manifest) in snapshot.manifests {
+            self.put(revision, manifest);
+        }
+    }
+
+    pub fn apply(&mut self, change: LedgerChange) {
+        match change {
+            LedgerChange::Put { revision, manifest } => {
+                if revision > self.as_of {
+                    self.put(revision, manifest);
+                }
+            }
+            LedgerChange::Removed { id, revision, .. } => {
+                if revision.is_none_or(|r| r > self.as_of) {
+                    self.remove(&id, revision);
+                }
+            }
+        }
+    }
+
+    /// The batch holding the message at this stream sequence, if any.
+    pub fn holding(&self, stream_sequence: u64) -> Option<&Arc<Manifest>> {
+        if self.by_seq.is_empty() {
+            return None;
+        }
+        self.by_seq.get(&stream_sequence)
+    }
+
+    /// The recorded batch by id, as the index knows it now.
+    pub fn get(&self, id: &str) -> Option<&Arc<Manifest>> {
+        self.by_id.get(id).map(|e| &e.manifest)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// A batch recorded before `m` that holds one of its messages (the first claim on a
+    /// message wins: see [`BatchIndex::holding`]), once `m` is in the index.
+    pub fn earlier_claim(&self, m: &Manifest) -> Option<&Arc<Manifest>> {
+        if !self.overlapped {
+            return None;
+        }
+        m.messages
+            .iter()
+            .filter_map(|seq| self.by_seq.get(seq))
+            .find(|held| held.id != m.id)
+    }
+
+    /// Batches held.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    fn put(&mut self, revision: u64, manifest: Arc<Manifest>) {
+        if let Some(known) = self.by_id.get_mut(&manifest.id) {
+            if known.revision >= revision {
+                return;
+            }
+            // A later state of the same batch (its split, its verdicts): the same
+            // messages, swapped in place.
+            let previous = std::mem::replace(&mut known.manifest, manifest.clone());
+            known.revision = revision;
+            for seq in &manifest.messages {
+                if let Some(held) = self.by_seq.get_mut(seq) {
+                    if held.id == previous.id {
+                        *held = manifest.clone();
+                    }
+                }
+            }
+            return;
+        }
+        for &seq in &manifest.messages {
+            match self.by_seq.get(&seq) {
+                Some(other) if self.revision_of(&other.id) < revision => {
+                    // Recorded first: it keeps the message.
+                    self.overlapped = true;
+                }
+                Some(_) => {
+                    self.overlapped = true;
+                    self.by_seq.insert(seq, manifest.clone());
+                }
+                None => {
+                    self.by_seq.insert(seq, manifest.clone());
+                }
+            }
+        }
+        self.by_id
+            .insert(manifest.id.clone(), Entry { revision, manifest });
+    }
+
+    fn remove(&mut self, id: &str, revision: Option<u64>) {
+        let Some(known) = self.by_id.get(id) else {
+            return;
+        };
+        if revision.is_some_and(|r| known.revision > r) {
+            // Recorded again after this removal: it stays.
+            return;
+        }
+        let Some(gone) = self.by_id.remove(id) else {
+            return;
+        };
+        for seq in &gone.manifest.messages {
+            if self.by_seq.get(seq).is_some_and(|m| m.id == id) {
+                self.by_seq.remove(seq);
+                if self.overlapped {
+                    if let Some(other) = self.earliest_holding(*seq) {
+                        self.by_seq.insert(*seq, other);
+                    }
+                }
+            }
+        }
+        if self.by_id.is_empty() {
+            self.overlapped = false;
+        }
+    }
+
+    fn revision_of(&self, id: &str) -> u64 {
+        self.by_id.get(id).map_or(u64::MAX, |e| e.revision)
+    }
+
+    fn earliest_holding(&self, seq: u64) -> Option<Arc<Manifest>> {
+        self.by_id
+            .values()
+            .filter(|e| e.manifest.holds(seq))
+            .min_by_key(|e| e.revision)
+            .map(|e| e.manifest.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::manifest::ManifestState;
+    use crate::ports::TableKey;
+
+    fn manifest(messages: Vec<u64>) -> Arc<Manifest> {
+        Arc::new(Manifest::new(TableKey::new("acme", "events"), 1, messages))
+    }
+
+    fn put(revision: u64, m: &Arc<Manifest>) -> LedgerChange {
+        LedgerChange::Put {
+            revision,
+            manifest: m.clone(),
+        }
+    }
+
+    fn removed(m: &Manifest, revision: Option<u64>) -> LedgerChange {
+        LedgerChange::Removed {
+            table: m.table.clone(),
+            id: m.id.clone(),
+            revision,
+        }
+    }
+
+    fn held(index: &BatchIndex, seq: u64) -> Option<String> {
+        index.holding(seq).map(|m| m.id.clone())
+    }
+
+    #[test]
+    fn a_later_state_replaces_an_earlier_one_never_the_other_way_round() {
+        let mut index = BatchIndex::default();
+        let open = manifest(vec![1, 2]);
+        let settled = Arc::new(open.with_state(ManifestState::Settled { rejected: vec![] }));
+        index.apply(put(5, &open));
+        index.apply(put(6, &settled));
+        index.apply(put(5, &open));
+        assert!(index.holding(1).is_some_and(|m| m.is_settled()));
+        assert!(index.holding(2).is_some_and(|m| m.is_settled()));
+        index.apply(removed(&open, Some(4)));
+        assert!(
+            index.holding(1).is_some(),
+            "a removal older than the record"
+        );
+        index.apply(removed(&open, Some(7)));
+        assert_eq!(held(&index, 1), None);
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn the_batch_recorded_first_keeps_a_shared_message_and_gets_it_back_on_removal() {
+        let mut index = BatchIndex::default();
+        let first = manifest(vec![1, 2]);
+        let second = manifest(vec![2, 3]);
+        index.apply(put(10, &first));
+        index.apply(put(11, &second));
+        assert_eq!(held(&index, 2), Some(first.id.clone()));
+        assert_eq!(held(&index, 3), Some(second.id.clone()));
+        index.apply(removed(&first, None));
+        assert_eq!(held(&index, 2), Some(second.id.clone()), "the other claim");
+        assert_eq!(held(&index, 1), None);
+        // Reported the other way round (a later record seen first): the same answer.
+        let mut index = BatchIndex::default();
+        index.apply(put(11, &second));
+        assert!(index.earlier_claim(&second).is_none());
+        index.apply(put(10, &first));
+        assert_eq!(held(&index, 2), Some(first.id.clone()));
+        assert_eq!(
+            index.earlier_claim(&second).map(|m| m.id.clone()),
+            Some(first.id.clone())
+        );
+        assert!(
+            index.earlier_claim(&first).is_none(),
+            "the first claim stands"
+        );
+    }
+
+    #[test]
+    fn changes_the_snapshot_already_holds_change_nothing() {
+        let mut index = BatchIndex::default();
+        let stale = manifest(vec![1]);
+        let kept = manifest(vec![2]);
+        index.load(LedgerSnapshot {
+            as_of: 20,
+            manifests: vec![(15, kept.clone())],
+        });
+        // Removed at 18 (before the snapshot), its put reported late: not a ghost.
+        index.apply(put(12, &stale));
+        assert_eq!(held(&index, 1), None);
+        index.apply(removed(&kept, Some(19)));
+        assert_eq!(
+            held(&index, 2),
+            Some(kept.id.clone()),
+            "in the snapshot after it"
+        );
+        index.apply(put(21, &stale));
+        assert_eq!(held(&index, 1), Some(stale.id.clone()));
+    }
+}

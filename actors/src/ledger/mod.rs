@@ -1,0 +1,324 @@
+//! The batch ledger: everything that makes an insert into a table ClickHouse
+//! deduplicates exactly-once, in one place (see docs/architecture.md, "The batch
+//! ledger").
+//!
+//! ClickHouse deduplicates an insert into a `Replicated*MergeTree` (or a `MergeTree`
+//! with `non_replicated_deduplication_window`) when it carries the same rows as a block
+//! it already took (the block's hash; `insert_deduplication_token` where the server has
+//! it). So a retry is harmless exactly when it sends the same rows as the first attempt.
+//! The ledger makes that hold across everything that can come between two attempts: an
+//! ambiguous failure, a crash of Sluice, of nats-server or of ClickHouse, a second
+//! instance picking the messages up.
+//!
+//! The contract, in the order a batch meets it:
+//!
+//! 1. **Sort arrivals** ([`TableLedger::sort`], in the table's mailbox, from the table's
+//!    own index): a message of no recorded batch is fresh; one of a batch whose verdicts
+//!    are recorded is settled by them, with no insert; one of a batch still open is
+//!    gathered to fly again as exactly that batch.
+//! 2. **Claim** ([`forming::claim_fresh`]): before a fresh batch's first attempt its
+//!    identity (its messages by stream sequence, in the order their rows are sent, and
+//!    the stream's incarnation: the token) is recorded. The store answers typed: claimed,
+//!    a conflict (a batch recorded earlier holds one of its messages and wins), a lease
+//!    lost (a message may be in another batch by now), the store down. Nothing is sent
+//!    unclaimed.
+//! 3. **Form again** ([`forming::reform`]): a recorded batch is formed from its record
+//!    as the store holds it now: the same messages, the rows in the same order, the same
+//!    token; a split batch resumes its split ([`split`]), never whole.
+//! 4. **Record** ([`recording`]): a split before any range of it is sent on its own; the
+//!    verdicts before any row is settled; the rows parked before any message is acked.
+//! 5. **Release**: once every ack is confirmed, the record is removed (a moment later:
+//!    JetStream confirms an ack before it writes it down); the store collects the
+//!    records nothing removes.
+//!
+//! A table whose inserts ClickHouse does not deduplicate records nothing: its
+//! [`SettledLines`](settled_lines::SettledLines) keep, in memory, the lines of messages
+//! handed back with some rows settled (at-least-once).
+//!
+//! The store ([`ManifestStore`]) is the only I/O: its changes reach each table as
+//! messages, into the table's [`BatchIndex`](index::BatchIndex).
+
+pub mod forming;
+pub mod gathering;
+pub mod index;
+pub mod manifest;
+pub mod recording;
+pub mod settled_lines;
+pub mod split;
+pub mod store;
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+pub use manifest::{Manifest, ManifestState, RejectedRow};
+pub use store::{
+    Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, ManifestStore, StoreError,
+};
+
+use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
+use crate::ports::Delivery;
+use gathering::{Gathering, Gatherings};
+use index::BatchIndex;
+use settled_lines::SettledLines;
+
+/// Why a batch was not sent (its messages go back and come again).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerRefusal {
+    #[error("the manifest store: {0}")]
+    StoreDown(StoreError),
+    #[error(
+        "batch {id} shares messages with batch {earlier}, recorded first: they go back to join it"
+    )]
+    Conflict { id: String, earlier: String },
+    #[error("batch {id} was held past ack_wait while it was recorded: its messages may be in another batch by now")]
+    LeaseLost { id: String },
+}
+
+/// What a table hands a flight.
+pub enum Cargo<D> {
+    /// Messages from the buffer, some coming back with lines an earlier flight settled
+    /// (a table that does not record its batches).
+    Fresh {
+        deliveries: Vec<D>,
+        done: Vec<(u64, Vec<u32>)>,
+        /// A message of it is suspected of crashing ClickHouse (see `table::strikes`).
+        suspect: bool,
+    },
+    /// A recorded batch, formed again: the messages of it this table holds.
+    Reformed {
+        manifest: Arc<Manifest>,
+        held: Vec<D>,
+        suspect: bool,
+    },
+}
+
+impl<D> Cargo<D> {
+    pub fn suspect(&self) -> bool {
+        match self {
+            Cargo::Fresh { suspect, .. } | Cargo::Reformed { suspect, .. } => *suspect,
+        }
+    }
+}
+
+/// Arrivals, sorted.
+pub struct Sorted<D> {
+    /// Of no recorded batch.
+    pub fresh: Vec<D>,
+    /// Of batches whose verdicts are recorded: settle them by those.
+    pub settled: Vec<(Arc<Manifest>, Vec<D>)>,
+    /// Batches whose gathering this opened: arm their `reform_wait`.
+    pub opened: Vec<String>,
+}
+
+/// One table's part of the ledger: its index of recorded batches, the batches being
+/// gathered to fly again, and (for a table whose batches are not recorded) the lines
+/// already settled of messages that went back. Owned by the table's actor.
+pub struct TableLedger<D> {
+    index: BatchIndex,
+    gatherings: Gatherings<D>,
+    settled_lines: SettledLines,
+}
+
+impl<D> Default for TableLedger<D> {
+    fn default() -> Self {
+        Self {
+            index: BatchIndex::default(),
+            gatherings: Gatherings::default(),
+            settled_lines: SettledLines::default(),
+        }
+    }
+}
+
+impl<D: Delivery> TableLedger<D> {
+    /// Start (again) from the store's snapshot of the table.
+    pub fn load(&mut self, snapshot: LedgerSnapshot) {
+        self.index.load(snapshot);
+    }
+
+    /// Changes the store reported. Returns the gathered messages of batches settled
+    /// meanwhile: settle them by their record.
+    pub fn apply(&mut self, changes: Vec<LedgerChange>) -> Vec<(Arc<Manifest>, Vec<D>)> {
+        let mut settled = Vec::new();
+        for change in changes {
+            if let LedgerChange::Put { manifest, .. } = &change {
+                if manifest.is_settled() {
+                    if let Some(held) = self.gatherings.take(&manifest.id) {
+                        settled.push((manifest.clone(), held));
+                    }
+                }
+            }
+            self.index.apply(change);
+        }
+        settled
+    }
+
+    /// Which batch each arriving message belongs to. Every message is looked up, first
+    /// deliveries too: nats-server 2.9 hands a message back to a dropped pull request
+    /// and then delivers it again as new (deliveries 1).
+    pub fn sort(&mut self, arrivals: Vec<D>, now: Instant) -> Sorted<D> {
+        let mut sorted = Sorted {
+            fresh: Vec::new(),
+            settled: Vec::new(),
+            opened: Vec::new(),
+        };
+        // Nearly always none is recorded: then the messages stay where they are (moving
+        // each one into a new vector showed in the CPU per row).
+        if self.index.is_empty()
+            || arrivals
+                .iter()
+                .all(|d| self.index.holding(d.position().stream_sequence).is_none())
+        {
+            sorted.fresh = arrivals;
+            return sorted;
+        }
+        sorted.fresh.reserve(arrivals.len());
+        for d in arrivals {
+            match self.index.holding(d.position().stream_sequence).cloned() {
+                None => sorted.fresh.push(d),
+                Some(m) if m.is_settled() => {
+                    match sorted.settled.iter_mut().find(|(s, _)| s.id == m.id) {
+                        Some((_, held)) => held.push(d),
+                        None => sorted.settled.push((m, vec![d])),
+                    }
+                }
+                Some(m) => {
+                    let id = m.id.clone();
+                    if self.gatherings.add(m, d, now) {
+                        sorted.opened.push(id);
+                    }
+                }
+            }
+        }
+        sorted
+    }
+
+    /// The wait for batch `id`'s messages is over: it flies with what came.
+    pub fn wait_over(&mut self, id: &str) {
+        self.gatherings.wait_over(id);
+    }
+
+    pub fn has_ready(&self) -> bool {
+        self.gatherings.has_ready()
+    }
+
+    pub fn next_ready(&mut self) -> Option<Gathering<D>> {
+        self.gatherings.next_ready()
+    }
+
+    /// Messages gathered (waiting or ready).
+    pub fn gathered(&self) -> usize {
+        self.gatherings.len()
+    }
+
+    /// Every gathered message (`progress()` while it waits, like the buffer's).
+    pub fn gathered_messages(&self) -> impl Iterator<Item = &D> {
+        self.gatherings.held()
+    }
+
+    /// Everything gathered (shutdown past its deadline, the table's window open).
+    pub fn take_gathered(&mut self) -> Vec<D> {
+        self.gatherings.take_all()
+    }
+
+    /// Whether nothing is recorded or gathered for the table (it may be reaped).
+    pub fn is_idle(&self) -> bool {
+        self.index.is_empty() && self.gatherings.is_empty()
+    }
+
+    /// Recorded batches the table knows of.
+    pub fn recorded(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Messages of a fresh batch about to fly: looked up again (a batch may have been
+    /// recorded with one of them since they arrived, by another flight or instance), and
+    /// copies held twice (nats-server 2.9 delivers a message handed back to a dropped
+    /// pull request again as new) set aside. Returns the batch's messages and the ones
+    /// set aside, which go back briefly and come again as what they are.
+    pub fn launch_fresh(&mut self, deliveries: Vec<D>) -> (Vec<D>, Vec<D>) {
+        if !self.twice_or_recorded(&deliveries) {
+            return (deliveries, Vec::new());
+        }
+        let mut seen = std::collections::HashSet::with_capacity(deliveries.len());
+        let mut keep = Vec::with_capacity(deliveries.len());
+        let mut aside = Vec::new();
+        for d in deliveries {
+            let seq = d.position().stream_sequence;
+            if self.index.holding(seq).is_some() || !seen.insert(seq) {
+                aside.push(d);
+            } else {
+                keep.push(d);
+            }
+        }
+        (keep, aside)
+    }
+
+    /// Whether a message is held twice or is in a recorded batch: nearly never, and this
+    /// asks without moving a delivery (it runs for every batch).
+    fn twice_or_recorded(&self, deliveries: &[D]) -> bool {
+        let mut seqs: Vec<u64> = deliveries
+            .iter()
+            .map(|d| d.position().stream_sequence)
+            .collect();
+        if !self.index.is_empty() && seqs.iter().any(|s| self.index.holding(*s).is_some()) {
+            return true;
+        }
+        seqs.sort_unstable();
+        seqs.windows(2).any(|w| w[0] == w[1])
+    }
+
+    /// Lines of these messages an earlier (unrecorded) flight settled.
+    pub fn take_settled_lines(
+        &mut self,
+        sequences: impl Iterator<Item = u64>,
+    ) -> Vec<(u64, Vec<u32>)> {
+        self.settled_lines.take(sequences)
+    }
+
+    /// A flight of an unrecorded batch handed messages back with these lines settled.
+    pub fn remember_settled_lines(&mut self, partly: Vec<(u64, Vec<u32>)>) {
+        self.settled_lines.remember(partly);
+    }
+}
+
+/// Messages of a batch whose verdicts are recorded, delivered again (their acks were
+/// lost with a crash, or they were gathered while another instance settled the batch):
+/// settled by the record, with no insert. A rejected row is parked again only if the
+/// record does not say it is on the DLQ already.
+pub async fn settle_by_record<D: Delivery>(
+    store: Option<&Arc<dyn ManifestStore>>,
+    manifest: &Manifest,
+    deliveries: Vec<D>,
+    plan: &SettlePlan<'_>,
+) -> Settled {
+    let batch = Batch::new(deliveries, Instant::now());
+    let verdicts = batch
+        .row_ids()
+        .map(|(seq, line)| match manifest.verdict(seq, line) {
+            Some(Some(_)) if already_parked(manifest, seq, line) => RowVerdict::AlreadyParked,
+            Some(Some(reason)) => RowVerdict::Rejected(reason),
+            Some(None) => RowVerdict::Inserted,
+            // Not settled after all: back it goes.
+            None => RowVerdict::Pending,
+        })
+        .collect();
+    let parked = batch.park(verdicts, plan).await;
+    if let (Some(store), false) = (store, parked.parked_rows().is_empty()) {
+        let _ = recording::record_parked(store, manifest, parked.parked_rows()).await;
+    }
+    let settled = parked.ack(plan).await;
+    tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, manifest = %manifest.id,
+        acked = settled.inserted, parked = settled.parked,
+        "messages of a settled batch came back: settled by its record, not inserted again");
+    settled
+}
+
+fn already_parked(manifest: &Manifest, seq: u64, line: u32) -> bool {
+    match &manifest.state {
+        ManifestState::Settled { rejected } => rejected
+            .iter()
+            .any(|r| r.stream_sequence == seq && r.line == line && r.parked),
+        _ => false,
+    }
+}

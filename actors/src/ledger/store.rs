@@ -1,0 +1,149 @@
+//! The ledger's port: where batch manifests live (a JetStream key-value bucket in the
+//! binary), shared by every Sluice instance, and what crosses it.
+//!
+//! The store keeps the records and answers with typed outcomes; it decides one thing
+//! itself, because only it sees every instance's writes in their order: of two batches
+//! claiming one message, the one recorded first wins ([`ClaimError::Conflict`]). Which
+//! batch a delivered message belongs to is decided by its table, from the changes the
+//! store reports ([`ManifestStore::changes`]) into the table's own index.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use super::manifest::Manifest;
+use crate::ports::TableKey;
+
+/// Why the manifest store could not be read or written (NATS down, its bucket full).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// Why a new batch could not claim its messages.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// A batch recorded before this one holds one of its messages (a copy delivered
+    /// again, a record that landed late): the earlier one wins, this record is removed,
+    /// and its messages go back to come again as that batch's.
+    #[error("batch {id} shares messages with batch {earlier}, recorded first")]
+    Conflict { id: String, earlier: String },
+    #[error(transparent)]
+    Unavailable(StoreError),
+}
+
+/// Why messages could not be read from the ingest stream.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// The message left the stream: acknowledged (its rows were settled by whoever held
+    /// it), or removed by hand.
+    #[error("message {stream_sequence} is no longer in the ingest stream")]
+    Gone { stream_sequence: u64 },
+    #[error(transparent)]
+    Unavailable(StoreError),
+}
+
+/// One change of the store, as a table's index takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerChange {
+    /// A manifest was recorded or replaced, at this revision of the store (a later
+    /// revision of the same batch replaces an earlier one, never the other way round).
+    Put {
+        revision: u64,
+        manifest: Arc<Manifest>,
+    },
+    /// A manifest was removed; `revision`: the removal's, when known (a value recorded
+    /// after it stays).
+    Removed {
+        table: TableKey,
+        id: String,
+        revision: Option<u64>,
+    },
+}
+
+impl LedgerChange {
+    pub fn table(&self) -> &TableKey {
+        match self {
+            LedgerChange::Put { manifest, .. } => &manifest.table,
+            LedgerChange::Removed { table, .. } => table,
+        }
+    }
+}
+
+/// What [`ManifestStore::changes`] has for the tables.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Changes {
+    /// Nothing since the last call.
+    #[default]
+    None,
+    /// These, in the order the store saw them.
+    Some(Vec<LedgerChange>),
+    /// The changes cannot be told one by one (the ingest stream was made again, or more
+    /// piled up than the store keeps): every table starts again from
+    /// [`ManifestStore::of_table`].
+    Resync,
+}
+
+/// A table's manifests as the store knows them now: what a table's index starts from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    /// The store's revision the snapshot holds every change up to: a change reported
+    /// later at or below it is already in.
+    pub as_of: u64,
+    /// With each one's revision.
+    pub manifests: Vec<(u64, Arc<Manifest>)>,
+}
+
+/// Where batch manifests live, shared by every Sluice instance: a batch's identity is
+/// recorded before its first attempt so that any instance can form exactly that batch
+/// again, its split before any part of it is sent on its own, and its verdicts before
+/// any of its rows is settled so that a message redelivered afterwards is settled the
+/// same way without another insert.
+///
+/// Object-safe (boxed futures): one store serves the whole pipeline; it is asked once
+/// per batch, not per message.
+pub trait ManifestStore: Send + Sync + 'static {
+    /// The ingest stream's incarnation (see [`Manifest::incarnation`]), once the store
+    /// has read it; `None` before (nothing can be recorded then).
+    fn incarnation(&self) -> Option<u64>;
+
+    /// Record a new batch (its `Open` manifest) and claim its messages: `Ok` once no
+    /// batch recorded before it holds one of them, so a conflict is told before anything
+    /// is sent. On a conflict this record is removed again.
+    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), ClaimError>>;
+
+    /// Record a later state of a claimed batch (its split, its verdicts).
+    fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The manifest as the store holds it now (read from the store itself, not from what
+    /// the changes reported so far): `None` once removed. A batch formed again decides
+    /// by this.
+    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>>;
+
+    /// Remove the manifest: every row of it is settled and the settlement confirmed.
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The payloads of messages, read from the ingest stream by sequence, in the order
+    /// asked (a batch formed again includes messages this instance does not hold).
+    fn fetch<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<Bytes>, FetchError>>;
+
+    /// Whether each message is still in the ingest stream (a message leaves a work
+    /// queue when it is acknowledged), in the order asked.
+    fn in_stream<'a>(
+        &'a self,
+        stream_sequences: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+
+    /// The changes since the last call, for the tables' indexes. Never waits. The
+    /// consumer takes them after each pull and routes them ahead of the pulled messages,
+    /// so a table has heard of every batch recorded before a message arrives (the
+    /// source does not pull before the store has read every manifest in it).
+    fn changes(&self) -> Changes;
+
+    /// The manifests of one table, for its index to start from (a table actor starting,
+    /// or a [`Changes::Resync`]).
+    fn of_table(&self, table: &TableKey) -> LedgerSnapshot;
+}

@@ -1,0 +1,155 @@
+//! What `sluice check-config` prints of a valid configuration: every setting that
+//! shapes what Sluice does, as it will run (defaults and overrides applied), no secret.
+
+use std::fmt::Write as _;
+
+use super::units::Size;
+use super::{AuthMode, Config, ListenerLimits, TableSettings};
+
+pub fn summary(config: &Config) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "configuration: {}", config.source_name);
+    let n = &config.nats;
+    let _ = writeln!(
+        out,
+        "nats: {} stream {} (subjects {}.<tenant>.<table>, max {}) dlq {} (subjects {}.<tenant>.<table>, max {}) consumer {} ack_wait {} max_ack_pending {}",
+        n.url,
+        n.stream,
+        n.subject_prefix,
+        Size(n.max_bytes),
+        n.dlq_stream,
+        n.dlq_subject_prefix,
+        Size(n.dlq_max_bytes),
+        n.consumer,
+        humantime::format_duration(n.ack_wait),
+        n.max_ack_pending
+    );
+    let _ = writeln!(
+        out,
+        "exactly-once: {} (manifests in bucket {}, max {})",
+        if config.exactly_once {
+            "on for tables ClickHouse deduplicates"
+        } else {
+            "off: every table at-least-once"
+        },
+        n.manifest_bucket,
+        Size(n.manifest_max_bytes)
+    );
+    let _ = writeln!(out, "targets:");
+    if config.targets.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for t in config.targets.values() {
+        let _ = writeln!(
+            out,
+            "  {}: {} user {} database {} password {} insert_timeout {} concurrency {}",
+            t.name,
+            t.url,
+            t.user,
+            t.database,
+            if t.password.is_some() {
+                "from env"
+            } else {
+                "none"
+            },
+            humantime::format_duration(t.insert_timeout),
+            t.insert_concurrency
+        );
+    }
+    let _ = writeln!(out, "tenants:");
+    if config.tenants.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for t in config.tenants.values() {
+        let _ = writeln!(
+            out,
+            "  {}: target {} token {}",
+            t.name,
+            t.target.as_deref().unwrap_or("(none: rows parked)"),
+            if t.token.is_some() { "set" } else { "none" }
+        );
+    }
+    let _ = writeln!(out, "tables:");
+    let _ = writeln!(out, "  (default): {}", describe(&config.ingest));
+    for ((tenant, table), s) in &config.tables {
+        let _ = writeln!(out, "  {tenant}.{table}: {}", describe(s));
+    }
+    let _ = writeln!(
+        out,
+        "api: {} (auth {}) {}, connections {}; requests up to {}, rows up to {}, json depth {}, {} tables per tenant, {} descriptors reserved; rows published in messages of at most {} rows and {}",
+        config.api.listen,
+        match config.api.auth {
+            AuthMode::Token => "token",
+            AuthMode::None => "none: tenant from X-Tenant",
+        },
+        describe_limits(&config.api.limits),
+        config
+            .api
+            .max_connections
+            .map_or("from the descriptor limit".to_string(), |n| n.to_string()),
+        Size(config.api.max_request_bytes as u64),
+        Size(config.api.max_row_bytes as u64),
+        config.api.max_json_depth,
+        config.api.max_tables_per_tenant,
+        config.api.fd_reserve,
+        config.api.chunk_rows,
+        Size(config.api.chunk_bytes as u64)
+    );
+    let _ = writeln!(
+        out,
+        "admin: {} (token {}) {}, connections {}",
+        config.admin.listen,
+        if config.admin.token.is_some() {
+            "set"
+        } else {
+            "none: loopback only"
+        },
+        describe_limits(&config.admin.limits),
+        config.admin.max_connections
+    );
+    match &config.query {
+        Some(q) => {
+            let _ = writeln!(
+                out,
+                "query: target {} user {} timeout {} (max {}) concurrency {} per tenant {} retries {} budget {}+{}/s",
+                q.target,
+                q.user,
+                humantime::format_duration(q.default_timeout),
+                humantime::format_duration(q.max_timeout),
+                q.concurrency,
+                q.tenant_concurrency,
+                q.max_attempts.saturating_sub(1),
+                q.retry_budget,
+                q.retry_refill_per_sec
+            );
+        }
+        None => {
+            let _ = writeln!(out, "query: off (set [query] target to enable /v1/query)");
+        }
+    }
+    for w in &config.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+fn describe_limits(l: &ListenerLimits) -> String {
+    format!(
+        "timeouts header {} body {} idle {}",
+        humantime::format_duration(l.header_timeout),
+        humantime::format_duration(l.body_timeout),
+        humantime::format_duration(l.idle_timeout),
+    )
+}
+
+fn describe(s: &TableSettings) -> String {
+    format!(
+        "batch_rows {} batch_bytes {} batch_age {} dlq {} skip_unknown_fields {} missing_table_grace {}",
+        s.batch_rows,
+        Size(s.batch_bytes as u64),
+        humantime::format_duration(s.batch_age),
+        if s.dlq { "on" } else { "off" },
+        s.skip_unknown_fields,
+        humantime::format_duration(s.missing_table_grace)
+    )
+}

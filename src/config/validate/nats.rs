@@ -1,0 +1,212 @@
+//! `[nats]`: names, prefixes, budgets and the one way of authenticating.
+
+use std::path::PathBuf;
+
+use super::{Check, Key};
+use crate::config::file::FileConfig;
+use crate::config::nats_url::hide_credentials;
+use crate::config::{NatsAuth, NatsConfig};
+
+pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
+    let n = &file.nats;
+    let section = Key::table(["nats"]);
+    let k = |name: &str| section.key(name);
+    if n.url.trim().is_empty() {
+        c.problem(&[&k("url")], "[nats] url is empty");
+    }
+    if let Some(hidden) = hide_credentials(&n.url) {
+        c.problem(
+            &[&k("url")],
+            format!(
+                "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
+            ),
+        );
+    }
+    for (name, value) in [
+        ("stream", &n.stream),
+        ("consumer", &n.consumer),
+        ("dlq_stream", &n.dlq_stream),
+    ] {
+        if !is_nats_name(value) {
+            let key = k(name);
+            c.problem(
+                &[&key],
+                format!(
+                    "{key} = \"{value}\" is not a valid JetStream name (letters, digits, _ and -)"
+                ),
+            );
+        }
+    }
+    for (name, prefix) in [
+        ("subject_prefix", &n.subject_prefix),
+        ("dlq_subject_prefix", &n.dlq_subject_prefix),
+    ] {
+        if !is_subject_prefix(prefix) {
+            let key = k(name);
+            c.problem(
+                &[&key],
+                format!(
+                    "{key} = \"{prefix}\" is not a subject prefix like \"ingest\" (tokens of letters, digits, _ and -, separated by dots; no wildcards)"
+                ),
+            );
+        }
+    }
+    if n.stream == n.dlq_stream {
+        c.problem(
+            &[&k("stream"), &k("dlq_stream")],
+            "[nats] stream and dlq_stream must differ",
+        );
+    }
+    if !is_nats_name(&n.manifest_bucket) {
+        c.problem(
+            &[&k("manifest_bucket")],
+            format!(
+                "[nats] manifest_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
+                n.manifest_bucket
+            ),
+        );
+    }
+    let bucket_stream = format!("KV_{}", n.manifest_bucket);
+    if bucket_stream == n.stream || bucket_stream == n.dlq_stream {
+        c.problem(
+            &[&k("manifest_bucket"), &k("stream"), &k("dlq_stream")],
+            format!(
+                "[nats] manifest_bucket = \"{}\" is kept in stream {bucket_stream}, which is the name of another of Sluice's streams",
+                n.manifest_bucket
+            ),
+        );
+    }
+    if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
+        c.problem(
+            &[&k("manifest_max_bytes")],
+            format!(
+                "[nats] manifest_max_bytes = {}: must be at least 1MiB (one manifest of a 10,000-row batch takes about 10KiB)",
+                n.manifest_max_bytes
+            ),
+        );
+    }
+    if n.subject_prefix == n.dlq_subject_prefix
+        || n.subject_prefix
+            .starts_with(&format!("{}.", n.dlq_subject_prefix))
+        || n.dlq_subject_prefix
+            .starts_with(&format!("{}.", n.subject_prefix))
+    {
+        c.problem(
+            &[&k("subject_prefix"), &k("dlq_subject_prefix")],
+            "[nats] subject_prefix and dlq_subject_prefix must not overlap",
+        );
+    }
+    if n.max_bytes.bytes() == 0 || n.dlq_max_bytes.bytes() == 0 {
+        c.problem(
+            &[&k("max_bytes"), &k("dlq_max_bytes")],
+            "[nats] max_bytes and dlq_max_bytes must be above zero: they bound the queue and the DLQ",
+        );
+    }
+    c.positive(&k("ack_wait"), n.ack_wait.get());
+    c.positive(&k("duplicate_window"), n.duplicate_window.get());
+    if n.max_ack_pending <= 0 {
+        c.problem(
+            &[&k("max_ack_pending")],
+            format!(
+                "[nats] max_ack_pending = {}: must be above zero (it bounds the rows Sluice holds in memory)",
+                n.max_ack_pending
+            ),
+        );
+    }
+    if n.replicas == 0 || n.replicas > 5 {
+        c.problem(
+            &[&k("replicas")],
+            format!("[nats] replicas = {}: must be 1 to 5", n.replicas),
+        );
+    }
+    let auth = nats_auth(c, file, &section);
+    NatsConfig {
+        url: n.url.clone(),
+        stream: n.stream.clone(),
+        subject_prefix: n.subject_prefix.clone(),
+        consumer: n.consumer.clone(),
+        dlq_stream: n.dlq_stream.clone(),
+        dlq_subject_prefix: n.dlq_subject_prefix.clone(),
+        max_bytes: n.max_bytes.bytes(),
+        dlq_max_bytes: n.dlq_max_bytes.bytes(),
+        duplicate_window: n.duplicate_window.get(),
+        ack_wait: n.ack_wait.get(),
+        max_ack_pending: n.max_ack_pending,
+        auth,
+        replicas: n.replicas,
+        manifest_bucket: n.manifest_bucket.clone(),
+        manifest_max_bytes: n.manifest_max_bytes.bytes(),
+    }
+}
+
+/// The one way of authenticating to NATS the section chooses.
+fn nats_auth(c: &mut Check, file: &FileConfig, section: &Key) -> NatsAuth {
+    let n = &file.nats;
+    let k = |name: &str| section.key(name);
+    let mut methods = 0;
+    let mut auth = NatsAuth::None;
+    if let Some(user) = &n.user {
+        methods += 1;
+        match c.secret(&k("password_env"), &n.password_env) {
+            Some(password) => {
+                auth = NatsAuth::UserPassword {
+                    user: user.clone(),
+                    password,
+                }
+            }
+            None if n.password_env.is_none() => {
+                c.problem(&[&k("user")], "[nats] user is set without password_env")
+            }
+            None => {}
+        }
+    } else if n.password_env.is_some() {
+        c.problem(
+            &[&k("password_env")],
+            "[nats] password_env is set without user",
+        );
+    }
+    if n.token_env.is_some() {
+        methods += 1;
+        if let Some(token) = c.secret(&k("token_env"), &n.token_env) {
+            auth = NatsAuth::Token(token);
+        }
+    }
+    if let Some(path) = &n.creds_file {
+        methods += 1;
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            c.problem(
+                &[&k("creds_file")],
+                format!("[nats] creds_file = \"{}\" does not exist", path.display()),
+            );
+        }
+        auth = NatsAuth::CredsFile(path);
+    }
+    if methods > 1 {
+        c.problem(
+            &[&k("user"), &k("token_env"), &k("creds_file")],
+            "[nats] choose one of user/password_env, token_env or creds_file",
+        );
+    }
+    auth
+}
+
+/// The smallest manifest bucket budget taken.
+const MIN_MANIFEST_BYTES: u64 = 1 << 20;
+/// JetStream stream and consumer names: no whitespace, dots, wildcards or separators.
+fn is_nats_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn is_subject_prefix(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|token| {
+            !token.is_empty()
+                && token
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })
+}
