@@ -1,11 +1,13 @@
 //! The admin endpoint on real servers, as an operator uses it: readiness, the live
-//! actor tree, Prometheus metrics, the token, the DLQ tools (over HTTP and from
-//! `sluice dlq`), the logs and the page in a real browser.
+//! actor tree, Prometheus metrics, the token, the routes the page reads (rates, NATS,
+//! paged parked rows), the DLQ tools (over HTTP and from `sluice dlq`), the logs and
+//! the page in a real browser.
 
 mod cli;
 mod dlq;
 mod logs;
 mod metrics;
+mod overview;
 mod page;
 mod security;
 mod tree;

@@ -184,16 +184,26 @@ impl Browser {
     }
 
     /// Clicks the element `css` selects, as a user does (it must be visible and enabled).
+    /// A page that redraws the element between finding and clicking it (a refresh)
+    /// gets the click on the new one, as a user's would.
     pub async fn click(&self, css: &str) -> Result<()> {
-        let id = self.element(css).await?;
-        self.command(
-            reqwest::Method::POST,
-            &format!("/element/{id}/click"),
-            Some(&json!({})),
-        )
-        .await
-        .with_context(|| format!("clicking {css:?}"))?;
-        Ok(())
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let id = self.element(css).await?;
+            let clicked = self
+                .command(
+                    reqwest::Method::POST,
+                    &format!("/element/{id}/click"),
+                    Some(&json!({})),
+                )
+                .await;
+            match clicked {
+                Ok(_) => return Ok(()),
+                Err(e) if attempt < ATTEMPTS && e.to_string().contains("stale element") => {}
+                Err(e) => return Err(e.context(format!("clicking {css:?}"))),
+            }
+        }
+        bail!("clicking {css:?}: the element was redrawn {ATTEMPTS} times in a row")
     }
 
     /// Types `text` into the element `css` selects.

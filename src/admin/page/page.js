@@ -107,7 +107,7 @@ function tableKey(tenant, table) { return tenant + "." + table; }
 
 // --- the plot: a table's last ten minutes ---
 
-const PLOT_W = 200, PLOT_H = 40;
+const PLOT_W = 240, PLOT_H = 48;
 
 function plot(series, windowS, periodS) {
   const svg = document.createElementNS(SVG_NS, "svg");
@@ -120,6 +120,13 @@ function plot(series, windowS, periodS) {
   const title = document.createElementNS(SVG_NS, "title");
   title.textContent = "last " + Math.round(windowS / 60) + " minutes; top of the plot: " + perSecond(max);
   svg.append(title);
+  // The scale: what the top of the plot stands for.
+  const top = document.createElementNS(SVG_NS, "text");
+  top.setAttribute("x", 2);
+  top.setAttribute("y", 8);
+  top.setAttribute("class", "scale");
+  top.textContent = perSecond(max);
+  svg.append(top);
   const base = document.createElementNS(SVG_NS, "line");
   base.setAttribute("x1", 0); base.setAttribute("x2", PLOT_W);
   base.setAttribute("y1", PLOT_H - 0.5); base.setAttribute("y2", PLOT_H - 0.5);
@@ -133,7 +140,8 @@ function plot(series, windowS, periodS) {
     // A step per sample interval: flat across the interval it measured, so that even
     // the first interval of a new table shows.
     const points = values.flatMap((v, i) => {
-      const y = ((PLOT_H - 2) * (1 - v / max) + 1).toFixed(1);
+      // Below the scale's text, above the axis.
+      const y = (10 + (PLOT_H - 11) * (1 - v / max)).toFixed(1);
       return [x(ago[i] + periodS) + "," + y, x(ago[i]) + "," + y];
     });
     const line = document.createElementNS(SVG_NS, "polyline");
@@ -298,30 +306,55 @@ function renderNats(nats) {
 
 let dlqCounts = new Map();
 
+// The DLQ's rows stay the same elements from one refresh to the next (only their
+// counts change), so a button is never swapped away under the pointer or the focus.
+const dlqRows = new Map();
+
 function renderDlq(dlq) {
   const tables = (dlq && dlq.tables) || [];
   dlqCounts = new Map(tables.map((t) => [tableKey(t.tenant, t.table), t.rows]));
   $("dlq-total").textContent = dlq ? rows(dlq.total) + " parked" : "";
   if (tables.length === 0) {
+    dlqRows.clear();
     $("dlq").replaceChildren(el("p", { class: "facts" }, "empty: no row is parked"));
     return;
   }
-  const lines = tables.map((t) => {
+  let body = $("dlq").querySelector("tbody");
+  if (!body) {
+    body = el("tbody", {});
+    $("dlq").replaceChildren(el("table", { class: "grid" },
+      el("thead", {}, el("tr", {}, el("th", {}, "Table"), el("th", {}, "Parked rows"), el("th", {}, ""))),
+      body));
+  }
+  for (const [key, row] of dlqRows) {
+    if (!dlqCounts.has(key)) { row.remove(); dlqRows.delete(key); }
+  }
+  tables.forEach((t, i) => {
     const key = tableKey(t.tenant, t.table);
-    const action = (name, text, cls) => {
-      const b = el("button", { type: "button", class: cls, "data-action": name }, text);
-      b.addEventListener("click", () => dlqAction(name, t.tenant, t.table));
-      if (name !== "show" && t.rows === 0) b.disabled = true;
-      return b;
-    };
-    return el("tr", { "data-dlq": key },
-      el("td", { class: "name" }, key),
-      el("td", { class: "num", "data-field": "parked" }, count(t.rows)),
-      el("td", { class: "actions" }, action("show", "Show rows"), action("replay", "Replay", "primary"), action("purge", "Purge", "danger")));
+    let row = dlqRows.get(key);
+    if (!row) {
+      row = dlqRow(t.tenant, t.table);
+      dlqRows.set(key, row);
+    }
+    // In the answer's order; a row already in its place is left alone (moving it
+    // would take the focus from its button).
+    if (body.children[i] !== row) body.insertBefore(row, body.children[i] || null);
+    row.querySelector("[data-field='parked']").textContent = count(t.rows);
+    for (const b of row.querySelectorAll("button[data-action='replay'], button[data-action='purge']")) b.disabled = t.rows === 0;
   });
-  $("dlq").replaceChildren(el("table", { class: "grid" },
-    el("thead", {}, el("tr", {}, el("th", {}, "Table"), el("th", {}, "Parked rows"), el("th", {}, ""))),
-    el("tbody", {}, ...lines)));
+}
+
+function dlqRow(tenant, table) {
+  const action = (name, text, cls) => {
+    const b = el("button", { type: "button", class: cls, "data-action": name }, text);
+    b.addEventListener("click", () => dlqAction(name, tenant, table));
+    return b;
+  };
+  const key = tableKey(tenant, table);
+  return el("tr", { "data-dlq": key },
+    el("td", { class: "name" }, key),
+    el("td", { class: "num", "data-field": "parked" }),
+    el("td", { class: "actions" }, action("show", "Show rows"), action("replay", "Replay", "primary"), action("purge", "Purge", "danger")));
 }
 
 function dlqAction(name, tenant, table) {
