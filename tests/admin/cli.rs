@@ -67,15 +67,9 @@ async fn an_operator_lists_peeks_replays_and_purges_from_the_shell() -> Result<(
         ],
     )
     .await?;
-    ingest_ok(
-        &stack,
-        "strict",
-        &[json!({"id": 1, "extra": 1}), json!({"id": 2, "extra": 2})],
-    )
-    .await?;
     wait_count(&stack, "SELECT count() FROM orders", 1).await?;
     wait_parked(&stack, "orders", 2).await?;
-    wait_parked(&stack, "strict", 2).await?;
+    park_two_in_strict(&stack).await?;
 
     // list: each table's count, and the total.
     let list = dlq(&["list"], &env, "").await?;

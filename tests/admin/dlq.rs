@@ -163,13 +163,7 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
     assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 0);
 
     // A limit replays that many: park two unknown-field rows in another table.
-    ingest_ok(
-        &stack,
-        "strict",
-        &[json!({"id": 1, "extra": 1}), json!({"id": 2, "extra": 2})],
-    )
-    .await?;
-    wait_parked(&stack, "strict", 2).await?;
+    park_two_in_strict(&stack).await?;
     let peeked = stack.dlq_rows("strict").await?;
     assert!(
         peeked

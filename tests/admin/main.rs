@@ -155,6 +155,17 @@ pub async fn dlq_count(stack: &Stack, tenant: &str, table: &str) -> Result<u64> 
         .unwrap_or(0))
 }
 
+/// Sends `strict` two rows with a field it does not have, and waits until both are
+/// parked.
+pub async fn park_two_in_strict(stack: &Stack) -> Result<()> {
+    let rows = [
+        serde_json::json!({"id": 1, "extra": 1}),
+        serde_json::json!({"id": 2, "extra": 2}),
+    ];
+    ingest_ok(stack, "strict", &rows).await?;
+    wait_parked(stack, "strict", 2).await
+}
+
 /// Waits until exactly `n` rows of `table` are parked.
 pub async fn wait_parked(stack: &Stack, table: &str, n: u64) -> Result<()> {
     wait_for(

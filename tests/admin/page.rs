@@ -213,13 +213,7 @@ async fn an_operator_sees_why_rows_are_parked_replays_and_purges_them_from_the_p
     screenshot(&browser, "2-replayed.png").await?;
 
     // Purge wants the table's name typed: the button stays off until it is.
-    ingest_ok(
-        &stack,
-        "strict",
-        &[json!({"id": 1, "extra": 1}), json!({"id": 2, "extra": 2})],
-    )
-    .await?;
-    wait_parked(&stack, "strict", 2).await?;
+    park_two_in_strict(&stack).await?;
     let strict = format!("{TENANT}.strict");
     browser
         .wait_text(
