@@ -47,6 +47,7 @@
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
 //! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0        | 3     |
+//! | `split_interrupted_by_an_outage` | the twin's batch split (252), its first parts in, then every INSERT 502 for 5 s: resumed, never sent whole | 20 |
 //! | `replicated_default_window`      | Sluice kill -9 beside a Replicated copy left at 18.16's default window (100): reported at least once, as the docs' arithmetic says | 20 |
 //! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
 //! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
@@ -59,6 +60,7 @@
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
+//! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
 //!
 //! The scenarios in `mod nats` are the ones where NATS itself is under stress. Every
 //! scenario runs its rows through NATS, so the test command runs the whole suite twice:
@@ -68,8 +70,10 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use sluice_harness::chaos::{held_in_tree, table_state, Pace, Published, RowSet, Scenario};
-use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions};
+use sluice_harness::chaos::{
+    held_in_tree, table_state, Feed, Pace, Progress, Published, RowSet, Scenario,
+};
+use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions, TENANT};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -1147,6 +1151,84 @@ async fn replicated_default_window() -> Result<()> {
 
 /// The scenarios where NATS itself is under stress: the test command runs these
 /// against both nats-server versions.
+/// Issue 20: a batch of the Replicated twin is split (its first insert answered 252,
+/// too many parts), its first row and first half go in as blocks of their own, then
+/// every INSERT is answered 502 for 5 s while rows flow (bad ones among them, so other
+/// batches are being isolated too), then everything passes. The split batch resumes
+/// from its recorded split: the twin holds every good row once (an earlier Sluice sent
+/// it whole again after the outage and inserted its first half twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_interrupted_by_an_outage() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "split_interrupted_by_an_outage",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..8000).with_bad_spread(8),
+        Pace::new(200, ms(100)),
+    )?;
+    landing(&s, "events", 400).await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_requests();
+    let twin = sluice_harness::chaos::twin_of("events");
+    // `INSERT INTO `<database>`.`<table>``: the table's part of the query.
+    let into_twin = format!("`.`{twin}`");
+    proxy.add_rule(
+        Rule::query_contains(
+            &into_twin,
+            Respond::clickhouse_modern(
+                252,
+                "TOO_MANY_PARTS",
+                "Too many parts (300). Merges are processing significantly slower than inserts",
+            ),
+        )
+        .times(1),
+    );
+    proxy.add_rule(Rule::query_contains(&into_twin, Mode::PassThrough).times(2));
+    proxy.add_rule(Rule::query_contains("INSERT", Respond::status_only(502)));
+    // The split met the outage: the 252, its first parts through, then 502s.
+    wait_for(
+        "the twin's split met the outage",
+        secs(30),
+        ms(100),
+        || async {
+            let log = proxy.requests();
+            let split = log.iter().position(|r| r.action.contains("respond 500"));
+            let through = split.map_or(0, |at| {
+                log[at..]
+                    .iter()
+                    .filter(|r| r.uri.contains("INSERT") && r.action.ends_with("pass"))
+                    .count()
+            });
+            let outage = log
+                .iter()
+                .filter(|r| r.action.contains("respond 502"))
+                .count();
+            if split.is_some() && through >= 2 && outage >= 1 {
+                Ok(())
+            } else {
+                anyhow::bail!("split {split:?}, {through} parts through, {outage} outage answers")
+            }
+        },
+    )
+    .await
+    .with_context(|| s.logs())?;
+    tokio::time::sleep(secs(5)).await; // the outage
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_rules();
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
 mod nats {
     use super::*;
 
@@ -1469,6 +1551,55 @@ mod nats {
             survivor_after > survivor_before,
             "the survivor inserted nothing after the kill ({survivor_before} then {survivor_after})"
         );
+        Ok(())
+    }
+
+    /// Issue 20: two tenants send through the ingest API numbering their requests alike
+    /// (`order-0`, `order-1`... for both tenants, and for the table and its twin), and
+    /// nats-server is restarted under them: a key belongs to its tenant and table, so
+    /// no tenant's rows are taken for another's duplicates, and the retries after the
+    /// restart store each row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_tenants_sharing_keys() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("two_tenants_sharing_keys", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("tenants.globex.target", "main");
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let pace = Pace::new(200, ms(100));
+        let acme = s.feed_api_as(
+            TENANT,
+            "order",
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            pace,
+        )?;
+        // All good: the tally reads the DLQ of the stack's tenant only.
+        let globex = s.feed_api_as(
+            "globex",
+            "order",
+            "events",
+            RowSet::good(100_000..110_000),
+            pace,
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.stop().await?;
+        tokio::time::sleep(secs(3)).await; // the outage
+        s.stack.nats.start_again().await?;
+        let met_the_outage = |feed: &Feed| {
+            let progress = feed.progress();
+            Progress::get(&progress.unavailable) + Progress::get(&progress.transport_errors)
+        };
+        ensure!(
+            met_the_outage(&acme) + met_the_outage(&globex) > 0,
+            "the feeds ended before the outage: nothing was retried"
+        );
+        let acme = s.published(acme).await?;
+        let globex = s.published(globex).await?;
+        s.finish(&[acme, globex]).await?;
         Ok(())
     }
 }

@@ -46,6 +46,10 @@ pub const TABLE_EXACTLY_ONCE: &str = "sluice_table_exactly_once";
 /// Not in DESIGN's list: batches that could not be recorded in the manifest store (they
 /// wait; nothing is inserted unrecorded).
 pub const MANIFEST_FAILURES: &str = "sluice_manifest_failures_total";
+/// Recorded batches sent again later than the table's deduplication window
+/// (`replicated_deduplication_window_seconds`) since they were claimed: ClickHouse may
+/// have forgotten their first attempt and take their rows twice.
+pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
 /// Not in DESIGN's list, needed by its "a table that does not exist is waited for":
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -78,6 +82,7 @@ pub const ALL: &[&str] = &[
     TABLE_MISSING,
     TABLE_EXACTLY_ONCE,
     MANIFEST_FAILURES,
+    PAST_DEDUP_WINDOW,
     CONSUMER_PENDING,
     ACTOR_RESTARTS,
     DLQ_PUBLISH_FAILURES,
@@ -147,6 +152,11 @@ pub fn describe_all() {
         MANIFEST_FAILURES,
         Unit::Count,
         "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded."
+    );
+    describe_counter!(
+        PAST_DEDUP_WINDOW,
+        Unit::Count,
+        "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice."
     );
     describe_gauge!(
         CONSUMER_PENDING,
@@ -223,6 +233,7 @@ pub struct TableMetrics {
     pub missing: Gauge,
     pub exactly_once: Gauge,
     pub manifest_failures: Counter,
+    pub past_dedup_window: Counter,
 }
 
 impl TableMetrics {
@@ -252,6 +263,7 @@ impl TableMetrics {
             missing: gauge!(TABLE_MISSING, "tenant" => tenant.clone(), "table" => table.clone()),
             exactly_once: gauge!(TABLE_EXACTLY_ONCE, "tenant" => tenant.clone(), "table" => table.clone()),
             manifest_failures: tt(MANIFEST_FAILURES),
+            past_dedup_window: tt(PAST_DEDUP_WINDOW),
         }
     }
 

@@ -470,6 +470,7 @@ pub struct ScriptedInserter {
     probes: AtomicU32,
     /// What `deduplicates()` answers for every table.
     dedup: AtomicBool,
+    dedup_window: Mutex<Option<DedupWindow>>,
 }
 
 impl ScriptedInserter {
@@ -521,6 +522,11 @@ impl ScriptedInserter {
     /// Whether every table deduplicates inserts (exactly-once) or not (the default).
     pub fn set_dedup(&self, on: bool) {
         self.dedup.store(on, Ordering::Relaxed);
+    }
+
+    /// The deduplication window the table reports (none by default).
+    pub fn set_dedup_window(&self, window: Option<DedupWindow>) {
+        *self.dedup_window.lock().unwrap() = window;
     }
 
     /// Every insert takes this long (paused time makes it free).
@@ -593,7 +599,7 @@ impl Inserter for ScriptedInserter {
                 "scripted: does not deduplicate"
             }
             .into(),
-            window: None,
+            window: *self.dedup_window.lock().unwrap(),
         })
     }
 

@@ -2,8 +2,9 @@
 //! listener's OpenAPI document.
 //!
 //! The query surface lives in `crate::query` and is mounted here with `query::route`;
-//! what the surfaces share (tenant resolution) lives here.
+//! what the surfaces share (tenant resolution, the headers sent once) lives here.
 
+pub mod headers;
 pub mod ingest;
 mod openapi;
 pub mod tenant;

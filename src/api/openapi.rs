@@ -62,6 +62,16 @@ fn ingest_reply_or_tenant(description: &str) -> Value {
     )
 }
 
+/// An answer that may be given again, as it was, to a retry under the same
+/// `Idempotency-Key`.
+fn replayable(mut response: Value) -> Value {
+    response["headers"] = json!({"Idempotent-Replayed": {
+        "description": "`true` when this is the answer given before to a request with the same `Idempotency-Key` and body: nothing was stored this time.",
+        "schema": {"type": "string", "enum": ["true"]},
+    }});
+    response
+}
+
 fn retry_after() -> Value {
     json!({"Retry-After": {
         "description": "Seconds to wait before sending the same request again.",
@@ -99,7 +109,7 @@ fn ingest() -> Value {
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": false,
-                "description": "Makes a retry safe: the same body sent again with the same key stores none of its rows twice (the rows stored already count as `duplicates`). 1 to 128 visible ASCII characters.",
+                "description": "Makes a retry safe: the same body sent again with the same key (for this tenant and table) stores none of its rows twice and gets the first answer again (`Idempotent-Replayed: true`); another body under it is refused (422), and a retry while the first is in progress waits (409). 1 to 128 visible ASCII characters.",
                 "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
             },
         ],
@@ -109,8 +119,8 @@ fn ingest() -> Value {
             "content": content,
         },
         "responses": {
-            "202": ingest_reply("Every row was stored in the ingest stream."),
-            "400": ingest_reply_or_tenant("Some rows were refused (`errors` says which and why; the others were accepted), the body holds no rows or is not readable, the `Idempotency-Key` is not usable, the stream refused a message, or the request names no tenant (`X-Tenant` missing, not a name, or sent twice)."),
+            "202": replayable(ingest_reply("Every row was stored in the ingest stream.")),
+            "400": replayable(ingest_reply_or_tenant("Some rows were refused (`errors` says which and why; the others were accepted), the body holds no rows or is not readable, the `Idempotency-Key` is not usable, the stream refused a message, or the request names no tenant (`X-Tenant` missing, not a name, or sent twice).")),
             "401": {
                 "description": "No bearer token, or an `Authorization` header that is not `Bearer <token>`.",
                 "headers": challenge(),
@@ -118,10 +128,14 @@ fn ingest() -> Value {
             },
             "403": ingest_reply_or_tenant("The token belongs to no tenant, or the tenant writes to as many tables as `[api] max_tables_per_tenant` allows."),
             "404": ingest_reply_or_tenant("Not a table name, a table the tenant's ClickHouse target does not have, or (with `auth = \"none\"`) no such tenant."),
-            "409": ingest_reply("May answer: a request with the same `Idempotency-Key` is still in progress; send it again later."),
+            "409": {
+                "description": "A request with the same `Idempotency-Key` (for this tenant and table) is in progress: send this one again after `Retry-After`; it then gets that request's answer.",
+                "headers": retry_after(),
+                "content": {"application/json": {"schema": schema("IngestReply")}},
+            },
             "413": ingest_reply("The body is over `[api] max_request_bytes`: split it."),
             "415": ingest_reply("A `Content-Type` that is not taken: send `application/json`, `application/x-ndjson` or `application/json-seq`."),
-            "422": ingest_reply("May answer: the `Idempotency-Key` was used before with another body."),
+            "422": ingest_reply("The `Idempotency-Key` was used for another body (for this tenant and table, within `[nats] duplicate_window`): a retry must send the same body; another request needs another key."),
             "503": {
                 "description": "The stream is full or unreachable, or the requests in progress hold all of `[api] ingest_memory`: the rows counted in `not_stored` were not stored. Send the same body with the same `Idempotency-Key` again after `Retry-After`.",
                 "headers": retry_after(),
@@ -218,8 +232,8 @@ fn components() -> Value {
                 "type": "object",
                 "required": ["accepted", "duplicates", "rejected", "not_stored", "errors"],
                 "properties": {
-                    "accepted": {"type": "integer", "minimum": 0, "description": "Rows stored in the ingest stream."},
-                    "duplicates": {"type": "integer", "minimum": 0, "description": "Of the accepted rows, those stored already under the same Idempotency-Key: stored once."},
+                    "accepted": {"type": "integer", "minimum": 0, "description": "Rows stored in the ingest stream, by this request or an earlier one under the same Idempotency-Key."},
+                    "duplicates": {"type": "integer", "minimum": 0, "description": "Of the accepted rows, those an earlier request under the same Idempotency-Key stored: stored once."},
                     "rejected": {"type": "integer", "minimum": 0, "description": "Rows refused."},
                     "not_stored": {"type": "integer", "minimum": 0, "description": "Rows not stored because the stream was full or unreachable: send them again."},
                     "errors": {"type": "array", "maxItems": MAX_LISTED_ERRORS, "items": schema("RowError"), "description": format!("The first {MAX_LISTED_ERRORS} refused rows.")},
@@ -287,12 +301,6 @@ mod tests {
     use crate::openapi::{dangling_refs, documented_paths, documented_statuses};
     use crate::telemetry::metrics::{INGEST_STATUSES, QUERY_STATUSES};
 
-    /// Statuses `POST /v1/ingest/{table}` may answer once the Idempotency-Key answers
-    /// of the IETF draft are in: 409 while a request with the same key is in progress,
-    /// 422 for the same key with another body. Documented ahead of the code; the
-    /// metrics do not list them yet.
-    const INGEST_STATUSES_TO_COME: &[u16] = &[409, 422];
-
     #[test]
     fn every_routed_path_is_documented_and_nothing_else() {
         let doc = build();
@@ -306,13 +314,9 @@ mod tests {
     }
 
     #[test]
-    fn the_statuses_are_those_the_metrics_count_and_those_to_come() {
+    fn the_statuses_are_those_the_metrics_count() {
         let doc = build();
-        let ingest: BTreeSet<u16> = INGEST_STATUSES
-            .iter()
-            .chain(INGEST_STATUSES_TO_COME)
-            .copied()
-            .collect();
+        let ingest: BTreeSet<u16> = INGEST_STATUSES.iter().copied().collect();
         assert_eq!(
             documented_statuses(&doc, "/v1/ingest/{table}", "post"),
             ingest

@@ -14,13 +14,14 @@ use super::connection::Bounds;
 use super::descriptors::{self, Caps};
 use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState, NatsView};
+use crate::api::ingest::idempotency::{self, Idempotency};
 use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
 use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
 use crate::clickhouse::insert::HttpInserter;
 use crate::config::Config;
-use crate::nats::{Dlq, Publisher, StreamSettings};
+use crate::nats::{Dlq, KeyStore, KeyStoreSettings, Publisher, StreamSettings};
 use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +81,16 @@ pub async fn start(
         table_rows,
     } = parts;
     let tenants = TenantResolver::new(config.clone());
+    let key_lease = idempotency::lease(config.api.limits.body_timeout);
+    let keys = KeyStore::new(
+        publisher.context().clone(),
+        KeyStoreSettings {
+            bucket: config.nats.idempotency_bucket.clone(),
+            max_bytes: config.nats.idempotency_max_bytes,
+            replicas: config.nats.replicas,
+            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+        },
+    );
     let ingest_state = Arc::new(IngestState {
         tenants,
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
@@ -100,6 +111,8 @@ pub async fn start(
         retry_after: config.api.retry_after,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
+        keys: Idempotency::new(keys, key_lease),
+        key_lease,
     });
     let query_state =
         crate::query::QueryState::new(config.clone()).context("setting up the query gateway")?;

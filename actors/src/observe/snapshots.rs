@@ -73,6 +73,12 @@ pub struct TableSnapshot {
     pub exactly_once: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exactly_once_why: Option<String>,
+    /// Recorded batches of the table the ledger knows of (open, split or settled and not
+    /// removed yet).
+    pub recorded_batches: usize,
+    /// Recorded batches sent again past the table's deduplication window (see
+    /// `sluice_batches_past_dedup_window_total`).
+    pub batches_past_dedup_window: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }

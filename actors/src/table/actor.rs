@@ -51,6 +51,7 @@ struct Totals {
     parked: u64,
     handed_back: u64,
     dlq_failures: u64,
+    past_dedup_window: u64,
     last_error: Option<String>,
 }
 
@@ -180,6 +181,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             }),
             exactly_once: self.dedup.as_ref().map(|d| d.exactly_once),
             exactly_once_why: self.dedup.as_ref().map(|d| d.why.clone()),
+            recorded_batches: self.ledger.recorded(),
+            batches_past_dedup_window: self.totals.past_dedup_window,
             last_error: self.totals.last_error.clone(),
         }
     }
@@ -522,6 +525,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.totals.parked += out.parked as u64;
         self.totals.handed_back += out.handed_back as u64;
         self.totals.dlq_failures += out.dlq_failures as u64;
+        self.totals.past_dedup_window += u64::from(out.past_dedup_window);
         if out.last_error.is_some() {
             self.totals.last_error = out.last_error;
         }

@@ -114,7 +114,11 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     links: &FlightLinks<D>,
 ) -> FlightOutcome {
     let suspect = cargo.suspect();
-    let (prepared, dedup) = prepare(ctx, cargo, held_since).await;
+    let Formation {
+        prepared,
+        dedup,
+        past_dedup_window,
+    } = prepare(ctx, cargo, held_since).await;
     let (batch, record, mut verdicts, verdict, last_error, untried) = match prepared {
         Prepared::Nothing => {
             // Settled by a record (counted when its batch was), or nothing left: the
@@ -122,6 +126,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
             report(ctx, links, tickets, Verdict::Unfinished, false).await;
             return FlightOutcome {
                 dedup,
+                past_dedup_window,
                 ..Default::default()
             };
         }
@@ -249,6 +254,26 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         },
         dedup,
         struck,
+        past_dedup_window,
+    }
+}
+
+/// What forming a cargo made, and what the flight learnt on the way.
+struct Formation<D> {
+    prepared: Prepared<D>,
+    /// Whether ClickHouse deduplicates the table, when the flight asked.
+    dedup: Option<Dedup>,
+    /// A recorded batch formed again past the table's deduplication window.
+    past_dedup_window: bool,
+}
+
+impl<D> Formation<D> {
+    fn of(prepared: Prepared<D>, dedup: Option<Dedup>) -> Self {
+        Self {
+            prepared,
+            dedup,
+            past_dedup_window: false,
+        }
     }
 }
 
@@ -257,25 +282,25 @@ async fn prepare<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     cargo: Cargo<D>,
     held_since: Instant,
-) -> (Prepared<D>, Option<Dedup>) {
+) -> Formation<D> {
     let store = ctx.common.manifests.as_ref();
     match cargo {
         Cargo::Fresh {
             deliveries, done, ..
         } => {
             let Some(store) = store else {
-                return (unrecorded(deliveries, done, held_since), None);
+                return Formation::of(unrecorded(deliveries, done, held_since), None);
             };
             let dedup = match ctx.inserter.deduplicates(&ctx.key).await {
                 Ok(dedup) => dedup,
                 Err(e) => {
                     let batch = Batch::resuming(deliveries, done, held_since);
                     let verdict = outage(e);
-                    return (Prepared::Failed { batch, verdict }, None);
+                    return Formation::of(Prepared::Failed { batch, verdict }, None);
                 }
             };
             if !dedup.exactly_once {
-                return (unrecorded(deliveries, done, held_since), Some(dedup));
+                return Formation::of(unrecorded(deliveries, done, held_since), Some(dedup));
             }
             // A recorded batch never skips lines: its rows are a function of its
             // messages (an unrecorded flight settles lines only while the table was not
@@ -287,15 +312,26 @@ async fn prepare<I: Inserter, D: Delivery>(
                     "messages held past ack_wait may be in another batch by now: they go back");
                 back_for_now(ctx, expired);
             }
-            (settle_formed(ctx, formed, held_since).await, Some(dedup))
+            let prepared = settle_formed(ctx, formed, held_since).await;
+            Formation::of(prepared, Some(dedup))
         }
         Cargo::Reformed { manifest, held, .. } => {
             let Some(store) = store else {
-                return (unrecorded(held, Vec::new(), held_since), None);
+                return Formation::of(unrecorded(held, Vec::new(), held_since), None);
             };
             let io = ctx.ledger_io(store);
             let formed = reform(&io, &manifest.id, held, held_since).await;
-            (settle_formed(ctx, formed, held_since).await, None)
+            let past_dedup_window = match &formed {
+                Formed::Batch {
+                    record: Some(m), ..
+                } => past_window(ctx, m).await,
+                _ => false,
+            };
+            Formation {
+                prepared: settle_formed(ctx, formed, held_since).await,
+                dedup: None,
+                past_dedup_window,
+            }
         }
     }
 }
@@ -313,6 +349,31 @@ fn unrecorded<D: Delivery>(
         attempt: Attempt::Whole,
         verdicts,
     }
+}
+
+/// A recorded batch sent again after the table's deduplication window (in seconds) has
+/// passed since it was claimed: ClickHouse may have forgotten its first attempt. It is
+/// sent all the same (its rows must go in); the metric and the log say a row may be
+/// twice.
+async fn past_window<I: Inserter>(ctx: &FlightCtx<I>, m: &Manifest) -> bool {
+    let Some(age) = m.age(crate::ledger::forming::unix_ms()) else {
+        return false;
+    };
+    let Ok(dedup) = ctx.inserter.deduplicates(&ctx.key).await else {
+        return false;
+    };
+    let Some(seconds) = dedup.window.and_then(|w| w.seconds) else {
+        return false;
+    };
+    let past = age > seconds;
+    if past {
+        ctx.metrics.past_dedup_window.increment(1);
+        tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id,
+            age = %humantime::format_duration(Duration::from_secs(age.as_secs())),
+            window = %humantime::format_duration(seconds),
+            "a recorded batch is sent again past the table's deduplication window: ClickHouse may take its rows twice (raise replicated_deduplication_window_seconds)");
+    }
+    past
 }
 
 /// What the flight does with what the ledger formed.

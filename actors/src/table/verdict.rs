@@ -67,6 +67,8 @@ pub struct FlightOutcome {
     /// The flight lost ClickHouse's connection while ClickHouse was taking inserts:
     /// a strike against each of these messages.
     pub struck: Vec<u64>,
+    /// A recorded batch was sent again past the table's deduplication window.
+    pub past_dedup_window: bool,
 }
 
 /// What becomes of a flight's pending rows, as the owner of the breaker that sent them
