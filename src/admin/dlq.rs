@@ -17,6 +17,8 @@ use crate::nats::ParkedRow;
 pub const MAX_LIMIT: usize = 10_000;
 /// Rows a replay takes when the request names no `limit`.
 pub const REPLAY_DEFAULT: usize = 1000;
+/// Rows a peek shows when the request names no `limit`.
+pub const PEEK_DEFAULT: usize = 20;
 
 pub async fn counts(State(state): State<Arc<AdminState>>) -> Response {
     match state.dlq.counts().await {
@@ -24,9 +26,6 @@ pub async fn counts(State(state): State<Arc<AdminState>>) -> Response {
         Err(e) => unavailable(e),
     }
 }
-
-/// Rows a peek shows when the request names no `limit`.
-pub const PEEK_DEFAULT: usize = 20;
 
 #[derive(Deserialize)]
 pub struct PeekParams {
