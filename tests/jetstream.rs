@@ -891,6 +891,64 @@ async fn a_replay_into_a_full_queue_leaves_the_rows_parked() -> Result<()> {
     Ok(())
 }
 
+/// A replay whose publish went through but whose removal from the DLQ failed, retried
+/// after the ingest stream's duplicate window (and after the replayed message was
+/// consumed, so JetStream has nothing left to drop it by): the row is removed from the
+/// DLQ without being published again (an earlier Sluice published it twice).
+#[tokio::test]
+async fn a_replay_retried_after_its_removal_failed_does_not_publish_twice() -> Result<()> {
+    const WINDOW: Duration = Duration::from_secs(1);
+    let Some(server) =
+        nats_or_skip("a_replay_retried_after_its_removal_failed_does_not_publish_twice").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let settings = StreamSettings {
+        duplicate_window: WINDOW,
+        ..settings(64 << 20, Duration::from_secs(30))
+    };
+    ensure_streams(&js, &settings).await?;
+    let dlq_publisher = Publisher::new(js.clone(), &settings.dlq_stream, settings.dlq_max_bytes);
+    dlq_publisher
+        .publish("dlq.acme.events".into(), r#"{"id":1}"#.into(), None, None)
+        .await?;
+    let ingest = Publisher::new(js.clone(), &settings.stream, settings.max_bytes);
+    let dlq = Dlq::new(js.clone(), settings.clone(), ingest);
+    // The DLQ refuses deletes: the replay publishes, then cannot remove the row.
+    let mut stream = js.get_stream("DLQ").await?;
+    let mut config = stream.info().await?.config.clone();
+    config.deny_delete = true;
+    js.update_stream(config).await?;
+    let first = dlq.replay("acme", "events", 10, false).await?;
+    assert_eq!((first.replayed, first.failed), (0, 1), "{first:?}");
+    assert!(
+        first
+            .errors
+            .iter()
+            .any(|e| e.contains("not removed from the DLQ")),
+        "{first:?}"
+    );
+    assert_eq!(stream_messages(&js, "INGEST").await?, 1, "published once");
+    // The replayed row is consumed (inserted), and the duplicate window passes.
+    let ingest_stream = js.get_stream("INGEST").await?;
+    let replayed = ingest_stream
+        .get_last_raw_message_by_subject("ingest.acme.events")
+        .await?;
+    ingest_stream.delete_message(replayed.sequence).await?;
+    tokio::time::sleep(WINDOW * 2).await; // the window is the server's clock
+                                          // Retried (the row still parked): it is not published again.
+    let second = dlq.replay("acme", "events", 10, false).await?;
+    assert_eq!((second.replayed, second.failed), (0, 1), "{second:?}");
+    assert_eq!(
+        stream_messages(&js, "INGEST").await?,
+        0,
+        "published a second time: {second:?}"
+    );
+    assert_eq!(dlq.counts().await?.total, 1, "still parked until removed");
+    Ok(())
+}
+
 /// The consumer as the server sees it: (acks pending, ack floor's stream sequence).
 async fn consumer_state(js: &jetstream::Context) -> Result<(usize, u64)> {
     let mut consumer: consumer::PullConsumer = js

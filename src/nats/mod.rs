@@ -8,7 +8,7 @@ mod connect;
 mod delivery;
 mod dlq;
 mod held;
-mod idempotency;
+mod key_store;
 mod kv_bucket;
 mod manifest;
 mod publish;
@@ -20,7 +20,7 @@ mod stall;
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
-pub use idempotency::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
+pub use key_store::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
 pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,

@@ -86,7 +86,10 @@ pub async fn start(
         publisher.context().clone(),
         KeyStoreSettings {
             bucket: config.nats.idempotency_bucket.clone(),
+            purpose: "idempotency",
+            description: "Sluice Idempotency-Key records: each keyed ingest request's body fingerprint and answer",
             max_bytes: config.nats.idempotency_max_bytes,
+            full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
             replicas: config.nats.replicas,
             max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
         },

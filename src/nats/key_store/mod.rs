@@ -1,7 +1,8 @@
-//! The ingest API's `Idempotency-Key` records, in a JetStream key-value bucket shared by
-//! every Sluice instance: what a key was used for, kept across restarts of Sluice and
-//! nats-server for as long as the bucket keeps a record (see `api::ingest::idempotency`
-//! for what a record says; here a record is bytes under a key, with a revision).
+//! Records under keys in a JetStream key-value bucket shared by every Sluice instance,
+//! kept across restarts of Sluice and nats-server for as long as the bucket keeps a
+//! record: the ingest API's `Idempotency-Key` records (see `api::ingest::idempotency`
+//! for what one says) and the DLQ's replay markers (`nats::dlq`). Here a record is
+//! bytes under a key, with a revision.
 //!
 //! Every write is a compare-and-set on the key's revision, so two instances taking the
 //! same key at once cannot both win. Writes go through a [`Publisher`] (the bucket's
@@ -26,10 +27,18 @@ const KV_OPERATION: &str = "KV-Operation";
 /// What the store is made of.
 #[derive(Clone, Debug)]
 pub struct KeyStoreSettings {
-    /// `[nats] idempotency_bucket`: the bucket (its stream is `KV_<bucket>`).
+    /// The bucket (its stream is `KV_<bucket>`).
     pub bucket: String,
-    /// `[nats] idempotency_max_bytes`: past it a new record fails (the request 503s).
+    /// What its records are for, in errors ("the {purpose} bucket ..."): "idempotency",
+    /// "DLQ replay".
+    pub purpose: &'static str,
+    /// What the stream says it holds (`nats stream info`).
+    pub description: &'static str,
+    /// Past it a new record fails.
     pub max_bytes: u64,
+    /// Where `max_bytes` comes from, and when records go, for a full bucket's error:
+    /// "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window".
+    pub full_hint: &'static str,
     pub replicas: usize,
     /// How long a record is kept after its last write.
     pub max_age: Duration,
@@ -61,11 +70,19 @@ pub enum KeyStoreError {
     #[error("the key was written by another request meanwhile")]
     Conflict,
     /// The bucket is at its byte budget.
-    #[error("the idempotency bucket {0} is full ([nats] idempotency_max_bytes); its records expire after [nats] duplicate_window")]
-    Full(String),
+    #[error("the {purpose} bucket {bucket} is full ({hint})")]
+    Full {
+        purpose: &'static str,
+        bucket: String,
+        hint: &'static str,
+    },
     /// NATS or JetStream did not answer, or refused.
-    #[error("the idempotency bucket {bucket} cannot be used: {why}")]
-    Unavailable { bucket: String, why: String },
+    #[error("the {purpose} bucket {bucket} cannot be used: {why}")]
+    Unavailable {
+        purpose: &'static str,
+        bucket: String,
+        why: String,
+    },
 }
 
 /// The records of one Sluice instance's ingest API.
@@ -155,7 +172,11 @@ impl KeyStore {
         match self.puts.publish(subject, value, Some(headers), None).await {
             Ok(published) => Ok(published.sequence),
             Err(PublishError::WrongLastSequence) => Err(KeyStoreError::Conflict),
-            Err(PublishError::QueueFull) => Err(KeyStoreError::Full(self.settings.bucket.clone())),
+            Err(PublishError::QueueFull) => Err(KeyStoreError::Full {
+                purpose: self.settings.purpose,
+                bucket: self.settings.bucket.clone(),
+                hint: self.settings.full_hint,
+            }),
             Err(e) => Err(self.lost(format!("writing {key}: {e}")).await),
         }
     }
@@ -181,6 +202,7 @@ impl KeyStore {
 
     fn unavailable(&self, why: String) -> KeyStoreError {
         KeyStoreError::Unavailable {
+            purpose: self.settings.purpose,
             bucket: self.settings.bucket.clone(),
             why,
         }
