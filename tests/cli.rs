@@ -557,9 +557,9 @@ fn run_refuses_credentials_in_the_nats_url_and_never_logs_them() -> Result<()> {
     Ok(())
 }
 
-/// DESIGN.md's example configuration: no `[api] auth`, so the API wants bearer tokens,
+/// The original brief's example configuration: no `[api] auth`, so the API wants bearer tokens,
 /// and no tenant has one.
-const DESIGN_EXAMPLE: &str = r#"
+const BRIEF_EXAMPLE: &str = r#"
 [nats]
 url = "nats://127.0.0.1:4222"
 stream = "INGEST"
@@ -598,7 +598,7 @@ token_env = "SLUICE_ADMIN_TOKEN"
 
 #[test]
 fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
-    let (_dir, path) = config_file(DESIGN_EXAMPLE)?;
+    let (_dir, path) = config_file(BRIEF_EXAMPLE)?;
     let env = [
         ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
         ("SLUICE_ADMIN_TOKEN", "admin-secret"),

@@ -1,5 +1,5 @@
 //! The insert client against a real ClickHouse (Debian's 18.16) and the fault proxy:
-//! every failure an operator can meet comes back with the class DESIGN.md gives it,
+//! every failure an operator can meet comes back with the class the contract gives it (docs/architecture.md),
 //! read from a real answer (status, `X-ClickHouse-Exception-Code`, body), and the
 //! settings an insert pins are the ones the server knows.
 //!
@@ -662,7 +662,7 @@ async fn unknown_fields_are_rejected_even_where_the_profile_skips_them() -> Resu
     Ok(())
 }
 
-/// The overload codes of DESIGN.md's Unavailable list, answered through the real insert
+/// The overload codes of the Unavailable list, answered through the real insert
 /// path as a current server (header) and as 18.16 (body only) answers them: the batch is
 /// never a verdict on its rows. 241 (memory) is splittable too: a smaller batch may fit.
 #[tokio::test]

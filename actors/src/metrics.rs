@@ -1,14 +1,14 @@
-//! Every metric name of DESIGN.md "Metrics", in one place, with `describe_all()` and
+//! Every metric name of the actors (docs/architecture.md, "Contracts"), in one place, with `describe_all()` and
 //! the per-table / per-target handle caches the actors use (labels are built once per
 //! table or target, never per row).
 //!
 //! Label conventions (consistent everywhere):
 //! - `tenant` is the tenant, `table` is the bare table name (never `tenant.table`).
-//! - Where DESIGN lists `{tenant,table}` both are set; where it lists `{table}` only the
+//! - Where a metric is `{tenant,table}` both are set; where it is `{table}` only the
 //!   table is set — except on the two per-table *gauges* (`sluice_buffered_rows`,
 //!   `sluice_table_backoff`), which also carry `tenant`: two tenants may each have a
 //!   table `events`, and a gauge without the tenant would be overwritten by the other's
-//!   value (sum by `table` gives the DESIGN view).
+//!   value (sum by `table` gives the per-table view).
 //! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`.
 //! - `reason` on `sluice_retries_total`: `unavailable`, `denied`, `unknown` (the class of
 //!   the outage that sent rows back) or `backoff` (rows handed back because a window was
@@ -28,7 +28,7 @@ use metrics::{
 use crate::ports::{Class, TableKey};
 
 pub const ROWS_RECEIVED: &str = "sluice_rows_received_total";
-/// Not in DESIGN's list: the messages those rows came in (a message carries one row or
+/// The messages those rows came in (a message carries one row or
 /// many), so rows per message can be read beside `max_ack_pending`, which counts these.
 pub const MESSAGES_RECEIVED: &str = "sluice_messages_received_total";
 pub const ROWS_INSERTED: &str = "sluice_rows_inserted_total";
@@ -40,22 +40,22 @@ pub const BATCH_ROWS: &str = "sluice_batch_rows";
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 pub const TABLE_BACKOFF: &str = "sluice_table_backoff";
 pub const BUFFERED_ROWS: &str = "sluice_buffered_rows";
-/// Not in DESIGN's list: 1 for a table ClickHouse deduplicates (exactly-once), 0 for one
+/// 1 for a table ClickHouse deduplicates (exactly-once), 0 for one
 /// it does not (at-least-once), once Sluice has asked.
 pub const TABLE_EXACTLY_ONCE: &str = "sluice_table_exactly_once";
-/// Not in DESIGN's list: batches that could not be recorded in the manifest store (they
+/// Batches that could not be recorded in the manifest store (they
 /// wait; nothing is inserted unrecorded).
 pub const MANIFEST_FAILURES: &str = "sluice_manifest_failures_total";
 /// Recorded batches sent again later than the table's deduplication window
 /// (`replicated_deduplication_window_seconds`) since they were claimed: ClickHouse may
 /// have forgotten their first attempt and take their rows twice.
 pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
-/// Not in DESIGN's list, needed by its "a table that does not exist is waited for":
+/// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
 pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
 pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
-/// Not in DESIGN's list, needed by its "a full DLQ makes parking fail ... an alert
+/// A full DLQ makes parking fail, and an alert needs to see it ("an alert
 /// metric rises": rows whose DLQ publish failed (they stay unacked).
 pub const DLQ_PUBLISH_FAILURES: &str = "sluice_dlq_publish_failures_total";
 // The query gateway's (written in the `sluice` crate; named here so every name lives

@@ -1,4 +1,4 @@
-//! Every DESIGN.md metric the actors emit is registered with the documented labels.
+//! Every metric the actors emit (docs/architecture.md, "Contracts") is registered with the documented labels.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `sluice-bench`: the benchmark of DESIGN.md "Performance", run on demand (never as a
+//! `sluice-bench`: the benchmark of the performance targets (docs/benchmark.md), run on demand (never as a
 //! timed test). It starts its own nats-server and clickhouse-server on loopback,
 //! publishes the rows, and in one run measures the minimal reference loop and the real
 //! `sluice run` binary side by side on the same servers and rows:

@@ -1,4 +1,4 @@
-//! The figures, the targets of DESIGN.md "Performance" with each ratio, as a table and
+//! The figures, the performance targets (docs/benchmark.md) with each ratio, as a table and
 //! as JSON. With several runs, a phase's figure is the median over its least disturbed
 //! runs: those during which other processes used at most 0.1 core more than in the
 //! phase's quietest run (peak RSS: the maximum of every run). The machine is shared

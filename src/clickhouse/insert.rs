@@ -34,7 +34,7 @@ pub struct ServerFeatures {
     pub date_time_input_format: bool,
     /// `input_format_skip_unknown_fields`: sent on every insert, 0 unless the table opts
     /// in, because current servers default it to 1 and would drop an unknown field
-    /// silently where DESIGN.md parks the row (code 117).
+    /// silently where Sluice parks the row (code 117).
     pub skip_unknown_fields: bool,
     /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
     /// (exactly-once); older servers deduplicate the identical block by its hash.

@@ -9,7 +9,7 @@ use sluice_harness::{Stack, ADMIN_TOKEN, TENANT};
 
 use crate::*;
 
-/// DESIGN.md "Dead-letter stream".
+/// docs/architecture.md, "Contracts".
 const HEADERS: &[&str] = &[
     "Sluice-Tenant",
     "Sluice-Table",

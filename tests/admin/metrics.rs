@@ -1,4 +1,4 @@
-//! `/metrics`: every metric name of DESIGN.md "Metrics" after the traffic that makes it
+//! `/metrics`: every metric name (docs/operations.md's table) after the traffic that makes it
 //! appear, each with its labels, and values that match what happened; every series with
 //! known labels there from start at 0; every page accepted by `promtool check metrics`;
 //! and the shipped alert rules (`deploy/alerts.yaml`, checked by `promtool check rules`
@@ -17,10 +17,10 @@ use sluice_harness::{available, wait_for, Metrics, Respond, Rule, Stack, StackOp
 
 use crate::*;
 
-/// Every metric name and the labels it carries. DESIGN lists `sluice_table_backoff` and
+/// Every metric name and the labels it carries. `sluice_table_backoff` and
 /// `sluice_buffered_rows` with `{table}`; they carry `tenant` too, so two tenants'
 /// tables of the same name are two gauges instead of one overwritten (summing by table
-/// gives DESIGN's view; see `sluice_actors::metrics`).
+/// gives the per-table view; see `sluice_actors::metrics`).
 const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_rows_received_total", &["tenant", "table"]),
     ("sluice_messages_received_total", &["tenant", "table"]),
