@@ -84,7 +84,7 @@ const LOG_LINES: usize = 200;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
 /// Half-second looks for acked messages a crashed nats-server left in the stream to be
-/// purged by Sluice (which does it with its lag poll, every 5 s).
+/// removed by Sluice (which does it with its lag poll, every 5 s).
 const STRANDED_POLLS: u32 = 30;
 
 /// A scenario's stack, the test's JetStream client, and the sluice binary.
@@ -395,7 +395,7 @@ impl Scenario {
             tally.replicated = Some(Box::new(twin));
         }
         tally.settled_in = Some(healing.elapsed());
-        tally.stranded = self.stranded_purged().await?;
+        tally.stranded = self.stranded_removed().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
         if verbose() {
@@ -407,22 +407,23 @@ impl Scenario {
         Ok(tally)
     }
 
-    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
+    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice deletes
     /// them with its next lag poll (every 5 s), so they must be gone within a few.
-    /// Returns 0, or fails with how many are left; a backlog that cannot be read is a
-    /// failure too, never taken for an empty one.
-    async fn stranded_purged(&self) -> Result<u64> {
+    /// Returns 0, or fails with how many are left and the backlog as JetStream shows it;
+    /// a backlog that cannot be read is a failure too, never taken for an empty one.
+    async fn stranded_removed(&self) -> Result<u64> {
         let mut last = Err(anyhow!("the backlog was never read"));
         for _ in 0..STRANDED_POLLS {
-            last = self.jet.backlog().await.map(|b| b.stranded());
-            if matches!(last, Ok(0)) {
+            last = self.jet.backlog().await;
+            if last.as_ref().is_ok_and(|b| b.stranded() == 0) {
                 return Ok(0);
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         match last {
-            Ok(stranded) => bail!(
-                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
+            Ok(backlog) => bail!(
+                "{} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not remove them ({backlog:?})\n{}",
+                backlog.stranded(),
                 STRANDED_POLLS / 2,
                 self.logs()
             ),
