@@ -40,7 +40,10 @@ pub use rule::{Match, Rule};
 /// How long a mode change may take to open or close the port.
 const PORT_CHANGE_DEADLINE: Duration = Duration::from_secs(5);
 
-/// A running fault proxy. Dropping it closes the port and resets every connection.
+/// A running fault proxy. Dropping it resets every connection and ends the listener
+/// task, which closes the port once the runtime has dropped that task: right after the
+/// drop, not during it (a `Drop` cannot wait for the runtime), so a test that needs the
+/// port closed polls for it.
 #[derive(Debug)]
 pub struct FaultProxy {
     shared: Arc<Shared>,
