@@ -17,7 +17,11 @@
 //! 3. [`Feed`]: publishes the rows at a steady [`Pace`] in the background, through the
 //!    ingest API (retrying 503s with their `Retry-After`, idempotently) or straight to
 //!    JetStream, while the scenario injects its fault (stop / kill -9 / SIGSTOP a
-//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it.
+//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it. A
+//!    scenario first makes sure its fault is in effect (an insert caught by a frozen
+//!    ClickHouse: [`Scenario::freeze_clickhouse_mid_insert`]; a request that met the
+//!    proxy's fault; rows held by Sluice) and only then takes the next step; rows that
+//!    must arrive during a fault come from a feed started once it is in effect.
 //! 4. [`Scenario::finish`]: waits for quiescence (the durable consumer with nothing
 //!    pending or unacked, nothing buffered or in flight in any live Sluice,
 //!    ClickHouse's counts stable), then counts ([`Tally`]): ClickHouse's
@@ -36,6 +40,7 @@
 //! Every wait polls with a deadline; a fault may last a fixed time by a timer, but
 //! readiness and quiescence are always observed.
 
+mod fault;
 mod feed;
 mod observe;
 mod rows;
@@ -49,6 +54,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
+pub use fault::CaughtInsert;
 pub use feed::{Feed, Pace, Progress, Published, Route};
 pub use observe::{
     held_in_tree, metric_value, Backlog, Held, JetStreamView, ParkedRow, CONSUMER, DLQ_STREAM,

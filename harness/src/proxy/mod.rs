@@ -175,6 +175,12 @@ impl FaultProxy {
         self.shared.records()
     }
 
+    /// The requests numbered `first` and after (see [`RequestRecord::seq`]), in order:
+    /// those seen after a moment at which [`FaultProxy::requests_seen`] was `first`.
+    pub fn requests_since(&self, first: u64) -> Vec<RequestRecord> {
+        self.shared.records_since(first)
+    }
+
     /// Empties the request log (the counters keep counting).
     pub fn clear_requests(&self) {
         self.shared.clear_records();
