@@ -521,19 +521,12 @@ async fn proxy_fault(name: &str, fault: ProxyFault, lasting: Duration) -> Result
     // Rows keep coming while it lasts (4 s of them, sent once it is in place), and it
     // is in effect once a request has met it.
     let during = s.feed_api("events", RowSet::good(4500..8500), Pace::new(200, ms(100)))?;
-    wait_until(
-        "a request to meet the proxy's fault",
-        secs(30),
-        ms(20),
-        || async {
-            proxy
-                .requests()
-                .iter()
-                .any(|r| r.action.contains("respond") || r.action.contains("reset"))
-        },
-    )
-    .await
-    .with_context(|| s.logs())?;
+    proxy
+        .wait_for_request(0, "a request to meet the proxy's fault", secs(30), |r| {
+            r.action.contains("respond") || r.action.contains("reset")
+        })
+        .await
+        .with_context(|| s.logs())?;
     s.expect_nothing_parked_for(&["events"], lasting).await?;
     proxy.clear_rules();
     proxy.set_mode(sluice_harness::Mode::PassThrough).await?;
@@ -646,11 +639,12 @@ async fn slow_inserts_past_ack_wait() -> Result<()> {
     let feed = s.feed_api("events", rows, Pace::new(200, ms(100)))?;
     // The delay is in effect once an INSERT is held by it; kept for longer than that
     // INSERT's 7 s, its rows are held past ack_wait while it runs.
-    wait_until("an INSERT to be delayed", secs(30), ms(20), || async {
-        proxy.requests().iter().any(|r| r.action.contains("delay"))
-    })
-    .await
-    .with_context(|| s.logs())?;
+    proxy
+        .wait_for_request(0, "an INSERT to be delayed", secs(30), |r| {
+            r.action.contains("delay")
+        })
+        .await
+        .with_context(|| s.logs())?;
     tokio::time::sleep(secs(8)).await;
     proxy.clear_rules();
     let published = s.published(feed).await?;
@@ -690,19 +684,15 @@ async fn read_only_table() -> Result<()> {
         Pace::new(200, ms(100)),
     )?;
     // In effect once an INSERT into the read-only table has been refused.
-    wait_until(
-        "an INSERT into the read-only table refused",
-        secs(30),
-        ms(20),
-        || async {
-            proxy
-                .requests()
-                .iter()
-                .any(|r| r.action.contains("respond"))
-        },
-    )
-    .await
-    .with_context(|| s.logs())?;
+    proxy
+        .wait_for_request(
+            0,
+            "an INSERT into the read-only table refused",
+            secs(30),
+            |r| r.action.contains("respond"),
+        )
+        .await
+        .with_context(|| s.logs())?;
     let published_healthy = s.published(healthy).await?;
     // Every healthy row lands while the fault lasts.
     landing(&s, "healthy", 3000).await?;

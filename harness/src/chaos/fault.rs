@@ -25,7 +25,6 @@ use crate::proxy::RequestRecord;
 /// latest once those time out (the longest `insert_timeout` a scenario sets is 10 s)
 /// and their retry is sent after a backoff.
 const CATCH_DEADLINE: Duration = Duration::from_secs(40);
-const CATCH_POLL: Duration = Duration::from_millis(10);
 
 /// An INSERT the proxy passed to ClickHouse after it froze.
 #[derive(Clone, Debug)]
@@ -50,20 +49,15 @@ impl Scenario {
         let proxy = self.stack.proxy.as_ref().context("no proxy")?;
         // Every request numbered from here on came after every thread had stopped.
         let first = proxy.requests_seen();
-        let request = crate::wait_for(
-            "an INSERT to reach the frozen ClickHouse",
-            CATCH_DEADLINE,
-            CATCH_POLL,
-            || async move {
-                proxy
-                    .requests_since(first)
-                    .into_iter()
-                    .find(forwarded_insert)
-                    .context("none yet")
-            },
-        )
-        .await
-        .with_context(|| self.logs())?;
+        let request = proxy
+            .wait_for_request(
+                first,
+                "an INSERT to reach the frozen ClickHouse",
+                CATCH_DEADLINE,
+                forwarded_insert,
+            )
+            .await
+            .with_context(|| self.logs())?;
         Ok(CaughtInsert {
             request,
             seen: Instant::now(),

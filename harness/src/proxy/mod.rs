@@ -197,6 +197,25 @@ impl FaultProxy {
         .await
     }
 
+    /// Waits until the log holds a request numbered `first` or after (`0`: any) that
+    /// `which` picks, and returns the first such; `what` names it in the timeout error.
+    pub async fn wait_for_request(
+        &self,
+        first: u64,
+        what: &str,
+        deadline: Duration,
+        which: impl Fn(&RequestRecord) -> bool,
+    ) -> Result<RequestRecord> {
+        let which = &which;
+        crate::wait_for(what, deadline, Duration::from_millis(10), || async move {
+            self.requests_since(first)
+                .into_iter()
+                .find(|record| which(record))
+                .context("none in the proxy's log yet")
+        })
+        .await
+    }
+
     /// Waits until the port is as the script wants it (open, or closed when refusing).
     async fn settle(&self) -> Result<()> {
         let want_open = *self.shared.want_open.borrow();
