@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::time::Instant;
 
 use super::{Backlog, Scenario};
 use crate::proxy::RequestRecord;
@@ -26,21 +25,13 @@ use crate::proxy::RequestRecord;
 /// and their retry is sent after a backoff.
 const CATCH_DEADLINE: Duration = Duration::from_secs(40);
 
-/// An INSERT the proxy passed to ClickHouse after it froze.
-#[derive(Clone, Debug)]
-pub struct CaughtInsert {
-    /// The request, as the proxy logged it.
-    pub request: RequestRecord,
-    /// When the scenario saw it: Sluice's flight has been out since shortly before.
-    pub seen: Instant,
-}
-
 // === impl Scenario ===
 
 impl Scenario {
     /// Freezes ClickHouse and returns once an INSERT has reached it through the proxy
-    /// (see the module's doc). Needs the proxy ([`crate::StackOptions::with_proxy`]).
-    pub async fn freeze_clickhouse_mid_insert(&mut self) -> Result<CaughtInsert> {
+    /// (see the module's doc); returns that INSERT as the proxy logged it. Needs the
+    /// proxy ([`crate::StackOptions::with_proxy`]).
+    pub async fn freeze_clickhouse_mid_insert(&mut self) -> Result<RequestRecord> {
         anyhow::ensure!(
             self.stack.proxy.is_some(),
             "catching an insert needs the fault proxy (StackOptions::with_proxy)"
@@ -49,7 +40,7 @@ impl Scenario {
         let proxy = self.stack.proxy.as_ref().context("no proxy")?;
         // Every request numbered from here on came after every thread had stopped.
         let first = proxy.requests_seen();
-        let request = proxy
+        proxy
             .wait_for_request(
                 first,
                 "an INSERT to reach the frozen ClickHouse",
@@ -57,16 +48,12 @@ impl Scenario {
                 forwarded_insert,
             )
             .await
-            .with_context(|| self.logs())?;
-        Ok(CaughtInsert {
-            request,
-            seen: Instant::now(),
-        })
+            .with_context(|| self.logs())
     }
 
     /// Kills ClickHouse with -9 while an insert is out: freezes it and catches an
     /// insert first ([`Scenario::freeze_clickhouse_mid_insert`]).
-    pub async fn kill_clickhouse_mid_insert(&mut self) -> Result<CaughtInsert> {
+    pub async fn kill_clickhouse_mid_insert(&mut self) -> Result<RequestRecord> {
         let caught = self.freeze_clickhouse_mid_insert().await?;
         self.stack.clickhouse.kill9().await?;
         Ok(caught)

@@ -54,7 +54,6 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
-pub use fault::CaughtInsert;
 pub use feed::{Feed, Pace, Progress, Published, Route};
 pub use observe::{
     held_in_tree, metric_value, Backlog, Held, JetStreamView, ParkedRow, CONSUMER, DLQ_STREAM,
