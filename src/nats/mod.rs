@@ -16,6 +16,7 @@ mod reply;
 mod setup;
 mod source;
 mod stall;
+mod stranded;
 
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
@@ -28,3 +29,4 @@ pub use manifest::{
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};
+pub use stranded::remove_stranded;

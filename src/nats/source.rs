@@ -31,7 +31,8 @@ use tokio::time::Instant;
 use super::delivery::{DlqWriter, JsDelivery};
 use super::held::{HeldRows, RowsPerMessage};
 use super::manifest::JsManifestStore;
-use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
+use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
+use super::stranded::remove_stranded;
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at
 /// most a couple of pull batches).
@@ -381,13 +382,11 @@ impl Source for JetStreamSource {
     }
 
     async fn pending(&mut self) -> Option<u64> {
-        let info = self.consumer.info().await.ok()?;
-        let (pending, floor) = (info.num_pending, info.ack_floor.stream_sequence);
+        let info = self.consumer.info().await.ok()?.clone();
         if let Ok(stream) = self.js.get_stream(&self.stream).await {
-            let first = stream.cached_info().state.first_sequence;
-            purge_stranded(&stream, first, floor).await;
+            remove_stranded(&stream, &info).await;
         }
-        Some(pending)
+        Some(info.num_pending)
     }
 }
 

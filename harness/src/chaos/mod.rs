@@ -17,7 +17,11 @@
 //! 3. [`Feed`]: publishes the rows at a steady [`Pace`] in the background, through the
 //!    ingest API (retrying 503s with their `Retry-After`, idempotently) or straight to
 //!    JetStream, while the scenario injects its fault (stop / kill -9 / SIGSTOP a
-//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it.
+//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it. A
+//!    scenario first makes sure its fault is in effect (an insert caught by a frozen
+//!    ClickHouse: [`Scenario::freeze_clickhouse_mid_insert`]; a request that met the
+//!    proxy's fault; rows held by Sluice) and only then takes the next step; rows that
+//!    must arrive during a fault come from a feed started once it is in effect.
 //! 4. [`Scenario::finish`]: waits for quiescence (the durable consumer with nothing
 //!    pending or unacked, nothing buffered or in flight in any live Sluice,
 //!    ClickHouse's counts stable), then counts ([`Tally`]): ClickHouse's
@@ -36,6 +40,7 @@
 //! Every wait polls with a deadline; a fault may last a fixed time by a timer, but
 //! readiness and quiescence are always observed.
 
+mod fault;
 mod feed;
 mod observe;
 mod rows;
@@ -84,7 +89,7 @@ const LOG_LINES: usize = 200;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
 /// Half-second looks for acked messages a crashed nats-server left in the stream to be
-/// purged by Sluice (which does it with its lag poll, every 5 s).
+/// removed by Sluice (which does it with its lag poll, every 5 s).
 const STRANDED_POLLS: u32 = 30;
 
 /// A scenario's stack, the test's JetStream client, and the sluice binary.
@@ -412,7 +417,7 @@ impl Scenario {
             tally.replicated = Some(Box::new(twin));
         }
         tally.settled_in = Some(healing.elapsed());
-        tally.stranded = self.stranded_purged().await?;
+        tally.stranded = self.stranded_removed().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
         if verbose() {
@@ -424,22 +429,23 @@ impl Scenario {
         Ok(tally)
     }
 
-    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
+    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice deletes
     /// them with its next lag poll (every 5 s), so they must be gone within a few.
-    /// Returns 0, or fails with how many are left; a backlog that cannot be read is a
-    /// failure too, never taken for an empty one.
-    async fn stranded_purged(&self) -> Result<u64> {
+    /// Returns 0, or fails with how many are left and the backlog as JetStream shows it;
+    /// a backlog that cannot be read is a failure too, never taken for an empty one.
+    async fn stranded_removed(&self) -> Result<u64> {
         let mut last = Err(anyhow!("the backlog was never read"));
         for _ in 0..STRANDED_POLLS {
-            last = self.jet.backlog().await.map(|b| b.stranded());
-            if matches!(last, Ok(0)) {
+            last = self.jet.backlog().await;
+            if last.as_ref().is_ok_and(|b| b.stranded() == 0) {
                 return Ok(0);
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         match last {
-            Ok(stranded) => bail!(
-                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
+            Ok(backlog) => bail!(
+                "{} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not remove them ({backlog:?})\n{}",
+                backlog.stranded(),
                 STRANDED_POLLS / 2,
                 self.logs()
             ),
