@@ -34,7 +34,7 @@ async fn clickhouse_or_skip(test: &str) -> Result<Option<ClickHouseServer>> {
 fn target(url: &str, user: &str, password: Option<&str>, insert_timeout: Duration) -> TargetConfig {
     TargetConfig {
         name: "main".into(),
-        url: url.into(),
+        shards: vec![vec![url.into()]],
         user: user.into(),
         password: password.map(Secret::new),
         database: "default".into(),
@@ -61,7 +61,8 @@ fn client(target: &TargetConfig) -> Result<HttpInserter> {
             batch_rows: 10_000,
         }),
     };
-    HttpInserter::new(target, redelivery)
+    let url = target.urls().next().unwrap_or_default().to_owned();
+    HttpInserter::new(target, &url, &target.name, redelivery)
 }
 
 /// One insert request for `table`, the rows as NDJSON.
