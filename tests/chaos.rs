@@ -1551,3 +1551,6 @@ mod nats {
         Ok(())
     }
 }
+
+#[path = "chaos/clickhouse_cluster.rs"]
+mod clickhouse_cluster;
