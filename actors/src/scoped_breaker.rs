@@ -53,6 +53,20 @@ pub struct BreakerSnapshot {
     pub last_error: Option<String>,
 }
 
+impl BreakerSnapshot {
+    /// A breaker that never opened.
+    pub fn closed() -> Self {
+        Self {
+            state: BreakerPhase::Closed,
+            window_remaining_ms: None,
+            window_until: None,
+            probe_out: false,
+            outage_for_ms: None,
+            last_error: None,
+        }
+    }
+}
+
 /// `Clone`: the owner's memory is handed back to its successor through the supervisor.
 #[derive(Clone, Debug)]
 pub struct ScopedBreaker {

@@ -325,6 +325,21 @@ impl TargetRig {
         Duration::from_millis(self.breaker()["window_remaining_ms"].as_u64().unwrap_or(0))
     }
 
+    /// A successor's breaker kept the window `left` (less at most `taken` since), and
+    /// acts on it: arrivals go back, no request.
+    async fn the_window_is_kept(&self, left: Duration, taken: Duration) {
+        let kept = self.window_left();
+        assert!(kept <= left && kept + taken >= left, "{kept:?} of {left:?}");
+        let before = self.ins.request_count();
+        let arrivals = self.rows("events", 2);
+        assert!(
+            self.until(Duration::from_millis(100), |r| r.settled(&arrivals))
+                .await
+        );
+        assert_eq!(self.ins.request_count(), before);
+        assert_eq!(self.naks(&arrivals).len(), 2);
+    }
+
     /// The last memory the target reported.
     fn last_memory(&mut self) -> TargetMemory {
         let mut memory = None;
@@ -503,20 +518,7 @@ async fn the_breaker_outlives_its_pool_through_its_target() {
         "{}",
         r.tree()
     );
-    let kept = r.window_left();
-    assert!(
-        kept <= left && kept + Duration::from_millis(250) >= left,
-        "{kept:?} of {left:?}"
-    );
-    // And it acts on it: arrivals go back, no request.
-    let before = r.ins.request_count();
-    let arrivals = r.rows("events", 2);
-    assert!(
-        r.until(Duration::from_millis(100), |r| r.settled(&arrivals))
-            .await
-    );
-    assert_eq!(r.ins.request_count(), before);
-    assert_eq!(r.naks(&arrivals).len(), 2);
+    r.the_window_is_kept(left, Duration::from_millis(250)).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -553,19 +555,7 @@ async fn the_breaker_and_a_tables_backoff_outlive_their_target_through_the_super
             == "open")
             .await
     );
-    let kept = r.window_left();
-    assert!(
-        kept <= left && kept + Duration::from_millis(150) >= left,
-        "{kept:?} of {left:?}"
-    );
-    let before = r.ins.request_count();
-    let arrivals = r.rows("events", 2);
-    assert!(
-        r.until(Duration::from_millis(100), |r| r.settled(&arrivals))
-            .await
-    );
-    assert_eq!(r.ins.request_count(), before);
-    assert_eq!(r.naks(&arrivals).len(), 2);
+    r.the_window_is_kept(left, Duration::from_millis(150)).await;
 }
 
 // === shards and replicas ===

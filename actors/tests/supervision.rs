@@ -47,12 +47,8 @@ async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
     r.handle.shutdown().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles_and_reports() {
-    let r = simple(10).await;
-    // One flight in the air (slow insert), and rows buffered in another table.
-    r.main().set_latency(Duration::from_secs(2));
-    let flying = r.push(SUBJ, 10, &[]);
+/// Three rows buffered in table `clicks` (under its batch size): their sequences.
+async fn three_buffered_in_clicks(r: &Rig) -> Vec<u64> {
     let held = r.push("ingest.acme.clicks", 3, &[]);
     assert!(
         r.until(Duration::from_secs(1), |r| r
@@ -60,6 +56,16 @@ async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles
             .is_some_and(|t| t["state"]["buffered_rows"] == 3))
             .await
     );
+    held
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles_and_reports() {
+    let r = simple(10).await;
+    // One flight in the air (slow insert), and rows buffered in another table.
+    r.main().set_latency(Duration::from_secs(2));
+    let flying = r.push(SUBJ, 10, &[]);
+    let held = three_buffered_in_clicks(&r).await;
     r.handle.inject_target_panic("main").await.unwrap();
     r.settled(13).await;
     for s in held {
@@ -90,13 +96,7 @@ async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles
 #[tokio::test(start_paused = true)]
 async fn a_pool_actor_panic_is_survived_and_its_tables_keep_their_rows() {
     let r = simple(10).await;
-    let held = r.push("ingest.acme.clicks", 3, &[]);
-    assert!(
-        r.until(Duration::from_secs(1), |r| r
-            .table("acme.clicks")
-            .is_some_and(|t| t["state"]["buffered_rows"] == 3))
-            .await
-    );
+    let held = three_buffered_in_clicks(&r).await;
     r.handle.inject_pool_panic("main").await.unwrap();
     assert!(
         r.until(Duration::from_secs(5), |r| r

@@ -182,17 +182,7 @@ impl TableRoutes {
                 _ => Duration::ZERO,
             })
         });
-        match shown {
-            Some(b) => b.snapshot(now),
-            None => BreakerSnapshot {
-                state: crate::breaker::BreakerPhase::Closed,
-                window_remaining_ms: None,
-                window_until: None,
-                probe_out: false,
-                outage_for_ms: None,
-                last_error: None,
-            },
-        }
+        shown.map_or_else(BreakerSnapshot::closed, |b| b.snapshot(now))
     }
 
     /// Sets the table's backoff gauge to the summary (a target of several servers).
