@@ -60,6 +60,7 @@
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
+//! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
 //!
 //! The scenarios in `mod nats` are the ones where NATS itself is under stress. Every
 //! scenario runs its rows through NATS, so the test command runs the whole suite twice:
@@ -69,8 +70,10 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use sluice_harness::chaos::{held_in_tree, table_state, Pace, Published, RowSet, Scenario};
-use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions};
+use sluice_harness::chaos::{
+    held_in_tree, table_state, Feed, Pace, Progress, Published, RowSet, Scenario,
+};
+use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions, TENANT};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -1548,6 +1551,55 @@ mod nats {
             survivor_after > survivor_before,
             "the survivor inserted nothing after the kill ({survivor_before} then {survivor_after})"
         );
+        Ok(())
+    }
+
+    /// Issue 20: two tenants send through the ingest API numbering their requests alike
+    /// (`order-0`, `order-1`... for both tenants, and for the table and its twin), and
+    /// nats-server is restarted under them: a key belongs to its tenant and table, so
+    /// no tenant's rows are taken for another's duplicates, and the retries after the
+    /// restart store each row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_tenants_sharing_keys() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("two_tenants_sharing_keys", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("tenants.globex.target", "main");
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let pace = Pace::new(200, ms(100));
+        let acme = s.feed_api_as(
+            TENANT,
+            "order",
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            pace,
+        )?;
+        // All good: the tally reads the DLQ of the stack's tenant only.
+        let globex = s.feed_api_as(
+            "globex",
+            "order",
+            "events",
+            RowSet::good(100_000..110_000),
+            pace,
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.stop().await?;
+        tokio::time::sleep(secs(3)).await; // the outage
+        s.stack.nats.start_again().await?;
+        let met_the_outage = |feed: &Feed| {
+            let progress = feed.progress();
+            Progress::get(&progress.unavailable) + Progress::get(&progress.transport_errors)
+        };
+        ensure!(
+            met_the_outage(&acme) + met_the_outage(&globex) > 0,
+            "the feeds ended before the outage: nothing was retried"
+        );
+        let acme = s.published(acme).await?;
+        let globex = s.published(globex).await?;
+        s.finish(&[acme, globex]).await?;
         Ok(())
     }
 }

@@ -39,6 +39,29 @@ fn records(r: &Rig) -> Vec<Manifest> {
     store(r).records.lock().unwrap().clone()
 }
 
+/// `n` one-row messages in the stream that another instance holds (never delivered
+/// here yet): their sequences.
+fn made_elsewhere(r: &Rig, n: usize) -> Vec<u64> {
+    let subject: Arc<str> = Arc::from(SUBJ);
+    (0..n)
+        .map(|i| {
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect()
+}
+
+/// A batch of these messages, as another instance would record it.
+fn batch_of(seqs: &[u64]) -> Manifest {
+    Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.to_vec(),
+    )
+}
+
 /// Deliver these messages again (JetStream's redelivery after a nak or `ack_wait`).
 fn redeliver(r: &Rig, seqs: &[u64], deliveries: u64) {
     r.queue
@@ -165,20 +188,8 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
     let r = eo_rig(100).await;
     // Another instance inserted these four rows, parked the third, recorded the
     // verdicts, and died before its acks: JetStream delivers them here.
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let mut m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let mut m = batch_of(&seqs);
     m.state = ManifestState::Settled {
         rejected: vec![RejectedRow {
             stream_sequence: seqs[2],
@@ -212,20 +223,8 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
     let r = eo_rig(100).await;
     // A recorded, open batch of six messages: this instance receives three of them,
     // the other three went to another instance (or wait out a delay).
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..6)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 6);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).update(&m)).unwrap();
     redeliver(&r, &seqs[..3], 2);
     until(&r, Duration::from_secs(5), |r| {
@@ -260,20 +259,8 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
 #[tokio::test(start_paused = true)]
 async fn a_message_delivered_twice_while_its_batch_is_gathered_leaves_no_row_out() {
     let r = eo_rig(100).await;
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).update(&m)).unwrap();
     // Four deliveries of three messages: the first comes twice, the last not at all.
     redeliver(&r, &[seqs[0], seqs[0], seqs[1], seqs[2]], 2);
@@ -692,20 +679,8 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
 #[tokio::test(start_paused = true)]
 async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
     let r = eo_rig(100).await;
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).claim(&m)).unwrap();
     redeliver(&r, &seqs[..2], 2);
     until(&r, Duration::from_millis(500), |r| {
@@ -749,24 +724,11 @@ async fn a_batch_sent_again_past_the_dedup_window_is_counted() {
         blocks: 1000,
         seconds: Some(Duration::from_secs(60)),
     }));
-    let subject: Arc<str> = Arc::from(SUBJ);
     let now = sluice_actors::ledger::forming::unix_ms();
     let mut all = Vec::new();
     for claimed_ago in [600_000u64, 10_000] {
-        let seqs: Vec<u64> = (0..2)
-            .map(|i| {
-                let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-                let seq = d.seq;
-                std::mem::forget(d);
-                seq
-            })
-            .collect();
-        let m = Manifest::new(
-            TableKey::new("acme", "events"),
-            FAKE_INCARNATION,
-            seqs.clone(),
-        )
-        .claimed_at(now - claimed_ago);
+        let seqs = made_elsewhere(&r, 2);
+        let m = batch_of(&seqs).claimed_at(now - claimed_ago);
         futures::executor::block_on(store(&r).claim(&m)).unwrap();
         redeliver(&r, &seqs, 2);
         until(&r, Duration::from_secs(10), |r| {

@@ -20,11 +20,11 @@ use rand::RngExt as _;
 use sluice_actors::{Class, ClickHouseError, Dedup, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::catalog::{TableInfo, TABLE_INFO_COLUMNS};
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
 use super::redelivery::Redelivery;
+use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
 
 /// The settings an insert pins where the server knows them. Learnt once per target:

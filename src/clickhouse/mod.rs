@@ -9,3 +9,4 @@ pub mod endpoint;
 pub mod insert;
 pub mod redelivery;
 pub mod report;
+pub mod table_info;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use sluice_actors::Dedup;
 
-use super::catalog::TableInfo;
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
+use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
 
 /// How long one server may take to answer: `check-config` is run by hand and in

@@ -40,10 +40,13 @@ impl From<ValueKind> for Kind {
     }
 }
 
-/// Variables with the prefix that are not overrides: the config file's path, and the
-/// server binaries `sluice dev` and the test harness may be pointed at.
+/// Variables with the prefix that are not overrides: the config file's path, where
+/// `sluice dlq` finds the admin endpoint and its token, and the server binaries
+/// `sluice dev` and the test harness may be pointed at.
 const NOT_OVERRIDES: &[&str] = &[
     "SLUICE_CONFIG",
+    "SLUICE_ADMIN_URL",
+    "SLUICE_ADMIN_TOKEN",
     "SLUICE_NATS_SERVER_BIN",
     "SLUICE_NATS_CURRENT_BIN",
     "SLUICE_CLICKHOUSE_SERVER_BIN",

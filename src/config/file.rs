@@ -71,6 +71,10 @@ pub struct NatsFile {
     pub manifest_bucket: String,
     /// The manifest bucket's budget: when full, batches wait (records fail).
     pub manifest_max_bytes: Size,
+    /// The key-value bucket of the ingest API's `Idempotency-Key` records.
+    pub idempotency_bucket: String,
+    /// Its budget: when full, keyed requests answer 503 until records expire.
+    pub idempotency_max_bytes: Size,
 }
 
 impl Default for NatsFile {
@@ -94,6 +98,8 @@ impl Default for NatsFile {
             replicas: 1,
             manifest_bucket: "SLUICE_MANIFESTS".into(),
             manifest_max_bytes: Size(256 << 20),
+            idempotency_bucket: "SLUICE_IDEMPOTENCY".into(),
+            idempotency_max_bytes: Size(256 << 20),
         }
     }
 }

@@ -117,6 +117,11 @@ pub struct NatsConfig {
     /// The manifest bucket's budget: a record that would pass it fails, and the batch
     /// waits (nothing is inserted unrecorded).
     pub manifest_max_bytes: u64,
+    /// The key-value bucket of the ingest API's `Idempotency-Key` records; its stream
+    /// is `KV_<idempotency_bucket>`.
+    pub idempotency_bucket: String,
+    /// The idempotency bucket's budget: past it a keyed request answers 503.
+    pub idempotency_max_bytes: u64,
 }
 
 #[derive(Clone, Debug)]

@@ -605,6 +605,45 @@ fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
 }
 
 #[test]
+fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(config.nats.idempotency_bucket, "SLUICE_IDEMPOTENCY");
+    assert_eq!(config.nats.idempotency_max_bytes, 256 << 20);
+    assert!(config
+        .summary()
+        .contains("idempotency keys: records in bucket SLUICE_IDEMPOTENCY (max 256MiB)"));
+    let config = Config::from_parts(
+        "env",
+        "",
+        &env(&[("SLUICE_NATS_IDEMPOTENCY_MAX_BYTES", "8MiB")]),
+    )
+    .expect("overridden");
+    assert_eq!(config.nats.idempotency_max_bytes, 8 << 20);
+
+    let p = problems(
+        "[nats]\nidempotency_bucket = \"a.b\"\nidempotency_max_bytes = \"64KiB\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_bucket = \"a.b\" is not a valid")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_max_bytes = 64KiB: must be at least 1MiB")),
+        "{p:?}"
+    );
+    for clash in [
+        "[nats]\nidempotency_bucket = \"SLUICE_MANIFESTS\"\n",
+        "[nats]\nstream = \"KV_K\"\nidempotency_bucket = \"K\"\n",
+    ] {
+        let p = problems(clash, &[]);
+        assert!(p[0].contains("idempotency_bucket"), "{clash}: {p:?}");
+    }
+}
+
+#[test]
 fn every_problem_of_a_file_is_reported_in_one_run_each_with_its_line() {
     // Problems serde finds (a bad duration, an unknown key, a wrong type, an unknown
     // choice, a bad log level, an unknown section) and problems of the whole, together.

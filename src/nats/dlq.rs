@@ -12,13 +12,13 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use futures::TryStreamExt as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::publish::{PublishError, Publisher};
 use super::setup::StreamSettings;
 
-/// One parked row as the admin endpoint shows it.
-#[derive(Debug, Serialize)]
+/// One parked row as the admin endpoint shows it (and `sluice dlq` reads it).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ParkedRow {
     pub sequence: u64,
     pub subject: String,
@@ -30,13 +30,13 @@ pub struct ParkedRow {
 }
 
 /// Rows parked per tenant and table.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct DlqCounts {
     pub total: u64,
     pub tables: Vec<DlqTableCount>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct DlqTableCount {
     pub tenant: String,
     pub table: String,
@@ -44,7 +44,7 @@ pub struct DlqTableCount {
 }
 
 /// What a replay did.
-#[derive(Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayReport {
     pub dry_run: bool,
     /// Published back to the ingest stream (or, in a dry run, would be).
@@ -126,10 +126,23 @@ impl Dlq {
         table: &str,
         limit: usize,
     ) -> anyhow::Result<Vec<ParkedRow>> {
+        self.peek_after(tenant, table, 0, limit).await
+    }
+
+    /// Up to `limit` parked rows of a table whose DLQ sequence is above `after`, oldest
+    /// first, without consuming them: the next page starts after the last row's
+    /// `sequence`.
+    pub async fn peek_after(
+        &self,
+        tenant: &str,
+        table: &str,
+        after: u64,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ParkedRow>> {
         let stream = self.stream().await?;
         let subject = self.subject(tenant, table);
         let mut rows = Vec::new();
-        let mut next = 1u64;
+        let mut next = after.saturating_add(1);
         while rows.len() < limit {
             let message = match stream
                 .direct_get_next_for_subject(&subject, Some(next))

@@ -1,13 +1,15 @@
 //! Everything that speaks to NATS JetStream: the connection, the INGEST and DLQ streams
 //! and the durable consumer, publishing with message ids, the delivered message as the
-//! actors' `Delivery`, the consumer as their `Source`, and the bucket of batch
-//! manifests as their `ManifestStore`.
+//! actors' `Delivery`, the consumer as their `Source`, the bucket of batch
+//! manifests as their `ManifestStore`, and the ingest API's `Idempotency-Key` records.
 
 mod budget;
 mod connect;
 mod delivery;
 mod dlq;
 mod held;
+mod idempotency;
+mod kv_bucket;
 mod manifest;
 mod publish;
 mod reply;
@@ -18,6 +20,7 @@ mod stall;
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
+pub use idempotency::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
 pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,

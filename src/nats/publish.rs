@@ -27,6 +27,10 @@ pub enum PublishError {
     /// Anything else JetStream refused (a message too large, no stream for the subject).
     #[error("JetStream refused the message: {0}")]
     Refused(String),
+    /// A publish that expected its subject's last sequence (a key-value compare-and-set)
+    /// found another: someone wrote the subject first. Nothing was stored.
+    #[error("the subject was written by someone else first (wrong last sequence)")]
+    WrongLastSequence,
 }
 
 /// A sent row waiting for the stream's ack (see [`Publisher::confirm`]); it holds its
@@ -153,6 +157,7 @@ fn classify(e: async_nats::jetstream::context::PublishError) -> PublishError {
             "{text} (no responders: the stream is not set up yet or JetStream is restarting)"
         )),
         PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(text),
+        PublishErrorKind::WrongLastSequence => PublishError::WrongLastSequence,
         _ => match code {
             Some(_) => PublishError::Refused(text),
             None => PublishError::Unavailable(text),
@@ -175,5 +180,7 @@ mod tests {
         assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
         let e = classify(JsPublishError::new(PublishErrorKind::MaxPayloadExceeded));
         assert!(matches!(e, PublishError::Refused(_)), "{e:?}");
+        let e = classify(JsPublishError::new(PublishErrorKind::WrongLastSequence));
+        assert!(matches!(e, PublishError::WrongLastSequence), "{e:?}");
     }
 }

@@ -7,22 +7,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use axum::extract::DefaultBodyLimit;
-use axum::routing::post;
-use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 
 use super::connection::Bounds;
 use super::descriptors::{self, Caps};
 use super::{accept, PipelineAdapter};
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, NatsView};
+use crate::api::ingest::idempotency::{self, Idempotency};
 use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
+use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
-use crate::nats::{Dlq, Publisher};
+use crate::nats::{Dlq, KeyStore, KeyStoreSettings, Publisher, StreamSettings};
+use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
 pub struct Listeners {
@@ -62,6 +62,8 @@ pub struct Parts {
     pub pipeline: Arc<PipelineAdapter>,
     pub client: async_nats::Client,
     pub metrics: PrometheusHandle,
+    /// Each table's row totals, sampled for the admin page's rates.
+    pub table_rows: Arc<TableRows>,
 }
 
 pub async fn start(
@@ -76,8 +78,19 @@ pub async fn start(
         pipeline,
         client,
         metrics,
+        table_rows,
     } = parts;
     let tenants = TenantResolver::new(config.clone());
+    let key_lease = idempotency::lease(config.api.limits.body_timeout);
+    let keys = KeyStore::new(
+        publisher.context().clone(),
+        KeyStoreSettings {
+            bucket: config.nats.idempotency_bucket.clone(),
+            max_bytes: config.nats.idempotency_max_bytes,
+            replicas: config.nats.replicas,
+            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+        },
+    );
     let ingest_state = Arc::new(IngestState {
         tenants,
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
@@ -98,15 +111,18 @@ pub async fn start(
         retry_after: config.api.retry_after,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
+        keys: Idempotency::new(keys, key_lease),
+        key_lease,
     });
-    let api = Router::new()
-        .route("/v1/ingest/{table}", post(ingest::ingest))
-        .with_state(ingest_state)
-        .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
-        .merge(crate::query::router(
-            crate::query::QueryState::new(config.clone())
-                .context("setting up the query gateway")?,
-        ));
+    let query_state =
+        crate::query::QueryState::new(config.clone()).context("setting up the query gateway")?;
+    let api = crate::api::router(
+        ApiState {
+            ingest: ingest_state,
+            query: query_state,
+        },
+        config.api.max_request_bytes,
+    );
 
     if config.admin.token.is_none() {
         tracing::warn!(listen = %config.admin.listen, "no admin token configured: the admin endpoint listens on loopback only");
@@ -114,11 +130,14 @@ pub async fn start(
     let admin_state = Arc::new(AdminState {
         token: config.admin.token.clone(),
         pipeline,
-        nats_connected: Arc::new(move || {
-            client.connection_state() == async_nats::connection::State::Connected
-        }),
+        nats: NatsView::new(
+            client,
+            config.nats.url.clone(),
+            StreamSettings::from(&config.nats),
+        ),
         dlq,
         metrics,
+        history: admin::history::sample_table_rows(table_rows),
         fault_injection: config.admin.fault_injection,
     });
     let admin = admin::router(admin_state);

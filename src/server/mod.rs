@@ -45,7 +45,7 @@ pub async fn run_until(
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");
     }
-    let metrics = telemetry::prometheus::install(&config)?;
+    let installed = telemetry::prometheus::install(&config)?;
 
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
@@ -86,7 +86,8 @@ pub async fn run_until(
         dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
         pipeline: adapter.clone(),
         client: client.clone(),
-        metrics,
+        metrics: installed.handle,
+        table_rows: installed.table_rows,
     };
     let listeners = listeners::start(&config, parts, shutdown.clone())
         .await

@@ -547,8 +547,22 @@ fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
             vec![("table", "events"), ("reason", reason)],
         ));
     }
-    for status in ["202", "400", "413", "503"] {
+    for status in ["202", "400", "409", "413", "422", "503"] {
         series.push(("sluice_ingest_requests_total", vec![("status", status)]));
+    }
+    for outcome in [
+        "claimed",
+        "replayed",
+        "resumed",
+        "taken_over",
+        "in_progress",
+        "mismatch",
+        "unusable",
+    ] {
+        series.push((
+            "sluice_ingest_idempotency_total",
+            vec![("outcome", outcome)],
+        ));
     }
     for status in ["200", "400", "403", "429", "503", "504"] {
         series.push(("sluice_query_total", vec![("status", status)]));

@@ -257,6 +257,23 @@ impl Scenario {
         ))
     }
 
+    /// Feeds `rows` to `table` (and its twin) through the ingest API of the newest
+    /// sluice process as `tenant` (configured with [`Stack::set`]), the `k`-th request
+    /// under the `Idempotency-Key` `<key_prefix>-<k>`: feeds given one prefix share
+    /// their keys, whatever their tenant or table (the twin's feed too).
+    pub fn feed_api_as(
+        &self,
+        tenant: &str,
+        key_prefix: &str,
+        table: &str,
+        rows: RowSet,
+        pace: Pace,
+    ) -> Result<Feed> {
+        let route = || Route::api_as(self.stack.api_url(), tenant, key_prefix);
+        self.twin_feed(route()?, table, &rows, &pace);
+        Ok(Feed::start(route()?, table, rows, pace, FEED_DEADLINE))
+    }
+
     /// Feeds `rows` to `table` (and its twin) straight to JetStream (the streams must
     /// exist: start a sluice first).
     pub fn feed_jetstream(&self, table: &str, rows: RowSet, pace: Pace) -> Feed {

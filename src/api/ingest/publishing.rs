@@ -6,13 +6,20 @@
 //!
 //! After the first failure nothing more is sent: the rest of the request is only
 //! counted (as not stored), so the answer still accounts for every row.
+//!
+//! A keyed request's chunks carry message ids (`<stem>-<index>`, see `idempotency`);
+//! chunks an earlier request under the key stored are counted, not sent again, and
+//! nothing is sent once the key's lease has ended.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use super::chunk::{Chunk, ChunkLimits, Chunker};
-use crate::nats::{PendingPublish, PublishError, Publisher};
+use super::idempotency::ChunkSet;
+use crate::nats::{KeyStoreError, PendingPublish, PublishError, Publisher};
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
 /// permits and takes one back only when its ack is awaited, so requests that each hold
@@ -22,19 +29,50 @@ use crate::nats::{PendingPublish, PublishError, Publisher};
 pub const PIPELINE_WINDOW: usize = 512;
 pub const MAX_PUBLISHING: usize = 64;
 
+/// Why a request's rows stopped being sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Stop {
+    /// JetStream did not store a chunk (full, unreachable, refused).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The request's `Idempotency-Key` could not be recorded: nothing was sent.
+    #[error(transparent)]
+    Keys(#[from] KeyStoreError),
+    /// The key's lease ended before every chunk was sent.
+    #[error("the request's rows were not all published within its Idempotency-Key's lease of {} (twice [api] body_timeout)", humantime::format_duration(*.0))]
+    LeaseEnded(Duration),
+}
+
 /// What became of a request's chunks.
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Rows given to be published.
     pub rows: usize,
-    /// Rows of chunks JetStream acknowledged.
+    /// Rows stored: of chunks JetStream acknowledged, and of chunks an earlier request
+    /// under the key stored.
     pub accepted: usize,
-    /// Of those, rows of chunks it had already (the same message id, a client retry).
+    /// Of those, rows stored by an earlier request under the key: the chunks it
+    /// recorded, and those JetStream had already (the same message id).
     pub duplicates: usize,
-    /// Messages JetStream acknowledged.
+    /// Messages JetStream acknowledged as new.
     pub messages: usize,
+    /// Chunks sent (a keyed request that sent none leaves its key free).
+    pub sent: usize,
+    /// Chunks known stored (acknowledged, or recorded by an earlier request).
+    pub stored: ChunkSet,
     /// Why the rest was not stored, if something failed.
-    pub stop: Option<PublishError>,
+    pub stop: Option<Stop>,
+}
+
+/// What a keyed request's chunks are sent with.
+pub struct KeyedChunks<'a> {
+    /// Each chunk's message id is `<stem>-<index>`.
+    pub stem: &'a str,
+    /// Chunks stored by an earlier request under the key: counted, not sent.
+    pub stored_before: &'a ChunkSet,
+    /// Nothing is sent after it (the key's lease ends).
+    pub deadline: Instant,
+    pub lease: Duration,
 }
 
 /// The rows of one request, sent to one subject.
@@ -42,10 +80,9 @@ pub struct Publishing<'a> {
     publisher: &'a Publisher,
     chunker: Chunker,
     subject: String,
-    /// The request's `Idempotency-Key`: each chunk's message id is `<key>-<index>`.
-    key: Option<&'a str>,
-    /// Sent chunks waiting for their ack, with their row counts.
-    pending: VecDeque<(PendingPublish, usize)>,
+    keyed: Option<KeyedChunks<'a>>,
+    /// Sent chunks waiting for their ack, with their index and row count.
+    pending: VecDeque<(PendingPublish, usize, usize)>,
     outcome: Outcome,
 }
 
@@ -56,15 +93,15 @@ impl<'a> Publishing<'a> {
     pub fn new(
         publisher: &'a Publisher,
         subject: String,
-        key: Option<&'a str>,
+        keyed: Option<KeyedChunks<'a>>,
         chunks: ChunkLimits,
-        stop: Option<PublishError>,
+        stop: Option<Stop>,
     ) -> Self {
         Self {
             publisher,
             chunker: Chunker::new(chunks),
             subject,
-            key,
+            keyed,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
             outcome: Outcome {
                 stop,
@@ -92,64 +129,78 @@ impl<'a> Publishing<'a> {
         self.outcome
     }
 
-    /// Sends a chunk, once the window has room; after a failure, does nothing.
+    /// Sends a chunk, once the window has room; after a failure, does nothing. A chunk
+    /// an earlier request under the key stored is only counted.
     async fn send(&mut self, chunk: Chunk) {
+        if let Some(keyed) = &self.keyed {
+            if keyed.stored_before.contains(chunk.index) {
+                self.outcome.accepted += chunk.rows;
+                self.outcome.duplicates += chunk.rows;
+                self.outcome.stored.insert(chunk.index);
+                return;
+            }
+        }
         if self.pending.len() >= PIPELINE_WINDOW {
             if let Some(oldest) = self.pending.pop_front() {
                 self.confirm(oldest).await;
             }
         }
+        if let Some(keyed) = self.keyed.as_ref().filter(|k| Instant::now() >= k.deadline) {
+            self.outcome
+                .stop
+                .get_or_insert(Stop::LeaseEnded(keyed.lease));
+        }
         if self.outcome.stop.is_some() {
             return;
         }
-        let id = self.key.map(|k| message_id(k, chunk.index));
+        let id = self.keyed.as_ref().map(|k| message_id(k.stem, chunk.index));
         match self
             .publisher
             .send(self.subject.clone(), chunk.payload, None, id.as_deref())
             .await
         {
-            Ok(ack) => self.pending.push_back((ack, chunk.rows)),
-            Err(e) => self.outcome.stop = Some(e),
+            Ok(ack) => {
+                self.outcome.sent += 1;
+                self.pending.push_back((ack, chunk.index, chunk.rows));
+            }
+            Err(e) => self.outcome.stop = Some(e.into()),
         }
     }
 
-    async fn confirm(&mut self, (ack, rows): (PendingPublish, usize)) {
+    async fn confirm(&mut self, (ack, index, rows): (PendingPublish, usize, usize)) {
         match Publisher::confirm(ack).await {
             Ok(published) => {
                 self.outcome.accepted += rows;
-                self.outcome.messages += 1;
+                self.outcome.stored.insert(index);
                 if published.duplicate {
                     self.outcome.duplicates += rows;
+                } else {
+                    self.outcome.messages += 1;
                 }
             }
             Err(e) => {
-                if self.outcome.stop.is_none() {
-                    self.outcome.stop = Some(e);
-                }
+                self.outcome.stop.get_or_insert(e.into());
             }
         }
     }
 }
 
-/// The message id of a request's chunk. The index is the last `-`-separated part and
-/// all digits, so two (key, index) pairs never give one id.
-pub fn message_id(key: &str, index: usize) -> String {
-    format!("{key}-{index}")
-}
-
-/// The longest [`message_id`] for a key of `key_len` bytes.
-pub fn max_message_id_len(key_len: usize) -> usize {
-    key_len + 1 + 20
+/// The message id of a keyed request's chunk: the stem (hex digits) and the chunk's
+/// index, so two (stem, index) pairs never give one id.
+pub fn message_id(stem: &str, index: usize) -> String {
+    format!("{stem}-{index}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ingest::idempotency::MAX_MESSAGE_ID_LEN;
 
     #[test]
-    fn message_ids_are_the_key_and_the_chunk_index() {
-        assert_eq!(message_id("order-7", 0), "order-7-0");
-        assert_eq!(message_id("order-7", 12), "order-7-12");
-        assert!(message_id("k", usize::MAX).len() <= max_message_id_len(1));
+    fn message_ids_are_the_stem_and_the_chunk_index() {
+        assert_eq!(message_id("0f3a", 0), "0f3a-0");
+        assert_eq!(message_id("0f3a", 12), "0f3a-12");
+        let stem = "f".repeat(32);
+        assert!(message_id(&stem, usize::MAX).len() <= MAX_MESSAGE_ID_LEN);
     }
 }
