@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use super::catalog::{TableInfo, TableSource};
+use super::catalog::TableSource;
+use super::table_info::TableInfo;
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
 use crate::config::{Config, TargetConfig};
