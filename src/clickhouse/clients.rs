@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use super::catalog::TableSource;
-use super::table_info::TableInfo;
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
+use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
 
 /// One target's servers' clients, shard by shard.
