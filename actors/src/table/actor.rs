@@ -797,7 +797,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             && self.ledger.is_idle()
             && self.flights == 0
             && self.asking.is_none()
-            && self.routes.all_closed()
+            && self.routes.no_window_running(now)
             && now.saturating_duration_since(self.last_activity) >= idle_after
         {
             self.idle_reported = true;

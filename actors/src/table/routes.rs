@@ -141,8 +141,13 @@ impl TableRoutes {
         self.backoffs.iter().map(ScopedBreaker::generation).sum()
     }
 
-    pub fn all_closed(&self) -> bool {
-        self.backoffs.iter().all(ScopedBreaker::is_closed)
+    /// No window of the table's runs (closed, or ended: a replica passed over for its
+    /// twin may never be probed again by this table, and must not keep it from being
+    /// reaped).
+    pub fn no_window_running(&self, now: Instant) -> bool {
+        self.backoffs
+            .iter()
+            .all(|b| !matches!(b.gate(now), Gate::Wait(_)))
     }
 
     pub fn pool(&self, replica: usize) -> Option<&PoolLink> {
