@@ -18,7 +18,7 @@ use sluice_harness::{NatsFlavor, ProcessSpec, SluiceProcess, Stack, StackOptions
 use crate::procfs;
 use crate::publish::{self, Batch};
 use crate::report::{self, Measured, Report};
-use crate::rows::{create_table_sql, RowGen};
+use crate::rows::{create_table_sql, RowGen, COLUMNS};
 use crate::{Phase, RunArgs};
 
 /// The reference loop's stream (a work queue allows one unfiltered consumer, so the
@@ -30,8 +30,6 @@ const REF_CONSUMER: &str = "reference";
 const POLL: Duration = Duration::from_millis(20);
 /// The `cluster` phase's layout: shards, replicas.
 const CLUSTER: (usize, usize) = (2, 2);
-/// The columns and sorting key of the benchmark's table (as `create_table_sql`).
-const COLUMNS: &str = "id UInt64, n UInt32, s String";
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let sluice_bin = sluice_binary(args.sluice.as_deref())?;
