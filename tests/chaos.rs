@@ -1701,3 +1701,6 @@ mod nats {
         Ok(())
     }
 }
+
+#[path = "chaos/clickhouse_cluster.rs"]
+mod clickhouse_cluster;

@@ -268,6 +268,37 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
     Ok(())
 }
 
+/// docs/operations.md, "ClickHouse clusters": `check-config` shows the layout it
+/// understood, and asks every shard (here none answers: each shard says so, and no
+/// table is called exactly-once).
+#[test]
+fn check_config_shows_a_clusters_layout_and_asks_each_shard() -> Result<()> {
+    let (_dir, path) = config_file(
+        r#"
+[clickhouse.targets.main]
+shards = ["http://127.0.0.1:1,http://127.0.0.1:2", "http://127.0.0.1:3,http://127.0.0.1:4"]
+connect_timeout = "200ms"
+[tenants.acme]
+target = "main"
+[api]
+auth = "none"
+"#,
+    )?;
+    let run = sluice(&["check-config", "--config", &path], &[])?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    let layout = "main: 2 shards x 2 replicas (shard 1: http://127.0.0.1:1, http://127.0.0.1:2; shard 2: http://127.0.0.1:3, http://127.0.0.1:4)";
+    assert!(run.stdout.contains(layout), "{}", run.stdout);
+    for shard in ["shard 1: not known", "shard 2: not known"] {
+        assert!(run.stdout.contains(shard), "{shard} in:\n{}", run.stdout);
+    }
+    assert!(
+        run.stdout.contains("127.0.0.1:3:"),
+        "each replica's reason: {}",
+        run.stdout
+    );
+    Ok(())
+}
+
 #[test]
 fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
     let (_dir, path) = config_file("[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n")?;

@@ -9,7 +9,9 @@
 //!   `sluice_table_backoff`), which also carry `tenant`: two tenants may each have a
 //!   table `events`, and a gauge without the tenant would be overwritten by the other's
 //!   value (sum by `table` gives the per-table view).
-//! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`.
+//! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`;
+//!   `replica` one server of it (`host:port`; a target of one server: its name again),
+//!   on the series of one server: its insert requests, their duration and its breaker.
 //! - `reason` on `sluice_retries_total`: `unavailable`, `denied`, `unknown` (the class of
 //!   the outage that sent rows back) or `backoff` (rows handed back because a window was
 //!   open, a probe was out, or a table was busy/restarting).
@@ -18,7 +20,7 @@
 //!   `no_target` (tenant without a ClickHouse target), `invalid_subject`.
 //! - `outcome` on `sluice_insert_requests_total`: `ok`, `rejected`, `unavailable`,
 //!   `denied`, `unknown`.
-//! - `kind` on `sluice_actor_restarts_total`: `consumer`, `pool`, `table`.
+//! - `kind` on `sluice_actor_restarts_total`: `consumer`, `target`, `pool`, `table`.
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -119,17 +121,17 @@ pub fn describe_all() {
     describe_counter!(
         INSERT_REQUESTS,
         Unit::Count,
-        "Insert requests sent to ClickHouse, by target and outcome."
+        "Insert requests sent to ClickHouse, by target, replica and outcome."
     );
     describe_histogram!(
         INSERT_DURATION,
         Unit::Seconds,
-        "Duration of one insert request, by target."
+        "Duration of one insert request, by target and replica."
     );
     describe_histogram!(BATCH_ROWS, Unit::Count, "Rows per flushed batch, by table.");
     describe_gauge!(
         BREAKER_STATE,
-        "The pool's outage breaker: 0 closed, 1 open, 2 probing."
+        "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing."
     );
     describe_gauge!(
         TABLE_BACKOFF,
@@ -283,9 +285,9 @@ impl TableMetrics {
     }
 }
 
-/// One ClickHouse target's handles.
+/// One ClickHouse server's handles (a replica of a target's shard).
 #[derive(Clone)]
-pub struct TargetMetrics {
+pub struct ReplicaMetrics {
     pub ok: Counter,
     pub rejected: Counter,
     pub unavailable: Counter,
@@ -295,17 +297,18 @@ pub struct TargetMetrics {
     pub breaker: Gauge,
 }
 
-impl TargetMetrics {
-    pub fn new(target: &str) -> Self {
-        let req = |outcome: &'static str| counter!(INSERT_REQUESTS, "target" => target.to_owned(), "outcome" => outcome);
+impl ReplicaMetrics {
+    pub fn new(target: &str, replica: &str) -> Self {
+        let (t, r) = (target.to_owned(), replica.to_owned());
+        let req = |outcome: &'static str| counter!(INSERT_REQUESTS, "target" => t.clone(), "replica" => r.clone(), "outcome" => outcome);
         Self {
             ok: req("ok"),
             rejected: req("rejected"),
             unavailable: req("unavailable"),
             denied: req("denied"),
             unknown: req("unknown"),
-            duration: histogram!(INSERT_DURATION, "target" => target.to_owned()),
-            breaker: gauge!(BREAKER_STATE, "target" => target.to_owned()),
+            duration: histogram!(INSERT_DURATION, "target" => t.clone(), "replica" => r.clone()),
+            breaker: gauge!(BREAKER_STATE, "target" => t, "replica" => r),
         }
     }
 
@@ -322,18 +325,18 @@ impl TargetMetrics {
     }
 }
 
-/// Every `kind` of `sluice_actor_restarts_total`: the supervisor's children and the
-/// pool's.
-pub const RESTART_KINDS: [&str; 3] = ["consumer", "pool", "table"];
+/// Every `kind` of `sluice_actor_restarts_total`: the root's children (the consumer,
+/// the targets) and a target's (its servers' pools, its tables).
+pub const RESTART_KINDS: [&str; 4] = ["consumer", "target", "pool", "table"];
 
 /// Registers at 0 every series whose labels are known before any traffic: the restarts
-/// of each actor kind, each target's insert counters, latency and breaker, the stream's
+/// of each actor kind, each server's insert counters, latency and breaker, the stream's
 /// lag, and every series of the tables configured by name. A counter that first
 /// appears at 1 has no increase for Prometheus, so an `increase()` alert would miss the
 /// first restart or park. Tables met later get theirs when they first appear (still
 /// at 0, before their first row is counted).
 pub fn register_known<'a>(
-    targets: impl IntoIterator<Item = &'a str>,
+    replicas: impl IntoIterator<Item = (&'a str, &'a str)>,
     stream: &str,
     tables: impl IntoIterator<Item = &'a TableKey>,
 ) {
@@ -341,8 +344,8 @@ pub fn register_known<'a>(
     for kind in RESTART_KINDS {
         restarts(kind).increment(0);
     }
-    for target in targets {
-        TargetMetrics::new(target);
+    for (target, replica) in replicas {
+        ReplicaMetrics::new(target, replica);
     }
     consumer_pending(stream).increment(0.0);
     for table in tables {

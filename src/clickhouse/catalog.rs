@@ -40,7 +40,7 @@ pub trait TableSource: Send + Sync + 'static {
 }
 
 /// The tables of one target's database, cached.
-pub struct Catalog<S = HttpInserter> {
+pub struct Catalog<S = super::clients::TargetClients> {
     target: String,
     database: String,
     source: Arc<S>,

@@ -116,7 +116,11 @@ pub struct ClickHouseFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TargetFile {
-    pub url: String,
+    /// One server, or the replicas of one shard, comma-separated (unset, and no
+    /// `shards`: the local default server).
+    pub url: Option<String>,
+    /// Shards, each the comma-separated URLs of its replicas (instead of `url`).
+    pub shards: Vec<String>,
     pub user: String,
     pub password_env: Option<String>,
     pub database: String,
@@ -132,7 +136,8 @@ pub struct TargetFile {
 impl Default for TargetFile {
     fn default() -> Self {
         Self {
-            url: "http://127.0.0.1:8123".into(),
+            url: None,
+            shards: Vec::new(),
             user: "default".into(),
             password_env: None,
             database: "default".into(),

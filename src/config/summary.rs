@@ -50,7 +50,7 @@ pub fn summary(config: &Config) -> String {
             out,
             "  {}: {} user {} database {} password {} insert_timeout {} concurrency {}",
             t.name,
-            t.url,
+            t.layout(),
             t.user,
             t.database,
             if t.password.is_some() {

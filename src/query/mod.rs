@@ -15,6 +15,9 @@
 //!   `backoff.rs`);
 //! - the query workload has its own ClickHouse user, its own concurrency limit and a
 //!   per-tenant one; over a limit → 429, no queue (`limits.rs`);
+//! - the target's servers (a cluster's, any shard) are taken in turn; a query that
+//!   could not reach one (it did not start) goes to the next at once (`servers.rs`),
+//!   and a kill goes to the server that ran the query;
 //! - statements are checked before sending (one read statement; no `SETTINGS`, no
 //!   table function or server table outside small allow-lists: `sql/`) and run with
 //!   `readonly=2`; failures map through the shared classifier (`errors.rs`).
@@ -39,6 +42,7 @@ mod pacing;
 mod request;
 mod response;
 mod retry_budget;
+mod servers;
 mod sql;
 
 use std::sync::Arc;

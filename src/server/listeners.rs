@@ -19,7 +19,7 @@ use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
 use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
-use crate::clickhouse::insert::HttpInserter;
+use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
 use crate::nats::{Dlq, KeyStore, KeyStoreSettings, Publisher, StreamSettings};
 use crate::telemetry::table_rows::TableRows;
@@ -55,8 +55,8 @@ impl Listeners {
 
 /// What the listeners serve, made by `server::run`.
 pub struct Parts {
-    /// The insert client of each target, by name: the table catalogs read through them.
-    pub inserters: BTreeMap<String, Arc<HttpInserter>>,
+    /// The insert clients of each target, by name: the table catalogs read through them.
+    pub inserters: BTreeMap<String, Arc<TargetClients>>,
     pub publisher: Publisher,
     pub dlq: Dlq,
     pub pipeline: Arc<PipelineAdapter>,
@@ -213,10 +213,10 @@ fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
     Ok(caps)
 }
 
-/// A table catalog per target, on the target's insert client and database.
+/// A table catalog per target, on the target's insert clients and database.
 fn catalogs(
     config: &Config,
-    inserters: &BTreeMap<String, Arc<HttpInserter>>,
+    inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> HashMap<String, Catalog> {
     config
         .targets

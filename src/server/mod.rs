@@ -21,8 +21,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::clickhouse::insert::HttpInserter;
-use crate::clickhouse::redelivery::Redelivery;
+use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
@@ -67,14 +66,13 @@ pub async fn run_until(
         .build(client.clone());
     let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
 
-    // One insert client per target, shared by the actor tree and the ingest API's
-    // table catalogs.
+    // One insert client per server of each target, shared by the actor tree and the
+    // ingest API's table catalogs.
     let mut inserters = BTreeMap::new();
     for target in config.targets.values() {
-        let redelivery = Redelivery::of(&config, target);
-        let inserter = HttpInserter::new(target, redelivery)
+        let clients = TargetClients::new(&config, target)
             .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
-        inserters.insert(target.name.clone(), Arc::new(inserter));
+        inserters.insert(target.name.clone(), Arc::new(clients));
     }
     let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));

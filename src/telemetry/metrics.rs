@@ -42,8 +42,18 @@ pub fn register_known(config: &Config) {
         .keys()
         .map(|(tenant, table)| TableKey::new(tenant, table))
         .collect();
+    let replicas: Vec<(String, String)> = config
+        .targets
+        .values()
+        .flat_map(|t| {
+            t.replica_names()
+                .into_iter()
+                .flatten()
+                .map(|replica| (t.name.clone(), replica))
+        })
+        .collect();
     sluice_actors::metrics::register_known(
-        config.targets.keys().map(String::as_str),
+        replicas.iter().map(|(t, r)| (t.as_str(), r.as_str())),
         &config.nats.stream,
         &tables,
     );

@@ -27,10 +27,13 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_rows_inserted_total", &["tenant", "table"]),
     ("sluice_rows_parked_total", &["tenant", "table", "reason"]),
     ("sluice_retries_total", &["table", "reason"]),
-    ("sluice_insert_requests_total", &["target", "outcome"]),
-    ("sluice_insert_duration_seconds", &["target"]),
+    (
+        "sluice_insert_requests_total",
+        &["target", "replica", "outcome"],
+    ),
+    ("sluice_insert_duration_seconds", &["target", "replica"]),
     ("sluice_batch_rows", &["table"]),
-    ("sluice_breaker_state", &["target"]),
+    ("sluice_breaker_state", &["target", "replica"]),
     ("sluice_table_backoff", &["tenant", "table"]),
     ("sluice_buffered_rows", &["tenant", "table"]),
     ("sluice_table_missing", &["tenant", "table"]),
@@ -421,7 +424,7 @@ fn metrics_section() -> Result<String> {
 
 /// Labels whose values come from the configuration (and a histogram's buckets): any
 /// value goes. Every other label's values are the code's own, and the docs list them.
-const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "stream", "le"];
+const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "replica", "stream", "le"];
 
 /// docs/operations.md's metrics table: each metric a row names in its first cell
 /// (`` `name{label,label}` ``), with those labels and the row's text.
@@ -492,20 +495,27 @@ fn undocumented(m: &Metrics) -> Result<Vec<String>> {
 /// Series that must be on the page with value 0 before any traffic.
 fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     let mut series = Vec::new();
-    for kind in ["consumer", "pool", "table"] {
+    for kind in ["consumer", "target", "pool", "table"] {
         series.push(("sluice_actor_restarts_total", vec![("kind", kind)]));
     }
     for outcome in ["ok", "rejected", "unavailable", "denied", "unknown"] {
         series.push((
             "sluice_insert_requests_total",
-            vec![("target", "main"), ("outcome", outcome)],
+            vec![
+                ("target", "main"),
+                ("replica", "main"),
+                ("outcome", outcome),
+            ],
         ));
     }
     series.push((
         "sluice_insert_duration_seconds_count",
-        vec![("target", "main")],
+        vec![("target", "main"), ("replica", "main")],
     ));
-    series.push(("sluice_breaker_state", vec![("target", "main")]));
+    series.push((
+        "sluice_breaker_state",
+        vec![("target", "main"), ("replica", "main")],
+    ));
     // The table configured by name under [tables."acme.events"].
     let events = [("tenant", TENANT), ("table", "events")];
     for name in [

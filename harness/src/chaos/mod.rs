@@ -108,6 +108,8 @@ pub struct Scenario {
     /// The twin feeds running, and what the finished ones published.
     twin_feeds: Mutex<Vec<Feed>>,
     twin_published: Mutex<Vec<Published>>,
+    /// What the scenario's line says beside the counts ([`Scenario::note`]).
+    notes: Mutex<Vec<String>>,
 }
 
 /// The Replicated twin of a scenario table.
@@ -186,11 +188,17 @@ impl Scenario {
             twinned: Mutex::default(),
             twin_feeds: Mutex::default(),
             twin_published: Mutex::default(),
+            notes: Mutex::default(),
         }))
     }
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// Adds `key=value` to the scenario's line (what it saw during its fault).
+    pub fn note(&self, key: &str, value: impl std::fmt::Display) {
+        lock(&self.notes).push(format!("{key}={value}"));
     }
 
     /// Creates the scenario tables ([`create_table_sql`]), each with its Replicated
@@ -404,12 +412,36 @@ impl Scenario {
             .chain(&twins)
             .map(|p| p.table.clone())
             .collect();
-        let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+        // A cluster's rows are read through the Distributed table over its shards,
+        // once every replica fetched its twins' parts.
+        let cluster = self.stack.cluster.is_some();
+        let read = move |t: &str| {
+            if cluster {
+                crate::clickhouse::distributed(t)
+            } else {
+                t.to_owned()
+            }
+        };
+        let read_tables: Vec<String> = tables.iter().map(|t| read(t)).collect();
+        let read_tables: Vec<&str> = read_tables.iter().map(String::as_str).collect();
         let healing = Instant::now();
-        let quiet = self.quiesce(&tables, QUIESCE_DEADLINE).await;
-        let mut tally = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, published)
-            .await
-            .context("counting rows")?;
+        let quiet = self.quiesce(&read_tables, QUIESCE_DEADLINE).await;
+        if cluster {
+            for table in &tables {
+                self.stack.sync_replicas(table).await?;
+            }
+        }
+        let mut tally = Tally::count_through(
+            &self.name,
+            &self.stack.clickhouse,
+            &self.jet,
+            published,
+            &read,
+        )
+        .await
+        .context("counting rows")?;
+        tally.exactly_once = cluster;
+        tally.notes = std::mem::take(&mut *lock(&self.notes));
         if !twins.is_empty() {
             let twin = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, &twins)
                 .await

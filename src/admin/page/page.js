@@ -154,13 +154,13 @@ function plot(series, windowS, periodS) {
 
 // --- the tables ---
 
-/// Every table node of the tree, by "tenant.table", with its pool's name.
+/// Every table node of the tree, by "tenant.table", with its target's name.
 function tableNodes(tree) {
   const found = new Map();
-  (function walk(n, pool) {
+  (function walk(n, target) {
     if (!n) return;
-    if (n.kind === "table") found.set(n.name, { node: n, pool });
-    for (const c of n.children || []) walk(c, n.kind === "pool" ? n.name : pool);
+    if (n.kind === "table") found.set(n.name, { node: n, pool: target });
+    for (const c of n.children || []) walk(c, n.kind === "target" ? n.name : target);
   })(tree, null);
   return found;
 }
@@ -231,7 +231,7 @@ function renderLag(tree) {
     ? "" : "consumer lag: " + count(pending) + " messages waiting in the stream";
 }
 
-// --- ClickHouse: each target's breaker ---
+// --- ClickHouse: each server's breaker ---
 
 function gatePill(g, label) {
   const tone = g.state === "closed" ? "ok" : g.state === "probing" ? "warn" : "bad";
@@ -249,8 +249,15 @@ function nextProbe(b) {
   return "—";
 }
 
+/// Every server's pool, under its target: one for a target of one server (named after
+/// the target), one per replica of each shard for a cluster.
+function poolNodes(tree) {
+  return ((tree && tree.children) || []).filter((c) => c.kind === "target")
+    .flatMap((t) => (t.children || []).filter((c) => c.kind === "pool"));
+}
+
 function renderPools(tree) {
-  const pools = ((tree && tree.children) || []).filter((c) => c.kind === "pool");
+  const pools = poolNodes(tree);
   if (pools.length === 0) {
     $("pools").replaceChildren(el("p", { class: "facts" }, "no target"));
     return;
@@ -264,7 +271,7 @@ function renderPools(tree) {
       el("dt", {}, "outage since"), el("dd", { "data-field": "since" }, since),
       el("dt", {}, "next probe"), el("dd", { "data-field": "next-probe" }, nextProbe(b)),
       el("dt", {}, "server"), el("dd", {}, s.server_version ? "ClickHouse " + s.server_version : (s.probed_ok ? "answered" : "not probed yet")),
-      el("dt", {}, "tables"), el("dd", {}, count(s.tables)));
+      el("dt", {}, "target"), el("dd", { "data-field": "target" }, (s.target || "—") + (s.replica && s.replica !== s.target ? ", shard " + s.shard : "")));
     const err = b.last_error || s.last_probe_error || p.last_error;
     return el("div", { class: "card", "data-pool": p.name },
       el("div", { class: "card-head" }, el("span", { class: "name" }, p.name), " ", pill(p.status, p.status === "running" ? "ok" : "warn")),
