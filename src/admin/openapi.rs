@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use axum::response::Response;
 use serde_json::{json, Value};
+use sluice_actors::observe::NodeKind;
 
 use super::dlq::{MAX_LIMIT, PEEK_DEFAULT, REPLAY_DEFAULT};
 use super::page::{SCRIPT_PATH, STYLE_PATH};
@@ -294,7 +295,7 @@ fn components() -> Value {
                 "type": "object",
                 "required": ["kind", "name", "status", "restarts", "snapshot_age_ms", "stale", "state", "children"],
                 "properties": {
-                    "kind": {"type": "string", "enum": ["root", "consumer", "pool", "table"]},
+                    "kind": {"type": "string", "enum": NodeKind::ALL.map(NodeKind::name)},
                     "name": {"type": "string"},
                     "status": {"type": "string", "enum": ["starting", "running", "stopping", "failed", "restarting"]},
                     "restarts": {"type": "integer", "minimum": 0},
@@ -303,7 +304,7 @@ fn components() -> Value {
                     "stale": {"type": "boolean", "description": "The actor should have published and has not for longer than the stale threshold."},
                     "state": {
                         "type": "object",
-                        "description": "The kind's snapshot: a consumer's connection, pulls and lag (`pending`); a pool's `breaker`, probe and server version; a table's buffer, `backoff`, counts, `exactly_once` with `exactly_once_why`, `missing_table` with `grace_left_ms`.",
+                        "description": "The kind's snapshot: a consumer's connection, pulls and lag (`pending`); a target's shards; a pool's `breaker`, probe, server version, shard and replica; a table's buffer, `backoff`, counts, `exactly_once` with `exactly_once_why`, `missing_table` with `grace_left_ms`.",
                     },
                     "children": {"type": "array", "items": schema("TreeNode")},
                 },

@@ -17,6 +17,29 @@ pub enum NodeKind {
     Table,
 }
 
+impl NodeKind {
+    /// Every kind, as `GET /admin/actors` writes it: the admin API's document takes its
+    /// enumeration from here, so a new kind cannot be left out of the contract.
+    pub const ALL: [NodeKind; 5] = [
+        NodeKind::Root,
+        NodeKind::Consumer,
+        NodeKind::Target,
+        NodeKind::Pool,
+        NodeKind::Table,
+    ];
+
+    /// The kind's name on the wire (its serialized form).
+    pub const fn name(self) -> &'static str {
+        match self {
+            NodeKind::Root => "root",
+            NodeKind::Consumer => "consumer",
+            NodeKind::Target => "target",
+            NodeKind::Pool => "pool",
+            NodeKind::Table => "table",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeStatus {
@@ -146,4 +169,19 @@ pub enum NodeState {
     Target(TargetSnapshot),
     Pool(PoolSnapshot),
     Table(TableSnapshot),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_named_as_it_is_serialized() {
+        for kind in NodeKind::ALL {
+            assert_eq!(
+                serde_json::to_value(kind).ok(),
+                Some(serde_json::Value::from(kind.name()))
+            );
+        }
+    }
 }
