@@ -177,68 +177,79 @@ impl Browser {
             .map(str::to_string))
     }
 
-    async fn element(&self, css: &str) -> Result<String> {
-        self.find(css)
+    /// Sends `method` to `/element/{id}{suffix}` for the element `css` selects, found
+    /// anew on each attempt: the page redraws its live parts every few seconds, and an
+    /// element found just before a redraw is "stale" by the time the command reaches it.
+    /// A user's click or glance lands on the new element; so does this. `None` when the
+    /// page has no such element.
+    async fn on_element(
+        &self,
+        css: &str,
+        method: reqwest::Method,
+        suffix: &str,
+        body: Option<&Value>,
+    ) -> Result<Option<Value>> {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            let Some(id) = self.find(css).await? else {
+                return Ok(None);
+            };
+            match self
+                .command(method.clone(), &format!("/element/{id}{suffix}"), body)
+                .await
+            {
+                Ok(value) => return Ok(Some(value)),
+                Err(e) if attempt < ATTEMPTS && is_stale(&e) => {}
+                Err(e) => return Err(e.context(format!("{method} {suffix} on {css:?}"))),
+            }
+        }
+        bail!("{method} {suffix} on {css:?}: the element was redrawn {ATTEMPTS} times in a row")
+    }
+
+    /// As [`Self::on_element`], for an element the page must have.
+    async fn on_present_element(
+        &self,
+        css: &str,
+        method: reqwest::Method,
+        suffix: &str,
+        body: Option<&Value>,
+    ) -> Result<Value> {
+        self.on_element(css, method, suffix, body)
             .await?
             .ok_or_else(|| anyhow!("the page has no element {css:?}"))
     }
 
     /// Clicks the element `css` selects, as a user does (it must be visible and enabled).
-    /// A page that redraws the element between finding and clicking it (a refresh)
-    /// gets the click on the new one, as a user's would.
     pub async fn click(&self, css: &str) -> Result<()> {
-        const ATTEMPTS: usize = 3;
-        for attempt in 1..=ATTEMPTS {
-            let id = self.element(css).await?;
-            let clicked = self
-                .command(
-                    reqwest::Method::POST,
-                    &format!("/element/{id}/click"),
-                    Some(&json!({})),
-                )
-                .await;
-            match clicked {
-                Ok(_) => return Ok(()),
-                Err(e) if attempt < ATTEMPTS && e.to_string().contains("stale element") => {}
-                Err(e) => return Err(e.context(format!("clicking {css:?}"))),
-            }
-        }
-        bail!("clicking {css:?}: the element was redrawn {ATTEMPTS} times in a row")
+        self.on_present_element(css, reqwest::Method::POST, "/click", Some(&json!({})))
+            .await?;
+        Ok(())
     }
 
     /// Types `text` into the element `css` selects.
     pub async fn type_into(&self, css: &str, text: &str) -> Result<()> {
-        let id = self.element(css).await?;
-        self.command(
+        self.on_present_element(
+            css,
             reqwest::Method::POST,
-            &format!("/element/{id}/value"),
+            "/value",
             Some(&json!({ "text": text })),
         )
-        .await
-        .with_context(|| format!("typing into {css:?}"))?;
+        .await?;
         Ok(())
     }
 
     /// The rendered text of the element `css` selects, or `None` without one.
     pub async fn text(&self, css: &str) -> Result<Option<String>> {
-        let Some(id) = self.find(css).await? else {
-            return Ok(None);
-        };
         let text = self
-            .command(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+            .on_element(css, reqwest::Method::GET, "/text", None)
             .await?;
-        Ok(text.as_str().map(str::to_string))
+        Ok(text.and_then(|t| t.as_str().map(str::to_string)))
     }
 
     /// Whether the element `css` selects is enabled.
     pub async fn is_enabled(&self, css: &str) -> Result<bool> {
-        let id = self.element(css).await?;
         let enabled = self
-            .command(
-                reqwest::Method::GET,
-                &format!("/element/{id}/enabled"),
-                None,
-            )
+            .on_present_element(css, reqwest::Method::GET, "/enabled", None)
             .await?;
         Ok(enabled == true)
     }
@@ -392,11 +403,40 @@ async fn send(
         .with_context(|| format!("WebDriver {method} {url} answered {status}: {text}"))?;
     let value = answer.get("value").cloned().unwrap_or(Value::Null);
     if !status.is_success() {
-        bail!(
-            "WebDriver {method} {url}: {status} {}: {}",
-            value["error"].as_str().unwrap_or("error"),
-            value["message"].as_str().unwrap_or(&text)
-        );
+        return Err(anyhow::Error::new(WebDriverError {
+            request: format!("{method} {url}"),
+            status,
+            code: value["error"].as_str().unwrap_or("error").to_string(),
+            message: value["message"].as_str().unwrap_or(&text).to_string(),
+        }));
     }
     Ok(value)
+}
+
+/// A command the WebDriver server refused, with the error code the WebDriver standard
+/// gives it ("stale element reference", "no such element", ...).
+#[derive(Debug)]
+struct WebDriverError {
+    request: String,
+    status: reqwest::StatusCode,
+    code: String,
+    message: String,
+}
+
+impl std::fmt::Display for WebDriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "WebDriver {}: {} {}: {}",
+            self.request, self.status, self.code, self.message
+        )
+    }
+}
+
+impl std::error::Error for WebDriverError {}
+
+/// Whether `e` is WebDriver's answer for an element the page has since redrawn.
+fn is_stale(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<WebDriverError>()
+        .is_some_and(|w| w.code == "stale element reference")
 }
