@@ -96,9 +96,10 @@ pub struct Config {
 
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
-    /// One server or a comma-separated list, without credentials (refused there: they
-    /// come from `auth`), so it can be printed and logged.
-    pub url: String,
+    /// The seed servers of `[nats] url` (one, or every node of a cluster), without
+    /// credentials (refused there: they come from `auth`), so they can be printed and
+    /// logged. Never empty once validated.
+    pub seeds: Vec<String>,
     pub stream: String,
     pub subject_prefix: String,
     pub consumer: String,
@@ -117,6 +118,13 @@ pub struct NatsConfig {
     /// The manifest bucket's budget: a record that would pass it fails, and the batch
     /// waits (nothing is inserted unrecorded).
     pub manifest_max_bytes: u64,
+}
+
+impl NatsConfig {
+    /// The seeds as one line, for logs and `check-config`.
+    pub fn seeds_text(&self) -> String {
+        self.seeds.join(", ")
+    }
 }
 
 #[derive(Clone, Debug)]
