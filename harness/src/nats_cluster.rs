@@ -1,0 +1,162 @@
+//! Where things live in a NATS cluster, as the JetStream API answers it: a stream's
+//! leader (`$JS.API.STREAM.INFO`), a consumer's (`$JS.API.CONSUMER.INFO`), their
+//! replicas; the meta group's leader is [`NatsCluster::meta_leader`] (from `/jsz`).
+//!
+//! [`ClusterView`] is a client of the test's own, connected to every node (it moves to
+//! a live one when its node is killed or frozen), so it answers whichever node a
+//! scenario takes away.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use async_nats::jetstream::{self, stream::ClusterInfo};
+
+use crate::nats::NatsCluster;
+use crate::wait_for;
+
+/// How often the test's client pings: a frozen node is left within three of these.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one JetStream API request may take (an election answers nothing).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connects to `urls` (one server, or a cluster's nodes): the client takes the first
+/// that answers and moves to another when it goes; it reconnects by itself for ever.
+pub async fn connect(urls: &[String]) -> Result<async_nats::Client> {
+    async_nats::ConnectOptions::new()
+        .name("sluice-test")
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .ping_interval(PING_INTERVAL)
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis(50u64 << attempts.min(4)).min(Duration::from_secs(1))
+        })
+        .connect(urls)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", urls.join(",")))
+}
+
+/// One replicated group (a stream's or a consumer's) as JetStream reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The leader's `server_name`.
+    pub leader: String,
+    /// Every peer: the leader and its replicas.
+    pub peers: Vec<String>,
+    /// How many replicas the configuration asks for.
+    pub configured: usize,
+}
+
+/// The JetStream API of a cluster, through a client of the test's own.
+#[derive(Clone)]
+pub struct ClusterView {
+    js: jetstream::Context,
+}
+
+// === impl ClusterView ===
+
+impl ClusterView {
+    /// Connects to every node of `cluster`.
+    pub async fn connect(cluster: &NatsCluster) -> Result<Self> {
+        Ok(Self {
+            js: jetstream::new(connect(&cluster.urls()).await?),
+        })
+    }
+
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// A stream's leader and peers (`$JS.API.STREAM.INFO`).
+    pub async fn stream(&self, stream: &str) -> Result<Group> {
+        let mut handle = self
+            .js
+            .get_stream(stream)
+            .await
+            .map_err(|e| anyhow!("looking up stream {stream}: {e}"))?;
+        let info = handle
+            .info()
+            .await
+            .map_err(|e| anyhow!("reading stream {stream}: {e}"))?;
+        group(&info.cluster, info.config.num_replicas).with_context(|| format!("stream {stream}"))
+    }
+
+    /// A consumer's leader and peers (`$JS.API.CONSUMER.INFO`).
+    pub async fn consumer(&self, stream: &str, consumer: &str) -> Result<Group> {
+        let handle = self
+            .js
+            .get_stream(stream)
+            .await
+            .map_err(|e| anyhow!("looking up stream {stream}: {e}"))?;
+        let info = handle
+            .consumer_info(consumer)
+            .await
+            .map_err(|e| anyhow!("reading consumer {consumer} of {stream}: {e}"))?;
+        group(&info.cluster, info.config.num_replicas)
+            .with_context(|| format!("consumer {consumer} of {stream}"))
+    }
+
+    /// Waits until `stream` has a leader other than `old` (an election after its
+    /// leader went), and returns it.
+    pub async fn new_stream_leader(
+        &self,
+        stream: &str,
+        old: &str,
+        deadline: Duration,
+    ) -> Result<String> {
+        wait_for(
+            &format!("a leader of {stream} other than {old}"),
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                let leader = self.stream(stream).await?.leader;
+                if leader == old {
+                    bail!("still {old}");
+                }
+                Ok(leader)
+            },
+        )
+        .await
+    }
+
+    /// Waits until `consumer` has a leader other than `old`, and returns it.
+    pub async fn new_consumer_leader(
+        &self,
+        stream: &str,
+        consumer: &str,
+        old: &str,
+        deadline: Duration,
+    ) -> Result<String> {
+        wait_for(
+            &format!("a leader of consumer {consumer} other than {old}"),
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                let leader = self.consumer(stream, consumer).await?.leader;
+                if leader == old {
+                    bail!("still {old}");
+                }
+                Ok(leader)
+            },
+        )
+        .await
+    }
+}
+
+fn group(cluster: &Option<ClusterInfo>, configured: usize) -> Result<Group> {
+    let cluster = cluster
+        .as_ref()
+        .ok_or_else(|| anyhow!("no cluster information"))?;
+    let leader = cluster
+        .leader
+        .clone()
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| anyhow!("no leader right now"))?;
+    let mut peers = vec![leader.clone()];
+    peers.extend(cluster.replicas.iter().map(|r| r.name.clone()));
+    Ok(Group {
+        leader,
+        peers,
+        configured,
+    })
+}
