@@ -193,6 +193,9 @@ pub struct ApiConfig {
     pub chunk_rows: usize,
     pub chunk_bytes: usize,
     pub retry_after: Duration,
+    /// A publish JetStream did not take (a NATS election, a lost ack) is sent again with
+    /// the same message id for this long before the request answers 503.
+    pub publish_retry_for: Duration,
     /// Rows nested deeper are refused: ClickHouse's JSON parser recurses per level.
     pub max_json_depth: usize,
     /// Distinct tables a tenant may write to: each costs an actor and metric series.

@@ -96,6 +96,7 @@ pub async fn start(
         },
         max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
+        publish_retry_for: config.api.publish_retry_for,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
     });

@@ -61,6 +61,8 @@ pub struct IngestState {
     /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
     pub max_json_depth: usize,
     pub retry_after: Duration,
+    /// `[api] publish_retry_for`: how long a chunk JetStream did not take is sent again.
+    pub publish_retry_for: Duration,
     /// The tables of each ClickHouse target, by target name.
     pub catalogs: HashMap<String, Catalog>,
     /// The tables each tenant writes to, capped.
@@ -176,6 +178,7 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
         subject,
         key.as_deref(),
         chunks,
+        state.publish_retry_for,
         not_connected,
     );
     for item in rows {

@@ -4,15 +4,29 @@
 //! costs one round trip, not one per chunk. Counts stay in rows: a chunk's rows are
 //! accepted together when JetStream acks it, and not stored together when it does not.
 //!
-//! After the first failure nothing more is sent: the rest of the request is only
-//! counted (as not stored), so the answer still accounts for every row.
+//! A chunk JetStream did not take is sent again, the same message under the same id,
+//! for up to `[api] publish_retry_for` from the request's first such failure: a NATS
+//! cluster electing a stream leader answers "no responders" for a few seconds, and a
+//! node that dies with an ack on its way leaves it unanswered. An accepted row is still
+//! a stored one; a client sees 503 only when the outage outlasts the bound. Sent again
+//! are chunks nothing took, and chunks with a message id (an `Idempotency-Key`), which
+//! JetStream stores once whatever the first attempt did (`PublishError::may_send_again`).
+//!
+//! After a failure that is not sent again nothing more is sent: the rest of the
+//! request is only counted (as not stored), so the answer still accounts for every row.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use super::chunk::{Chunk, ChunkLimits, Chunker};
 use crate::nats::{PendingPublish, PublishError, Publisher};
+
+/// The first pause before a chunk is sent again; it doubles up to [`RESEND_MAX`].
+const RESEND_MIN: Duration = Duration::from_millis(100);
+const RESEND_MAX: Duration = Duration::from_secs(1);
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
 /// permits and takes one back only when its ack is awaited, so requests that each hold
@@ -44,20 +58,26 @@ pub struct Publishing<'a> {
     subject: String,
     /// The request's `Idempotency-Key`: each chunk's message id is `<key>-<index>`.
     key: Option<&'a str>,
-    /// Sent chunks waiting for their ack, with their row counts.
-    pending: VecDeque<(PendingPublish, usize)>,
+    /// Sent chunks waiting for their ack.
+    pending: VecDeque<(PendingPublish, Chunk)>,
+    /// How long chunks JetStream did not take are sent again, and until when (set at
+    /// the request's first such failure).
+    resend_for: Duration,
+    resend_until: Option<Instant>,
     outcome: Outcome,
 }
 
 // === impl Publishing ===
 
 impl<'a> Publishing<'a> {
-    /// `stop`: a reason not to send anything at all (NATS is not connected).
+    /// `stop`: a reason not to send anything at all (NATS is not connected);
+    /// `resend_for`: `[api] publish_retry_for`.
     pub fn new(
         publisher: &'a Publisher,
         subject: String,
         key: Option<&'a str>,
         chunks: ChunkLimits,
+        resend_for: Duration,
         stop: Option<PublishError>,
     ) -> Self {
         Self {
@@ -66,6 +86,8 @@ impl<'a> Publishing<'a> {
             subject,
             key,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
+            resend_for,
+            resend_until: None,
             outcome: Outcome {
                 stop,
                 ..Outcome::default()
@@ -102,31 +124,80 @@ impl<'a> Publishing<'a> {
         if self.outcome.stop.is_some() {
             return;
         }
-        let id = self.key.map(|k| message_id(k, chunk.index));
-        match self
-            .publisher
-            .send(self.subject.clone(), chunk.payload, None, id.as_deref())
-            .await
-        {
-            Ok(ack) => self.pending.push_back((ack, chunk.rows)),
-            Err(e) => self.outcome.stop = Some(e),
+        match self.publish(&chunk).await {
+            Ok(ack) => self.pending.push_back((ack, chunk)),
+            Err(e) => self.resend(chunk, e).await,
         }
     }
 
-    async fn confirm(&mut self, (ack, rows): (PendingPublish, usize)) {
+    async fn publish(&self, chunk: &Chunk) -> Result<PendingPublish, PublishError> {
+        let id = self.key.map(|k| message_id(k, chunk.index));
+        self.publisher
+            .send(
+                self.subject.clone(),
+                chunk.payload.clone(),
+                None,
+                id.as_deref(),
+            )
+            .await
+    }
+
+    async fn confirm(&mut self, (ack, chunk): (PendingPublish, Chunk)) {
         match Publisher::confirm(ack).await {
-            Ok(published) => {
-                self.outcome.accepted += rows;
-                self.outcome.messages += 1;
-                if published.duplicate {
-                    self.outcome.duplicates += rows;
-                }
+            Ok(published) => self.accepted(&chunk, published.duplicate),
+            Err(e) => self.resend(chunk, e).await,
+        }
+    }
+
+    /// A chunk that failed with `error`: sent again (and waited for, one at a time)
+    /// while the error allows it and the request's resend window lasts; else the
+    /// request stops there.
+    async fn resend(&mut self, chunk: Chunk, mut error: PublishError) {
+        let until = *self
+            .resend_until
+            .get_or_insert_with(|| Instant::now() + self.resend_for);
+        let mut pause = RESEND_MIN;
+        while self.outcome.stop.is_none()
+            && error.may_send_again(self.key.is_some())
+            && Instant::now() < until
+        {
+            tracing::debug!(error = %error, subject = %self.subject, chunk = chunk.index,
+                "a publish JetStream did not take: sending it again");
+            tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+            pause = (pause * 2).min(RESEND_MAX);
+            // An attempt ends with the window too (the last one, at its end, gets a
+            // moment): a node gone with its socket open would otherwise keep the ack
+            // waiting for the client's whole timeout.
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .max(RESEND_MIN);
+            let attempt = async {
+                let ack = self.publish(&chunk).await?;
+                Publisher::confirm(ack).await
+            };
+            let acked = tokio::time::timeout(left, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PublishError::Unavailable(format!(
+                        "no ack within [api] publish_retry_for ({})",
+                        humantime::format_duration(self.resend_for)
+                    )))
+                });
+            match acked {
+                Ok(published) => return self.accepted(&chunk, published.duplicate),
+                Err(e) => error = e,
             }
-            Err(e) => {
-                if self.outcome.stop.is_none() {
-                    self.outcome.stop = Some(e);
-                }
-            }
+        }
+        if self.outcome.stop.is_none() {
+            self.outcome.stop = Some(error);
+        }
+    }
+
+    fn accepted(&mut self, chunk: &Chunk, duplicate: bool) {
+        self.outcome.accepted += chunk.rows;
+        self.outcome.messages += 1;
+        if duplicate {
+            self.outcome.duplicates += chunk.rows;
         }
     }
 }
