@@ -317,3 +317,100 @@ async fn post_with_headers(
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     ))
 }
+
+/// The consumer's leader moves (it steps down: no node goes, no client reconnects)
+/// while Sluice's pull request waits on it. The request is lost with the old leader
+/// (2.10 and later say so with a 409 "Leadership Change", 2.9 goes silent): Sluice
+/// replaces it without a restart or a reconnect, counts one stall, and rows published
+/// after the move land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_lost_to_a_leader_change_is_replaced_without_a_restart_and_counted() -> Result<()> {
+    let Some(mut stack) =
+        cluster_stack("a_pull_lost_to_a_leader_change_is_replaced_without_a_restart_and_counted")
+            .await?
+    else {
+        return Ok(());
+    };
+    let view = ClusterView::connect(&stack.nats).await?;
+    stack.start_sluice(SLUICE).await?;
+    ingest(&stack, 0..10).await?;
+    stack.wait_for_count("events", 10, DEADLINE).await?;
+    assert_eq!(stalls_counted(&stack).await?, 0.0);
+
+    let old = view.consumer("INGEST", "sluice").await?.leader;
+    view.step_down_consumer("INGEST", "sluice").await?;
+    let new = view
+        .new_consumer_leader("INGEST", "sluice", &old, DEADLINE)
+        .await?;
+    ingest(&stack, 10..110).await?;
+    stack
+        .wait_for_count("events", 110, DEADLINE)
+        .await
+        .with_context(|| stack.sluice[0].log_tail(40))?;
+
+    let (stack_ref, new_ref) = (&stack, &new);
+    // The leaders come with the lag poll (every 5 s).
+    let consumer = wait_for(
+        "the stall and the new leader in /admin/actors",
+        DEADLINE,
+        POLL,
+        || async move {
+            let (status, tree) = stack_ref.admin_get("/admin/actors").await?;
+            ensure!(status == 200, "{status} {tree}");
+            let consumer = consumer_state(&tree).context("no consumer node")?;
+            ensure!(consumer["stalls"].as_u64() >= Some(1), "{consumer}");
+            ensure!(
+                consumer["nats"]["consumer"]["leader"] == **new_ref,
+                "{consumer}"
+            );
+            Ok(consumer)
+        },
+    )
+    .await?;
+    assert_eq!(
+        consumer["reconnects"], 0,
+        "replaced, not reconnected: {consumer}"
+    );
+    assert_eq!(consumer["connected"], true, "{consumer}");
+    assert!(
+        ["leadership_change", "heartbeats_missed"]
+            .contains(&consumer["last_stall"].as_str().unwrap_or_default()),
+        "{consumer}"
+    );
+    assert_eq!(
+        consumer["nats"]["consumer"]["replicas"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "the other two peers: {consumer}"
+    );
+    assert!(stalls_counted(&stack).await? >= 1.0);
+    assert_eq!(stack.sluice[0].starts(), 1, "no restart");
+    assert!(stack.sluice[0].is_running());
+    Ok(())
+}
+
+/// `sluice_consumer_stalls_total`, every reason.
+async fn stalls_counted(stack: &Stack) -> Result<f64> {
+    let text = stack.metrics().await?;
+    Ok(sluice_harness::chaos::metric_value(
+        &text,
+        "sluice_consumer_stalls_total",
+        &[("stream", "INGEST")],
+    ))
+}
+
+/// The consumer node's state in an `/admin/actors` answer.
+fn consumer_state(tree: &Value) -> Option<Value> {
+    let mut nodes = vec![tree];
+    // Bounded by the tree's size: each node is visited once.
+    while let Some(node) = nodes.pop() {
+        if node["kind"] == "consumer" {
+            return Some(node["state"].clone());
+        }
+        if let Some(children) = node["children"].as_array() {
+            nodes.extend(children);
+        }
+    }
+    None
+}

@@ -96,6 +96,22 @@ impl ClusterView {
             .with_context(|| format!("consumer {consumer} of {stream}"))
     }
 
+    /// Asks `consumer`'s leader to step down (`$JS.API.CONSUMER.LEADER.STEPDOWN`): its
+    /// peers elect another, the way a leader change happens without a fault.
+    pub async fn step_down_consumer(&self, stream: &str, consumer: &str) -> Result<()> {
+        // The context puts the API prefix (`$JS.API.`) in front.
+        let subject = format!("CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}");
+        let answer: serde_json::Value = self
+            .js
+            .request(subject, &serde_json::json!({}))
+            .await
+            .map_err(|e| anyhow!("stepping down the leader of {consumer}: {e}"))?;
+        if answer["success"] != true {
+            bail!("the leader of {consumer} did not step down: {answer}");
+        }
+        Ok(())
+    }
+
     /// Waits until `stream` has a leader other than `old` (an election after its
     /// leader went), and returns it.
     pub async fn new_stream_leader(

@@ -36,7 +36,12 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_table_missing", &["tenant", "table"]),
     ("sluice_table_exactly_once", &["tenant", "table"]),
     ("sluice_manifest_failures_total", &["tenant", "table"]),
+    (
+        "sluice_batches_past_dedup_window_total",
+        &["tenant", "table"],
+    ),
     ("sluice_consumer_pending", &["stream"]),
+    ("sluice_consumer_stalls_total", &["stream", "reason"]),
     ("sluice_actor_restarts_total", &["kind"]),
     ("sluice_dlq_publish_failures_total", &["tenant", "table"]),
     ("sluice_query_total", &["status"]),

@@ -183,6 +183,17 @@ impl JsManifestStore {
         self.shared.index.caught_up_on(&self.shared.js.client())
     }
 
+    /// Whether the index is caught up within `deadline` (without reading the stream,
+    /// unlike [`JsManifestStore::ready`]): the source's short wait while a watch that
+    /// was opened again rebuilds it.
+    pub async fn caught_up_within(&self, deadline: Duration) -> bool {
+        self.shared
+            .index
+            .wait_caught_up(&self.shared.js.client(), deadline)
+            .await
+            .is_ok()
+    }
+
     /// The batch holding a message (the first claim on it), as this instance's index
     /// knows it now (tests and tools: the tables keep their own).
     pub fn holding(&self, stream_sequence: u64) -> Option<Arc<Manifest>> {
