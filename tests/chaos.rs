@@ -1551,3 +1551,5 @@ mod nats {
         Ok(())
     }
 }
+#[path = "chaos/nats_cluster.rs"]
+mod nats_cluster;

@@ -21,6 +21,7 @@
 //! acknowledged it (its message): that is the set nothing may be lost from.
 
 use std::collections::BTreeSet;
+use std::future::IntoFuture as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,9 @@ const TRANSPORT_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Each HTTP request's own timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the acks of one chunk published straight to JetStream are waited for,
+/// together.
+const ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// How fast rows go out: `chunk` rows every `every`.
 #[derive(Clone, Copy, Debug)]
@@ -243,7 +247,14 @@ impl Feed {
             Ok(joined) => joined.map_err(|e| anyhow!("the feed of {table} panicked: {e}"))?,
             Err(_) => {
                 task.abort();
-                bail!("the feed of {table} did not end within {deadline:?}")
+                let p = &self.progress;
+                bail!(
+                    "the feed of {table} did not end within {deadline:?} ({} rows accepted, {} answers 503, {} transport errors; the last failure: {})",
+                    Progress::get(&p.accepted),
+                    Progress::get(&p.unavailable),
+                    Progress::get(&p.transport_errors),
+                    p.last_failure().unwrap_or_else(|| "none".into())
+                )
             }
         }
     }
@@ -414,8 +425,18 @@ async fn send_jetstream(
                 }
             }
         }
+        // One wait for the chunk's acks, not one per ack: acks lost with a node would
+        // otherwise cost the client's timeout each, one after the other.
+        let acked_by = Instant::now() + ACK_WAIT;
         for (id, ack) in acks {
-            match ack.await {
+            let answer = tokio::time::timeout_at(acked_by, ack.into_future())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(async_nats::jetstream::context::PublishError::new(
+                        async_nats::jetstream::context::PublishErrorKind::TimedOut,
+                    ))
+                });
+            match answer {
                 Ok(_) => {
                     done.insert(id);
                 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use super::feed::Published;
+use super::flow::{Flow, RESUME_LIMIT};
 use super::observe::{JetStreamView, ParkedRow};
 use crate::clickhouse::ClickHouseServer;
 
@@ -61,6 +62,8 @@ pub struct Tally {
     /// The same counts for the scenario's `ReplicatedMergeTree` twins, where
     /// exactly-once holds: no duplicate may be there.
     pub replicated: Option<Box<Tally>>,
+    /// How rows flowed around the fault, when the scenario watched.
+    pub flow: Option<Flow>,
 }
 
 // === impl Tally ===
@@ -175,6 +178,13 @@ impl Tally {
         if let Some(took) = self.settled_in {
             line.push_str(&format!(" settled_in={:.1}s", took.as_secs_f64()));
         }
+        if let Some(flow) = &self.flow {
+            line.push_str(&format!(" gap={:.1}s", flow.gap.as_secs_f64()));
+            match flow.resumed_in {
+                Some(took) => line.push_str(&format!(" resumed_in={:.1}s", took.as_secs_f64())),
+                None => line.push_str(" resumed_in=-"),
+            }
+        }
         line
     }
 
@@ -231,6 +241,13 @@ impl Tally {
         }
         if let Some(why) = &self.not_quiet {
             problems.push(format!("the pipeline never went quiet: {why}"));
+        }
+        if let Some(took) = self.flow.and_then(|f| f.resumed_in) {
+            if took > RESUME_LIMIT {
+                problems.push(format!(
+                    "rows flowed again only {took:.1?} after the fault ended (the bound is {RESUME_LIMIT:?})"
+                ));
+            }
         }
         if let Some(twin) = &self.replicated {
             if twin.duplicates > 0 {

@@ -18,7 +18,12 @@
 //! a confirmed ack covers the acks sent before it on that connection only, so a
 //! manifest is removed by `forget` only when the client has not reconnected since it
 //! was recorded (otherwise the collector removes it once the consumer's ack floor has
-//! passed it).
+//! passed it). On a NATS cluster (`[nats] replicas` above 1) `forget` always leaves it
+//! to the collector: a replicated consumer's leader confirms an ack before its peers
+//! have it, and a leader change in between (an election, a node frozen or restarted)
+//! delivers the rows again, which must then find their batch's record and be settled
+//! by it, not inserted anew. There the collector also takes the lower of the ack floors
+//! of its last two passes, so a floor is trusted only once it has held for a pass.
 //!
 //! When the store cannot be written (NATS down, the bucket full), `record` fails and
 //! the actors hold the batch: nothing is inserted unrecorded (see docs/operations.md,
@@ -114,6 +119,8 @@ pub(crate) struct Shared {
     recorded: Mutex<HashMap<String, u64>>,
     /// Manifests whose `forget` came after a reconnect: the collector removes them.
     deferred: Mutex<HashSet<String>>,
+    /// The consumer's ack floor as the collector's previous pass read it.
+    floor_before: Mutex<u64>,
 }
 
 // === impl JsManifestStore ===
@@ -133,6 +140,7 @@ impl JsManifestStore {
             kv: RwLock::new(None),
             recorded: Mutex::default(),
             deferred: Mutex::default(),
+            floor_before: Mutex::default(),
             settings: settings.clone(),
             js: js.clone(),
         });
@@ -344,6 +352,11 @@ impl Shared {
             lock(&self.deferred).insert(id.to_string());
             tracing::debug!(manifest = %id,
                 "the NATS client reconnected since this manifest was recorded: it is collected once its rows are known acked");
+            return Ok(());
+        }
+        if self.settings.replicas > 1 {
+            // A confirmed ack may not be on the consumer's other peers yet (see the
+            // module's doc): the collector removes it once the ack floor has held.
             return Ok(());
         }
         let key = self.key_of(id)?;
