@@ -15,8 +15,8 @@ as_root() {
 
 # install_apt_packages [PACKAGE...]: Debian's nats-server (2.9.10), clickhouse-server and
 # clickhouse-client (18.16) from apt, plus each extra PACKAGE named (the test command
-# adds chromium and zookeeper), only when something is missing. Nothing is downloaded
-# when everything is there.
+# adds chromium, chromium-driver, prometheus and zookeeper), only when something is
+# missing. Nothing is downloaded when everything is there.
 install_apt_packages() {
   local missing=() extra
   [[ -x /usr/sbin/nats-server ]] || missing+=(nats-server)
@@ -36,10 +36,12 @@ install_apt_packages() {
 }
 
 # is_installed PACKAGE: whether what the package provides is there: a command of its
-# name, or for zookeeper (no command on PATH; it pulls in a Java runtime) its jar and java.
+# name, for chromium-driver its `chromedriver`, or for zookeeper (no command on PATH; it
+# pulls in a Java runtime) its jar and java.
 is_installed() {
   case $1 in
     zookeeper) [[ -f /usr/share/java/zookeeper.jar ]] && command -v java >/dev/null 2>&1 ;;
+    chromium-driver) command -v chromedriver >/dev/null 2>&1 ;;
     *) command -v "$1" >/dev/null 2>&1 ;;
   esac
 }
@@ -75,6 +77,23 @@ install_current_nats() {
   export SLUICE_NATS_CURRENT_BIN
   echo "debian nats-server:  $(/usr/sbin/nats-server --version)"
   echo "current nats-server: $("$SLUICE_NATS_CURRENT_BIN" --version) ($SLUICE_NATS_CURRENT_BIN)"
+}
+
+# Installs schemathesis (PyPI; the OpenAPI tests run its `st` against a live Sluice) when
+# missing and exports the path of `st` as SLUICE_SCHEMATHESIS_BIN.
+install_schemathesis() {
+  local st
+  st="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/st"
+  if [[ ! -x $st ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check schemathesis ||
+      python3 -m pip install --quiet --disable-pip-version-check --break-system-packages schemathesis
+  fi
+  [[ -x $st ]] || {
+    echo "schemathesis installed but $st was not found" >&2
+    return 1
+  }
+  export SLUICE_SCHEMATHESIS_BIN=$st
+  echo "schemathesis: $("$st" --version) ($st)"
 }
 
 # --- containers: podman for scripts/image and the container tests --------------------

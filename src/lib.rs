@@ -8,6 +8,7 @@ pub mod clickhouse;
 pub mod config;
 pub mod dev;
 pub mod nats;
+pub mod openapi;
 pub mod query;
 pub mod server;
 pub mod telemetry;

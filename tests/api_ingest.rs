@@ -1,124 +1,17 @@
 //! `POST /v1/ingest/{table}` on real servers, as a client application sees it: what it
 //! answers (status, body, headers) and what lands in ClickHouse (rows counted).
 
+mod ingest_common;
+
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use reqwest::header::HeaderMap;
+use ingest_common::{
+    filling_stack, ndjson, post, settled_with, stack_with, wait_exactly, Reply, AS_TENANT, EVENTS,
+    JSON, LAND, NDJSON, SLUICE,
+};
 use serde_json::{json, Value};
 use sluice_harness::{loopback_client, wait_for, Stack, StackOptions, TENANT};
-
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
-const LAND: Duration = Duration::from_secs(60);
-
-/// An answer of the ingest API.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    body: Value,
-}
-
-impl Reply {
-    fn n(&self, field: &str) -> u64 {
-        self.body.get(field).and_then(Value::as_u64).unwrap_or(0)
-    }
-}
-
-impl std::fmt::Display for Reply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.status, self.body)
-    }
-}
-
-/// POST a body to `/v1/ingest/{table}` with exactly the headers given (no tenant added).
-async fn post(
-    http: &reqwest::Client,
-    stack: &Stack,
-    table: &str,
-    body: impl Into<reqwest::Body>,
-    headers: &[(&str, &str)],
-) -> Result<Reply> {
-    let mut request = http
-        .post(format!("{}/v1/ingest/{table}", stack.api_url()))
-        .body(body);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = request.send().await.context("POST /v1/ingest")?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.context("reading the answer")?;
-    let body = serde_json::from_str(&text).with_context(|| {
-        format!("the ingest API answered {status} with a body that is not JSON: {text:?}")
-    })?;
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
-}
-
-const JSON: (&str, &str) = ("Content-Type", "application/json");
-const NDJSON: (&str, &str) = ("Content-Type", "application/x-ndjson");
-const AS_TENANT: (&str, &str) = ("X-Tenant", TENANT);
-
-fn ndjson(rows: impl IntoIterator<Item = Value>) -> String {
-    rows.into_iter().map(|r| format!("{r}\n")).collect()
-}
-
-async fn stack_with(tables: &[&str], settings: &[(&str, toml::Value)]) -> Result<Stack> {
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    for sql in tables {
-        stack.clickhouse.exec(sql).await?;
-    }
-    for (key, value) in settings {
-        stack.set(key, value.clone());
-    }
-    stack.start_sluice(SLUICE).await?;
-    Ok(stack)
-}
-
-const EVENTS: &str = "CREATE TABLE events (id UInt64, name String) ENGINE = MergeTree ORDER BY id";
-
-/// Waits until `sql` counts exactly `n`; fails at once if it ever counts more.
-async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
-    wait_for(
-        &format!("`{sql}` = {n}"),
-        LAND,
-        Duration::from_millis(200),
-        || async move {
-            let c = stack.count(sql).await?;
-            if c > n {
-                // Not retried: more rows than accepted is a failure, not a wait.
-                return Ok(Err(anyhow::anyhow!(
-                    "`{sql}` counted {c}, more than the {n} accepted"
-                )));
-            }
-            if c == n {
-                Ok(Ok(()))
-            } else {
-                bail!("{c} so far")
-            }
-        },
-    )
-    .await?
-}
-
-/// A stack whose ingest stream holds `max_bytes`, with ClickHouse stopped so that nothing
-/// drains and the stream fills (a short outage backoff, so the rows drain soon after it
-/// is back).
-async fn filling_stack(max_bytes: &str, settings: &[(&str, toml::Value)]) -> Result<Stack> {
-    let mut all: Vec<(&str, toml::Value)> = vec![
-        ("nats.max_bytes", max_bytes.into()),
-        ("pipeline.backoff_initial", "200ms".into()),
-        ("pipeline.backoff_max", "1s".into()),
-    ];
-    all.extend_from_slice(settings);
-    let mut stack = stack_with(&[EVENTS], &all).await?;
-    stack.clickhouse.stop().await?;
-    Ok(stack)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_an_array_and_ndjson_land() -> Result<()> {
@@ -349,7 +242,7 @@ async fn refusals_413_415_404_400_carry_a_json_reason() -> Result<()> {
     assert_eq!(r.status, 400, "{r}");
     assert!(error_of(&r).contains("more than once"), "{r}");
 
-    // 400: an Idempotency-Key that cannot be a message id.
+    // 400: an Idempotency-Key over 128 characters.
     let long_key = "k".repeat(200);
     let r = post(
         &http,
@@ -361,6 +254,27 @@ async fn refusals_413_415_404_400_carry_a_json_reason() -> Result<()> {
     .await?;
     assert_eq!(r.status, 400, "{r}");
     assert!(error_of(&r).contains("Idempotency-Key"), "{r}");
+
+    // 400: two Idempotency-Key headers, like a repeated X-Tenant (which one counts
+    // would be a guess).
+    let r = post(
+        &http,
+        &stack,
+        "events",
+        row.clone(),
+        &[
+            AS_TENANT,
+            JSON,
+            ("Idempotency-Key", "first"),
+            ("Idempotency-Key", "second"),
+        ],
+    )
+    .await?;
+    assert_eq!(r.status, 400, "{r}");
+    assert!(
+        error_of(&r).contains("Idempotency-Key header is sent more than once"),
+        "{r}"
+    );
 
     // None of that was stored: the one good request that follows is the only row.
     let r = post(
@@ -494,71 +408,44 @@ async fn the_same_idempotency_key_twice_lands_once() -> Result<()> {
     let stack = stack_with(&[EVENTS], &[]).await?;
     let http = stack.http().clone();
 
-    // Object form: the key is the message id.
+    // Each form sent twice under its key: the second answer is the first one again
+    // (nothing published), marked as a replay.
     let object = json!({"id": 1, "name": "object"}).to_string();
-    let key = [AS_TENANT, JSON, ("Idempotency-Key", "order-1")];
-    let first = post(&http, &stack, "events", object.clone(), &key).await?;
-    assert_eq!(first.status, 202, "{first}");
-    assert_eq!(
-        (first.n("accepted"), first.n("duplicates")),
-        (1, 0),
-        "{first}"
-    );
-    let again = post(&http, &stack, "events", object, &key).await?;
-    assert_eq!(again.status, 202, "{again}");
-    assert_eq!(
-        (again.n("accepted"), again.n("duplicates")),
-        (1, 1),
-        "{again}"
-    );
-
-    // Batch forms: each row's id is the key and its index. An array sent twice, and
-    // the same rows as NDJSON under another key (a different request: stored again).
     let batch =
         json!([{"id": 2, "name": "batch"}, {"id": 3, "name": "batch"}, {"id": 4, "name": "batch"}])
             .to_string();
-    let key = [AS_TENANT, JSON, ("Idempotency-Key", "batch-7")];
-    let first = post(&http, &stack, "events", batch.clone(), &key).await?;
-    assert_eq!(
-        (first.status, first.n("accepted"), first.n("duplicates")),
-        (202, 3, 0),
-        "{first}"
-    );
-    let again = post(&http, &stack, "events", batch, &key).await?;
-    assert_eq!(
-        (again.status, again.n("accepted"), again.n("duplicates")),
-        (202, 3, 3),
-        "{again}"
-    );
-
     let lines = ndjson((5..8).map(|id| json!({"id": id, "name": "ndjson"})));
-    let key = [AS_TENANT, NDJSON, ("Idempotency-Key", "nd-1")];
-    let first = post(&http, &stack, "events", lines.clone(), &key).await?;
-    assert_eq!(
-        (first.status, first.n("accepted"), first.n("duplicates")),
-        (202, 3, 0),
-        "{first}"
-    );
-    let again = post(&http, &stack, "events", lines, &key).await?;
-    assert_eq!(
-        (again.status, again.n("accepted"), again.n("duplicates")),
-        (202, 3, 3),
-        "{again}"
-    );
+    for (body, content_type, key, rows) in [
+        (object, JSON, "order-1", 1),
+        (batch, JSON, "batch-7", 3),
+        (lines, NDJSON, "nd-1", 3),
+    ] {
+        let headers = [AS_TENANT, content_type, ("Idempotency-Key", key)];
+        let first = post(&http, &stack, "events", body.clone(), &headers).await?;
+        assert_eq!(
+            (first.status, first.n("accepted"), first.n("duplicates")),
+            (202, rows, 0),
+            "{first}"
+        );
+        assert!(
+            !first.headers.contains_key("idempotent-replayed"),
+            "{first}"
+        );
+        let again = post(&http, &stack, "events", body, &headers).await?;
+        assert_eq!((again.status, &again.body), (202, &first.body), "{again}");
+        assert_eq!(
+            again
+                .headers
+                .get("idempotent-replayed")
+                .and_then(|v| v.to_str().ok()),
+            Some("true"),
+            "{again}"
+        );
+    }
 
     // A row sent after the duplicates is delivered after them: once it has landed,
     // a duplicate would have too.
-    let r = post(
-        &http,
-        &stack,
-        "events",
-        json!({"id": 100, "name": "after"}).to_string(),
-        &[AS_TENANT, JSON],
-    )
-    .await?;
-    assert_eq!(r.status, 202, "{r}");
-    wait_exactly(&stack, "SELECT count() FROM events WHERE id = 100", 1).await?;
-    assert_eq!(stack.count("SELECT count() FROM events").await?, 8);
+    settled_with(&stack, 100, 8).await?;
     assert_eq!(
         stack.count("SELECT count(DISTINCT id) FROM events").await?,
         8

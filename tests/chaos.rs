@@ -28,9 +28,9 @@
 //! | `bad_rows_under_load`            | bad rows spread through two tables fed at once          | 3 (b) |
 //! | `dlq_full`                       | DLQ at its budget: bad rows wait in the queue, then park | -     |
 //! | `table_reaping_churn`            | tables reaped and respawned between bursts of rows      | -     |
-//! | `clickhouse_kill9`               | ClickHouse kill -9 mid-insert, started again            | 3 (c) |
-//! | `clickhouse_crash_loop`          | ClickHouse kill -9 four times, each just after it came back: no good row parked | 13 |
-//! | `clickhouse_sigstop`             | ClickHouse frozen past the insert timeout, continued    | 3 (c) |
+//! | `clickhouse_kill9`               | ClickHouse kill -9 with an insert out, started again    | 3 (c) |
+//! | `clickhouse_crash_loop`          | ClickHouse kill -9 four times, each just after it came back, an insert out: no good row parked | 13 |
+//! | `clickhouse_sigstop`             | ClickHouse frozen with an insert out until Sluice times one out, continued | 3 (c) |
 //! | `wrong_password`                 | Denied: backs off, lands after the fix and a restart    | 3 (d) |
 //! | `proxy_503_codeless`             | the proxy answers 503 with no code, then heals          | 3 (e) |
 //! | `proxy_745_overloaded`           | 745 SERVER_OVERLOADED with the modern header            | 3 (e) |
@@ -60,6 +60,14 @@
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
+//! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
+//!
+//! Each scenario first makes sure its fault is in effect, and only then injects the next
+//! step: an insert out when ClickHouse freezes or dies (caught through the proxy, see
+//! `Scenario::freeze_clickhouse_mid_insert`), rows held by Sluice (JetStream's count of
+//! unacked deliveries) when Sluice or nats-server is stopped, a request that met the
+//! proxy's fault before its window starts; rows that must arrive during a fault come
+//! from a feed started once it is in effect.
 //!
 //! The scenarios in `mod nats` are the ones where NATS itself is under stress. Every
 //! scenario runs its rows through NATS, so the test command runs the whole suite twice:
@@ -69,10 +77,14 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use sluice_harness::chaos::{held_in_tree, table_state, Pace, Published, RowSet, Scenario};
-use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions};
+use sluice_harness::chaos::{
+    table_state, twin_of, Feed, Pace, Progress, Published, RowSet, Scenario,
+};
+use sluice_harness::{wait_for, wait_until, Mode, Respond, Rule, StackOptions, TENANT};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+/// Insert requests by outcome (`ok`, `unavailable`, ...).
+const INSERT_REQUESTS: &str = "sluice_insert_requests_total";
 
 const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -105,10 +117,12 @@ async fn clickhouse_stopped() -> Result<()> {
     let feed = s.feed_api("events", RowSet::good(0..3000), Pace::new(100, ms(50)))?;
     landing(&s, "events", 100).await?;
     s.stack.clickhouse.stop().await?;
-    let published = s.published(feed).await?;
+    // It has exited: rows sent from now on can only wait for it.
+    let during = s.feed_api("events", RowSet::good(3000..4000), Pace::new(100, ms(50)))?;
+    let published = [s.published(feed).await?, s.published(during).await?];
     s.expect_nothing_parked_for(&["events"], secs(12)).await?;
     s.stack.clickhouse.start_again().await?;
-    s.finish(&[published]).await?;
+    s.finish(&published).await?;
     Ok(())
 }
 
@@ -279,7 +293,8 @@ async fn bad_rows_under_load() -> Result<()> {
 
 /// Table actors reaped and respawned over and over while rows keep arriving: three
 /// tables fed in bursts with gaps longer than `idle_table_after` (300 ms), so each
-/// table goes idle, is retired and comes back for the next burst. Nothing lost.
+/// table goes idle, is retired and comes back for the next burst (Sluice's debug log
+/// shows each table reaped more than once). Nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_reaping_churn() -> Result<()> {
     let Some(mut s) =
@@ -288,6 +303,8 @@ async fn table_reaping_churn() -> Result<()> {
         return Ok(());
     };
     s.stack.set("pipeline.idle_table_after", "300ms");
+    // The pool logs each reap at debug.
+    s.stack.set("log.level", "info,sluice_actors::pool=debug");
     let tables = ["t1", "t2", "t3"];
     s.create_tables(&tables).await?;
     s.start_sluice().await?;
@@ -303,15 +320,35 @@ async fn table_reaping_churn() -> Result<()> {
     for feed in feeds {
         published.push(s.published(feed).await?);
     }
+    // The churn happened: reaped, respawned by a later burst, reaped again.
+    let output = s.stack.sluice_output(0)?;
+    for table in tables {
+        let token = format!("table={table}");
+        let reaped = output
+            .lines()
+            .filter(|l| l.contains("idle table reaped") && l.split(' ').any(|w| w == token))
+            .count();
+        ensure!(
+            reaped >= 2,
+            "{table} was reaped {reaped} times: the bursts did not churn it\n{}",
+            s.logs()
+        );
+    }
     s.finish(&published).await?;
     Ok(())
 }
 
-/// 3 (c): ClickHouse killed with -9 in the middle of inserts, then started again:
-/// nothing lost (an insert it took before dying may come again: a duplicate).
+/// 3 (c): ClickHouse killed with -9 in the middle of inserts (one caught by the proxy,
+/// sent after ClickHouse froze, is out at the kill), then started again: nothing lost
+/// (an insert it took before dying may come again: a duplicate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_kill9() -> Result<()> {
-    let Some(mut s) = Scenario::start("clickhouse_kill9", SLUICE, StackOptions::default()).await?
+    let Some(mut s) = Scenario::start(
+        "clickhouse_kill9",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
     else {
         return Ok(());
     };
@@ -323,7 +360,7 @@ async fn clickhouse_kill9() -> Result<()> {
         Pace::new(500, ms(100)),
     )?;
     landing(&s, "events", 1000).await?;
-    s.stack.clickhouse.kill9().await?;
+    s.kill_clickhouse_mid_insert().await?;
     tokio::time::sleep(secs(3)).await; // the outage
     s.stack.clickhouse.start_again().await?;
     let published = s.published(feed).await?;
@@ -336,11 +373,16 @@ async fn clickhouse_kill9() -> Result<()> {
 /// in a crash loop of its own (not caused by a row) would be. The lost connections
 /// strike the rows in flight and batches struck often enough are isolated, but a row is
 /// parked for a lost connection only when it takes the server down alone, twice: no
-/// good row may be parked, and each bad row is parked for what it is.
+/// good row may be parked, and each bad row is parked for what it is. Every kill has an
+/// insert out (caught by the proxy after ClickHouse froze).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_crash_loop() -> Result<()> {
-    let Some(mut s) =
-        Scenario::start("clickhouse_crash_loop", SLUICE, StackOptions::default()).await?
+    let Some(mut s) = Scenario::start(
+        "clickhouse_crash_loop",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
     else {
         return Ok(());
     };
@@ -356,7 +398,7 @@ async fn clickhouse_crash_loop() -> Result<()> {
         // It takes inserts again, then dies under them.
         let before = s.stack.count("events").await?;
         landing(&s, "events", before + 200).await?;
-        s.stack.clickhouse.kill9().await?;
+        s.kill_clickhouse_mid_insert().await?;
         tokio::time::sleep(ms(300)).await;
         s.stack.clickhouse.start_again().await?;
     }
@@ -369,12 +411,18 @@ async fn clickhouse_crash_loop() -> Result<()> {
     Ok(())
 }
 
-/// 3 (c): ClickHouse frozen (SIGSTOP) past the insert timeout while rows flow, then
-/// resumed: nothing lost; the timed-out inserts it finishes afterwards are duplicates.
+/// 3 (c): ClickHouse frozen (SIGSTOP) with an insert out (caught by the proxy) while
+/// rows flow, kept frozen until Sluice has given up on an insert (the 3 s insert
+/// timeout), then resumed: nothing lost; the timed-out inserts it finishes afterwards
+/// are duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_sigstop() -> Result<()> {
-    let Some(mut s) =
-        Scenario::start("clickhouse_sigstop", SLUICE, StackOptions::default()).await?
+    let Some(mut s) = Scenario::start(
+        "clickhouse_sigstop",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
     else {
         return Ok(());
     };
@@ -386,8 +434,13 @@ async fn clickhouse_sigstop() -> Result<()> {
         Pace::new(500, ms(100)),
     )?;
     landing(&s, "events", 1000).await?;
-    s.stack.clickhouse.sigstop().await?;
-    tokio::time::sleep(secs(6)).await; // twice the 3 s insert timeout
+    s.freeze_clickhouse_mid_insert().await?;
+    // Frozen past the insert timeout: one more insert ends as unavailable (nothing but
+    // its timeout can end one while ClickHouse is frozen; the caught one ends so).
+    let unavailable = [("outcome", "unavailable")];
+    let before = s.metric(0, INSERT_REQUESTS, &unavailable).await?;
+    s.wait_metric(0, INSERT_REQUESTS, &unavailable, before + 1.0, secs(30))
+        .await?;
     s.stack.clickhouse.sigcont().await?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
@@ -456,17 +509,12 @@ async fn proxy_fault(name: &str, fault: ProxyFault, lasting: Duration) -> Result
     };
     s.create_tables(&["events"]).await?;
     s.start_sluice().await?;
-    // Rows land before the fault; then the main feed starts and the fault comes while
-    // it runs (4 s of rows).
+    // Rows land before the fault; then a feed starts and the fault comes while it runs.
     let warmup = s.feed_api("events", RowSet::good(0..500), Pace::burst(500))?;
     let warmup = s.published(warmup).await?;
     landing(&s, "events", 500).await?;
-    let feed = s.feed_api("events", RowSet::good(500..8500), Pace::new(200, ms(100)))?;
-    feed.wait_accepted(200, secs(30)).await?;
-    ensure!(
-        !feed.is_finished(),
-        "the feed ended before the fault: rows must flow while it lasts"
-    );
+    let before = s.feed_api("events", RowSet::good(500..4500), Pace::new(200, ms(100)))?;
+    before.wait_accepted(200, secs(30)).await?;
     let proxy = s.stack.proxy.as_ref().context("no proxy")?;
     proxy.clear_requests();
     match fault {
@@ -475,18 +523,24 @@ async fn proxy_fault(name: &str, fault: ProxyFault, lasting: Duration) -> Result
             proxy.add_rule(Rule::query_contains("INSERT", mode));
         }
     }
+    // Rows keep coming while it lasts (4 s of them, sent once it is in place), and it
+    // is in effect once a request has met it.
+    let during = s.feed_api("events", RowSet::good(4500..8500), Pace::new(200, ms(100)))?;
+    proxy
+        .wait_for_request(0, "a request to meet the proxy's fault", secs(30), |r| {
+            r.action.contains("respond") || r.action.contains("reset")
+        })
+        .await
+        .with_context(|| s.logs())?;
     s.expect_nothing_parked_for(&["events"], lasting).await?;
-    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
-    let faulted = proxy
-        .requests()
-        .iter()
-        .filter(|r| r.action.contains("respond") || r.action.contains("reset"))
-        .count();
-    ensure!(faulted > 0, "no request met the fault");
     proxy.clear_rules();
     proxy.set_mode(sluice_harness::Mode::PassThrough).await?;
-    let published = s.published(feed).await?;
-    s.finish(&[warmup, published]).await?;
+    let published = [
+        warmup,
+        s.published(before).await?,
+        s.published(during).await?,
+    ];
+    s.finish(&published).await?;
     Ok(())
 }
 
@@ -588,10 +642,17 @@ async fn slow_inserts_past_ack_wait() -> Result<()> {
     ));
     let rows = RowSet::good(0..4000).with_bad_spread(4);
     let feed = s.feed_api("events", rows, Pace::new(200, ms(100)))?;
-    let published = s.published(feed).await?;
-    // Every row is held past ack_wait at least once while the delay lasts.
+    // The delay is in effect once an INSERT is held by it; kept for longer than that
+    // INSERT's 7 s, its rows are held past ack_wait while it runs.
+    proxy
+        .wait_for_request(0, "an INSERT to be delayed", secs(30), |r| {
+            r.action.contains("delay")
+        })
+        .await
+        .with_context(|| s.logs())?;
     tokio::time::sleep(secs(8)).await;
-    s.stack.proxy.as_ref().context("no proxy")?.clear_rules();
+    proxy.clear_rules();
+    let published = s.published(feed).await?;
     let tally = s.finish(&[published]).await?;
     ensure!(
         tally.duplicates == 0,
@@ -627,6 +688,16 @@ async fn read_only_table() -> Result<()> {
         RowSet::good(100_000..103_000),
         Pace::new(200, ms(100)),
     )?;
+    // In effect once an INSERT into the read-only table has been refused.
+    proxy
+        .wait_for_request(
+            0,
+            "an INSERT into the read-only table refused",
+            secs(30),
+            |r| r.action.contains("respond"),
+        )
+        .await
+        .with_context(|| s.logs())?;
     let published_healthy = s.published(healthy).await?;
     // Every healthy row lands while the fault lasts.
     landing(&s, "healthy", 3000).await?;
@@ -636,16 +707,6 @@ async fn read_only_table() -> Result<()> {
     );
     s.expect_nothing_parked_for(&["frozen", "healthy"], secs(1))
         .await?;
-    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
-    let refused = proxy
-        .requests()
-        .iter()
-        .filter(|r| r.action.contains("respond"))
-        .count();
-    ensure!(
-        refused > 0,
-        "no INSERT into the read-only table was refused"
-    );
     proxy.clear_rules();
     let published_frozen = s.published(frozen).await?;
     s.finish(&[published_frozen, published_healthy]).await?;
@@ -667,11 +728,31 @@ async fn missing_table_deploy_race() -> Result<()> {
     s.start_sluice().await?;
     let feed = s.feed_jetstream("events", RowSet::good(0..3000), Pace::new(250, ms(100)));
     let published = s.published(feed).await?;
-    // Shown as waiting, and nothing parked while it waits.
-    let (status, tree) = s.stack.admin_get_of(0, "/admin/actors").await?;
-    ensure!(status == 200, "/admin/actors answered {status}");
-    let waiting = tree.to_string().contains("\"missing_table\"");
-    ensure!(waiting, "the table is not shown as waiting: {tree}");
+    // The rows wait (the fault is in effect): shown as waiting, flagged by the metric.
+    let stack = &s.stack;
+    wait_for(
+        "the table shown as waiting",
+        secs(30),
+        ms(100),
+        || async move {
+            let (status, tree) = stack.admin_get_of(0, "/admin/actors").await?;
+            ensure!(status == 200, "/admin/actors answered {status}");
+            let waiting = tree.to_string().contains("\"missing_table\"");
+            ensure!(waiting, "the table is not shown as waiting: {tree}");
+            Ok(())
+        },
+    )
+    .await
+    .with_context(|| s.logs())?;
+    s.wait_metric(
+        0,
+        "sluice_table_missing",
+        &[("table", "events")],
+        1.0,
+        secs(30),
+    )
+    .await?;
+    // Nothing parked while it waits.
     s.expect_nothing_parked_for(&["events"], secs(4)).await?;
     ensure!(
         s.metric(0, "sluice_table_missing", &[("table", "events")])
@@ -988,6 +1069,7 @@ async fn sluice_sigterm() -> Result<()> {
         Pace::new(500, ms(100)),
     );
     landing(&s, "events", 2000).await?;
+    s.wait_rows_held(secs(30)).await?;
     s.stack.sluice[first].sigterm()?;
     let status = s.stack.sluice[first].wait_exit(secs(20)).await?;
     ensure!(
@@ -1010,8 +1092,8 @@ async fn sluice_sigterm() -> Result<()> {
 const FROZEN_DEADLINE: Duration = secs(3);
 const STOP_MARGIN: Duration = secs(2);
 
-/// SIGTERM while ClickHouse is frozen mid-insert (insert timeout 10 s, shutdown
-/// deadline 3 s): Sluice waits for the hung flights until the deadline, no longer,
+/// SIGTERM while ClickHouse is frozen mid-insert (an insert caught by the proxy after
+/// it froze; insert timeout 10 s, shutdown deadline 3 s): Sluice waits for the hung flights until the deadline, no longer,
 /// hands their rows back and exits 0 within the deadline and a small margin; restarted
 /// with ClickHouse continued, nothing is lost (the frozen inserts ClickHouse finishes
 /// afterwards are duplicates).
@@ -1020,7 +1102,7 @@ async fn sluice_sigterm_clickhouse_frozen() -> Result<()> {
     let Some(mut s) = Scenario::start(
         "sluice_sigterm_clickhouse_frozen",
         SLUICE,
-        StackOptions::default(),
+        StackOptions::default().with_proxy(),
     )
     .await?
     else {
@@ -1037,16 +1119,9 @@ async fn sluice_sigterm_clickhouse_frozen() -> Result<()> {
     let rows = RowSet::good(0..8000).with_bad_spread(8);
     let feed = s.feed_jetstream("events", rows, Pace::new(400, ms(100)));
     landing(&s, "events", 1000).await?;
-    s.stack.clickhouse.sigstop().await?;
-    // An insert in flight now hangs: ClickHouse cannot answer it.
-    wait_until("an insert in flight", secs(20), ms(100), || async {
-        match s.stack.admin_get_of(first, "/admin/actors").await {
-            Ok((200, tree)) => held_in_tree(&tree).flights >= 1,
-            _ => false,
-        }
-    })
-    .await
-    .with_context(|| s.logs())?;
+    // An insert sent after ClickHouse froze hangs: until the 10 s insert timeout, far
+    // past the 3 s shutdown deadline.
+    s.freeze_clickhouse_mid_insert().await?;
     let asked = tokio::time::Instant::now();
     s.stack.sluice[first].sigterm()?;
     let status = s.stack.sluice[first].wait_exit(secs(20)).await?;
@@ -1246,6 +1321,7 @@ mod nats {
             Pace::new(500, ms(100)),
         );
         landing(&s, "events", 2000).await?;
+        s.wait_rows_held(secs(30)).await?;
         s.stack.sluice[first].kill9().await?;
         tokio::time::sleep(secs(2)).await; // down while rows keep coming
         s.stack.restart_sluice(first).await?;
@@ -1278,26 +1354,36 @@ mod nats {
             Pace::new(250, ms(100)),
         )?;
         landing(&s, "events", 1000).await?;
-        let nats = &mut s.stack.nats;
-        match fault {
+        // Sluice holds rows (their acks are due) when the fault comes.
+        s.wait_rows_held(secs(30)).await?;
+        let outage = match fault {
             NatsFault::Restart => {
-                nats.stop().await?;
-                tokio::time::sleep(secs(3)).await; // the outage
-                nats.start_again().await?;
+                s.stack.nats.stop().await?;
+                secs(3)
             }
             NatsFault::Kill9 => {
-                nats.kill9().await?;
-                tokio::time::sleep(secs(2)).await; // the outage
-                nats.start_again().await?;
+                s.stack.nats.kill9().await?;
+                secs(2)
             }
+            // Past the heartbeat and ack_wait.
             NatsFault::Sigstop => {
-                nats.sigstop().await?;
-                tokio::time::sleep(secs(12)).await; // past the heartbeat and ack_wait
-                nats.sigcont().await?;
+                s.stack.nats.sigstop().await?;
+                secs(12)
             }
+        };
+        // Clients meet the fault: rows sent once it is in effect.
+        let during = s.feed_api(
+            "events",
+            RowSet::good(10_000..11_000).with_bad_spread(1),
+            Pace::new(250, ms(100)),
+        )?;
+        tokio::time::sleep(outage).await;
+        match fault {
+            NatsFault::Restart | NatsFault::Kill9 => s.stack.nats.start_again().await?,
+            NatsFault::Sigstop => s.stack.nats.sigcont().await?,
         }
-        let published = s.published(feed).await?;
-        s.finish(&[published]).await?;
+        let published = [s.published(feed).await?, s.published(during).await?];
+        s.finish(&published).await?;
         Ok(())
     }
 
@@ -1444,6 +1530,7 @@ mod nats {
         let inserted = "sluice_rows_inserted_total";
         s.wait_metric(first, inserted, &[], 1.0, secs(30)).await?;
         s.wait_metric(second, inserted, &[], 1.0, secs(30)).await?;
+        s.wait_rows_held(secs(30)).await?;
         s.stack.sluice[first].sigstop().await?;
         tokio::time::sleep(secs(8)).await; // past the 5 s ack_wait
         s.stack.sluice[first].sigcont().await?;
@@ -1462,13 +1549,27 @@ mod nats {
         else {
             return Ok(());
         };
-        s.stack.set("ingest.batch_age", "2s"); // rows are buffered when NATS goes
+        // A last few rows wait in the buffer for their age, unacked, when NATS goes (and
+        // are not redelivered meanwhile: ack_wait is past their age and an insert).
+        s.stack.set("ingest.batch_age", "6s");
+        s.stack.set("nats.ack_wait", "10s");
         s.create_tables(&["events"]).await?;
         let first = s.start_sluice().await?;
         let rows = RowSet::good(0..6000).with_bad_spread(6);
         let feed = s.feed_jetstream("events", rows, Pace::burst(500));
         let published = s.published(feed).await?;
-        landing(&s, "events", 500).await?;
+        // Everything in (the last rows by age), so nothing joins the tail below.
+        for table in ["events".to_owned(), twin_of("events")] {
+            landing(&s, &table, 5994).await?;
+        }
+        let tail = s.feed_jetstream("events", RowSet::good(6000..6007), Pace::burst(7));
+        let tail = s.published(tail).await?;
+        // Every message delivered, the tail's 14 (7 rows, each table) not acked: Sluice
+        // holds them, 7 rows to a table, until their 6 s age or its shutdown.
+        s.wait_backlog("the tail held by Sluice", secs(30), |b| {
+            b.pending == 0 && b.ack_pending >= 14
+        })
+        .await?;
         s.stack.nats.stop().await?;
         let asked = tokio::time::Instant::now();
         s.stack.sluice[first].sigterm()?;
@@ -1486,7 +1587,7 @@ mod nats {
         );
         s.stack.nats.start_again().await?;
         s.stack.restart_sluice(first).await?;
-        s.finish(&[published]).await?;
+        s.finish(&[published, tail]).await?;
         Ok(())
     }
 
@@ -1550,6 +1651,59 @@ mod nats {
         );
         Ok(())
     }
+
+    /// Issue 20: two tenants send through the ingest API numbering their requests alike
+    /// (`order-0`, `order-1`... for both tenants, and for the table and its twin), and
+    /// nats-server is restarted under them: a key belongs to its tenant and table, so
+    /// no tenant's rows are taken for another's duplicates, and the retries after the
+    /// restart store each row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_tenants_sharing_keys() -> Result<()> {
+        let Some(mut s) =
+            Scenario::start("two_tenants_sharing_keys", SLUICE, StackOptions::default()).await?
+        else {
+            return Ok(());
+        };
+        s.stack.set("tenants.globex.target", "main");
+        s.create_tables(&["events"]).await?;
+        s.start_sluice().await?;
+        let pace = Pace::new(200, ms(100));
+        let acme = s.feed_api_as(
+            TENANT,
+            "order",
+            "events",
+            RowSet::good(0..10_000).with_bad_spread(10),
+            pace,
+        )?;
+        // All good: the tally reads the DLQ of the stack's tenant only.
+        let globex = s.feed_api_as(
+            "globex",
+            "order",
+            "events",
+            RowSet::good(100_000..110_000),
+            pace,
+        )?;
+        landing(&s, "events", 1000).await?;
+        s.stack.nats.stop().await?;
+        tokio::time::sleep(secs(3)).await; // the outage
+        s.stack.nats.start_again().await?;
+        let met_the_outage = |feed: &Feed| {
+            let progress = feed.progress();
+            Progress::get(&progress.unavailable) + Progress::get(&progress.transport_errors)
+        };
+        ensure!(
+            met_the_outage(&acme) + met_the_outage(&globex) > 0,
+            "the feeds ended before the outage: nothing was retried"
+        );
+        let acme = s.published(acme).await?;
+        let globex = s.published(globex).await?;
+        s.finish(&[acme, globex]).await?;
+        Ok(())
+    }
 }
+
+#[path = "chaos/clickhouse_cluster.rs"]
+mod clickhouse_cluster;
+
 #[path = "chaos/nats_cluster.rs"]
 mod nats_cluster;

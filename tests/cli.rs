@@ -293,6 +293,37 @@ fn check_config_names_a_bad_seed_in_the_nats_url_list() -> Result<()> {
     Ok(())
 }
 
+/// docs/operations.md, "ClickHouse clusters": `check-config` shows the layout it
+/// understood, and asks every shard (here none answers: each shard says so, and no
+/// table is called exactly-once).
+#[test]
+fn check_config_shows_a_clusters_layout_and_asks_each_shard() -> Result<()> {
+    let (_dir, path) = config_file(
+        r#"
+[clickhouse.targets.main]
+shards = ["http://127.0.0.1:1,http://127.0.0.1:2", "http://127.0.0.1:3,http://127.0.0.1:4"]
+connect_timeout = "200ms"
+[tenants.acme]
+target = "main"
+[api]
+auth = "none"
+"#,
+    )?;
+    let run = sluice(&["check-config", "--config", &path], &[])?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    let layout = "main: 2 shards x 2 replicas (shard 1: http://127.0.0.1:1, http://127.0.0.1:2; shard 2: http://127.0.0.1:3, http://127.0.0.1:4)";
+    assert!(run.stdout.contains(layout), "{}", run.stdout);
+    for shard in ["shard 1: not known", "shard 2: not known"] {
+        assert!(run.stdout.contains(shard), "{shard} in:\n{}", run.stdout);
+    }
+    assert!(
+        run.stdout.contains("127.0.0.1:3:"),
+        "each replica's reason: {}",
+        run.stdout
+    );
+    Ok(())
+}
+
 #[test]
 fn check_config_names_an_unknown_key_and_its_line() -> Result<()> {
     let (_dir, path) = config_file("[nats]\nurl = \"nats://127.0.0.1:4222\"\n\n[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\nbatch_size = 5\n")?;
@@ -582,9 +613,9 @@ fn run_refuses_credentials_in_the_nats_url_and_never_logs_them() -> Result<()> {
     Ok(())
 }
 
-/// DESIGN.md's example configuration: no `[api] auth`, so the API wants bearer tokens,
+/// The original brief's example configuration: no `[api] auth`, so the API wants bearer tokens,
 /// and no tenant has one.
-const DESIGN_EXAMPLE: &str = r#"
+const BRIEF_EXAMPLE: &str = r#"
 [nats]
 url = "nats://127.0.0.1:4222"
 stream = "INGEST"
@@ -623,7 +654,7 @@ token_env = "SLUICE_ADMIN_TOKEN"
 
 #[test]
 fn check_config_refuses_an_api_without_tokens_in_one_line_that_names_the_fix() -> Result<()> {
-    let (_dir, path) = config_file(DESIGN_EXAMPLE)?;
+    let (_dir, path) = config_file(BRIEF_EXAMPLE)?;
     let env = [
         ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
         ("SLUICE_ADMIN_TOKEN", "admin-secret"),

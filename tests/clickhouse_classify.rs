@@ -1,5 +1,5 @@
 //! The insert client against a real ClickHouse (Debian's 18.16) and the fault proxy:
-//! every failure an operator can meet comes back with the class DESIGN.md gives it,
+//! every failure an operator can meet comes back with the class the contract gives it (docs/architecture.md),
 //! read from a real answer (status, `X-ClickHouse-Exception-Code`, body), and the
 //! settings an insert pins are the ones the server knows.
 //!
@@ -34,7 +34,7 @@ async fn clickhouse_or_skip(test: &str) -> Result<Option<ClickHouseServer>> {
 fn target(url: &str, user: &str, password: Option<&str>, insert_timeout: Duration) -> TargetConfig {
     TargetConfig {
         name: "main".into(),
-        url: url.into(),
+        shards: vec![vec![url.into()]],
         user: user.into(),
         password: password.map(Secret::new),
         database: "default".into(),
@@ -61,7 +61,8 @@ fn client(target: &TargetConfig) -> Result<HttpInserter> {
             batch_rows: 10_000,
         }),
     };
-    HttpInserter::new(target, redelivery)
+    let url = target.urls().next().unwrap_or_default().to_owned();
+    HttpInserter::new(target, &url, &target.name, redelivery)
 }
 
 /// One insert request for `table`, the rows as NDJSON.
@@ -263,6 +264,61 @@ async fn a_server_that_never_answers_is_unavailable_after_the_insert_timeout() -
     assert_eq!(stalled[0].action, "stall");
     proxy.set_mode(Mode::PassThrough).await?;
     assert_eq!(ch.count("events").await?, 0);
+    Ok(())
+}
+
+/// An insert that got no answer once it went out (timed out) may still run on its
+/// server: it is killed there (`KILL QUERY` with its `query_id`, where the server still
+/// answers) before the failure is reported, so a retry on another replica of the shard
+/// does not run beside it.
+#[tokio::test]
+async fn an_insert_that_timed_out_is_killed_on_its_server_before_the_failure_is_reported(
+) -> Result<()> {
+    let Some((_ch, proxy, inserter)) = behind_proxy(
+        "an_insert_that_timed_out_is_killed_on_its_server_before_the_failure_is_reported",
+        Duration::from_secs(2),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    // Only the INSERT stalls: the server still answers anything else.
+    proxy.add_rule(Rule::query_contains("INSERT", Mode::Stall));
+    let error = insert_err(&inserter, request("events", &[r#"{"id": 1}"#], false)).await?;
+    assert_eq!(error.class, Class::Unavailable, "{error:?}");
+    let stalled = inserts(&proxy);
+    assert_eq!(stalled.len(), 1, "{stalled:?}");
+    let query_id = stalled[0]
+        .query_param("query_id")
+        .expect("every insert carries a query_id");
+    let kills: Vec<RequestRecord> = proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r.sql_text().contains("KILL QUERY"))
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    assert!(
+        kills[0]
+            .sql_text()
+            .contains(&format!("query_id = '{query_id}'")),
+        "{kills:?}"
+    );
+    assert_eq!(kills[0].action, "pass", "it reached the server: {kills:?}");
+    assert!(kills[0].seq > stalled[0].seq);
+    proxy.clear_rules();
+    // A refused connection carried no insert: nothing to kill.
+    proxy.clear_requests();
+    proxy.set_mode(Mode::Refuse).await?;
+    let refused = insert_err(&inserter, request("events", &[r#"{"id": 2}"#], false)).await?;
+    assert_eq!(refused.class, Class::Unavailable, "{refused:?}");
+    assert!(
+        !proxy
+            .requests()
+            .iter()
+            .any(|r| r.sql_text().contains("KILL QUERY")),
+        "{:?}",
+        proxy.requests()
+    );
     Ok(())
 }
 
@@ -662,7 +718,7 @@ async fn unknown_fields_are_rejected_even_where_the_profile_skips_them() -> Resu
     Ok(())
 }
 
-/// The overload codes of DESIGN.md's Unavailable list, answered through the real insert
+/// The overload codes of the Unavailable list, answered through the real insert
 /// path as a current server (header) and as 18.16 (body only) answers them: the batch is
 /// never a verdict on its rows. 241 (memory) is splittable too: a smaller batch may fit.
 #[tokio::test]

@@ -13,8 +13,9 @@ use async_nats::jetstream::{self, consumer, message::StreamMessage, stream};
 use bytes::Bytes;
 use serde_json::json;
 use sluice::nats::{
-    ensure_consumer, ensure_streams, Dlq, DlqWriter, JetStreamSource, JetStreamSourceFactory,
-    JsDelivery, PublishError, Publisher, StreamSettings, ORIGINAL_LINE_HEADER,
+    ensure_consumer, ensure_streams, remove_stranded, Dlq, DlqWriter, JetStreamSource,
+    JetStreamSourceFactory, JsDelivery, PublishError, Publisher, StreamSettings,
+    ORIGINAL_LINE_HEADER,
 };
 use sluice_actors::{Class, Delivery, Parking, Position, Source, SourceFactory, TableKey};
 use sluice_harness::{available, wait_for, wait_until, NatsFlavor, NatsServer};
@@ -891,6 +892,64 @@ async fn a_replay_into_a_full_queue_leaves_the_rows_parked() -> Result<()> {
     Ok(())
 }
 
+/// A replay whose publish went through but whose removal from the DLQ failed, retried
+/// after the ingest stream's duplicate window (and after the replayed message was
+/// consumed, so JetStream has nothing left to drop it by): the row is removed from the
+/// DLQ without being published again (an earlier Sluice published it twice).
+#[tokio::test]
+async fn a_replay_retried_after_its_removal_failed_does_not_publish_twice() -> Result<()> {
+    const WINDOW: Duration = Duration::from_secs(1);
+    let Some(server) =
+        nats_or_skip("a_replay_retried_after_its_removal_failed_does_not_publish_twice").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let settings = StreamSettings {
+        duplicate_window: WINDOW,
+        ..settings(64 << 20, Duration::from_secs(30))
+    };
+    ensure_streams(&js, &settings).await?;
+    let dlq_publisher = Publisher::new(js.clone(), &settings.dlq_stream, settings.dlq_max_bytes);
+    dlq_publisher
+        .publish("dlq.acme.events".into(), r#"{"id":1}"#.into(), None, None)
+        .await?;
+    let ingest = Publisher::new(js.clone(), &settings.stream, settings.max_bytes);
+    let dlq = Dlq::new(js.clone(), settings.clone(), ingest);
+    // The DLQ refuses deletes: the replay publishes, then cannot remove the row.
+    let mut stream = js.get_stream("DLQ").await?;
+    let mut config = stream.info().await?.config.clone();
+    config.deny_delete = true;
+    js.update_stream(config).await?;
+    let first = dlq.replay("acme", "events", 10, false).await?;
+    assert_eq!((first.replayed, first.failed), (0, 1), "{first:?}");
+    assert!(
+        first
+            .errors
+            .iter()
+            .any(|e| e.contains("not removed from the DLQ")),
+        "{first:?}"
+    );
+    assert_eq!(stream_messages(&js, "INGEST").await?, 1, "published once");
+    // The replayed row is consumed (inserted), and the duplicate window passes.
+    let ingest_stream = js.get_stream("INGEST").await?;
+    let replayed = ingest_stream
+        .get_last_raw_message_by_subject("ingest.acme.events")
+        .await?;
+    ingest_stream.delete_message(replayed.sequence).await?;
+    tokio::time::sleep(WINDOW * 2).await; // the window is the server's clock
+                                          // Retried (the row still parked): it is not published again.
+    let second = dlq.replay("acme", "events", 10, false).await?;
+    assert_eq!((second.replayed, second.failed), (0, 1), "{second:?}");
+    assert_eq!(
+        stream_messages(&js, "INGEST").await?,
+        0,
+        "published a second time: {second:?}"
+    );
+    assert_eq!(dlq.counts().await?.total, 1, "still parked until removed");
+    Ok(())
+}
+
 /// The consumer as the server sees it: (acks pending, ack floor's stream sequence).
 async fn consumer_state(js: &jetstream::Context) -> Result<(usize, u64)> {
     let mut consumer: consumer::PullConsumer = js
@@ -1123,5 +1182,109 @@ async fn a_row_that_does_not_fit_the_dlq_fails_with_the_reason_and_stays_queued(
         .await
         .map_err(|e| anyhow!("nak: {e}"))?;
     assert_eq!(stream_messages(&js, &settings.stream).await?, 1);
+    Ok(())
+}
+
+/// Fetches until `n` messages of `consumer` are in hand or the deadline passes.
+async fn fetch(consumer: &consumer::PullConsumer, n: usize) -> Result<Vec<jetstream::Message>> {
+    use futures::StreamExt;
+    let end = Instant::now() + DEADLINE;
+    let mut got = Vec::new();
+    while got.len() < n {
+        ensure!(
+            Instant::now() < end,
+            "fetched {} of {n} messages within {DEADLINE:?}",
+            got.len()
+        );
+        let mut batch = consumer
+            .fetch()
+            .max_messages(n - got.len())
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .map_err(|e| anyhow!("fetching: {e}"))?;
+        while let Some(message) = batch.next().await {
+            got.push(message.map_err(|e| anyhow!("fetching: {e}"))?);
+        }
+    }
+    Ok(got)
+}
+
+/// Acked rows a crashed nats-server 2.9 kept in the stream are removed, and the rows
+/// still awaiting their ack are not touched: they stay pending and come back after a
+/// nak. (A stream purge, what Sluice did before, empties a 2.9 consumer's pending list:
+/// the naked rows never came back, and stayed in the stream for good.) A limits stream
+/// keeps acked messages as the crashed server's work queue does.
+#[tokio::test]
+async fn acked_rows_left_in_the_stream_go_and_rows_awaiting_their_ack_stay() -> Result<()> {
+    let Some(server) =
+        nats_or_skip("acked_rows_left_in_the_stream_go_and_rows_awaiting_their_ack_stay").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let stream = js
+        .create_stream(stream::Config {
+            name: "KEPT".into(),
+            subjects: vec!["kept.>".into()],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .context("creating the stream")?;
+    for i in 0..10 {
+        js.publish("kept.rows", format!("{{\"id\":{i}}}").into())
+            .await?
+            .await?;
+    }
+    let mut consumer: consumer::PullConsumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("sluice".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow!("creating the consumer: {e}"))?;
+    let held = fetch(&consumer, 10).await?;
+    for message in &held[..3] {
+        message
+            .double_ack()
+            .await
+            .map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    let info = consumer.info().await?.clone();
+    assert_eq!(
+        (info.ack_floor.stream_sequence, info.num_ack_pending),
+        (3, 7)
+    );
+
+    // Fresh stream info: the removal starts at the stream's first sequence.
+    let stream = js.get_stream("KEPT").await?;
+    assert_eq!(remove_stranded(&stream, &info).await, 3);
+    let state = js.get_stream("KEPT").await?.cached_info().state.clone();
+    assert_eq!((state.messages, state.first_sequence), (7, 4));
+    let pending = consumer.info().await?.num_ack_pending;
+    assert_eq!(
+        pending,
+        7,
+        "nats-server {}: rows awaiting their ack were dropped",
+        server.version()
+    );
+
+    // Handed back, they come back: none is stranded undelivered.
+    for message in &held[3..] {
+        message
+            .ack_with(jetstream::AckKind::Nak(Some(Duration::from_millis(100))))
+            .await
+            .map_err(|e| anyhow!("nak: {e}"))?;
+    }
+    let again = fetch(&consumer, 7).await?;
+    let mut sequences = Vec::new();
+    for message in &again {
+        sequences.push(message.info().map_err(|e| anyhow!("{e}"))?.stream_sequence);
+    }
+    sequences.sort_unstable();
+    assert_eq!(sequences, (4..=10).collect::<Vec<u64>>());
     Ok(())
 }

@@ -42,7 +42,7 @@ use crate::keepalive::Keepalive;
 use crate::ledger::recording::SplitRecorder;
 use crate::ledger::split::RowRange;
 use crate::ledger::StoreError;
-use crate::metrics::TargetMetrics;
+use crate::metrics::ReplicaMetrics;
 use crate::ports::{Class, ClickHouseError, Delivery, InsertRequest, Inserter, TableKey};
 
 /// Everything an isolation needs besides the verdicts.
@@ -50,7 +50,7 @@ pub struct Isolation<'a, 's, I, D> {
     pub inserter: &'a I,
     pub table: &'a TableKey,
     pub skip_unknown_fields: bool,
-    pub metrics: Option<&'a TargetMetrics>,
+    pub metrics: Option<&'a ReplicaMetrics>,
     pub keepalive: Keepalive,
     pub batch: &'a Batch<D>,
     /// A recorded batch (exactly-once): every request carries the token of its range,

@@ -2,17 +2,22 @@
 //!
 //! ```text
 //! RootSupervisor ─┬─ ConsumerActor ── routes each message by subject ──► TableActor(tenant, table)
-//!                 ├─ PoolActor(target A) ─┬─ TableActor(t1, events)
-//!                 │   breaker + probe     └─ TableActor(t1, clicks)
-//!                 └─ PoolActor(target B) ── ...
+//!                 ├─ TargetActor(A) ─┬─ PoolActor(shard 1, replica a1)   breaker + probe of one server
+//!                 │                  ├─ PoolActor(shard 1, replica a2)
+//!                 │                  ├─ TableActor(t1, events)           buffer, backoff per replica
+//!                 │                  └─ TableActor(t1, clicks)
+//!                 └─ TargetActor(B) ── ...
 //! ```
 //!
-//! Each decision has one owner and is taken in its mailbox: the PoolActor owns its
-//! target's outage breaker and probe token, each TableActor its buffer and its table's
-//! backoff. A flight (one batch's insert and isolation) runs as a task and reports its
-//! verdict by message; what must outlive an actor goes back to its successor through
-//! its supervisor. Nothing shared decides anything: the only locks and atomics are in
-//! [`observe`] and [`metrics`], which record what the actors decided.
+//! Each decision has one owner and is taken in its mailbox: each PoolActor owns one
+//! ClickHouse server's outage breaker and probe token, each TableActor its buffer and
+//! its table's backoff on each server, and which server a batch goes to (a pure
+//! function of the breakers the pools publish: [`routing`]). A flight (one batch's
+//! insert and isolation) runs as a task, asks the pool of the server it goes to for its
+//! ticket and reports its verdict by message; what must outlive an actor goes back to
+//! its successor through its supervisor. Nothing shared decides anything: the only
+//! locks and atomics are in [`observe`] and [`metrics`], which record what the actors
+//! decided.
 //!
 //! Where to find what:
 //! - [`breaker`]: the outage breaker state machine (pure); [`scoped_breaker`]: a breaker
@@ -23,9 +28,10 @@
 //!   their store, splits, gatherings); [`table::flight`]: one flight;
 //!   [`table::buffer`]: the triggers; [`keepalive`]: `progress()` for messages held
 //!   long.
-//! - [`consumer`], [`pool`], [`table`], [`supervisor`]: the actors; [`routing`]: subjects
-//!   to tables to pools; [`settle`]: rows handed back or parked without an insert;
-//!   [`restart`]: respawn pacing.
+//! - [`consumer`], [`target`], [`pool`], [`table`], [`supervisor`]: the actors;
+//!   [`routing`]: subjects to tables to targets, and a batch to a server of its
+//!   target; [`settle`]: rows handed back or parked without an insert; [`restart`]:
+//!   respawn pacing.
 //! - [`observe`]: the live tree, readiness and totals; [`metrics`]: every metric name.
 //! - [`pipeline`]: start it, get a handle. `testkit` (feature `testkit`): fakes of the
 //!   ports.
@@ -51,6 +57,7 @@ pub mod settings;
 pub mod settle;
 pub mod supervisor;
 pub mod table;
+pub mod target;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

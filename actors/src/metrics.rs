@@ -1,15 +1,17 @@
-//! Every metric name of DESIGN.md "Metrics", in one place, with `describe_all()` and
+//! Every metric name of the actors (docs/architecture.md, "Contracts"), in one place, with `describe_all()` and
 //! the per-table / per-target handle caches the actors use (labels are built once per
 //! table or target, never per row).
 //!
 //! Label conventions (consistent everywhere):
 //! - `tenant` is the tenant, `table` is the bare table name (never `tenant.table`).
-//! - Where DESIGN lists `{tenant,table}` both are set; where it lists `{table}` only the
+//! - Where a metric is `{tenant,table}` both are set; where it is `{table}` only the
 //!   table is set — except on the two per-table *gauges* (`sluice_buffered_rows`,
 //!   `sluice_table_backoff`), which also carry `tenant`: two tenants may each have a
 //!   table `events`, and a gauge without the tenant would be overwritten by the other's
-//!   value (sum by `table` gives the DESIGN view).
-//! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`.
+//!   value (sum by `table` gives the per-table view).
+//! - `target` is the ClickHouse target's name from `[clickhouse.targets.<name>]`;
+//!   `replica` one server of it (`host:port`; a target of one server: its name again),
+//!   on the series of one server: its insert requests, their duration and its breaker.
 //! - `reason` on `sluice_retries_total`: `unavailable`, `denied`, `unknown` (the class of
 //!   the outage that sent rows back) or `backoff` (rows handed back because a window was
 //!   open, a probe was out, or a table was busy/restarting).
@@ -18,7 +20,7 @@
 //!   `no_target` (tenant without a ClickHouse target), `invalid_subject`.
 //! - `outcome` on `sluice_insert_requests_total`: `ok`, `rejected`, `unavailable`,
 //!   `denied`, `unknown`.
-//! - `kind` on `sluice_actor_restarts_total`: `consumer`, `pool`, `table`.
+//! - `kind` on `sluice_actor_restarts_total`: `consumer`, `target`, `pool`, `table`.
 //! - `reason` on `sluice_consumer_stalls_total`: `heartbeats_missed`,
 //!   `leadership_change`, `pending_undelivered` (see `ports::StallReason`).
 
@@ -30,7 +32,7 @@ use metrics::{
 use crate::ports::{Class, StallReason, TableKey};
 
 pub const ROWS_RECEIVED: &str = "sluice_rows_received_total";
-/// Not in DESIGN's list: the messages those rows came in (a message carries one row or
+/// The messages those rows came in (a message carries one row or
 /// many), so rows per message can be read beside `max_ack_pending`, which counts these.
 pub const MESSAGES_RECEIVED: &str = "sluice_messages_received_total";
 pub const ROWS_INSERTED: &str = "sluice_rows_inserted_total";
@@ -42,17 +44,17 @@ pub const BATCH_ROWS: &str = "sluice_batch_rows";
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 pub const TABLE_BACKOFF: &str = "sluice_table_backoff";
 pub const BUFFERED_ROWS: &str = "sluice_buffered_rows";
-/// Not in DESIGN's list: 1 for a table ClickHouse deduplicates (exactly-once), 0 for one
+/// 1 for a table ClickHouse deduplicates (exactly-once), 0 for one
 /// it does not (at-least-once), once Sluice has asked.
 pub const TABLE_EXACTLY_ONCE: &str = "sluice_table_exactly_once";
-/// Not in DESIGN's list: batches that could not be recorded in the manifest store (they
+/// Batches that could not be recorded in the manifest store (they
 /// wait; nothing is inserted unrecorded).
 pub const MANIFEST_FAILURES: &str = "sluice_manifest_failures_total";
 /// Recorded batches sent again later than the table's deduplication window
 /// (`replicated_deduplication_window_seconds`) since they were claimed: ClickHouse may
 /// have forgotten their first attempt and take their rows twice.
 pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
-/// Not in DESIGN's list, needed by its "a table that does not exist is waited for":
+/// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
 pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
@@ -60,7 +62,7 @@ pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
 /// stream and reason (`heartbeats_missed`, `leadership_change`, `pending_undelivered`).
 pub const CONSUMER_STALLS: &str = "sluice_consumer_stalls_total";
 pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
-/// Not in DESIGN's list, needed by its "a full DLQ makes parking fail ... an alert
+/// A full DLQ makes parking fail, and an alert needs to see it ("an alert
 /// metric rises": rows whose DLQ publish failed (they stay unacked).
 pub const DLQ_PUBLISH_FAILURES: &str = "sluice_dlq_publish_failures_total";
 // The query gateway's (written in the `sluice` crate; named here so every name lives
@@ -125,17 +127,17 @@ pub fn describe_all() {
     describe_counter!(
         INSERT_REQUESTS,
         Unit::Count,
-        "Insert requests sent to ClickHouse, by target and outcome."
+        "Insert requests sent to ClickHouse, by target, replica and outcome."
     );
     describe_histogram!(
         INSERT_DURATION,
         Unit::Seconds,
-        "Duration of one insert request, by target."
+        "Duration of one insert request, by target and replica."
     );
     describe_histogram!(BATCH_ROWS, Unit::Count, "Rows per flushed batch, by table.");
     describe_gauge!(
         BREAKER_STATE,
-        "The pool's outage breaker: 0 closed, 1 open, 2 probing."
+        "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing."
     );
     describe_gauge!(
         TABLE_BACKOFF,
@@ -294,9 +296,9 @@ impl TableMetrics {
     }
 }
 
-/// One ClickHouse target's handles.
+/// One ClickHouse server's handles (a replica of a target's shard).
 #[derive(Clone)]
-pub struct TargetMetrics {
+pub struct ReplicaMetrics {
     pub ok: Counter,
     pub rejected: Counter,
     pub unavailable: Counter,
@@ -306,17 +308,18 @@ pub struct TargetMetrics {
     pub breaker: Gauge,
 }
 
-impl TargetMetrics {
-    pub fn new(target: &str) -> Self {
-        let req = |outcome: &'static str| counter!(INSERT_REQUESTS, "target" => target.to_owned(), "outcome" => outcome);
+impl ReplicaMetrics {
+    pub fn new(target: &str, replica: &str) -> Self {
+        let (t, r) = (target.to_owned(), replica.to_owned());
+        let req = |outcome: &'static str| counter!(INSERT_REQUESTS, "target" => t.clone(), "replica" => r.clone(), "outcome" => outcome);
         Self {
             ok: req("ok"),
             rejected: req("rejected"),
             unavailable: req("unavailable"),
             denied: req("denied"),
             unknown: req("unknown"),
-            duration: histogram!(INSERT_DURATION, "target" => target.to_owned()),
-            breaker: gauge!(BREAKER_STATE, "target" => target.to_owned()),
+            duration: histogram!(INSERT_DURATION, "target" => t.clone(), "replica" => r.clone()),
+            breaker: gauge!(BREAKER_STATE, "target" => t, "replica" => r),
         }
     }
 
@@ -333,18 +336,18 @@ impl TargetMetrics {
     }
 }
 
-/// Every `kind` of `sluice_actor_restarts_total`: the supervisor's children and the
-/// pool's.
-pub const RESTART_KINDS: [&str; 3] = ["consumer", "pool", "table"];
+/// Every `kind` of `sluice_actor_restarts_total`: the root's children (the consumer,
+/// the targets) and a target's (its servers' pools, its tables).
+pub const RESTART_KINDS: [&str; 4] = ["consumer", "target", "pool", "table"];
 
 /// Registers at 0 every series whose labels are known before any traffic: the restarts
-/// of each actor kind, each target's insert counters, latency and breaker, the stream's
+/// of each actor kind, each server's insert counters, latency and breaker, the stream's
 /// lag, and every series of the tables configured by name. A counter that first
 /// appears at 1 has no increase for Prometheus, so an `increase()` alert would miss the
 /// first restart or park. Tables met later get theirs when they first appear (still
 /// at 0, before their first row is counted).
 pub fn register_known<'a>(
-    targets: impl IntoIterator<Item = &'a str>,
+    replicas: impl IntoIterator<Item = (&'a str, &'a str)>,
     stream: &str,
     tables: impl IntoIterator<Item = &'a TableKey>,
 ) {
@@ -352,8 +355,8 @@ pub fn register_known<'a>(
     for kind in RESTART_KINDS {
         restarts(kind).increment(0);
     }
-    for target in targets {
-        TargetMetrics::new(target);
+    for (target, replica) in replicas {
+        ReplicaMetrics::new(target, replica);
     }
     consumer_pending(stream).increment(0.0);
     for reason in StallReason::ALL {

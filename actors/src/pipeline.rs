@@ -4,6 +4,8 @@
 //! let handle = sluice_actors::start(PipelineConfig {
 //!     source: my_source_factory,
 //!     targets: vec![Target::new("main", Arc::new(my_clickhouse_inserter))],
+//!     // or shards of replicas, each server with its own inserter:
+//!     // Target::sharded("main", vec![vec![("a1:8123".into(), a1), ("a2:8123".into(), a2)], ...])
 //!     tenants: [("acme".into(), "main".into())].into(),
 //!     tables: TableSettingsResolver::new(TableSettings::default()),
 //!     settings: PipelineSettings::default(),
@@ -25,27 +27,38 @@ use tokio::time::Instant;
 use crate::consumer::{ConsumerDebug, ConsumerMsg};
 use crate::context::Common;
 use crate::ledger::ManifestStore;
-use crate::metrics::TargetMetrics;
 use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
-use crate::pool::{PoolDebug, PoolMemory, PoolMsg};
 use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
 use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
-use crate::supervisor::{Children, PoolSpec, RootArgs, RootDebug, RootMsg, RootSupervisor};
+use crate::supervisor::{Children, RootArgs, RootDebug, RootMsg, RootSupervisor, TargetSpec};
+use crate::target::{TargetDebug, TargetMemory, TargetMsg, TargetServers};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
-/// One ClickHouse target (URL + user + database) and its inserter.
+/// One ClickHouse target (a user and a database) on one server, or on shards of
+/// replicas: each server with its name (`host:port`) and its inserter.
 pub struct Target<I> {
     pub name: String,
-    pub inserter: Arc<I>,
+    /// The replicas of each shard, in the configuration's order: a batch's shard is
+    /// recorded by its position here.
+    pub shards: Vec<Vec<(String, Arc<I>)>>,
 }
 
 impl<I> Target<I> {
+    /// A target of one server (its one replica is named after the target).
     pub fn new(name: &str, inserter: Arc<I>) -> Self {
         Self {
             name: name.to_owned(),
-            inserter,
+            shards: vec![vec![(name.to_owned(), inserter)]],
+        }
+    }
+
+    /// A target of shards of replicas.
+    pub fn sharded(name: &str, shards: Vec<Vec<(String, Arc<I>)>>) -> Self {
+        Self {
+            name: name.to_owned(),
+            shards,
         }
     }
 }
@@ -53,7 +66,7 @@ impl<I> Target<I> {
 pub struct PipelineConfig<F, I> {
     /// Opens the durable consumer (again after a failure).
     pub source: F,
-    /// One PoolActor per target.
+    /// One TargetActor per target, a PoolActor per server of it.
     pub targets: Vec<Target<I>>,
     /// tenant → target name.
     pub tenants: HashMap<String, String>,
@@ -70,6 +83,10 @@ pub enum StartError {
     UnknownTarget { tenant: String, target: String },
     #[error("target {0} is configured twice")]
     DuplicateTarget(String),
+    #[error("target {target} has a shard without a server, or no shard")]
+    EmptyShard { target: String },
+    #[error("target {target} names server {replica} twice")]
+    DuplicateReplica { target: String, replica: String },
     #[error("the root supervisor could not start: {0}")]
     Spawn(String),
 }
@@ -90,8 +107,29 @@ pub struct ShutdownSummary {
 pub struct PipelineHandle<D> {
     common: Arc<Common>,
     router: Arc<Router>,
+    /// Each target's servers' names, by target index (the debug hooks name them).
+    servers: Vec<Vec<Arc<str>>>,
     root: ActorRef<RootMsg<D>>,
     root_done: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Every shard has a server, every server its own name within the target.
+fn check_servers<I>(t: &Target<I>) -> Result<(), StartError> {
+    if t.shards.is_empty() || t.shards.iter().any(Vec::is_empty) {
+        return Err(StartError::EmptyShard {
+            target: t.name.clone(),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in t.shards.iter().flatten() {
+        if !seen.insert(name.as_str()) {
+            return Err(StartError::DuplicateReplica {
+                target: t.name.clone(),
+                replica: name.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Start the actor tree.
@@ -107,6 +145,7 @@ where
         if names.iter().any(|n| **n == *t.name) {
             return Err(StartError::DuplicateTarget(t.name.clone()));
         }
+        check_servers(t)?;
         names.push(Arc::from(t.name.as_str()));
     }
     let mut tenants = HashMap::new();
@@ -128,25 +167,35 @@ where
         &common.settings.stream,
         Some(ROOT_ID),
     );
-    let pools: Vec<PoolSpec<I>> = cfg
+    let probe_wait = common.settings.pool_backoff.probe_handback_min;
+    let targets: Vec<TargetSpec<I>> = cfg
         .targets
         .into_iter()
         .zip(&names)
         .map(|(t, name)| {
-            registry.register(&observe::pool_id(name), NodeKind::Pool, name, Some(ROOT_ID));
-            PoolSpec {
-                memory: PoolMemory::new(name, &common, &TargetMetrics::new(name)),
-                target: name.clone(),
-                inserter: t.inserter,
+            let target_node = observe::target_id(name);
+            registry.register(&target_node, NodeKind::Target, name, Some(ROOT_ID));
+            let servers = TargetServers::new(name, t.shards, probe_wait);
+            for r in &servers.replicas {
+                let id = observe::pool_id(name, &r.name);
+                registry.register(&id, NodeKind::Pool, &r.name, Some(&target_node));
+            }
+            TargetSpec {
+                memory: TargetMemory::new(&servers, &common),
+                servers: Arc::new(servers),
             }
         })
+        .collect();
+    let servers = targets
+        .iter()
+        .map(|t| t.servers.replicas.iter().map(|r| r.name.clone()).collect())
         .collect();
     let router = Arc::new(Router::new(&common.settings.subject_prefix, names, tenants));
     let args = RootArgs {
         common: common.clone(),
         factory: Arc::new(cfg.source),
         router: router.clone(),
-        pools,
+        targets,
     };
     let (root, join) = Actor::spawn(None, RootSupervisor::<F, I>::default(), args)
         .await
@@ -165,6 +214,7 @@ where
     Ok(PipelineHandle {
         common,
         router,
+        servers,
         root,
         root_done,
     })
@@ -222,46 +272,95 @@ impl<D: Delivery> PipelineHandle<D> {
         }
     }
 
-    async fn pool_of(&self, target_index: usize) -> Result<ActorRef<PoolMsg<D>>, String> {
+    async fn target_of(&self, target_index: usize) -> Result<ActorRef<TargetMsg<D>>, String> {
         self.children()
             .await?
-            .pools
+            .targets
             .get(target_index)
             .cloned()
             .flatten()
-            .ok_or_else(|| "the pool is restarting".to_string())
+            .ok_or_else(|| "the target is restarting".to_string())
+    }
+
+    async fn target_named(&self, target: &str) -> Result<ActorRef<TargetMsg<D>>, String> {
+        let index = self
+            .router
+            .target_index(target)
+            .ok_or_else(|| format!("no target {target}"))?;
+        self.target_of(index).await
+    }
+
+    /// Ask a target to inject a panic into one of its children; `what` names it.
+    async fn panic_child(
+        &self,
+        target: ActorRef<TargetMsg<D>>,
+        debug: impl FnOnce(ractor::RpcReplyPort<bool>) -> TargetDebug,
+        what: &str,
+    ) -> Result<(), String> {
+        let asked = target
+            .call(
+                |tx| TargetMsg::Debug(debug(tx)),
+                Some(self.common.settings.call_timeout),
+            )
+            .await;
+        match asked {
+            Ok(CallResult::Success(true)) => Ok(()),
+            Ok(CallResult::Success(false)) => Err(format!("no actor runs for {what}")),
+            _ => Err("the target did not answer".into()),
+        }
     }
 
     /// Debug hook: panic inside the TableActor of `key` (if it runs).
     pub async fn inject_panic(&self, key: &TableKey) -> Result<(), String> {
         let index = self
             .router
-            .pool_of_tenant(&key.tenant)
+            .target_of_tenant(&key.tenant)
             .ok_or_else(|| format!("tenant {} has no target", key.tenant))?;
-        let pool = self.pool_of(index).await?;
-        let asked = pool
-            .call(
-                |tx| PoolMsg::Debug(PoolDebug::PanicTable(key.clone(), tx)),
-                Some(self.common.settings.call_timeout),
-            )
-            .await;
-        match asked {
-            Ok(CallResult::Success(true)) => Ok(()),
-            Ok(CallResult::Success(false)) => Err(format!("no table actor runs for {key}")),
-            _ => Err("the pool did not answer".into()),
-        }
+        let target = self.target_of(index).await?;
+        let key2 = key.clone();
+        self.panic_child(
+            target,
+            |tx| TargetDebug::PanicTable(key2, tx),
+            &key.to_string(),
+        )
+        .await
     }
 
-    /// Debug hook: panic inside the PoolActor of `target`.
+    /// Debug hook: panic inside the PoolActor of every server of `target` (each
+    /// respawned by its target with its breaker).
     pub async fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
+        let actor = self.target_named(target).await?;
         let index = self
             .router
-            .pool_index(target)
+            .target_index(target)
             .ok_or_else(|| format!("no target {target}"))?;
-        self.pool_of(index)
+        for replica in self.servers[index].iter().map(|r| r.to_string()) {
+            let name = replica.clone();
+            self.panic_child(
+                actor.clone(),
+                |tx| TargetDebug::PanicPool(name, tx),
+                &replica,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Debug hook: panic inside the PoolActor of server `replica` of `target`.
+    pub async fn inject_replica_panic(&self, target: &str, replica: &str) -> Result<(), String> {
+        let actor = self.target_named(target).await?;
+        let name = replica.to_owned();
+        self.panic_child(actor, |tx| TargetDebug::PanicPool(name, tx), replica)
+            .await
+    }
+
+    /// Debug hook: panic inside the TargetActor of `target` (its pools and tables go
+    /// with it; the root respawns it with what they must not forget).
+    pub async fn inject_target_panic(&self, target: &str) -> Result<(), String> {
+        self.target_named(target)
             .await?
-            .cast(PoolMsg::Debug(PoolDebug::Panic))
-            .map_err(|_| "the pool is gone".to_string())
+            .cast(TargetMsg::Debug(TargetDebug::Panic))
+            .map_err(|_| "the target is gone".to_string())
     }
 
     /// Debug hook: panic inside the ConsumerActor.
@@ -274,7 +373,7 @@ impl<D: Delivery> PipelineHandle<D> {
             .map_err(|_| "the consumer is gone".to_string())
     }
 
-    /// Debug hook (tests): the next `n` spawns of `kind` (`"consumer"` or `"pool"`)
+    /// Debug hook (tests): the next `n` spawns of `kind` (`"consumer"` or `"target"`)
     /// fail in their `pre_start`.
     #[doc(hidden)]
     pub fn fail_spawns(&self, kind: &'static str, n: u32) {
@@ -309,16 +408,16 @@ impl<D: Delivery> PipelineHandle<D> {
         let step = Some(settings.call_timeout);
         let _ = self.root.call(RootMsg::Stopping, step).await;
         let children = self.children().await.ok();
-        let (consumer, pools) = match children {
-            Some(c) => (c.consumer, c.pools.into_iter().flatten().collect()),
+        let (consumer, targets) = match children {
+            Some(c) => (c.consumer, c.targets.into_iter().flatten().collect()),
             None => (None, Vec::new()),
         };
         if let Some(c) = consumer {
             let _ = c.call(ConsumerMsg::StopPulling, step).await;
         }
         let flush_for = Some(deadline.saturating_duration_since(Instant::now()));
-        for p in &pools {
-            let _ = p.call(PoolMsg::FlushAll, flush_for).await;
+        for t in &targets {
+            let _ = t.call(TargetMsg::FlushAll, flush_for).await;
         }
         let tracker = self.common.tracker.clone();
         tracker.close();
@@ -332,8 +431,8 @@ impl<D: Delivery> PipelineHandle<D> {
             );
             self.common.cancel_flights.cancel();
         }
-        for p in &pools {
-            let _ = p.call(PoolMsg::HandBackAll, step).await;
+        for t in &targets {
+            let _ = t.call(TargetMsg::HandBackAll, step).await;
         }
         let _ = tokio::time::timeout(settings.call_timeout, tracker.wait()).await;
         self.root.stop(Some("shutdown".into()));

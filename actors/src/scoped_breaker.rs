@@ -24,10 +24,15 @@ use crate::settings::BackoffPolicy;
 /// What a breaker guards.
 #[derive(Clone, Debug)]
 pub enum BreakerScope {
-    /// The whole ClickHouse target (URL + user + database).
-    Pool { target: Arc<str> },
-    /// One table of a target (table-scoped failures).
-    Table { target: Arc<str>, key: TableKey },
+    /// One ClickHouse server of a target (a replica of one of its shards).
+    Pool { target: Arc<str>, replica: Arc<str> },
+    /// One table on one server of a target (table-scoped failures: read-only there,
+    /// too many parts...).
+    Table {
+        target: Arc<str>,
+        replica: Arc<str>,
+        key: TableKey,
+    },
 }
 
 /// A breaker's state for the admin tree.
@@ -46,6 +51,20 @@ pub struct BreakerSnapshot {
     pub outage_for_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+impl BreakerSnapshot {
+    /// A breaker that never opened.
+    pub fn closed() -> Self {
+        Self {
+            state: BreakerPhase::Closed,
+            window_remaining_ms: None,
+            window_until: None,
+            probe_out: false,
+            outage_for_ms: None,
+            last_error: None,
+        }
+    }
 }
 
 /// `Clone`: the owner's memory is handed back to its successor through the supervisor.
@@ -106,6 +125,20 @@ impl ScopedBreaker {
     /// `Some(delay)`: hand an arriving row back rather than buffer it.
     pub fn arrival_delay(&self, now: Instant) -> Option<Duration> {
         self.breaker.arrival_delay(now)
+    }
+
+    /// The breaker as routing sees it (see [`crate::routing::Gate`]).
+    pub fn gate(&self, now: Instant) -> crate::routing::Gate {
+        crate::routing::Gate::of(
+            self.breaker.state(),
+            now,
+            self.breaker.policy().probe_handback_min,
+        )
+    }
+
+    /// The breaker's state, as its owner publishes it on the board.
+    pub fn state(&self) -> crate::breaker::BreakerState {
+        self.breaker.state()
     }
 
     /// How long ago a window ended with nobody taking the probe token yet.
@@ -193,29 +226,43 @@ impl ScopedBreaker {
         // Absent (not empty) when no table was involved, e.g. an idle probe.
         let (tenant, table) = (ctx.map(|k| &*k.tenant), ctx.map(|k| &*k.table));
         match (&self.scope, event) {
-            (BreakerScope::Pool { target }, OutageEvent::Started) => tracing::warn!(
-                pool = %target, tenant, table, class = %err.class, code, window_ms, error = %err.message,
-                "ClickHouse target unavailable: every table on it backs off"
-            ),
-            (BreakerScope::Pool { target }, OutageEvent::Continuing { lasted, suppressed }) => {
-                tracing::warn!(
-                    pool = %target, tenant, table, class = %err.class, code, window_ms,
-                    lasted = %humantime::format_duration(round_ms(lasted)), suppressed, error = %err.message,
-                    "ClickHouse target still unavailable"
-                )
-            }
-            (BreakerScope::Table { target, key }, OutageEvent::Started) => tracing::warn!(
-                pool = %target, tenant = %key.tenant, table = %key.table, class = %err.class, code, window_ms,
-                error = %err.message, "table unavailable: it backs off alone"
+            (BreakerScope::Pool { target, replica }, OutageEvent::Started) => tracing::warn!(
+                pool = %target, %replica, tenant, table, class = %err.class, code, window_ms, error = %err.message,
+                "ClickHouse server unavailable: no batch goes to it (its shard's other replicas take them)"
             ),
             (
-                BreakerScope::Table { target, key },
+                BreakerScope::Pool { target, replica },
                 OutageEvent::Continuing { lasted, suppressed },
             ) => {
                 tracing::warn!(
-                    pool = %target, tenant = %key.tenant, table = %key.table, class = %err.class, code, window_ms,
+                    pool = %target, %replica, tenant, table, class = %err.class, code, window_ms,
                     lasted = %humantime::format_duration(round_ms(lasted)), suppressed, error = %err.message,
-                    "table still unavailable"
+                    "ClickHouse server still unavailable"
+                )
+            }
+            (
+                BreakerScope::Table {
+                    target,
+                    replica,
+                    key,
+                },
+                OutageEvent::Started,
+            ) => tracing::warn!(
+                pool = %target, %replica, tenant = %key.tenant, table = %key.table, class = %err.class, code, window_ms,
+                error = %err.message, "table unavailable on this server: it backs off alone there"
+            ),
+            (
+                BreakerScope::Table {
+                    target,
+                    replica,
+                    key,
+                },
+                OutageEvent::Continuing { lasted, suppressed },
+            ) => {
+                tracing::warn!(
+                    pool = %target, %replica, tenant = %key.tenant, table = %key.table, class = %err.class, code, window_ms,
+                    lasted = %humantime::format_duration(round_ms(lasted)), suppressed, error = %err.message,
+                    "table still unavailable on this server"
                 )
             }
             (_, OutageEvent::Ended { .. }) => {}
@@ -225,12 +272,16 @@ impl ScopedBreaker {
     fn log_ended(&self, lasted: Duration, ctx: Option<&TableKey>) {
         let (tenant, table) = (ctx.map(|k| &*k.tenant), ctx.map(|k| &*k.table));
         match &self.scope {
-            BreakerScope::Pool { target } => tracing::info!(
-                pool = %target, tenant, table, lasted = %humantime::format_duration(round_ms(lasted)),
-                "ClickHouse target takes inserts again"
+            BreakerScope::Pool { target, replica } => tracing::info!(
+                pool = %target, %replica, tenant, table, lasted = %humantime::format_duration(round_ms(lasted)),
+                "ClickHouse server takes inserts again"
             ),
-            BreakerScope::Table { target, key } => tracing::info!(
-                pool = %target, tenant = %key.tenant, table = %key.table,
+            BreakerScope::Table {
+                target,
+                replica,
+                key,
+            } => tracing::info!(
+                pool = %target, %replica, tenant = %key.tenant, table = %key.table,
                 lasted = %humantime::format_duration(round_ms(lasted)), "table takes inserts again"
             ),
         }

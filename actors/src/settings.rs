@@ -1,4 +1,4 @@
-//! Every knob of the actor tree, with the defaults DESIGN.md gives, and the resolver of
+//! Every knob of the actor tree, with their defaults, and the resolver of
 //! per-table overrides (`[tables."tenant.table"]` in `config.toml`).
 
 use std::collections::HashMap;

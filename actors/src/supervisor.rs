@@ -1,11 +1,11 @@
-//! RootSupervisor: spawns the ConsumerActor and one PoolActor per ClickHouse target,
+//! RootSupervisor: spawns the ConsumerActor and one TargetActor per ClickHouse target,
 //! respawns a failed child with backoff (100 ms doubling to 10 s), counts restarts per
-//! kind, keeps what each pool must not forget (its [`PoolMemory`]) for its successor,
-//! tells the consumer where the pools are, and makes the pipeline fatal when a core
-//! actor cannot be spawned again.
+//! kind, keeps what each target must not forget (its [`TargetMemory`]: its servers'
+//! breakers, its tables' backoffs) for its successor, tells the consumer where the
+//! targets are, and makes the pipeline fatal when a core actor cannot be spawned again.
 //!
 //! ractor restarts nothing by itself and its default `handle_supervisor_evt` stops the
-//! parent: this one (like the PoolActor's) overrides it.
+//! parent: this one (like the TargetActor's) overrides it.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -17,25 +17,28 @@ use ractor::{
 };
 use tokio::time::Instant;
 
-use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, PoolLink};
+use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, TargetLink};
 use crate::context::Common;
 use crate::metrics;
 use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
-use crate::pool::{PoolActor, PoolArgs, PoolMemory, PoolMsg, PoolReport};
 use crate::ports::{Inserter, Source, SourceFactory};
 use crate::restart::{child_gone, RestartRecord};
 use crate::routing::Router;
 use crate::table::TableReport;
+use crate::target::{
+    TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetReport, TargetServers,
+};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
 pub enum RootMsg<D> {
     RespawnConsumer,
-    RespawnPool(usize),
-    /// What a pool says (through a derived reference).
-    FromPool(PoolReport),
-    /// A flight's report that found neither its table nor its pool (both died while it
-    /// flew): forwarded to the pool's successor, whose breaker must hear it.
+    RespawnTarget(usize),
+    /// What a target says (through a derived reference).
+    FromTarget(TargetReport),
+    /// A flight's report that found neither its table, nor its replica's pool, nor its
+    /// target (they died while it flew): forwarded to the target's successor, which
+    /// hands it to the pool's, whose breaker must hear it.
     Orphan(TableReport),
     /// The children that run now (for the pipeline handle: shutdown, debug).
     Children(RpcReplyPort<Children<D>>),
@@ -47,43 +50,42 @@ pub enum RootMsg<D> {
 
 /// The RootSupervisor's one debug message.
 pub enum RootDebug {
-    /// The next `n` spawns of the consumer (`Kind::Consumer`) or of any pool fail in
-    /// their `pre_start`.
+    /// The next `n` spawns of the consumer (`"consumer"`) or of any target
+    /// (`"target"`) fail in their `pre_start`.
     FailSpawns { kind: &'static str, n: u32 },
 }
 
 /// The children that run now; `None` while one is restarting.
 pub struct Children<D> {
     pub consumer: Option<ActorRef<ConsumerMsg<D>>>,
-    pub pools: Vec<Option<ActorRef<PoolMsg<D>>>>,
+    pub targets: Vec<Option<ActorRef<TargetMsg<D>>>>,
 }
 
-/// One pool as the root knows it.
-pub struct PoolSpec<I> {
-    pub target: Arc<str>,
-    pub inserter: Arc<I>,
-    /// Where the pool starts from: a first memory, then whatever it last reported.
-    pub memory: PoolMemory,
+/// One target as the root knows it.
+pub struct TargetSpec<I> {
+    pub servers: Arc<TargetServers<I>>,
+    /// Where the target starts from: a first memory, then whatever it last reported.
+    pub memory: TargetMemory,
 }
 
 pub struct RootArgs<F: SourceFactory, I> {
     pub common: Arc<Common>,
     pub factory: Arc<F>,
     pub router: Arc<Router>,
-    pub pools: Vec<PoolSpec<I>>,
+    pub targets: Vec<TargetSpec<I>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Child {
     Consumer,
-    Pool(usize),
+    Target(usize),
 }
 
 impl Child {
     fn kind(self) -> &'static str {
         match self {
             Child::Consumer => "consumer",
-            Child::Pool(_) => "pool",
+            Child::Target(_) => "target",
         }
     }
 }
@@ -100,11 +102,11 @@ pub struct RootState<F: SourceFactory, I> {
     common: Arc<Common>,
     factory: Arc<F>,
     router: Arc<Router>,
-    specs: Vec<PoolSpec<I>>,
+    specs: Vec<TargetSpec<I>>,
     consumer: ChildState,
     consumer_ref: Option<ActorRef<ConsumerMsg<DeliveryOf<F>>>>,
-    pools: Vec<ChildState>,
-    pool_refs: Vec<Option<ActorRef<PoolMsg<DeliveryOf<F>>>>>,
+    targets: Vec<ChildState>,
+    target_refs: Vec<Option<ActorRef<TargetMsg<DeliveryOf<F>>>>>,
     by_id: HashMap<ActorId, Child>,
     /// Spawns still to fail on purpose (the debug message), by kind.
     failing_spawns: HashMap<&'static str, u32>,
@@ -125,14 +127,14 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     fn node_id(&self, c: Child) -> String {
         match c {
             Child::Consumer => CONSUMER_ID.to_owned(),
-            Child::Pool(i) => crate::observe::pool_id(&self.specs[i].target),
+            Child::Target(i) => crate::observe::target_id(&self.specs[i].servers.target),
         }
     }
 
     fn child(&mut self, c: Child) -> &mut ChildState {
         match c {
             Child::Consumer => &mut self.consumer,
-            Child::Pool(i) => &mut self.pools[i],
+            Child::Target(i) => &mut self.targets[i],
         }
     }
 
@@ -146,8 +148,8 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         }
     }
 
-    fn pool_links(&self) -> Vec<Option<PoolLink<DeliveryOf<F>>>> {
-        self.pool_refs
+    fn target_links(&self) -> Vec<Option<TargetLink<DeliveryOf<F>>>> {
+        self.target_refs
             .iter()
             .map(|p| p.as_ref().map(|p| p.get_derived()))
             .collect()
@@ -160,7 +162,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         let fail_spawn = self.take_failing_spawn(c.kind());
         let spawned = match c {
             Child::Consumer => self.spawn_consumer(myself, fail_spawn).await,
-            Child::Pool(i) => self.spawn_pool(myself, i, fail_spawn).await,
+            Child::Target(i) => self.spawn_target(myself, i, fail_spawn).await,
         };
         match spawned {
             Ok(cell) => {
@@ -182,7 +184,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
             factory: self.factory.clone(),
             router: self.router.clone(),
             common: self.common.clone(),
-            pools: self.pool_links(),
+            targets: self.target_links(),
             fail_spawn,
         };
         let (actor, _) =
@@ -193,19 +195,18 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         Ok(actor.get_cell())
     }
 
-    async fn spawn_pool(
+    async fn spawn_target(
         &mut self,
         myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
         index: usize,
         fail_spawn: bool,
     ) -> Result<ActorCell, String> {
         let spec = &self.specs[index];
-        let root: DerivedActorRef<PoolReport> = myself.get_derived();
+        let root: DerivedActorRef<TargetReport> = myself.get_derived();
         let orphans: DerivedActorRef<TableReport> = myself.get_derived();
-        let args = PoolArgs {
+        let args = TargetArgs {
             index,
-            target: spec.target.clone(),
-            inserter: spec.inserter.clone(),
+            servers: spec.servers.clone(),
             common: self.common.clone(),
             memory: spec.memory.clone(),
             root,
@@ -214,17 +215,17 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         };
         let (actor, _) = Actor::spawn_linked(
             None,
-            PoolActor::<I, DeliveryOf<F>>::default(),
+            TargetActor::<I, DeliveryOf<F>>::default(),
             args,
             myself.get_cell(),
         )
         .await
         .map_err(|e| e.to_string())?;
-        self.pool_refs[index] = Some(actor.clone());
+        self.target_refs[index] = Some(actor.clone());
         if let Some(consumer) = &self.consumer_ref {
-            let _ = consumer.cast(ConsumerMsg::PoolUp {
+            let _ = consumer.cast(ConsumerMsg::TargetUp {
                 index,
-                pool: actor.get_derived(),
+                target: actor.get_derived(),
             });
         }
         Ok(actor.get_cell())
@@ -256,10 +257,10 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         };
         match c {
             Child::Consumer => self.consumer_ref = None,
-            Child::Pool(i) => {
-                self.pool_refs[i] = None;
+            Child::Target(i) => {
+                self.target_refs[i] = None;
                 if let Some(consumer) = &self.consumer_ref {
-                    let _ = consumer.cast(ConsumerMsg::PoolDown { index: i });
+                    let _ = consumer.cast(ConsumerMsg::TargetDown { index: i });
                 }
             }
         }
@@ -282,16 +283,16 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     async fn on_respawn(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, c: Child) {
         let down = match c {
             Child::Consumer => self.consumer.cell.is_none(),
-            Child::Pool(i) => self.pools.get(i).is_some_and(|p| p.cell.is_none()),
+            Child::Target(i) => self.targets.get(i).is_some_and(|p| p.cell.is_none()),
         };
         if down {
             self.spawn(myself, c).await;
         }
     }
 
-    fn on_pool_report(&mut self, report: PoolReport) {
+    fn on_target_report(&mut self, report: TargetReport) {
         match report {
-            PoolReport::Remember { index, memory } => {
+            TargetReport::Remember { index, memory } => {
                 if let Some(spec) = self.specs.get_mut(index) {
                     spec.memory = *memory;
                 }
@@ -299,26 +300,26 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         }
     }
 
-    /// Forward an orphaned flight report to the current pool of its table's tenant.
+    /// Forward an orphaned flight report to the current target of its table's tenant.
     fn on_orphan(&self, report: TableReport) {
         let key = match &report {
-            TableReport::Verdict { key, .. } => key,
+            TableReport::Verdict(v) => &v.key,
             // Only verdicts outlive their table; anything else is its table's business.
             _ => return,
         };
-        let pool = self
+        let target = self
             .router
-            .pool_of_tenant(&key.tenant)
-            .and_then(|i| self.pool_refs.get(i).cloned().flatten());
-        if let Some(pool) = pool {
-            let _ = pool.cast(PoolMsg::FromTable(report));
+            .target_of_tenant(&key.tenant)
+            .and_then(|i| self.target_refs.get(i).cloned().flatten());
+        if let Some(target) = target {
+            let _ = target.cast(TargetMsg::FromTable(report));
         }
     }
 
     fn on_children(&self, reply: RpcReplyPort<Children<DeliveryOf<F>>>) {
         let _ = reply.send(Children {
             consumer: self.consumer_ref.clone(),
-            pools: self.pool_refs.clone(),
+            targets: self.target_refs.clone(),
         });
     }
 
@@ -343,7 +344,7 @@ fn schedule<D: Send + 'static>(
 ) {
     myself.send_after(delay, move || match c {
         Child::Consumer => RootMsg::RespawnConsumer,
-        Child::Pool(i) => RootMsg::RespawnPool(i),
+        Child::Target(i) => RootMsg::RespawnTarget(i),
     });
 }
 
@@ -366,18 +367,18 @@ impl<D> TryFrom<RootMsg<D>> for TableReport {
     }
 }
 
-impl<D> From<PoolReport> for RootMsg<D> {
-    fn from(report: PoolReport) -> Self {
-        RootMsg::FromPool(report)
+impl<D> From<TargetReport> for RootMsg<D> {
+    fn from(report: TargetReport) -> Self {
+        RootMsg::FromTarget(report)
     }
 }
 
-impl<D> TryFrom<RootMsg<D>> for PoolReport {
+impl<D> TryFrom<RootMsg<D>> for TargetReport {
     type Error = ();
 
     fn try_from(msg: RootMsg<D>) -> Result<Self, ()> {
         match msg {
-            RootMsg::FromPool(report) => Ok(report),
+            RootMsg::FromTarget(report) => Ok(report),
             _ => Err(()),
         }
     }
@@ -393,16 +394,16 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let n = args.pools.len();
+        let n = args.targets.len();
         Ok(RootState {
             common: args.common,
             factory: args.factory,
             router: args.router,
-            specs: args.pools,
+            specs: args.targets,
             consumer: ChildState::default(),
             consumer_ref: None,
-            pools: (0..n).map(|_| ChildState::default()).collect(),
-            pool_refs: vec![None; n],
+            targets: (0..n).map(|_| ChildState::default()).collect(),
+            target_refs: vec![None; n],
             by_id: HashMap::new(),
             failing_spawns: HashMap::new(),
             stopping: false,
@@ -415,8 +416,8 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.common.registry.publish(ROOT_ID, NodeState::None {});
-        for i in 0..state.pools.len() {
-            state.spawn(&myself, Child::Pool(i)).await;
+        for i in 0..state.targets.len() {
+            state.spawn(&myself, Child::Target(i)).await;
         }
         state.spawn(&myself, Child::Consumer).await;
         Ok(())
@@ -430,8 +431,8 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RootMsg::RespawnConsumer => state.on_respawn(&myself, Child::Consumer).await,
-            RootMsg::RespawnPool(i) => state.on_respawn(&myself, Child::Pool(i)).await,
-            RootMsg::FromPool(report) => state.on_pool_report(report),
+            RootMsg::RespawnTarget(i) => state.on_respawn(&myself, Child::Target(i)).await,
+            RootMsg::FromTarget(report) => state.on_target_report(report),
             RootMsg::Orphan(report) => state.on_orphan(report),
             RootMsg::Children(reply) => state.on_children(reply),
             RootMsg::Stopping(reply) => state.on_stopping(reply),

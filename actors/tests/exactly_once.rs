@@ -39,6 +39,29 @@ fn records(r: &Rig) -> Vec<Manifest> {
     store(r).records.lock().unwrap().clone()
 }
 
+/// `n` one-row messages in the stream that another instance holds (never delivered
+/// here yet): their sequences.
+fn made_elsewhere(r: &Rig, n: usize) -> Vec<u64> {
+    let subject: Arc<str> = Arc::from(SUBJ);
+    (0..n)
+        .map(|i| {
+            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
+            let seq = d.seq;
+            std::mem::forget(d);
+            seq
+        })
+        .collect()
+}
+
+/// A batch of these messages, as another instance would record it.
+fn batch_of(seqs: &[u64]) -> Manifest {
+    Manifest::new(
+        TableKey::new("acme", "events"),
+        FAKE_INCARNATION,
+        seqs.to_vec(),
+    )
+}
+
 /// Deliver these messages again (JetStream's redelivery after a nak or `ack_wait`).
 fn redeliver(r: &Rig, seqs: &[u64], deliveries: u64) {
     r.queue
@@ -165,20 +188,8 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
     let r = eo_rig(100).await;
     // Another instance inserted these four rows, parked the third, recorded the
     // verdicts, and died before its acks: JetStream delivers them here.
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let mut m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let mut m = batch_of(&seqs);
     m.state = ManifestState::Settled {
         rejected: vec![RejectedRow {
             stream_sequence: seqs[2],
@@ -212,20 +223,8 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
     let r = eo_rig(100).await;
     // A recorded, open batch of six messages: this instance receives three of them,
     // the other three went to another instance (or wait out a delay).
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..6)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 6);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).update(&m)).unwrap();
     redeliver(&r, &seqs[..3], 2);
     until(&r, Duration::from_secs(5), |r| {
@@ -260,20 +259,8 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
 #[tokio::test(start_paused = true)]
 async fn a_message_delivered_twice_while_its_batch_is_gathered_leaves_no_row_out() {
     let r = eo_rig(100).await;
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).update(&m)).unwrap();
     // Four deliveries of three messages: the first comes twice, the last not at all.
     redeliver(&r, &[seqs[0], seqs[0], seqs[1], seqs[2]], 2);
@@ -692,20 +679,8 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
 #[tokio::test(start_paused = true)]
 async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
     let r = eo_rig(100).await;
-    let subject: Arc<str> = Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..4)
-        .map(|i| {
-            let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-            let seq = d.seq;
-            std::mem::forget(d);
-            seq
-        })
-        .collect();
-    let m = Manifest::new(
-        TableKey::new("acme", "events"),
-        FAKE_INCARNATION,
-        seqs.clone(),
-    );
+    let seqs = made_elsewhere(&r, 4);
+    let m = batch_of(&seqs);
     futures::executor::block_on(store(&r).claim(&m)).unwrap();
     redeliver(&r, &seqs[..2], 2);
     until(&r, Duration::from_millis(500), |r| {
@@ -749,24 +724,11 @@ async fn a_batch_sent_again_past_the_dedup_window_is_counted() {
         blocks: 1000,
         seconds: Some(Duration::from_secs(60)),
     }));
-    let subject: Arc<str> = Arc::from(SUBJ);
     let now = sluice_actors::ledger::forming::unix_ms();
     let mut all = Vec::new();
     for claimed_ago in [600_000u64, 10_000] {
-        let seqs: Vec<u64> = (0..2)
-            .map(|i| {
-                let d = r.journal.delivery(&subject, format!("{{\"n\":{i}}}"));
-                let seq = d.seq;
-                std::mem::forget(d);
-                seq
-            })
-            .collect();
-        let m = Manifest::new(
-            TableKey::new("acme", "events"),
-            FAKE_INCARNATION,
-            seqs.clone(),
-        )
-        .claimed_at(now - claimed_ago);
+        let seqs = made_elsewhere(&r, 2);
+        let m = batch_of(&seqs).claimed_at(now - claimed_ago);
         futures::executor::block_on(store(&r).claim(&m)).unwrap();
         redeliver(&r, &seqs, 2);
         until(&r, Duration::from_secs(10), |r| {
@@ -780,6 +742,156 @@ async fn a_batch_sent_again_past_the_dedup_window_is_counted() {
     assert!(
         tree.contains("\"batches_past_dedup_window\":1"),
         "the old one counted, the recent one not: {tree}"
+    );
+    r.handle.shutdown().await;
+}
+
+// === shards ===
+
+/// The requests of a cluster rig's servers that carried `token`, by server.
+fn servers_with_token(r: &Rig, token: &str) -> Vec<String> {
+    let mut names: Vec<String> = r
+        .ins
+        .iter()
+        .filter(|(_, ins)| {
+            ins.requests()
+                .iter()
+                .any(|q| q.token.as_deref() == Some(token))
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The shard each record of these messages was written with.
+fn shards_recorded(r: &Rig, seqs: &[u64]) -> Vec<u32> {
+    records(r)
+        .iter()
+        .filter(|m| m.messages == seqs)
+        .map(|m| m.shard)
+        .collect()
+}
+
+async fn dedup_cluster(batch_rows: usize) -> Rig {
+    let r = cluster(&[&["a1", "a2"], &["b1", "b2"]], batch_rows, true).await;
+    for ins in r.ins.values() {
+        ins.set_dedup(true);
+    }
+    r
+}
+
+/// Two shards of two replicas: each fresh batch is recorded with the shard it goes to
+/// (the shards in turn), and after an ambiguous failure on a replica the same rows go
+/// with the same token to its twin, never to the other shard.
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_recorded_with_its_shard_and_its_retry_goes_to_the_twin_of_that_shard() {
+    let r = dedup_cluster(5).await;
+    r.server("a1").script([Err(transport(
+        "operation timed out after the body was sent",
+    ))]);
+    let first = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    let second = r.push(SUBJ, 5, &[]);
+    r.settled(10).await;
+    assert!(last_events(&r, &second)
+        .iter()
+        .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed))));
+    assert!(shards_recorded(&r, &first).iter().all(|s| *s == 0));
+    assert!(!shards_recorded(&r, &first).is_empty());
+    assert!(shards_recorded(&r, &second).iter().all(|s| *s == 1));
+    let token = records(&r)
+        .iter()
+        .find(|m| m.messages == first)
+        .map(Manifest::token)
+        .expect("the first batch was recorded");
+    assert_eq!(servers_with_token(&r, &token), vec!["a1"]);
+    // JetStream delivers the first batch again once a1's window passed: it goes to a2.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redeliver(&r, &first, 2);
+    until(&r, Duration::from_secs(10), |r| {
+        last_events(r, &first)
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed)))
+    })
+    .await;
+    assert_eq!(servers_with_token(&r, &token), vec!["a1", "a2"]);
+    let (a1, a2) = (r.server("a1").requests(), r.server("a2").requests());
+    assert_eq!(a1[0].body, a2[0].body, "the same rows, in the same order");
+    r.handle.shutdown().await;
+}
+
+/// Shard 1 entirely down: its recorded batch waits for it (handed back, never sent to
+/// shard 2), fresh batches go to shard 2 meanwhile; once a replica of shard 1 answers
+/// again the recorded batch lands there.
+#[tokio::test(start_paused = true)]
+async fn a_batch_recorded_for_a_shard_that_is_down_waits_for_it_while_fresh_ones_go_to_the_other() {
+    let r = dedup_cluster(5).await;
+    let down = Some(transport("operation timed out after the body was sent"));
+    r.server("a1").set_default(down.clone());
+    r.server("a2")
+        .set_default(Some(transport("cannot connect: connection refused")));
+    let stuck = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    let token = records(&r)
+        .iter()
+        .find(|m| m.messages == stuck)
+        .map(Manifest::token)
+        .expect("recorded");
+    // Fresh batches while shard 1 is down (a2 is found down on the way): all land.
+    let mut fresh = Vec::new();
+    for _ in 0..4 {
+        fresh.extend(r.push(SUBJ, 5, &[]));
+    }
+    until(&r, Duration::from_secs(10), |r| {
+        r.node("pool", "a2")
+            .is_some_and(|p| p["state"]["breaker"]["state"] == "open")
+    })
+    .await;
+    for _ in 0..4 {
+        fresh.extend(r.push(SUBJ, 5, &[]));
+    }
+    // The recorded batch comes again while shard 1 is down: back it goes, unsent.
+    redeliver(&r, &stuck, 2);
+    until(&r, Duration::from_secs(10), |r| {
+        r.journal.terminal(stuck[0]).len() == 2
+    })
+    .await;
+    assert!(matches!(
+        r.journal.terminal(stuck[0]).last(),
+        Some(Event::Naked(_))
+    ));
+    assert_eq!(servers_with_token(&r, &token), vec!["a1"]);
+    let landed = |r: &Rig| {
+        fresh
+            .iter()
+            .filter(|s| {
+                matches!(
+                    r.journal.terminal(**s).last(),
+                    Some(Event::Acked | Event::AckedConfirmed)
+                )
+            })
+            .count()
+    };
+    // Every fresh batch that went to a2 before it was found down came back; the rest
+    // landed on shard 2.
+    assert!(landed(&r) >= fresh.len() - 10, "{}", landed(&r));
+    assert!(r.server("b1").request_count() + r.server("b2").request_count() >= 6);
+    // Shard 1 answers again: the batch lands there, on the replica that is back.
+    r.server("a1").set_default(None);
+    r.server("a2").set_default(None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redeliver(&r, &stuck, 3);
+    until(&r, Duration::from_secs(10), |r| {
+        last_events(r, &stuck)
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed)))
+    })
+    .await;
+    let servers = servers_with_token(&r, &token);
+    assert!(
+        servers.iter().all(|s| s.starts_with('a')),
+        "never sent to shard 2: {servers:?}"
     );
     r.handle.shutdown().await;
 }

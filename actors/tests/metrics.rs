@@ -1,4 +1,4 @@
-//! Every DESIGN.md metric the actors emit is registered with the documented labels.
+//! Every metric the actors emit (docs/architecture.md, "Contracts") is registered with the documented labels.
 
 mod common;
 
@@ -81,10 +81,10 @@ async fn every_ingest_metric_is_registered_with_its_labels() {
         (m::ROWS_INSERTED, &["table", "tenant"]),
         (m::ROWS_PARKED, &["reason", "table", "tenant"]),
         (m::RETRIES, &["reason", "table"]),
-        (m::INSERT_REQUESTS, &["outcome", "target"]),
-        (m::INSERT_DURATION, &["target"]),
+        (m::INSERT_REQUESTS, &["outcome", "replica", "target"]),
+        (m::INSERT_DURATION, &["replica", "target"]),
         (m::BATCH_ROWS, &["table"]),
-        (m::BREAKER_STATE, &["target"]),
+        (m::BREAKER_STATE, &["replica", "target"]),
         (m::TABLE_BACKOFF, &["table", "tenant"]),
         (m::BUFFERED_ROWS, &["table", "tenant"]),
         (m::CONSUMER_PENDING, &["stream"]),

@@ -1,8 +1,9 @@
-//! The PoolActor and its TableActors driven by messages alone — no consumer, no root:
-//! a PoolActor is spawned by hand with a recorder standing in for the root supervisor,
-//! rows are sent to it as the consumer would, and what it decided is read where a user
-//! would see it (the rows' fate on the fake queue, the requests ClickHouse got, the
-//! snapshots of `/admin/actors`) and where its successor would (the memory it reports).
+//! The TargetActor, its PoolActor and its TableActors driven by messages alone — no
+//! consumer, no root: a TargetActor is spawned by hand with a recorder standing in for
+//! the root supervisor, rows are sent to it as the consumer would, and what its actors
+//! decided is read where a user would see it (the rows' fate on the fake queue, the
+//! requests ClickHouse got, the snapshots of `/admin/actors`) and where a successor
+//! would (the memory the target reports).
 //!
 //! Time is paused: every window and jitter below is exact.
 
@@ -12,11 +13,12 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use serde_json::Value;
 use sluice_actors::context::Common;
-use sluice_actors::metrics::TargetMetrics;
 use sluice_actors::observe::{self, NodeKind, Registry, ROOT_ID};
-use sluice_actors::pool::{PoolActor, PoolArgs, PoolDebug, PoolMemory, PoolMsg, PoolReport};
 use sluice_actors::routing::Routed;
 use sluice_actors::table::TableReport;
+use sluice_actors::target::{
+    TargetActor, TargetArgs, TargetDebug, TargetMemory, TargetMsg, TargetReport, TargetServers,
+};
 use sluice_actors::testkit::{
     transport, unavailable, Event, FakeDelivery, Journal, ScriptedInserter,
 };
@@ -25,23 +27,24 @@ use tokio::sync::mpsc;
 
 // === a root that records ===
 
-/// What the recorder stands in for: the root supervisor, as far as a pool speaks to it.
+/// What the recorder stands in for: the root supervisor, as far as a target speaks to
+/// it.
 enum RootStandIn {
-    Pool(PoolReport),
+    Target(TargetReport),
     Orphan(TableReport),
 }
 
-impl From<PoolReport> for RootStandIn {
-    fn from(r: PoolReport) -> Self {
-        RootStandIn::Pool(r)
+impl From<TargetReport> for RootStandIn {
+    fn from(r: TargetReport) -> Self {
+        RootStandIn::Target(r)
     }
 }
 
-impl TryFrom<RootStandIn> for PoolReport {
+impl TryFrom<RootStandIn> for TargetReport {
     type Error = ();
     fn try_from(m: RootStandIn) -> Result<Self, ()> {
         match m {
-            RootStandIn::Pool(r) => Ok(r),
+            RootStandIn::Target(r) => Ok(r),
             _ => Err(()),
         }
     }
@@ -63,13 +66,13 @@ impl TryFrom<RootStandIn> for TableReport {
     }
 }
 
-/// Keeps the last memory a pool reported.
+/// Keeps the last memory a target reported.
 struct Recorder;
 
 impl Actor for Recorder {
     type Msg = RootStandIn;
-    type State = mpsc::UnboundedSender<PoolMemory>;
-    type Arguments = mpsc::UnboundedSender<PoolMemory>;
+    type State = mpsc::UnboundedSender<TargetMemory>;
+    type Arguments = mpsc::UnboundedSender<TargetMemory>;
 
     async fn pre_start(
         &self,
@@ -85,7 +88,7 @@ impl Actor for Recorder {
         msg: Self::Msg,
         tx: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let RootStandIn::Pool(PoolReport::Remember { memory, .. }) = msg {
+        if let RootStandIn::Target(TargetReport::Remember { memory, .. }) = msg {
             let _ = tx.send(*memory);
         }
         Ok(())
@@ -96,12 +99,14 @@ impl Actor for Recorder {
 
 const TARGET: &str = "main";
 
-struct PoolRig {
-    pool: ActorRef<PoolMsg<FakeDelivery>>,
+struct TargetRig {
+    target: ActorRef<TargetMsg<FakeDelivery>>,
+    servers: Arc<TargetServers<ScriptedInserter>>,
+    /// The target's one server (the first, when it has several).
     ins: Arc<ScriptedInserter>,
     journal: Arc<Journal>,
     common: Arc<Common>,
-    memories: mpsc::UnboundedReceiver<PoolMemory>,
+    memories: mpsc::UnboundedReceiver<TargetMemory>,
     recorder: ActorRef<RootStandIn>,
 }
 
@@ -121,53 +126,75 @@ fn common(batch_rows: usize) -> Arc<Common> {
     let registry = Registry::new(settings.stale_after);
     registry.register(ROOT_ID, NodeKind::Root, "sluice", None);
     registry.register(
-        &observe::pool_id(TARGET),
-        NodeKind::Pool,
+        &observe::target_id(TARGET),
+        NodeKind::Target,
         TARGET,
         Some(ROOT_ID),
     );
     Common::new(settings, tables, registry, None)
 }
 
-async fn spawn_pool(
+async fn spawn_target(
     common: &Arc<Common>,
-    ins: &Arc<ScriptedInserter>,
-    memory: PoolMemory,
+    servers: &Arc<TargetServers<ScriptedInserter>>,
+    memory: TargetMemory,
     recorder: &ActorRef<RootStandIn>,
-) -> ActorRef<PoolMsg<FakeDelivery>> {
-    let root: DerivedActorRef<PoolReport> = recorder.get_derived();
+) -> ActorRef<TargetMsg<FakeDelivery>> {
+    let root: DerivedActorRef<TargetReport> = recorder.get_derived();
     let orphans: DerivedActorRef<TableReport> = recorder.get_derived();
-    let args = PoolArgs {
+    let args = TargetArgs {
         index: 0,
-        target: Arc::from(TARGET),
-        inserter: ins.clone(),
+        servers: servers.clone(),
         common: common.clone(),
         memory,
         root,
         orphans,
         fail_spawn: false,
     };
-    let (pool, _) = Actor::spawn(
+    let (target, _) = Actor::spawn(
         None,
-        PoolActor::<ScriptedInserter, FakeDelivery>::default(),
+        TargetActor::<ScriptedInserter, FakeDelivery>::default(),
         args,
     )
     .await
-    .expect("the pool spawns");
-    pool
+    .expect("the target spawns");
+    target
 }
 
-impl PoolRig {
+impl TargetRig {
     async fn new(batch_rows: usize) -> Self {
-        let common = common(batch_rows);
         let ins = ScriptedInserter::new();
+        Self::with_servers(batch_rows, vec![vec![(TARGET.to_owned(), ins)]]).await
+    }
+
+    /// A target of these shards of (name, inserter) replicas.
+    async fn with_servers(
+        batch_rows: usize,
+        shards: Vec<Vec<(String, Arc<ScriptedInserter>)>>,
+    ) -> Self {
+        let common = common(batch_rows);
+        let ins = shards[0][0].1.clone();
+        let target: Arc<str> = Arc::from(TARGET);
+        let servers = Arc::new(TargetServers::new(
+            &target,
+            shards,
+            common.settings.pool_backoff.probe_handback_min,
+        ));
+        for r in &servers.replicas {
+            common.registry.register(
+                &observe::pool_id(TARGET, &r.name),
+                NodeKind::Pool,
+                &r.name,
+                Some(&observe::target_id(TARGET)),
+            );
+        }
         let (tx, memories) = mpsc::unbounded_channel();
         let (recorder, _) = Actor::spawn(None, Recorder, tx).await.expect("recorder");
-        let target: Arc<str> = Arc::from(TARGET);
-        let memory = PoolMemory::new(&target, &common, &TargetMetrics::new(TARGET));
-        let pool = spawn_pool(&common, &ins, memory, &recorder).await;
+        let memory = TargetMemory::new(&servers, &common);
+        let target = spawn_target(&common, &servers, memory, &recorder).await;
         let rig = Self {
-            pool,
+            target,
+            servers,
             ins,
             journal: Journal::new(),
             common,
@@ -175,15 +202,16 @@ impl PoolRig {
             recorder,
         };
         assert!(
-            rig.until(Duration::from_secs(5), |r| r.pool_node()["state"]
-                ["probed_ok"]
-                == true)
+            rig.until(Duration::from_secs(5), |r| r
+                .pools()
+                .iter()
+                .all(|p| p["state"]["probed_ok"] == true))
                 .await
         );
         rig
     }
 
-    /// Rows for `table`, sent to the pool as the consumer sends them.
+    /// Rows for `table`, sent to the target as the consumer sends them.
     fn rows(&self, table: &str, n: usize) -> Vec<u64> {
         let subject: Arc<str> = Arc::from(format!("ingest.acme.{table}"));
         let rows: Vec<FakeDelivery> = (0..n)
@@ -194,9 +222,9 @@ impl PoolRig {
             key: TableKey::new("acme", table),
             messages: rows,
         };
-        self.pool
-            .cast(PoolMsg::Routed(routed))
-            .expect("the pool runs");
+        self.target
+            .cast(TargetMsg::Routed(routed))
+            .expect("the target runs");
         seqs
     }
 
@@ -204,26 +232,49 @@ impl PoolRig {
         self.common.registry.tree_json()
     }
 
-    fn pool_node(&self) -> Value {
+    fn target_node(&self) -> Value {
         self.tree()["children"]
             .as_array()
-            .and_then(|c| c.iter().find(|n| n["kind"] == "pool").cloned())
+            .and_then(|c| c.iter().find(|n| n["kind"] == "target").cloned())
             .unwrap_or(Value::Null)
+    }
+
+    fn children(&self, kind: &str) -> Vec<Value> {
+        self.target_node()["children"]
+            .as_array()
+            .map(|c| c.iter().filter(|n| n["kind"] == kind).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn pools(&self) -> Vec<Value> {
+        self.children("pool")
+    }
+
+    fn pool_node(&self) -> Value {
+        self.pools().first().cloned().unwrap_or(Value::Null)
     }
 
     fn breaker(&self) -> Value {
         self.pool_node()["state"]["breaker"].clone()
     }
 
-    fn table_backoff(&self, table: &str) -> Value {
-        self.pool_node()["children"]
-            .as_array()
-            .and_then(|c| {
-                c.iter()
-                    .find(|n| n["name"] == format!("acme.{table}"))
-                    .map(|n| n["state"]["backoff"].clone())
-            })
+    fn replica_breaker(&self, replica: &str) -> String {
+        self.pools()
+            .iter()
+            .find(|p| p["name"] == replica)
+            .and_then(|p| p["state"]["breaker"]["state"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    fn table_node(&self, table: &str) -> Value {
+        self.children("table")
+            .into_iter()
+            .find(|n| n["name"] == format!("acme.{table}"))
             .unwrap_or(Value::Null)
+    }
+
+    fn table_backoff(&self, table: &str) -> Value {
+        self.table_node(table)["state"]["backoff"].clone()
     }
 
     async fn until(&self, within: Duration, cond: impl Fn(&Self) -> bool) -> bool {
@@ -251,6 +302,11 @@ impl PoolRig {
         seqs.iter().all(|s| !self.journal.terminal(*s).is_empty())
     }
 
+    fn acked(&self, seqs: &[u64]) -> bool {
+        seqs.iter()
+            .all(|s| self.journal.terminal(*s) == vec![Event::Acked])
+    }
+
     /// Open the pool's breaker: one batch of `table` meets a refused connection.
     async fn open_breaker(&self, table: &str) -> Duration {
         self.ins.set_default(Some(transport("connection refused")));
@@ -268,13 +324,37 @@ impl PoolRig {
     fn window_left(&self) -> Duration {
         Duration::from_millis(self.breaker()["window_remaining_ms"].as_u64().unwrap_or(0))
     }
+
+    /// A successor's breaker kept the window `left` (less at most `taken` since), and
+    /// acts on it: arrivals go back, no request.
+    async fn the_window_is_kept(&self, left: Duration, taken: Duration) {
+        let kept = self.window_left();
+        assert!(kept <= left && kept + taken >= left, "{kept:?} of {left:?}");
+        let before = self.ins.request_count();
+        let arrivals = self.rows("events", 2);
+        assert!(
+            self.until(Duration::from_millis(100), |r| r.settled(&arrivals))
+                .await
+        );
+        assert_eq!(self.ins.request_count(), before);
+        assert_eq!(self.naks(&arrivals).len(), 2);
+    }
+
+    /// The last memory the target reported.
+    fn last_memory(&mut self) -> TargetMemory {
+        let mut memory = None;
+        while let Ok(m) = self.memories.try_recv() {
+            memory = Some(m);
+        }
+        memory.expect("the target reported its memory")
+    }
 }
 
 // === the written contract ===
 
 #[tokio::test(start_paused = true)]
 async fn an_open_window_hands_arrivals_back_with_what_is_left_of_it_and_sends_nothing() {
-    let r = PoolRig::new(3).await;
+    let r = TargetRig::new(3).await;
     let window = r.open_breaker("events").await;
     assert!(window > Duration::ZERO && window <= Duration::from_secs(1));
     tokio::time::advance(window / 4).await;
@@ -301,7 +381,7 @@ async fn an_open_window_hands_arrivals_back_with_what_is_left_of_it_and_sends_no
 
 #[tokio::test(start_paused = true)]
 async fn one_probe_when_several_tables_are_ready_the_instant_a_window_ends() {
-    let r = PoolRig::new(3).await;
+    let r = TargetRig::new(3).await;
     let window = r.open_breaker("events").await;
     // The window ends; ClickHouse is back but slow, so the probe stays out a while.
     r.ins.set_default(None);
@@ -335,7 +415,7 @@ async fn one_probe_when_several_tables_are_ready_the_instant_a_window_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn a_late_failure_neither_escalates_nor_reopens() {
-    let r = PoolRig::new(3).await;
+    let r = TargetRig::new(3).await;
     // Two flights leave while closed; ClickHouse refuses both, the second much later.
     r.ins.set_default(Some(transport("connection refused")));
     r.ins.set_latency(Duration::from_millis(100));
@@ -372,7 +452,7 @@ async fn a_late_failure_neither_escalates_nor_reopens() {
 
 #[tokio::test(start_paused = true)]
 async fn a_tables_backoff_is_its_own_and_a_neighbours_success_does_not_close_it() {
-    let r = PoolRig::new(3).await;
+    let r = TargetRig::new(3).await;
     r.ins
         .rule(|req| (&*req.table.table == "ro").then(|| Err(unavailable(242).table_scoped())));
     let ro = r.rows("ro", 3);
@@ -395,7 +475,7 @@ async fn a_tables_backoff_is_its_own_and_a_neighbours_success_does_not_close_it(
 
 #[tokio::test(start_paused = true)]
 async fn two_tables_failed_together_get_different_jittered_windows() {
-    let r = PoolRig::new(3).await;
+    let r = TargetRig::new(3).await;
     r.ins.rule(|_| Some(Err(unavailable(242).table_scoped())));
     let a = r.rows("events", 3);
     let b = r.rows("clicks", 3);
@@ -417,43 +497,242 @@ async fn two_tables_failed_together_get_different_jittered_windows() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_breaker_outlives_its_pool_through_the_supervisor() {
-    let mut r = PoolRig::new(3).await;
+async fn the_breaker_outlives_its_pool_through_its_target() {
+    let r = TargetRig::new(3).await;
     r.open_breaker("events").await;
     let left = r.window_left();
-    // The pool dies; the root hands what it last reported to the successor.
-    r.pool
-        .cast(PoolMsg::Debug(PoolDebug::Panic))
-        .expect("the pool runs");
+    // The pool dies; its target respawns it from what it last reported.
+    let asked = r
+        .target
+        .call(
+            |tx| TargetMsg::Debug(TargetDebug::PanicPool(TARGET.into(), tx)),
+            None,
+        )
+        .await
+        .expect("the target answers");
+    assert!(matches!(asked, ractor::rpc::CallResult::Success(true)));
     assert!(
-        r.until(Duration::from_secs(1), |r| r.pool.get_status()
+        r.until(Duration::from_secs(1), |r| r.pool_node()["restarts"] == 1
+            && r.breaker()["state"] == "open")
+            .await,
+        "{}",
+        r.tree()
+    );
+    r.the_window_is_kept(left, Duration::from_millis(250)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_and_a_tables_backoff_outlive_their_target_through_the_supervisor() {
+    let mut r = TargetRig::new(3).await;
+    r.ins
+        .rule(|req| (&*req.table.table == "ro").then(|| Err(unavailable(242).table_scoped())));
+    let ro = r.rows("ro", 3);
+    assert!(r.until(Duration::from_secs(1), |r| r.settled(&ro)).await);
+    r.ins.clear_rules();
+    r.open_breaker("events").await;
+    let left = r.window_left();
+    // The target dies with its pool and tables; the root hands what it last reported
+    // to the successor.
+    r.target
+        .cast(TargetMsg::Debug(TargetDebug::Panic))
+        .expect("the target runs");
+    assert!(
+        r.until(Duration::from_secs(1), |r| r.target.get_status()
             == ractor::ActorStatus::Stopped)
             .await
     );
-    let mut memory = None;
-    while let Ok(m) = r.memories.try_recv() {
-        memory = Some(m);
-    }
-    let memory = memory.expect("the pool reported its memory");
-    let successor = spawn_pool(&r.common, &r.ins, memory, &r.recorder).await;
-    r.pool = successor;
+    let memory = r.last_memory();
+    assert!(
+        memory.tables[&TableKey::new("acme", "ro")]
+            .carry_over
+            .as_ref()
+            .is_some_and(|c| c.still_running()),
+        "the read-only table's backoff is remembered"
+    );
+    r.target = spawn_target(&r.common, &r.servers, memory, &r.recorder).await;
     assert!(
         r.until(Duration::from_millis(100), |r| r.breaker()["state"]
             == "open")
             .await
     );
-    let kept = r.window_left();
-    assert!(
-        kept <= left && kept + Duration::from_millis(150) >= left,
-        "{kept:?} of {left:?}"
+    r.the_window_is_kept(left, Duration::from_millis(150)).await;
+}
+
+// === shards and replicas ===
+
+/// A target of two shards of two replicas: a1, a2 | b1, b2.
+async fn two_by_two(batch_rows: usize) -> TargetRig {
+    let shards = [["a1", "a2"], ["b1", "b2"]]
+        .iter()
+        .map(|s| {
+            s.iter()
+                .map(|n| (n.to_string(), ScriptedInserter::new()))
+                .collect()
+        })
+        .collect();
+    TargetRig::with_servers(batch_rows, shards).await
+}
+
+impl TargetRig {
+    fn server(&self, name: &str) -> &Arc<ScriptedInserter> {
+        &self
+            .servers
+            .replicas
+            .iter()
+            .find(|r| &*r.name == name)
+            .expect("a server of the rig")
+            .inserter
+    }
+
+    fn requests_by_server(&self) -> Vec<usize> {
+        ["a1", "a2", "b1", "b2"]
+            .iter()
+            .map(|n| self.server(n).request_count())
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fresh_batches_take_the_shards_in_turn_and_a_replica_down_is_passed_over_for_its_twin() {
+    let r = two_by_two(3).await;
+    for _ in 0..4 {
+        let seqs = r.rows("events", 3);
+        assert!(r.until(Duration::from_secs(1), |r| r.acked(&seqs)).await);
+    }
+    assert_eq!(
+        r.requests_by_server(),
+        vec![1, 1, 1, 1],
+        "shards in turn, replicas in turn"
     );
-    // And it acts on it: arrivals go back, no request.
-    let before = r.ins.request_count();
-    let arrivals = r.rows("events", 2);
-    assert!(
-        r.until(Duration::from_millis(100), |r| r.settled(&arrivals))
-            .await
+    // a1 goes down: the batch it had goes back, its breaker opens, and shard 1's
+    // batches go to a2 while the window lasts.
+    r.server("a1")
+        .set_default(Some(transport("cannot connect: connection refused")));
+    let lost = r.rows("events", 3);
+    assert!(r.until(Duration::from_secs(1), |r| r.settled(&lost)).await);
+    assert_eq!(r.naks(&lost).len(), 3);
+    assert_eq!(r.replica_breaker("a1"), "open");
+    assert_eq!(r.replica_breaker("a2"), "closed");
+    for _ in 0..4 {
+        let seqs = r.rows("events", 3);
+        assert!(r.until(Duration::from_secs(1), |r| r.acked(&seqs)).await);
+    }
+    assert_eq!(r.requests_by_server(), vec![2, 3, 2, 2]);
+    // The table shows where its last batches went.
+    let last = r.table_node("events")["state"]["last_batches"].clone();
+    let replicas: Vec<&str> = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["replica"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &replicas[replicas.len() - 4..],
+        &["b1", "a2", "b2", "a2"],
+        "{last}"
     );
-    assert_eq!(r.ins.request_count(), before);
-    assert_eq!(r.naks(&arrivals).len(), 2);
+    assert_eq!(r.table_node("events")["state"]["shards"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_with_every_replica_down_leaves_fresh_batches_to_the_other_shard() {
+    let r = two_by_two(3).await;
+    for name in ["a1", "a2"] {
+        r.server(name)
+            .set_default(Some(transport("cannot connect: connection refused")));
+    }
+    let mut handed_back = 0;
+    let mut acked = 0;
+    for _ in 0..8 {
+        let seqs = r.rows("events", 3);
+        assert!(r.until(Duration::from_secs(1), |r| r.settled(&seqs)).await);
+        if r.acked(&seqs) {
+            acked += 1;
+        } else {
+            handed_back += 1;
+        }
+    }
+    assert_eq!(r.replica_breaker("a1"), "open");
+    assert_eq!(r.replica_breaker("a2"), "open");
+    // One batch found each of a1 and a2 down; every other went to shard 2.
+    assert_eq!(handed_back, 2, "{}", r.tree());
+    assert_eq!(acked, 6);
+    assert_eq!(r.requests_by_server(), vec![1, 1, 3, 3]);
+    // Arrivals are not handed back while a server of the target takes rows.
+    assert!(r
+        .pools()
+        .iter()
+        .any(|p| p["state"]["breaker"]["state"] == "closed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_read_only_for_one_table_is_passed_over_for_that_table_only() {
+    let r = two_by_two(3).await;
+    r.server("a1")
+        .rule(|req| (&*req.table.table == "ro").then(|| Err(unavailable(242).table_scoped())));
+    for table in ["ro", "events"] {
+        for _ in 0..4 {
+            let seqs = r.rows(table, 3);
+            assert!(r.until(Duration::from_secs(1), |r| r.settled(&seqs)).await);
+        }
+    }
+    // `ro` met 242 on a1 once: its own backoff there opened, a1's breaker did not.
+    assert_eq!(r.replica_breaker("a1"), "closed", "{}", r.tree());
+    let ro = &r.table_node("ro")["state"];
+    let on_a1 = ro["replica_backoffs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["replica"] == "a1")
+        .unwrap()["backoff"]["state"]
+        .clone();
+    assert_eq!(on_a1, "open", "{ro}");
+    assert_eq!(
+        ro["backoff"]["state"], "closed",
+        "the table still sends elsewhere"
+    );
+    // `events` still went to a1 on its turn; `ro`, after its 242, went to a2 instead.
+    let a1: Vec<String> = r
+        .server("a1")
+        .requests()
+        .iter()
+        .map(|q| q.table.table.to_string())
+        .collect();
+    assert_eq!(a1, vec!["ro", "events"]);
+    assert_eq!(r.server("a2").request_count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admin_tree_names_every_replica_with_its_shard_and_breaker() {
+    let r = two_by_two(3).await;
+    r.server("b2")
+        .set_default(Some(transport("cannot connect: connection refused")));
+    for _ in 0..4 {
+        let seqs = r.rows("events", 3);
+        assert!(r.until(Duration::from_secs(1), |r| r.settled(&seqs)).await);
+    }
+    let pools: Vec<(String, u64, String)> = r
+        .pools()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["state"]["shard"].as_u64().unwrap(),
+                p["state"]["breaker"]["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want = [
+        ("a1", 1, "closed"),
+        ("a2", 1, "closed"),
+        ("b1", 2, "closed"),
+        ("b2", 2, "open"),
+    ]
+    .map(|(n, s, b)| (n.to_owned(), s, b.to_owned()));
+    assert_eq!(pools, want.to_vec());
+    let target = &r.target_node()["state"];
+    assert_eq!(
+        target["shards"],
+        serde_json::json!([["a1", "a2"], ["b1", "b2"]])
+    );
 }

@@ -47,12 +47,8 @@ async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
     r.handle.shutdown().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_and_reports() {
-    let r = simple(10).await;
-    // One flight in the air (slow insert), and rows buffered in another table.
-    r.main().set_latency(Duration::from_secs(2));
-    let flying = r.push(SUBJ, 10, &[]);
+/// Three rows buffered in table `clicks` (under its batch size): their sequences.
+async fn three_buffered_in_clicks(r: &Rig) -> Vec<u64> {
     let held = r.push("ingest.acme.clicks", 3, &[]);
     assert!(
         r.until(Duration::from_secs(1), |r| r
@@ -60,7 +56,17 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
             .is_some_and(|t| t["state"]["buffered_rows"] == 3))
             .await
     );
-    r.handle.inject_pool_panic("main").await.unwrap();
+    held
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles_and_reports() {
+    let r = simple(10).await;
+    // One flight in the air (slow insert), and rows buffered in another table.
+    r.main().set_latency(Duration::from_secs(2));
+    let flying = r.push(SUBJ, 10, &[]);
+    let held = three_buffered_in_clicks(&r).await;
+    r.handle.inject_target_panic("main").await.unwrap();
     r.settled(13).await;
     for s in held {
         assert_eq!(r.journal.terminal(s), vec![Event::DroppedUnsettled]);
@@ -71,7 +77,7 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
     }
     assert!(
         r.until(Duration::from_secs(5), |r| r
-            .node("pool", "main")
+            .node("target", "main")
             .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
             .await,
         "{}",
@@ -83,6 +89,34 @@ async fn a_pool_actor_panic_is_survived_and_a_flight_in_progress_still_settles_a
     assert_eq!(r.journal.acked(), 20);
     assert_eq!(r.journal.parked(), 0);
     r.handle.shutdown().await;
+}
+
+/// A server's pool dies: its tables keep their rows (it supervises none), its target
+/// respawns it and the rows keep landing.
+#[tokio::test(start_paused = true)]
+async fn a_pool_actor_panic_is_survived_and_its_tables_keep_their_rows() {
+    let r = simple(10).await;
+    let held = three_buffered_in_clicks(&r).await;
+    r.handle.inject_pool_panic("main").await.unwrap();
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .node("pool", "main")
+            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    assert!(held.iter().all(|s| r.journal.terminal(*s).is_empty()));
+    r.push(SUBJ, 10, &[]);
+    r.settled(10).await;
+    assert_eq!(r.journal.acked(), 10);
+    assert!(r
+        .table("acme.clicks")
+        .is_some_and(|t| t["restarts"] == 0 && t["state"]["buffered_rows"] == 3));
+    r.handle.shutdown().await;
+    assert!(held
+        .iter()
+        .all(|s| r.journal.terminal(*s) == vec![Event::Acked]));
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,8 +223,17 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
     let journal = sluice_actors::testkit::Journal::new();
     ins.set_default(Some(transport("connection refused")));
     queue.push(journal.rows(SUBJ, 2));
+    // root > target > pool: the server's breaker.
     let breaker = |h: &PipelineHandle<_>| {
-        h.tree_json()["children"]
+        let tree = h.tree_json();
+        let target = tree["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == "target" && c["name"] == "main")
+            .unwrap()
+            .clone();
+        target["children"]
             .as_array()
             .unwrap()
             .iter()
@@ -322,8 +365,8 @@ async fn shutdown_past_its_deadline_hands_back_what_is_still_in_flight() {
 async fn a_core_actor_that_cannot_be_respawned_makes_the_pipeline_fatal() {
     let r = simple(5).await;
     assert!(r.handle.fatal_reason().is_none());
-    r.handle.fail_spawns("pool", 100);
-    r.handle.inject_pool_panic("main").await.unwrap();
+    r.handle.fail_spawns("target", 100);
+    r.handle.inject_target_panic("main").await.unwrap();
     let why = tokio::time::timeout(Duration::from_secs(60), r.handle.fatal())
         .await
         .expect("fatal in time");

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use async_nats::jetstream;
+use sluice_harness::clickhouse::{distributed, ClickHouseCluster};
 use sluice_harness::{NatsFlavor, ProcessSpec, SluiceProcess, Stack, StackOptions, TENANT};
 
 use crate::procfs;
 use crate::publish::{self, Batch};
 use crate::report::{self, Measured, Report};
-use crate::rows::{create_table_sql, RowGen};
+use crate::rows::{create_table_sql, RowGen, COLUMNS};
 use crate::{Phase, RunArgs};
 
 /// The reference loop's stream (a work queue allows one unfiltered consumer, so the
@@ -27,6 +28,8 @@ const REF_PREFIX: &str = "benchref";
 const REF_CONSUMER: &str = "reference";
 /// How often the watcher looks at ClickHouse, the consumer and /readyz.
 const POLL: Duration = Duration::from_millis(20);
+/// The `cluster` phase's layout: shards, replicas.
+const CLUSTER: (usize, usize) = (2, 2);
 
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let sluice_bin = sluice_binary(args.sluice.as_deref())?;
@@ -111,6 +114,10 @@ struct Bench {
     next_id: u64,
     nats_version: String,
     clickhouse_version: String,
+    /// The `cluster` phase's servers, started for its first run (on the stack's
+    /// ZooKeeper), and the tables made on them.
+    cluster: Option<ClickHouseCluster>,
+    cluster_tables: Vec<String>,
 }
 
 /// One reading of every clock the figures come from.
@@ -167,7 +174,7 @@ impl Bench {
             nats: Some(flavor),
             ..StackOptions::default()
         };
-        if args.phases.contains(&Phase::ExactlyOnce) {
+        if args.phases.contains(&Phase::ExactlyOnce) || args.phases.contains(&Phase::Cluster) {
             options = options.with_zookeeper();
         }
         let mut stack = Stack::start(options)
@@ -225,7 +232,62 @@ impl Bench {
             next_id: 1,
             nats_version,
             clickhouse_version,
+            cluster: None,
+            cluster_tables: Vec::new(),
         })
+    }
+
+    /// The `cluster` phase's table: each shard's Replicated local table, and a
+    /// `Distributed` one over them to count through (the cluster started first).
+    async fn cluster_table(&mut self, table: &str) -> Result<()> {
+        if self.cluster.is_none() {
+            let zookeeper = self
+                .stack
+                .zookeeper
+                .as_ref()
+                .context("the cluster phase needs the stack's ZooKeeper")?;
+            let root = zookeeper.new_root().await?;
+            let (shards, replicas) = CLUSTER;
+            let started = Instant::now();
+            self.cluster = Some(ClickHouseCluster::start(&root, shards, replicas).await?);
+            eprintln!(
+                "   started a cluster of {shards} shards x {replicas} replicas in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let cluster = self.cluster.as_ref().context("started above")?;
+        cluster.create_table(table, COLUMNS, "id").await?;
+        self.cluster_tables.push(table.to_owned());
+        Ok(())
+    }
+
+    /// Where Sluice's target points for `table`'s phase: the cluster's shards for the
+    /// `cluster` phase (its `url` unset), the stack's server otherwise (`None`: unset).
+    fn target_overrides(&self, table: &str) -> Vec<(&'static str, Option<toml::Value>)> {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| self.is_cluster(table)) else {
+            return Vec::new();
+        };
+        let shards = cluster.shard_urls().into_iter().map(toml::Value::String);
+        vec![
+            ("clickhouse.targets.main.url", None),
+            (
+                "clickhouse.targets.main.shards",
+                Some(toml::Value::Array(shards.collect())),
+            ),
+        ]
+    }
+
+    fn is_cluster(&self, table: &str) -> bool {
+        self.cluster_tables.iter().any(|t| t == table)
+    }
+
+    /// Rows `table` holds: on the stack's server, or on a cluster through its
+    /// `Distributed` table.
+    async fn landed(&self, table: &str) -> Result<u64> {
+        match self.cluster.as_ref().filter(|_| self.is_cluster(table)) {
+            Some(cluster) => cluster.node(0, 0).count(&distributed(table)).await,
+            None => self.stack.clickhouse.count(table).await,
+        }
     }
 
     async fn context(&self) -> report::Context {
@@ -260,7 +322,9 @@ impl Bench {
     async fn phase(&mut self, phase: Phase, rep: usize) -> Result<Measured> {
         // Table names take no `-` (api-unbatched).
         let table = format!("{}_{rep}", phase.name().replace('-', "_"));
-        if phase == Phase::ExactlyOnce {
+        if phase == Phase::Cluster {
+            self.cluster_table(&table).await?;
+        } else if phase == Phase::ExactlyOnce {
             // A plain table to copy the columns from, then the Replicated one.
             let plain = format!("{table}_plain");
             self.stack
@@ -287,7 +351,7 @@ impl Bench {
             Phase::Outage => self.outage(&table).await?,
             Phase::Api => self.api(&table, None).await?,
             Phase::ApiUnbatched => self.api(&table, Some(1)).await?,
-            Phase::ExactlyOnce => self.sluice_drain(&table, false, 1).await?,
+            Phase::ExactlyOnce | Phase::Cluster => self.sluice_drain(&table, false, 1).await?,
         };
         m.phase = phase.name();
         m.run = rep;
@@ -376,7 +440,7 @@ impl Bench {
         // Many rows to a message: the same knobs as the one-row phases, which count
         // rows (`pull_batch`, `max_held_rows`: the source asks for messages by the rows
         // they bring), so the same rows are in flight and per pull.
-        let overrides: Vec<(&str, toml::Value)> = Vec::new();
+        let overrides = self.target_overrides(table);
         let spawned = Instant::now();
         let index = self.sluice_with(&overrides, false).await?;
         let pid = self.stack.sluice[index].pid();
@@ -522,8 +586,8 @@ impl Bench {
     async fn api(&mut self, table: &str, chunk_rows: Option<usize>) -> Result<Measured> {
         let (first_id, count) = (self.next_id, self.args.rows());
         self.next_id += count;
-        let overrides: Vec<(&str, toml::Value)> = chunk_rows
-            .map(|rows| ("api.chunk_rows", toml::Value::from(rows as i64)))
+        let overrides: Vec<(&str, Option<toml::Value>)> = chunk_rows
+            .map(|rows| ("api.chunk_rows", Some(toml::Value::from(rows as i64))))
             .into_iter()
             .collect();
         let spawned = Instant::now();
@@ -611,7 +675,7 @@ impl Bench {
     /// only; waits for `/readyz` when `ready`. Returns its index.
     async fn sluice_with(
         &mut self,
-        overrides: &[(&str, toml::Value)],
+        overrides: &[(&str, Option<toml::Value>)],
         ready: bool,
     ) -> Result<usize> {
         let saved: Vec<(&str, Option<toml::Value>)> = overrides
@@ -619,7 +683,10 @@ impl Bench {
             .map(|(key, _)| (*key, self.config_value(key)))
             .collect();
         for (key, value) in overrides {
-            self.stack.set(key, value.clone());
+            match value {
+                Some(value) => self.stack.set(key, value.clone()),
+                None => self.stack.unset(key),
+            }
         }
         let started = if ready {
             self.start_sluice().await
@@ -729,10 +796,19 @@ impl Bench {
                 .ok()
                 .and_then(|n| n.pid())
                 .and_then(procfs::cpu_seconds),
-            clickhouse_cpu: self.stack.clickhouse.pid().and_then(procfs::cpu_seconds),
+            clickhouse_cpu: self.clickhouse_cpu(),
             bench_cpu: procfs::self_cpu_seconds(),
             machine_busy: procfs::machine_busy_seconds(),
         }
+    }
+
+    /// Every ClickHouse server's CPU (the stack's, and a cluster's once started).
+    fn clickhouse_cpu(&self) -> Option<f64> {
+        let cluster = self.cluster.iter().flat_map(|c| &c.nodes);
+        std::iter::once(&self.stack.clickhouse)
+            .chain(cluster)
+            .map(|server| server.pid().and_then(procfs::cpu_seconds))
+            .sum()
     }
 
     /// The consumer's delivered sequence (0 before it exists).
@@ -786,7 +862,7 @@ impl Bench {
                     }
                 }
             }
-            count = self.stack.clickhouse.count(w.table).await.unwrap_or(count);
+            count = self.landed(w.table).await.unwrap_or(count);
             if count > 0 && first_row.is_none() {
                 first_row = Some((Instant::now(), count));
             }
@@ -839,13 +915,18 @@ impl Bench {
         })
     }
 
-    /// Count what landed: distinct ids, duplicates, lost rows, parked rows.
+    /// Count what landed: distinct ids, duplicates, lost rows, parked rows (a
+    /// cluster's through its `Distributed` table, once every replica fetched its
+    /// twin's parts).
     async fn verify(&self, table: &str, m: &mut Measured) -> Result<()> {
-        let answer = self
-            .stack
-            .clickhouse
-            .exec(&format!("SELECT count(), uniqExact(id) FROM {table}"))
-            .await?;
+        let sql = |t: &str| format!("SELECT count(), uniqExact(id) FROM {t}");
+        let answer = match self.cluster.as_ref().filter(|_| self.is_cluster(table)) {
+            Some(cluster) => {
+                cluster.sync_replicas(table).await?;
+                cluster.node(0, 0).exec(&sql(&distributed(table))).await?
+            }
+            None => self.stack.clickhouse.exec(&sql(table)).await?,
+        };
         let mut it = answer.split_whitespace().map(|v| v.parse::<u64>());
         let (Some(Ok(count)), Some(Ok(distinct))) = (it.next(), it.next()) else {
             bail!("unexpected answer to the count of {table}: {answer:?}");

@@ -1,4 +1,4 @@
-//! `sluice-bench`: the benchmark of DESIGN.md "Performance", run on demand (never as a
+//! `sluice-bench`: the benchmark of the performance targets (docs/benchmark.md), run on demand (never as a
 //! timed test). It starts its own nats-server and clickhouse-server on loopback,
 //! publishes the rows, and in one run measures the minimal reference loop and the real
 //! `sluice run` binary side by side on the same servers and rows:
@@ -15,7 +15,10 @@
 //!   row counted; `api-unbatched` the same with `[api] chunk_rows = 1`, one row per
 //!   message, as the API published before it chunked;
 //! - `exactly-once`: like `sluice`, into a `ReplicatedMergeTree` table (ZooKeeper
-//!   started for it): every batch recorded in the manifest bucket before its insert.
+//!   started for it): every batch recorded in the manifest bucket before its insert;
+//! - `cluster`: like `exactly-once`, into a cluster of 2 shards × 2 replicas on the same
+//!   machine (each shard's Replicated local table, counted through a `Distributed`
+//!   table): the rate and Sluice's CPU per row against `exactly-once`'s one server.
 //!
 //! It prints rows/s, CPU µs per row (utime+stime from /proc ÷ rows), peak RSS (VmHWM)
 //! and each target's ratio, as a table and as JSON. See docs/benchmark.md.
@@ -82,6 +85,9 @@ pub enum Phase {
     /// (g) as (b), into a `ReplicatedMergeTree` table: exactly-once, every batch
     /// recorded in the manifest bucket (the stack gets a ZooKeeper for it).
     ExactlyOnce,
+    /// (h) as (g), into a cluster of 2 shards × 2 replicas (started for it, beside the
+    /// one server): batches spread over the shards, each recorded with its shard.
+    Cluster,
 }
 
 impl Phase {
@@ -96,6 +102,7 @@ impl Phase {
             Phase::Api => "api",
             Phase::ApiUnbatched => "api-unbatched",
             Phase::ExactlyOnce => "exactly-once",
+            Phase::Cluster => "cluster",
         }
     }
 }
@@ -112,7 +119,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "reference,sluice,exactly-once,batched,live,bad,outage,api,api-unbatched"
+        default_value = "reference,sluice,exactly-once,cluster,batched,live,bad,outage,api,api-unbatched"
     )]
     phases: Vec<Phase>,
     /// Run the phases this many times (interleaved: a b c... a b c...); figures are medians.

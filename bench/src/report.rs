@@ -1,4 +1,4 @@
-//! The figures, the targets of DESIGN.md "Performance" with each ratio, as a table and
+//! The figures, the performance targets (docs/benchmark.md) with each ratio, as a table and
 //! as JSON. With several runs, a phase's figure is the median over its least disturbed
 //! runs: those during which other processes used at most 0.1 core more than in the
 //! phase's quietest run (peak RSS: the maximum of every run). The machine is shared
@@ -307,7 +307,40 @@ impl Report {
         });
         out.extend(self.many_rows_targets());
         out.extend(self.exactly_once_targets());
+        out.extend(self.cluster_targets());
         out
+    }
+
+    /// Issue 22's targets, where the phase ran: a 2 × 2 cluster against one server
+    /// (both exactly-once, on the same machine).
+    fn cluster_targets(&self) -> Vec<Target> {
+        if self.of("cluster").is_empty() || self.of("exactly-once").is_empty() {
+            return Vec::new();
+        }
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let rate_cluster = self.med("cluster", |m| Some(m.rows_per_sec));
+        let rate_one = self.med("exactly-once", |m| Some(m.rows_per_sec));
+        let cpu_cluster = self.med("cluster", |m| m.cpu_us_per_row);
+        let cpu_one = self.med("exactly-once", |m| m.cpu_us_per_row);
+        let r = ratio(cpu_cluster, cpu_one);
+        vec![
+            Target {
+                name: "rows/s: 2x2 cluster vs one server (same machine)".into(),
+                figure: rate(rate_cluster),
+                reference: rate(rate_one),
+                ratio: ratio(rate_cluster, rate_one),
+                wanted: "(reported)",
+                met: None,
+            },
+            Target {
+                name: "Sluice CPU µs/row: 2x2 cluster vs one server".into(),
+                figure: opt(cpu_cluster, 2),
+                reference: opt(cpu_one, 2),
+                ratio: r,
+                wanted: "<= 1.10",
+                met: r.map(|r| r <= 1.10),
+            },
+        ]
     }
 
     /// Issue 10's targets, where the phase ran: exactly-once against at-least-once.

@@ -6,12 +6,14 @@ use std::fmt::Write as _;
 
 /// The table every phase inserts into (one table per phase and repetition).
 pub fn create_table_sql(table: &str) -> String {
-    format!(
-        "CREATE TABLE {table} (id UInt64, ts DateTime, tenant String, user_id UInt32, \
-         event String, url String, country String, duration_ms UInt32, session String, \
-         note String) ENGINE = MergeTree ORDER BY id"
-    )
+    format!("CREATE TABLE {table} ({COLUMNS}) ENGINE = MergeTree ORDER BY id")
 }
+
+/// The columns of the rows [`RowGen`] makes (the `cluster` phase creates its tables
+/// with them too).
+pub const COLUMNS: &str = "id UInt64, ts DateTime, tenant String, user_id UInt32, \
+                           event String, url String, country String, duration_ms UInt32, \
+                           session String, note String";
 
 const EVENTS: [&str; 6] = [
     "page_view",

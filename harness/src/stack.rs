@@ -18,7 +18,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::clickhouse::{ClickHouseOptions, ClickHouseServer, Replication};
+use crate::clickhouse::{
+    create_cluster_table, shard_urls, sync_replicas, ClickHouseCluster, ClickHouseOptions,
+    ClickHouseServer, Replication,
+};
 use crate::nats::{NatsCluster, NatsFlavor};
 use crate::ports::free_port;
 use crate::process::ProcessSpec;
@@ -48,6 +51,9 @@ pub struct StackOptions {
     /// nats-servers joined in a JetStream cluster (0 or 1: one standalone server).
     /// Sluice gets every node as a seed and `[nats] replicas` set to their number.
     pub nats_nodes: usize,
+    /// A cluster of (shards, replicas) ClickHouse servers on one ZooKeeper instead of
+    /// one server, the target `main` listing them all (`shards`).
+    pub cluster: Option<(usize, usize)>,
 }
 
 impl StackOptions {
@@ -64,6 +70,13 @@ impl StackOptions {
     /// NATS as a three-node JetStream cluster, the streams and the bucket R3.
     pub fn with_nats_cluster(mut self) -> Self {
         self.nats_nodes = 3;
+        self
+    }
+
+    /// `shards` × `replicas` ClickHouse servers ([`ClickHouseCluster`]) instead of one.
+    pub fn with_cluster(mut self, shards: usize, replicas: usize) -> Self {
+        self.cluster = Some((shards, replicas));
+        self.zookeeper = true;
         self
     }
 
@@ -86,7 +99,13 @@ pub struct Stack {
     pub proxy: Option<FaultProxy>,
     /// One nats-server, or every node of a cluster ([`StackOptions::with_nats_cluster`]).
     pub nats: NatsCluster,
+    /// The ClickHouse server; of a cluster ([`StackOptions::with_cluster`]), replica 1
+    /// of shard 1.
     pub clickhouse: ClickHouseServer,
+    /// A cluster's other servers, shard by shard (see [`Stack::node`]).
+    pub cluster_nodes: Vec<ClickHouseServer>,
+    /// A cluster's (shards, replicas).
+    pub cluster: Option<(usize, usize)>,
     /// ClickHouse's ZooKeeper, with [`StackOptions::with_zookeeper`] (dropped after it).
     pub zookeeper: Option<ZooKeeper>,
     /// The configuration written for the next `start_sluice`; edit with [`Stack::set`].
@@ -107,10 +126,21 @@ impl Stack {
             Some(f) => f,
             None => NatsFlavor::from_env()?,
         };
-        let (nats, (clickhouse, zookeeper)) = tokio::try_join!(
+        let (nats, (mut clickhouse, zookeeper)) = tokio::try_join!(
             NatsCluster::start(flavor, options.nats_nodes, options.nats_args.clone()),
-            start_clickhouse(options.zookeeper)
+            start_clickhouse(options.zookeeper, options.cluster)
         )?;
+        let cluster_nodes = if clickhouse.len() > 1 {
+            clickhouse.split_off(1)
+        } else {
+            Vec::new()
+        };
+        let Some(clickhouse) = clickhouse.pop() else {
+            bail!("no ClickHouse server started");
+        };
+        if options.cluster.is_some() && options.proxy {
+            bail!("a cluster stack has no fault proxy: fault its servers themselves");
+        }
         let proxy = if options.proxy {
             Some(FaultProxy::start(clickhouse.http_addr()).await?)
         } else {
@@ -133,12 +163,14 @@ impl Stack {
             }
         }
         let http = crate::http::loopback_client(Duration::from_secs(30))?;
-        Ok(Stack {
+        let mut stack = Stack {
             sluice: Vec::new(),
             sluice_ports: Vec::new(),
             proxy,
             nats,
             clickhouse,
+            cluster_nodes,
+            cluster: options.cluster,
             zookeeper,
             config,
             api_port,
@@ -146,7 +178,58 @@ impl Stack {
             env: vec![("SLUICE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into())],
             dir,
             http,
-        })
+        };
+        if let Some((_, replicas)) = stack.cluster {
+            let shards = shard_urls(&stack.nodes(), replicas);
+            stack.unset("clickhouse.targets.main.url");
+            stack.set("clickhouse.targets.main.shards", shards);
+        }
+        Ok(stack)
+    }
+
+    /// Replica `replica` of shard `shard` (0-based) of a cluster stack; (0, 0) is
+    /// [`Stack::clickhouse`].
+    pub fn node(&self, shard: usize, replica: usize) -> &ClickHouseServer {
+        match self.node_index(shard, replica) {
+            0 => &self.clickhouse,
+            i => &self.cluster_nodes[i - 1],
+        }
+    }
+
+    pub fn node_mut(&mut self, shard: usize, replica: usize) -> &mut ClickHouseServer {
+        match self.node_index(shard, replica) {
+            0 => &mut self.clickhouse,
+            i => &mut self.cluster_nodes[i - 1],
+        }
+    }
+
+    fn node_index(&self, shard: usize, replica: usize) -> usize {
+        let replicas = self.cluster.map_or(1, |(_, r)| r);
+        shard * replicas + replica
+    }
+
+    /// Every ClickHouse server of the stack, shard by shard.
+    pub fn nodes(&self) -> Vec<&ClickHouseServer> {
+        std::iter::once(&self.clickhouse)
+            .chain(&self.cluster_nodes)
+            .collect()
+    }
+
+    /// On a cluster stack: `table` as each shard's `ReplicatedMergeTree` local table on
+    /// every server, and `{table}_all` over them (see [`create_cluster_table`]).
+    pub async fn create_cluster_table(
+        &self,
+        table: &str,
+        columns: &str,
+        order_by: &str,
+    ) -> Result<()> {
+        create_cluster_table(&self.nodes(), table, columns, order_by).await
+    }
+
+    /// On a cluster stack: waits until every replica fetched its twins' parts of
+    /// `table` (see [`sync_replicas`]).
+    pub async fn sync_replicas(&self, table: &str) -> Result<()> {
+        sync_replicas(&self.nodes(), table).await
     }
 
     /// Set a configuration key by its dotted path, e.g. `set("ingest.batch_age", "200ms")`
@@ -537,16 +620,24 @@ impl Stack {
     }
 }
 
-/// ClickHouse, after its ZooKeeper (and a root of its own there) when asked for one.
-async fn start_clickhouse(zookeeper: bool) -> Result<(ClickHouseServer, Option<ZooKeeper>)> {
+/// ClickHouse (one server, or a cluster's, shard by shard), after its ZooKeeper (and a
+/// root of its own there) when asked for one.
+async fn start_clickhouse(
+    zookeeper: bool,
+    cluster: Option<(usize, usize)>,
+) -> Result<(Vec<ClickHouseServer>, Option<ZooKeeper>)> {
     if !zookeeper {
-        return Ok((ClickHouseServer::start().await?, None));
+        return Ok((vec![ClickHouseServer::start().await?], None));
     }
     let zookeeper = ZooKeeper::start().await?;
     let root = zookeeper.new_root().await?;
+    if let Some((shards, replicas)) = cluster {
+        let cluster = ClickHouseCluster::start(&root, shards, replicas).await?;
+        return Ok((cluster.nodes, Some(zookeeper)));
+    }
     let options = ClickHouseOptions::default().replicated(Replication::new(root));
     Ok((
-        ClickHouseServer::start_with(options).await?,
+        vec![ClickHouseServer::start_with(options).await?],
         Some(zookeeper),
     ))
 }

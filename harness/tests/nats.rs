@@ -86,6 +86,13 @@ async fn starts_with_jetstream_on_a_loopback_port() -> Result<()> {
         "{store} is not under {}",
         server.store_dir().display()
     );
+    // A set storage limit, not the disk space free when it started: Sluice's default
+    // streams (2.25 GiB) fit whatever the machine has left.
+    assert_eq!(
+        jsz["config"]["max_storage"].as_u64(),
+        Some(64 << 30),
+        "{jsz}"
+    );
     assert_eq!(server.version(), flavor.version()?);
     stream_with_messages(&server, "SMOKE", 2).await?;
     assert_eq!(messages_in(&server, "SMOKE").await?, 2);

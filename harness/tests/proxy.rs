@@ -314,6 +314,31 @@ async fn reset_resets_the_connection() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_since_lists_what_came_after_a_moment() -> Result<()> {
+    let proxy = proxy_to_nowhere().await?;
+    proxy.set_mode(Respond::ok("1\n")).await?;
+    let client = client(DEADLINE)?;
+    post(&client, &proxy, "SELECT 1").await?;
+    post(&client, &proxy, "SELECT 2").await?;
+    let moment = proxy.requests_seen();
+    assert!(proxy.requests_since(moment).is_empty());
+    post(&client, &proxy, "SELECT 3").await?;
+    let after: Vec<String> = proxy
+        .requests_since(moment)
+        .iter()
+        .map(|r| r.body_prefix.clone())
+        .collect();
+    assert_eq!(after, ["SELECT 3"]);
+    // Numbers keep counting across a cleared log.
+    proxy.clear_requests();
+    post(&client, &proxy, "SELECT 4").await?;
+    let after: Vec<u64> = proxy.requests_since(moment).iter().map(|r| r.seq).collect();
+    assert_eq!(after, [3]);
+    assert_eq!(proxy.requests_since(0).len(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stall_never_answers() -> Result<()> {
     let proxy = proxy_to_nowhere().await?;
     proxy.set_mode(Mode::Stall).await?;
@@ -349,7 +374,17 @@ async fn dropping_the_proxy_resets_stalled_connections() -> Result<()> {
     let outcome = waiting.await?;
     let error = outcome.err().context("a stalled request got an answer")?;
     assert_eq!(error.kind(), ErrorKind::ConnectionReset, "{error}");
-    assert!(TcpStream::connect(addr).is_err(), "the port is still open");
+    // The listener closes when the runtime drops the aborted listener task, which may
+    // come after the connection tasks ran their resets: wait for it, not assume it.
+    wait_until(
+        "the dropped proxy's port to refuse",
+        DEADLINE,
+        POLL,
+        || async move {
+            TcpStream::connect(addr).is_err_and(|e| e.kind() == ErrorKind::ConnectionRefused)
+        },
+    )
+    .await?;
     Ok(())
 }
 

@@ -7,14 +7,18 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::{error, AdminState};
 use crate::config::{is_table_name, is_tenant_name, TABLE_NAME_RULE, TENANT_NAME_RULE};
+use crate::nats::ParkedRow;
 
 /// The most rows one peek or replay takes.
-const MAX_LIMIT: usize = 10_000;
+pub const MAX_LIMIT: usize = 10_000;
+/// Rows a replay takes when the request names no `limit`.
+pub const REPLAY_DEFAULT: usize = 1000;
+/// Rows a peek shows when the request names no `limit`.
+pub const PEEK_DEFAULT: usize = 20;
 
 pub async fn counts(State(state): State<Arc<AdminState>>) -> Response {
     match state.dlq.counts().await {
@@ -26,8 +30,41 @@ pub async fn counts(State(state): State<Arc<AdminState>>) -> Response {
 #[derive(Deserialize)]
 pub struct PeekParams {
     limit: Option<usize>,
+    /// Show rows whose DLQ sequence is above this (the previous page's `next_after`).
+    after: Option<u64>,
 }
 
+/// One page of a table's parked rows (as `sluice dlq peek` reads it too).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeekPage {
+    pub tenant: String,
+    pub table: String,
+    pub rows: Vec<ParkedRow>,
+    /// `after` for the next page; `null` when this page is the last.
+    pub next_after: Option<u64>,
+}
+
+/// The answer to a purge.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Purged {
+    pub tenant: String,
+    pub table: String,
+    pub purged: u64,
+}
+
+/// A replay request (as `sluice dlq replay` sends it too).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    pub tenant: String,
+    pub table: String,
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `GET /admin/dlq/{tenant}/{table}?limit=&after=`: parked rows, oldest first, a page
+/// at a time, without consuming them.
 pub async fn peek(
     State(state): State<Arc<AdminState>>,
     Path((tenant, table)): Path<(String, String)>,
@@ -38,23 +75,29 @@ pub async fn peek(
     }
     let Query(params) = match params {
         Ok(p) => p,
-        Err(e) => return bad_query("?limit=<rows>", e),
+        Err(e) => return bad_query("?limit=<rows>&after=<sequence>", e),
     };
-    let limit = params.limit.unwrap_or(20).min(MAX_LIMIT);
-    match state.dlq.peek(&tenant, &table, limit).await {
-        Ok(rows) => Json(json!({ "tenant": tenant, "table": table, "rows": rows })).into_response(),
+    let limit = match checked_limit(params.limit, PEEK_DEFAULT) {
+        Ok(l) => l,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    let after = params.after.unwrap_or(0);
+    match state.dlq.peek_after(&tenant, &table, after, limit).await {
+        Ok(rows) => {
+            // A full page may have a next one; a short one is the last.
+            let next_after = (limit > 0 && rows.len() == limit)
+                .then(|| rows.last().map(|r| r.sequence))
+                .flatten();
+            Json(PeekPage {
+                tenant,
+                table,
+                rows,
+                next_after,
+            })
+            .into_response()
+        }
         Err(e) => unavailable(e),
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayRequest {
-    tenant: String,
-    table: String,
-    limit: Option<usize>,
-    #[serde(default)]
-    dry_run: bool,
 }
 
 pub async fn replay(
@@ -76,7 +119,10 @@ pub async fn replay(
     if let Some(refusal) = bad_names(&request.tenant, &request.table) {
         return refusal;
     }
-    let limit = request.limit.unwrap_or(1000).min(MAX_LIMIT);
+    let limit = match checked_limit(request.limit, REPLAY_DEFAULT) {
+        Ok(l) => l,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
     match state
         .dlq
         .replay(&request.tenant, &request.table, limit, request.dry_run)
@@ -114,10 +160,25 @@ pub async fn purge(
         );
     }
     match state.dlq.purge(&tenant, &table).await {
-        Ok(purged) => {
-            Json(json!({ "tenant": tenant, "table": table, "purged": purged })).into_response()
-        }
+        Ok(purged) => Json(Purged {
+            tenant,
+            table,
+            purged,
+        })
+        .into_response(),
         Err(e) => unavailable(e),
+    }
+}
+
+/// The `limit` asked for (else `default`), or why one over [`MAX_LIMIT`] is refused: a
+/// request for more is told so rather than quietly given less.
+fn checked_limit(asked: Option<usize>, default: usize) -> Result<usize, String> {
+    match asked {
+        None => Ok(default),
+        Some(n) if n <= MAX_LIMIT => Ok(n),
+        Some(n) => Err(format!(
+            "limit {n} is over {MAX_LIMIT}: take at most {MAX_LIMIT} rows a request"
+        )),
     }
 }
 

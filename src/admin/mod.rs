@@ -1,13 +1,18 @@
 //! The admin endpoint, on its own port: health and readiness for the orchestrator,
-//! Prometheus metrics, the live actor tree, the DLQ tools and a small page.
+//! Prometheus metrics, the live actor tree, each table's row rates, the NATS side, the
+//! DLQ tools, the page an operator acts from, and the endpoint's OpenAPI document.
 //!
-//! `/healthz`, `/readyz` and `/metrics` answer without a token (probes and scrapers
-//! rarely carry secrets; they reveal no row data). Everything under `/admin/` except
-//! the page itself wants `Authorization: Bearer <token>` when a token is configured;
-//! without one, the endpoint is bound to loopback only (see `config`).
+//! `/healthz`, `/readyz`, `/metrics`, the page with its assets and `/openapi.json`
+//! answer without a token (probes and scrapers rarely carry secrets; none of them
+//! reveals row data). Every other route under `/admin/` wants
+//! `Authorization: Bearer <token>` when a token is configured; without one, the
+//! endpoint is bound to loopback only (see `config`).
 
 mod auth;
 mod dlq;
+pub mod history;
+mod nats;
+mod openapi;
 mod page;
 
 use std::sync::Arc;
@@ -23,6 +28,10 @@ use serde_json::json;
 
 use crate::config::{is_table_name, is_tenant_name, Secret};
 use crate::nats::Dlq;
+use crate::openapi::Routes;
+pub use dlq::{PeekPage, Purged, ReplayRequest, MAX_LIMIT as DLQ_MAX_LIMIT};
+use history::{RatesView, SharedHistory};
+pub use nats::NatsView;
 
 /// What the admin endpoint reads from the running pipeline, without waiting on it.
 pub trait PipelineView: Send + Sync + 'static {
@@ -36,21 +45,50 @@ pub trait PipelineView: Send + Sync + 'static {
     fn inject_pool_panic(&self, target: &str) -> BoxFuture<'_, Result<(), String>>;
 }
 
-/// Whether NATS is connected right now (for readiness).
-pub type NatsConnected = Arc<dyn Fn() -> bool + Send + Sync>;
-
 pub struct AdminState {
     pub token: Option<Secret>,
     pub pipeline: Arc<dyn PipelineView>,
-    pub nats_connected: NatsConnected,
+    pub nats: NatsView,
     pub dlq: Dlq,
     pub metrics: PrometheusHandle,
+    /// The last ten minutes of each table's row rates.
+    pub history: Arc<SharedHistory>,
     pub fault_injection: bool,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
-    let protected = Router::new()
+    let protected = protected_routes().map(|r| {
+        r.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
+    });
+    public_routes()
+        .merge(protected)
+        .map(|r| r.with_state(state))
+        .into_router()
+}
+
+/// What answers without a token.
+fn public_routes() -> Routes<Arc<AdminState>> {
+    Routes::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::document))
+        .route("/favicon.ico", get(page::favicon))
+        .route("/admin", get(page::page))
+        .route("/admin/", get(page::page))
+        .route(page::SCRIPT_PATH, get(page::script))
+        .route(page::STYLE_PATH, get(page::style))
+}
+
+/// What wants the admin token (when one is configured).
+fn protected_routes() -> Routes<Arc<AdminState>> {
+    Routes::new()
         .route("/admin/actors", get(actors))
+        .route("/admin/rates", get(rates))
+        .route("/admin/nats", get(nats_overview))
         .route("/admin/dlq", get(dlq::counts))
         .route("/admin/dlq/replay", post(dlq::replay))
         .route(
@@ -59,18 +97,6 @@ pub fn router(state: Arc<AdminState>) -> Router {
         )
         .route("/admin/debug/panic/{tenant}/{table}", post(panic_table))
         .route("/admin/debug/panic-pool/{target}", post(panic_pool))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/admin", get(page::page))
-        .route("/admin/", get(page::page))
-        .merge(protected)
-        .with_state(state)
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -79,7 +105,7 @@ async fn healthz() -> Json<serde_json::Value> {
 
 async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     let mut reasons = Vec::new();
-    if !(state.nats_connected)() {
+    if !state.nats.connected() {
         reasons.push("NATS is not connected".to_string());
     }
     if let Err(more) = state.pipeline.readiness() {
@@ -109,6 +135,14 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
 
 async fn actors(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
     Json(state.pipeline.tree_json())
+}
+
+async fn rates(State(state): State<Arc<AdminState>>) -> Json<RatesView> {
+    Json(state.history.view())
+}
+
+async fn nats_overview(State(state): State<Arc<AdminState>>) -> Json<nats::NatsOverview> {
+    Json(state.nats.overview(&state.pipeline.tree_json()))
 }
 
 async fn panic_table(

@@ -14,6 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::headers::{self, RepeatedHeader};
 use crate::config::{is_tenant_name, AuthMode, Config, TENANT_NAME_RULE};
 
 /// The header naming the tenant when `auth = "none"`.
@@ -41,9 +42,8 @@ pub enum TenantError {
     InvalidTenantName(String),
     /// 404: a well-formed name no tenant has.
     UnknownTenant(String),
-    /// 400: `Authorization` or `X-Tenant` sent more than once. Taking the first would
-    /// let a client's own header win over one a proxy appends.
-    RepeatedHeader(&'static str),
+    /// 400: `Authorization` or `X-Tenant` sent more than once (`api::headers`).
+    RepeatedHeader(RepeatedHeader),
 }
 
 impl TenantError {
@@ -93,13 +93,13 @@ impl fmt::Display for TenantError {
                 )
             }
             TenantError::InvalidTenantName(shown) => {
-                write!(f, "X-Tenant {shown} is not a tenant name ({TENANT_NAME_RULE})")
+                write!(
+                    f,
+                    "X-Tenant {shown} is not a tenant name ({TENANT_NAME_RULE})"
+                )
             }
             TenantError::UnknownTenant(name) => write!(f, "no tenant named {name:?}"),
-            TenantError::RepeatedHeader(name) => write!(
-                f,
-                "the {name} header is sent more than once: send it once (which one counts would be a guess)"
-            ),
+            TenantError::RepeatedHeader(repeated) => write!(f, "{repeated}"),
         }
     }
 }
@@ -198,12 +198,7 @@ fn once<'h>(
     name: &str,
     shown: &'static str,
 ) -> Result<Option<&'h HeaderValue>, TenantError> {
-    let mut values = headers.get_all(name).iter();
-    let first = values.next();
-    match values.next() {
-        Some(_) => Err(TenantError::RepeatedHeader(shown)),
-        None => Ok(first),
-    }
+    headers::single(headers, name, shown).map_err(TenantError::RepeatedHeader)
 }
 
 /// A refused value as it may appear in an error message: escaped and shortened.
@@ -300,7 +295,7 @@ token_env = "GLOBEX_TOKEN"
         );
         assert_eq!(
             r.resolve(&twice).expect_err("twice"),
-            TenantError::RepeatedHeader("Authorization")
+            TenantError::RepeatedHeader(RepeatedHeader("Authorization"))
         );
         // X-Tenant is not a credential in token mode.
         let e = r
@@ -345,7 +340,7 @@ token_env = "GLOBEX_TOKEN"
         assert_eq!(
             (e.clone(), e.status()),
             (
-                TenantError::RepeatedHeader("X-Tenant"),
+                TenantError::RepeatedHeader(RepeatedHeader("X-Tenant")),
                 StatusCode::BAD_REQUEST
             )
         );

@@ -25,15 +25,9 @@ pub fn run(config: Option<&Path>, url: Option<&str>, timeout: Duration) -> ExitC
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::small_runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let client = match crate::clickhouse::endpoint::client_builder()

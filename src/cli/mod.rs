@@ -1,8 +1,10 @@
-//! The command line: `sluice run | dev | classify | check-config`.
+//! The command line: `sluice run | dev | classify | check-config | healthcheck | dlq`.
 
+mod admin_client;
 mod check_config;
 mod classify;
 mod dev;
+mod dlq;
 mod healthcheck;
 mod run;
 
@@ -75,6 +77,23 @@ pub enum Command {
         #[arg(required = true, num_args = 1..)]
         what: Vec<String>,
     },
+    /// The rows parked on the dead-letter queue: list them, peek at a table's with
+    /// their reasons, replay them after a fix, or purge them; through the admin
+    /// endpoint (SLUICE_ADMIN_URL, SLUICE_ADMIN_TOKEN), with the admin page's
+    /// confirmations.
+    Dlq(dlq::DlqArgs),
+}
+
+/// A one-thread runtime for a command that makes a few requests, or the exit code of a
+/// failure to start one (said on stderr).
+fn small_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        })
 }
 
 pub fn main() -> ExitCode {
@@ -97,5 +116,6 @@ pub fn main() -> ExitCode {
             url,
             timeout,
         } => healthcheck::run(config.as_deref(), url.as_deref(), timeout),
+        Command::Dlq(args) => dlq::run(args),
     }
 }

@@ -1,6 +1,6 @@
 //! The error classifier: what a failed ClickHouse request says about the rows.
 //!
-//! The contract (DESIGN.md "Classification") in one place, shared by the insert path
+//! The contract (docs/architecture.md, "Contracts") in one place, shared by the insert path
 //! and the query gateway. Order of evidence: the `X-ClickHouse-Exception-Code` header,
 //! then the body's leading `Code: NNN`, then the HTTP status alone. A transport
 //! failure never reached ClickHouse's judgement, so it is an outage.

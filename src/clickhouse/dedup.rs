@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use sluice_actors::{Dedup, DedupWindow};
 
-use super::catalog::TableInfo;
 use super::redelivery::{human, Coverage, Need};
+use super::table_info::TableInfo;
 
 /// What the server does with repeated inserts, whatever the table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,5 +1,9 @@
-//! The insert client: NDJSON rows into `database.table` over ClickHouse's HTTP
-//! interface, every failure classified.
+//! The insert client of one ClickHouse server: NDJSON rows into `database.table` over
+//! its HTTP interface, every failure classified. After an ambiguous failure (a timeout,
+//! a connection lost once the request went out) it sends `KILL QUERY` for the attempt,
+//! where the server still answers, before the failure is reported: the retry may go to
+//! another replica of the shard, and the first attempt must not keep running beside
+//! it.
 //!
 //! Why not the `clickhouse` crate: its `BadResponse` drops the HTTP status whenever the
 //! body is non-empty and collects an error body without bound, while the classifier
@@ -16,11 +20,11 @@ use rand::RngExt as _;
 use sluice_actors::{Class, ClickHouseError, Dedup, InsertRequest, Inserter, ServerInfo, TableKey};
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::catalog::{TableInfo, TABLE_INFO_COLUMNS};
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
 use super::redelivery::Redelivery;
+use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
 
 /// The settings an insert pins where the server knows them. Learnt once per target:
@@ -34,7 +38,7 @@ pub struct ServerFeatures {
     pub date_time_input_format: bool,
     /// `input_format_skip_unknown_fields`: sent on every insert, 0 unless the table opts
     /// in, because current servers default it to 1 and would drop an unknown field
-    /// silently where DESIGN.md parks the row (code 117).
+    /// silently where Sluice parks the row (code 117).
     pub skip_unknown_fields: bool,
     /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
     /// (exactly-once); older servers deduplicate the identical block by its hash.
@@ -48,10 +52,14 @@ pub struct ServerFeatures {
     pub dedup: ServerDedup,
 }
 
-/// Inserts into one ClickHouse target (URL + user + database).
+/// Inserts into one ClickHouse server of a target (URL + user + database).
 pub struct HttpInserter {
     target: String,
+    /// The server's name (`host:port`; the target's for a target of one server).
+    replica: String,
     endpoint: Endpoint,
+    /// How long the `KILL QUERY` after an ambiguous failure may take.
+    kill_within: Duration,
     database: String,
     insert_timeout: Duration,
     /// Insert requests in flight: the ingest workload class, apart from queries.
@@ -70,14 +78,25 @@ pub struct HttpInserter {
 /// altered or recreated is seen within this).
 const DEDUP_TTL: Duration = Duration::from_secs(60);
 
+/// The longest a `KILL QUERY` after an ambiguous failure may take (less when the
+/// target's `connect_timeout` is shorter): a frozen server never answers it, and the
+/// failure waits for it before it is reported.
+const KILL_WITHIN: Duration = Duration::from_secs(2);
+
 // === impl HttpInserter ===
 
 impl HttpInserter {
-    /// The client of `target`; `redelivery` is what its tables' deduplication windows
-    /// are held against ([`Redelivery::of`] the configuration).
-    pub fn new(target: &TargetConfig, redelivery: Redelivery) -> anyhow::Result<Self> {
+    /// The client of server `url` (named `replica`) of `target`; `redelivery` is what
+    /// its tables' deduplication windows are held against ([`Redelivery::of`] the
+    /// configuration).
+    pub fn new(
+        target: &TargetConfig,
+        url: &str,
+        replica: &str,
+        redelivery: Redelivery,
+    ) -> anyhow::Result<Self> {
         let endpoint = Endpoint::new(
-            &target.url,
+            url,
             &target.user,
             target.password.clone(),
             Connections {
@@ -89,6 +108,8 @@ impl HttpInserter {
         )?;
         Ok(Self {
             target: target.name.clone(),
+            replica: replica.to_owned(),
+            kill_within: target.connect_timeout.min(KILL_WITHIN),
             endpoint,
             database: target.database.clone(),
             insert_timeout: target.insert_timeout,
@@ -103,6 +124,11 @@ impl HttpInserter {
 
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The server's name (`host:port`; the target's for a target of one server).
+    pub fn replica(&self) -> &str {
+        &self.replica
     }
 
     /// What this target's tables' windows are held against.
@@ -179,17 +205,22 @@ impl HttpInserter {
                 views_see_retries: has("deduplicate_blocks_in_dependent_materialized_views"),
             },
         };
-        tracing::info!(pool = %self.target, version = %features.version, async_insert = features.async_insert, "ClickHouse target answered");
+        tracing::info!(pool = %self.target, replica = %self.replica, version = %features.version,
+            async_insert = features.async_insert, "ClickHouse server answered");
         Ok(features)
     }
 
-    /// A small read on this target, with the ingest credentials (the table catalog's
+    /// A small read on this server, with the ingest credentials (the table catalog's
     /// too, so it needs no HTTP client of its own).
     pub async fn query(&self, sql: &str) -> Result<String, ClickHouseError> {
+        self.query_within(sql, self.insert_timeout).await
+    }
+
+    async fn query_within(&self, sql: &str, timeout: Duration) -> Result<String, ClickHouseError> {
         let response = self
             .endpoint
             .post::<&str, &str>(&[], sql.to_string())
-            .timeout(self.insert_timeout)
+            .timeout(timeout)
             .send()
             .await
             .map_err(transport_error)?;
@@ -237,6 +268,24 @@ impl HttpInserter {
     fn query_id(&self) -> String {
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
         format!("sluice-insert-{:08x}-{n}", self.instance)
+    }
+
+    /// An attempt ended without an answer after it went out: it may still run on the
+    /// server. `KILL QUERY` for it, where the server still answers (a frozen or dead one
+    /// does not: then it is killed with it), so a retry on another replica of the shard
+    /// does not run beside it (the retry is deduplicated either way: same rows, same
+    /// token, the shard's shared block ids).
+    async fn kill_after_ambiguous(&self, query_id: &str, error: &ClickHouseError) {
+        // `query_id` is Sluice's own: `sluice-insert-<hex>-<n>`.
+        let sql = format!("KILL QUERY WHERE query_id = '{query_id}' SYNC");
+        match self.query_within(&sql, self.kill_within).await {
+            Ok(killed) => tracing::info!(pool = %self.target, replica = %self.replica, query_id,
+                found = !killed.trim().is_empty(), error = %error,
+                "an insert ended without an answer: KILL QUERY sent (its retry may go to another replica of the shard)"),
+            Err(e) => tracing::info!(pool = %self.target, replica = %self.replica, query_id,
+                error = %error, kill_error = %e,
+                "an insert ended without an answer and the server does not answer KILL QUERY either"),
+        }
     }
 }
 
@@ -287,14 +336,25 @@ impl Inserter for HttpInserter {
             None if features.insert_deduplicate => params.push(("insert_deduplicate", "0")),
             None => {}
         }
-        let response = self
+        let sent = self
             .endpoint
             .post(&params, request.body)
             .timeout(self.insert_timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
             .send()
-            .await
-            .map_err(transport_error)?;
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) => {
+                // A connection never made carried no insert; anything later may have.
+                let maybe_running = !e.is_connect();
+                let error = transport_error(e);
+                if maybe_running {
+                    self.kill_after_ambiguous(&query_id, &error).await;
+                }
+                return Err(error);
+            }
+        };
         if response.status().is_success() {
             // Read the (empty) body so the connection goes back to the pool.
             let _ = response.bytes().await;

@@ -5,8 +5,10 @@
 //! `[clickhouse.targets.main] url`; `SLUICE_TENANTS_ACME_TARGET` sets
 //! `[tenants.acme] target`; `SLUICE_TABLES_ACME__EVENTS_BATCH_ROWS` sets
 //! `[tables."acme.events"] batch_rows` (a double underscore stands for the dot).
-//! Names of targets, tenants and tables are taken in lower case. Variables named by a
-//! `*_env` key hold secrets and are never read as overrides.
+//! Names of targets, tenants and tables are taken in lower case. A list (`[clickhouse.
+//! targets.main] shards`) is written with `;` between its items:
+//! `SLUICE_CLICKHOUSE_TARGETS_MAIN_SHARDS="http://a1:8123,http://a2:8123;http://b1:8123"`.
+//! Variables named by a `*_env` key hold secrets and are never read as overrides.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +24,8 @@ enum Kind {
     Int,
     Float,
     Bool,
+    /// Items separated by `;`.
+    List,
 }
 
 impl From<ValueKind> for Kind {
@@ -30,15 +34,19 @@ impl From<ValueKind> for Kind {
             ValueKind::Integer => Kind::Int,
             ValueKind::Float => Kind::Float,
             ValueKind::Bool => Kind::Bool,
+            ValueKind::List => Kind::List,
             ValueKind::Text | ValueKind::WithUnit | ValueKind::Choice(_) => Kind::Str,
         }
     }
 }
 
-/// Variables with the prefix that are not overrides: the config file's path, and the
-/// server binaries `sluice dev` and the test harness may be pointed at.
+/// Variables with the prefix that are not overrides: the config file's path, where
+/// `sluice dlq` finds the admin endpoint and its token, and the server binaries
+/// `sluice dev` and the test harness may be pointed at.
 const NOT_OVERRIDES: &[&str] = &[
     "SLUICE_CONFIG",
+    "SLUICE_ADMIN_URL",
+    "SLUICE_ADMIN_TOKEN",
     "SLUICE_NATS_SERVER_BIN",
     "SLUICE_NATS_CURRENT_BIN",
     "SLUICE_CLICKHOUSE_SERVER_BIN",
@@ -172,6 +180,13 @@ fn typed(raw: &str, kind: Kind) -> Result<Value, &'static str> {
     let trimmed = raw.trim();
     match kind {
         Kind::Str => Ok(Value::String(raw.to_string())),
+        Kind::List => Ok(Value::Array(
+            raw.split(';')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(|item| Value::String(item.to_string()))
+                .collect(),
+        )),
         Kind::Int => trimmed
             .replace('_', "")
             .parse::<i64>()
@@ -251,6 +266,10 @@ mod tests {
                 ("SLUICE_QUERY_SERVER_MARGIN", "1s"),
                 ("SLUICE_TABLES_ACME__EVENTS_MISSING_TABLE_GRACE", "1m"),
                 ("SLUICE_INGEST_EXACTLY_ONCE", "off"),
+                (
+                    "SLUICE_CLICKHOUSE_TARGETS_MAIN_SHARDS",
+                    "http://a1:8123,http://a2:8123; http://b1:8123 ;",
+                ),
             ]),
             &BTreeSet::new(),
         );
@@ -265,9 +284,22 @@ mod tests {
             "query.server_margin",
             "tables.acme.events.missing_table_grace",
             "ingest.exactly_once",
+            "clickhouse.targets.main.shards",
         ] {
             assert!(paths.iter().any(|p| p == want), "{want} not in {paths:?}");
         }
+        // A list: `;` between the shards, each shard's replicas as in config.toml.
+        let shards = found
+            .iter()
+            .find(|o| o.dotted() == "clickhouse.targets.main.shards")
+            .map(|o| o.value.clone());
+        assert_eq!(
+            shards,
+            Some(Value::Array(vec![
+                Value::String("http://a1:8123,http://a2:8123".into()),
+                Value::String("http://b1:8123".into()),
+            ]))
+        );
         // [ingest]'s own key has no per-table override.
         let (_, _, warnings) = overrides(
             &env(&[("SLUICE_TABLES_ACME__EVENTS_EXACTLY_ONCE", "true")]),

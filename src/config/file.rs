@@ -71,6 +71,10 @@ pub struct NatsFile {
     pub manifest_bucket: String,
     /// The manifest bucket's budget: when full, batches wait (records fail).
     pub manifest_max_bytes: Size,
+    /// The key-value bucket of the ingest API's `Idempotency-Key` records.
+    pub idempotency_bucket: String,
+    /// Its budget: when full, keyed requests answer 503 until records expire.
+    pub idempotency_max_bytes: Size,
 }
 
 impl Default for NatsFile {
@@ -94,6 +98,8 @@ impl Default for NatsFile {
             replicas: 1,
             manifest_bucket: "SLUICE_MANIFESTS".into(),
             manifest_max_bytes: Size(256 << 20),
+            idempotency_bucket: "SLUICE_IDEMPOTENCY".into(),
+            idempotency_max_bytes: Size(256 << 20),
         }
     }
 }
@@ -110,7 +116,11 @@ pub struct ClickHouseFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TargetFile {
-    pub url: String,
+    /// One server, or the replicas of one shard, comma-separated (unset, and no
+    /// `shards`: the local default server).
+    pub url: Option<String>,
+    /// Shards, each the comma-separated URLs of its replicas (instead of `url`).
+    pub shards: Vec<String>,
     pub user: String,
     pub password_env: Option<String>,
     pub database: String,
@@ -126,7 +136,8 @@ pub struct TargetFile {
 impl Default for TargetFile {
     fn default() -> Self {
         Self {
-            url: "http://127.0.0.1:8123".into(),
+            url: None,
+            shards: Vec::new(),
             user: "default".into(),
             password_env: None,
             database: "default".into(),

@@ -118,6 +118,11 @@ pub struct NatsConfig {
     /// The manifest bucket's budget: a record that would pass it fails, and the batch
     /// waits (nothing is inserted unrecorded).
     pub manifest_max_bytes: u64,
+    /// The key-value bucket of the ingest API's `Idempotency-Key` records; its stream
+    /// is `KV_<idempotency_bucket>`.
+    pub idempotency_bucket: String,
+    /// The idempotency bucket's budget: past it a keyed request answers 503.
+    pub idempotency_max_bytes: u64,
 }
 
 impl NatsConfig {
@@ -138,8 +143,11 @@ pub enum NatsAuth {
 #[derive(Clone, Debug)]
 pub struct TargetConfig {
     pub name: String,
-    /// `http://host:port` or `https://...`, without credentials.
-    pub url: String,
+    /// The target's servers: its shards, each the URLs of its replicas
+    /// (`http://host:port` or `https://...`, without credentials), in the order the
+    /// configuration lists them (a batch's shard is recorded by its position). A target
+    /// of one server is one shard of one replica.
+    pub shards: Vec<Vec<String>>,
     pub user: String,
     pub password: Option<Secret>,
     pub database: String,
@@ -147,6 +155,68 @@ pub struct TargetConfig {
     pub connect_timeout: Duration,
     pub insert_concurrency: usize,
     pub pool_idle_timeout: Duration,
+}
+
+impl TargetConfig {
+    /// Every server's URL, shard by shard.
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        self.shards.iter().flatten().map(String::as_str)
+    }
+
+    /// Whether the target is one server.
+    pub fn is_single(&self) -> bool {
+        self.urls().nth(1).is_none()
+    }
+
+    /// The servers as `check-config` shows them: the URL of a target of one server, or
+    /// `2 shards x 2 replicas (shard 1: URL, URL; shard 2: URL, URL)`.
+    pub fn layout(&self) -> String {
+        if self.is_single() {
+            return self.urls().next().unwrap_or_default().to_owned();
+        }
+        let n = self.shards.len();
+        let per_shard = self.shards[0].len();
+        let counts = if self.shards.iter().all(|s| s.len() == per_shard) {
+            format!(
+                "{n} shard{} x {per_shard} replica{}",
+                if n == 1 { "" } else { "s" },
+                if per_shard == 1 { "" } else { "s" }
+            )
+        } else {
+            format!("{n} shards")
+        };
+        let shards: Vec<String> = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, urls)| format!("shard {}: {}", i + 1, urls.join(", ")))
+            .collect();
+        format!("{counts} ({})", shards.join("; "))
+    }
+
+    /// Each server's name, shard by shard, as metrics (`replica`) and the admin tree
+    /// show it: its `host:port`, or the target's name for a target of one server.
+    pub fn replica_names(&self) -> Vec<Vec<String>> {
+        if self.is_single() {
+            return vec![vec![self.name.clone()]];
+        }
+        self.shards
+            .iter()
+            .map(|replicas| replicas.iter().map(|u| host_port(u)).collect())
+            .collect()
+    }
+}
+
+/// `host:port` of a server's URL (the port as written, or the scheme's default).
+pub fn host_port(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(u) => format!(
+            "{}:{}",
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or_default()
+        ),
+        Err(_) => url.to_owned(),
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -234,7 +304,9 @@ pub struct ListenerLimits {
 #[derive(Clone, Debug)]
 pub struct QueryConfig {
     pub target: String,
-    pub url: String,
+    /// The target's servers (any shard: a `Distributed` table answers from any), each
+    /// as (`host:port` name, URL).
+    pub servers: Vec<(String, String)>,
     pub database: String,
     pub user: String,
     pub password: Option<Secret>,

@@ -37,6 +37,8 @@ pub enum ValueKind {
     WithUnit,
     /// One of a fixed set of words.
     Choice(&'static [&'static str]),
+    /// A list of strings (`shards = ["...", "..."]`).
+    List,
 }
 
 /// One key the configuration accepts.
@@ -220,6 +222,10 @@ impl<'de> Deserializer<'de> for Probe<'_> {
         Err(self.value(ValueKind::Text))
     }
 
+    fn deserialize_seq<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Found> {
+        Err(self.value(ValueKind::List))
+    }
+
     /// Only the unit types (`units::UnitText`) take any value: text with a unit, or a
     /// bare number so that the "needs a unit" error can be given.
     fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Found> {
@@ -227,7 +233,7 @@ impl<'de> Deserializer<'de> for Probe<'_> {
     }
 
     serde::forward_to_deserialize_any! {
-        i128 u128 char bytes byte_buf unit unit_struct seq tuple tuple_struct identifier
+        i128 u128 char bytes byte_buf unit unit_struct tuple tuple_struct identifier
         ignored_any
     }
 
@@ -307,6 +313,7 @@ mod tests {
         );
         assert_eq!(find("tenants.*.token_env"), Some(ValueKind::Text));
         assert_eq!(find("tables.*.dlq"), Some(ValueKind::Bool));
+        assert_eq!(find("clickhouse.targets.*.shards"), Some(ValueKind::List));
         assert_eq!(find("tables.*.exactly_once"), None, "[ingest] only");
         assert_eq!(find("ingest.exactly_once"), Some(ValueKind::Bool));
         assert_eq!(find("pipeline.max_held_rows"), Some(ValueKind::Integer));

@@ -35,6 +35,12 @@ pub fn summary(config: &Config) -> String {
         n.manifest_bucket,
         Size(n.manifest_max_bytes)
     );
+    let _ = writeln!(
+        out,
+        "idempotency keys: records in bucket {} (max {})",
+        n.idempotency_bucket,
+        Size(n.idempotency_max_bytes)
+    );
     let _ = writeln!(out, "targets:");
     if config.targets.is_empty() {
         let _ = writeln!(out, "  (none)");
@@ -44,7 +50,7 @@ pub fn summary(config: &Config) -> String {
             out,
             "  {}: {} user {} database {} password {} insert_timeout {} concurrency {}",
             t.name,
-            t.url,
+            t.layout(),
             t.user,
             t.database,
             if t.password.is_some() {

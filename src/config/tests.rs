@@ -176,6 +176,75 @@ token_env = "ACME_TOKEN"
 }
 
 #[test]
+fn a_target_lists_the_replicas_of_one_shard_or_shards_of_replicas() {
+    let text = r#"
+[clickhouse.targets.one]
+[clickhouse.targets.pair]
+url = "http://a1:8123, http://a2:8123/"
+[clickhouse.targets.grid]
+shards = ["http://a1:8123,http://a2:8123", "http://b1:8123,http://b2:8124"]
+"#;
+    let config = Config::from_parts("t", text, &env(&[])).expect("config");
+    let t = &config.targets;
+    assert_eq!(t["one"].shards, vec![vec!["http://127.0.0.1:8123"]]);
+    assert_eq!(t["one"].replica_names(), vec![vec!["one"]]);
+    assert_eq!(
+        t["pair"].shards,
+        vec![vec!["http://a1:8123", "http://a2:8123"]]
+    );
+    assert_eq!(
+        t["grid"].replica_names(),
+        vec![vec!["a1:8123", "a2:8123"], vec!["b1:8123", "b2:8124"]]
+    );
+    // From the environment: `;` between the shards.
+    let config = Config::from_parts(
+        "env",
+        "",
+        &env(&[(
+            "SLUICE_CLICKHOUSE_TARGETS_MAIN_SHARDS",
+            "http://a1:8123,http://a2:8123;http://b1:8123",
+        )]),
+    )
+    .expect("env config");
+    assert_eq!(
+        config.targets["main"].shards,
+        vec![
+            vec!["http://a1:8123", "http://a2:8123"],
+            vec!["http://b1:8123"]
+        ]
+    );
+}
+
+#[test]
+fn a_cluster_layout_that_cannot_be_is_refused_naming_the_key() {
+    let p = problems(
+        "[clickhouse.targets.main]\nurl = \"http://a:8123\"\nshards = [\"http://b:8123\"]\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("set url") && l.contains("not both")),
+        "{p:?}"
+    );
+    let p = problems(
+        "[clickhouse.targets.main]\nshards = [\"http://a:8123,http://b:8123\", \"http://b:8123\", \" , \"]\n",
+        &[],
+    );
+    let all = p.join("\n");
+    assert!(all.contains("[clickhouse.targets.main] shards"), "{all}");
+    assert!(
+        all.contains("b:8123 is listed twice (shard 1 and shard 2)"),
+        "{all}"
+    );
+    assert!(all.contains("shard 3 lists no server"), "{all}");
+    let p = problems(
+        "[clickhouse.targets.main]\nurl = \"http://a:8123,ftp://b\"\n",
+        &[],
+    );
+    assert!(p[0].contains("scheme must be http or https"), "{p:?}");
+}
+
+#[test]
 fn credentials_in_a_url_are_refused() {
     let p = problems(
         "[clickhouse.targets.main]\nurl = \"http://u:p@127.0.0.1:8123\"\n",
@@ -206,7 +275,7 @@ fn environment_overrides_every_section() {
     .expect("env-only config");
     assert_eq!(config.nats.seeds, ["nats://10.0.0.1:4222"]);
     assert_eq!(config.nats.max_bytes, 2 << 30);
-    assert_eq!(config.targets["main"].url, "http://ch:8123");
+    assert_eq!(config.targets["main"].shards, vec![vec!["http://ch:8123"]]);
     assert!(config.targets["main"].password.is_some());
     assert_eq!(config.tenants["acme"].target.as_deref(), Some("main"));
     assert_eq!(config.table_settings("acme", "events").batch_rows, 250);
@@ -266,7 +335,10 @@ password_env = "Q_PW"
 "#;
     let config = Config::from_parts("t", text, &env(&[("Q_PW", "r")])).expect("config");
     let q = config.query.expect("query on");
-    assert_eq!(q.url, "http://127.0.0.1:8123");
+    assert_eq!(
+        q.servers,
+        vec![("main".to_owned(), "http://127.0.0.1:8123".to_owned())]
+    );
     assert_eq!(q.user, "reader");
     let p = problems("[query]\ntarget = \"nope\"\n", &[]);
     assert!(p[0].contains("target = \"nope\""), "{}", p[0]);
@@ -530,6 +602,45 @@ fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
         &[],
     );
     assert!(p.iter().any(|l| l.contains("missing_table_grace")), "{p:?}");
+}
+
+#[test]
+fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
+    let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
+    assert_eq!(config.nats.idempotency_bucket, "SLUICE_IDEMPOTENCY");
+    assert_eq!(config.nats.idempotency_max_bytes, 256 << 20);
+    assert!(config
+        .summary()
+        .contains("idempotency keys: records in bucket SLUICE_IDEMPOTENCY (max 256MiB)"));
+    let config = Config::from_parts(
+        "env",
+        "",
+        &env(&[("SLUICE_NATS_IDEMPOTENCY_MAX_BYTES", "8MiB")]),
+    )
+    .expect("overridden");
+    assert_eq!(config.nats.idempotency_max_bytes, 8 << 20);
+
+    let p = problems(
+        "[nats]\nidempotency_bucket = \"a.b\"\nidempotency_max_bytes = \"64KiB\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_bucket = \"a.b\" is not a valid")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("idempotency_max_bytes = 64KiB: must be at least 1MiB")),
+        "{p:?}"
+    );
+    for clash in [
+        "[nats]\nidempotency_bucket = \"SLUICE_MANIFESTS\"\n",
+        "[nats]\nstream = \"KV_K\"\nidempotency_bucket = \"K\"\n",
+    ] {
+        let p = problems(clash, &[]);
+        assert!(p[0].contains("idempotency_bucket"), "{clash}: {p:?}");
+    }
 }
 
 #[test]

@@ -45,7 +45,7 @@ impl DlqWriter {
         }
     }
 
-    /// The DLQ headers of DESIGN.md, every one of them, and the row's line when one row
+    /// The DLQ headers (docs/architecture.md, "Contracts"), every one of them, and the row's line when one row
     /// of a many-row message is parked on its own.
     fn headers(parking: &Parking, meta: &DeliveryMeta, line: Option<u32>) -> HeaderMap {
         let mut h = HeaderMap::new();

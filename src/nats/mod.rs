@@ -1,13 +1,15 @@
 //! Everything that speaks to NATS JetStream: the connection, the INGEST and DLQ streams
 //! and the durable consumer, publishing with message ids, the delivered message as the
-//! actors' `Delivery`, the consumer as their `Source`, and the bucket of batch
-//! manifests as their `ManifestStore`.
+//! actors' `Delivery`, the consumer as their `Source`, the bucket of batch
+//! manifests as their `ManifestStore`, and the ingest API's `Idempotency-Key` records.
 
 mod budget;
 mod connect;
 mod delivery;
 mod dlq;
 mod held;
+mod key_store;
+mod kv_bucket;
 mod lost_pull;
 mod manifest;
 mod placement;
@@ -17,10 +19,12 @@ mod reply;
 mod setup;
 mod source;
 mod stall;
+mod stranded;
 
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
+pub use key_store::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
 pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,
@@ -28,3 +32,4 @@ pub use manifest::{
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};
+pub use stranded::remove_stranded;

@@ -36,6 +36,10 @@ pub enum PublishError {
     /// Anything else JetStream refused (a message too large, no stream for the subject).
     #[error("JetStream refused the message: {0}")]
     Refused(String),
+    /// A publish that expected its subject's last sequence (a key-value compare-and-set)
+    /// found another: someone wrote the subject first. Nothing was stored.
+    #[error("the subject was written by someone else first (wrong last sequence)")]
+    WrongLastSequence,
 }
 
 impl PublishError {
@@ -46,7 +50,7 @@ impl PublishError {
         match self {
             Self::NoResponders(_) => true,
             Self::Unavailable(_) => with_message_id,
-            Self::QueueFull | Self::Refused(_) => false,
+            Self::QueueFull | Self::Refused(_) | Self::WrongLastSequence => false,
         }
     }
 }
@@ -177,6 +181,7 @@ fn classify(e: async_nats::jetstream::context::PublishError) -> PublishError {
             "{text} (no responders: the stream has no leader right now, or is not set up yet, or JetStream is restarting)"
         )),
         PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(text),
+        PublishErrorKind::WrongLastSequence => PublishError::WrongLastSequence,
         _ => match code {
             Some(_) => PublishError::Refused(text),
             None => PublishError::Unavailable(text),
@@ -199,5 +204,7 @@ mod tests {
         assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
         let e = classify(JsPublishError::new(PublishErrorKind::MaxPayloadExceeded));
         assert!(matches!(e, PublishError::Refused(_)), "{e:?}");
+        let e = classify(JsPublishError::new(PublishErrorKind::WrongLastSequence));
+        assert!(matches!(e, PublishError::WrongLastSequence), "{e:?}");
     }
 }

@@ -7,6 +7,7 @@ use anyhow::{bail, Context as _};
 use async_nats::jetstream::{self, consumer, stream};
 
 use super::budget::{discard_new_is_exact, server_max_bytes};
+use super::stranded::remove_stranded;
 use crate::config::NatsConfig;
 
 /// What the streams and the consumer are made of, from `[nats]`.
@@ -116,34 +117,9 @@ pub async fn ensure_consumer(
         )
     })?;
     if let Ok(info) = consumer.info().await {
-        let floor = info.ack_floor.stream_sequence;
-        purge_stranded(&stream, stream.cached_info().state.first_sequence, floor).await;
+        remove_stranded(&stream, info).await;
     }
     Ok(consumer)
-}
-
-/// nats-server 2.9 killed with -9 can come back with rows still in the work queue that
-/// the consumer had already acked (its ack floor is past them): they are never
-/// delivered again, but they hold on to the stream's byte budget, so a full queue would
-/// refuse producers for rows long inserted. The consumer is the stream's only one and
-/// unfiltered, so every row at or below its ack floor is done: purge them. Best effort;
-/// checked when the consumer connects and with every lag poll.
-pub async fn purge_stranded(stream: &jetstream::stream::Stream, first: u64, floor: u64) {
-    if floor == 0 || first == 0 || first > floor {
-        return;
-    }
-    match stream.purge().sequence(floor + 1).await {
-        Ok(purged) if purged.purged > 0 => tracing::warn!(
-            stream = %stream.cached_info().config.name,
-            purged = purged.purged,
-            ack_floor = floor,
-            "purged rows the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "could not purge already-acked rows left in the stream")
-        }
-    }
 }
 
 /// Create the stream, or bring an existing one to `config` (a no-op when nothing that

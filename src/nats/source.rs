@@ -42,7 +42,8 @@ use super::lost_pull::{self, ConsumerCounts, Heard, LostPull, Replace, StallTall
 use super::manifest::JsManifestStore;
 use super::placement;
 use super::pull_status::{self, EndedBy, PullStatus};
-use super::setup::{ensure_consumer, ensure_streams, purge_stranded, StreamSettings};
+use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
+use super::stranded::remove_stranded;
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at
 /// most a couple of pull batches).
@@ -508,29 +509,26 @@ impl Source for JetStreamSource {
         let info = tokio::time::timeout(INFO_TIMEOUT, self.consumer.info())
             .await
             .ok()?
-            .ok()?;
-        let (pending, floor) = (info.num_pending, info.ack_floor.stream_sequence);
+            .ok()?
+            .clone();
         let counts = ConsumerCounts {
             num_pending: info.num_pending,
             ack_pending: info.num_ack_pending as u64,
             max_ack_pending: info.config.max_ack_pending,
         };
-        let consumer_name = info.name.clone();
-        let consumer_cluster = info.cluster.clone();
         let stream = tokio::time::timeout(INFO_TIMEOUT, self.js.get_stream(&self.stream))
             .await
             .ok()
             .and_then(Result::ok);
         if let Some(stream) = &stream {
-            let first = stream.cached_info().state.first_sequence;
-            purge_stranded(stream, first, floor).await;
+            remove_stranded(stream, &info).await;
         }
         self.nats = Some(placement::view(
             &self.client.server_info().server_name,
             stream
                 .as_ref()
                 .map(|s| (self.stream.as_str(), s.cached_info().cluster.as_ref())),
-            Some((consumer_name.as_str(), consumer_cluster.as_ref())),
+            Some((info.name.as_str(), info.cluster.as_ref())),
         ));
         let now = Instant::now();
         let stuck = self.waiting.is_none()
@@ -547,7 +545,7 @@ impl Source for JetStreamSource {
                 self.failed = Some(e);
             }
         }
-        Some(pending)
+        Some(info.num_pending)
     }
 
     fn status(&self) -> SourceStatus {

@@ -20,7 +20,13 @@
 //!
 //! A failure that ClickHouse itself answered with an exception code ended that attempt
 //! on the server: nothing to kill.
+//!
+//! The target may be a cluster: each attempt runs on one of its servers (any shard),
+//! taken in turn, one that could not be reached passed over (`servers.rs`). An attempt
+//! whose connection was never made did not start: it goes to the next server at once,
+//! no retry spent. A kill goes to the server that ran the attempt.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice_actors::ClickHouseError;
@@ -28,24 +34,23 @@ use tokio::time::Instant;
 
 use super::errors::{map_clickhouse, QueryError, StoppedBy, TIMEOUT_EXCEEDED};
 use super::id::QueryId;
-use super::kill::Killer;
 use super::limits::Limits;
 use super::metrics;
 use super::pacing::RetryPacing;
 use super::request::{RequestLimits, ValidQuery};
 use super::response::{self, Relay, RelayError};
 use super::retry_budget::RetryBudget;
-use crate::clickhouse::endpoint::{self, Connections, Endpoint};
+use super::servers::QueryServers;
+use crate::clickhouse::endpoint;
 use crate::config::QueryConfig;
 
-/// The query gateway proper: endpoint, killer, budget, limits.
+/// The query gateway proper: servers (each with its killer), budget, limits.
 #[derive(Debug)]
 pub struct Gateway {
     config: QueryConfig,
     /// `Retry-After` for an Unavailable answer (`[api] retry_after`).
     retry_after: Duration,
-    endpoint: Endpoint,
-    killer: Killer,
+    servers: QueryServers,
     budget: RetryBudget,
     pacing: RetryPacing,
     limits: Limits,
@@ -60,10 +65,12 @@ pub struct Success {
 
 /// How one attempt failed.
 enum AttemptFailure {
-    /// A classified failure; `maybe_running`: the query may still run on the server.
+    /// A classified failure; `maybe_running`: the query may still run on the server;
+    /// `started`: the request reached it (a connection never made did not).
     Failed {
         error: ClickHouseError,
         maybe_running: bool,
+        started: bool,
     },
     /// A failure no retry can change.
     Final(QueryError),
@@ -71,33 +78,10 @@ enum AttemptFailure {
 
 impl Gateway {
     pub fn new(config: &QueryConfig, retry_after: Duration) -> anyhow::Result<Self> {
-        let connections = |connect_timeout, request_timeout| Connections {
-            connect_timeout,
-            // Below ClickHouse's keep_alive_timeout (3 s, 18.16 too).
-            idle_timeout: Duration::from_secs(2),
-            max_idle: config.concurrency.max(1),
-            request_timeout,
-        };
-        let endpoint = Endpoint::new(
-            &config.url,
-            &config.user,
-            config.password.clone(),
-            connections(config.connect_timeout, None),
-        )?;
-        let kill_endpoint = Endpoint::new(
-            &config.url,
-            &config.user,
-            config.password.clone(),
-            connections(
-                config.connect_timeout.min(config.kill_timeout),
-                Some(config.kill_timeout),
-            ),
-        )?;
         Ok(Gateway {
             config: config.clone(),
             retry_after,
-            endpoint,
-            killer: Killer::new(kill_endpoint, config.kill_timeout),
+            servers: QueryServers::new(config)?,
             budget: RetryBudget::new(config.retry_budget, config.retry_refill_per_sec),
             pacing: RetryPacing {
                 base: config.backoff_base,
@@ -140,16 +124,22 @@ impl Gateway {
         loop {
             attempts += 1;
             let server_limit = server_limit(deadline, self.config.server_margin);
-            let outcome =
-                tokio::time::timeout_at(deadline, self.attempt(query, id, server_limit)).await;
+            let ran_on = AtomicUsize::new(0);
+            let outcome = tokio::time::timeout_at(
+                deadline,
+                self.attempt_anywhere(query, id, server_limit, &ran_on),
+            )
+            .await;
+            let server = ran_on.load(Ordering::Relaxed);
             let (error, maybe_running) = match outcome {
                 Ok(Ok(relay)) => return Ok(Success { relay, attempts }),
                 Ok(Err(AttemptFailure::Final(e))) => return Err(e),
                 Ok(Err(AttemptFailure::Failed {
                     error,
                     maybe_running,
+                    ..
                 })) => (error, maybe_running),
-                Err(_) => return Err(self.deadline_passed(query, id, attempts).await),
+                Err(_) => return Err(self.deadline_passed(query, id, attempts, server).await),
             };
 
             if error.code == Some(TIMEOUT_EXCEEDED) {
@@ -180,7 +170,7 @@ impl Gateway {
                 });
             }
             if maybe_running {
-                let kill = self.killer.kill_and_confirm(id).await;
+                let kill = self.servers.get(server).killer.kill_and_confirm(id).await;
                 if !kill.confirmed_gone {
                     tracing::warn!(
                         query_id = %id,
@@ -212,11 +202,20 @@ impl Gateway {
         }
     }
 
-    /// The deadline passed during an attempt: kill the query, confirm, then 504.
-    async fn deadline_passed(&self, query: &ValidQuery, id: &QueryId, attempts: u32) -> QueryError {
-        let kill = self.killer.kill_and_confirm(id).await;
+    /// The deadline passed during an attempt: kill the query on the server that ran it,
+    /// confirm, then 504.
+    async fn deadline_passed(
+        &self,
+        query: &ValidQuery,
+        id: &QueryId,
+        attempts: u32,
+        server: usize,
+    ) -> QueryError {
+        let server = self.servers.get(server);
+        let kill = server.killer.kill_and_confirm(id).await;
         tracing::warn!(
             query_id = %id,
+            server = %server.name,
             timeout_ms = query.timeout.as_millis() as u64,
             kill_sent = kill.sent,
             kill_found = kill.found,
@@ -231,14 +230,54 @@ impl Gateway {
         }
     }
 
+    /// One attempt, on the first server that can be reached (in the servers' order);
+    /// `ran_on` says which server the attempt went to (the last one tried).
+    async fn attempt_anywhere(
+        &self,
+        query: &ValidQuery,
+        id: &QueryId,
+        server_limit: Duration,
+        ran_on: &AtomicUsize,
+    ) -> Result<Relay, AttemptFailure> {
+        let mut last = None;
+        for server in self.servers.next_order() {
+            ran_on.store(server, Ordering::Relaxed);
+            match self.attempt(query, id, server_limit, server).await {
+                Err(AttemptFailure::Failed {
+                    error,
+                    started: false,
+                    maybe_running,
+                }) => {
+                    // The query did not start there: the next server, at once.
+                    tracing::info!(query_id = %id, server = %self.servers.get(server).name,
+                        error = %error.message, "the query could not reach this server: trying another");
+                    self.servers.unreachable(server);
+                    last = Some(AttemptFailure::Failed {
+                        error,
+                        started: false,
+                        maybe_running,
+                    });
+                }
+                outcome => {
+                    self.servers.answered(server);
+                    return outcome;
+                }
+            }
+        }
+        Err(last.unwrap_or(AttemptFailure::Final(QueryError::Off)))
+    }
+
     async fn attempt(
         &self,
         query: &ValidQuery,
         id: &QueryId,
         server_limit: Duration,
+        server: usize,
     ) -> Result<Relay, AttemptFailure> {
         let params = self.settings(query, id, server_limit);
         let request = self
+            .servers
+            .get(server)
             .endpoint
             .post(&params, query.sql.clone())
             .header(reqwest::header::CONTENT_TYPE, endpoint::SQL_CONTENT_TYPE);
@@ -246,10 +285,11 @@ impl Gateway {
             Ok(r) => r,
             Err(e) => {
                 // A connection never made carried no query; anything later might have.
-                let maybe_running = !e.is_connect();
+                let started = !e.is_connect();
                 return Err(AttemptFailure::Failed {
                     error: endpoint::transport_error(e),
-                    maybe_running,
+                    maybe_running: started,
+                    started,
                 });
             }
         };
@@ -261,6 +301,7 @@ impl Gateway {
             return Err(AttemptFailure::Failed {
                 error,
                 maybe_running,
+                started: true,
             });
         }
         let cap = self.result_cap().unwrap_or(u64::MAX);
@@ -278,6 +319,7 @@ impl Gateway {
             Err(RelayError::Transport(error)) => Err(AttemptFailure::Failed {
                 error,
                 maybe_running: false,
+                started: true,
             }),
         }
     }

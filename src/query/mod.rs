@@ -15,21 +15,17 @@
 //!   `backoff.rs`);
 //! - the query workload has its own ClickHouse user, its own concurrency limit and a
 //!   per-tenant one; over a limit → 429, no queue (`limits.rs`);
+//! - the target's servers (a cluster's, any shard) are taken in turn; a query that
+//!   could not reach one (it did not start) goes to the next at once (`servers.rs`),
+//!   and a kill goes to the server that ran the query;
 //! - statements are checked before sending (one read statement; no `SETTINGS`, no
 //!   table function or server table outside small allow-lists: `sql/`) and run with
 //!   `readonly=2`; failures map through the shared classifier (`errors.rs`).
 //!
 //! # Mounting
 //!
-//! In `server/listeners.rs`, beside the ingest route (`config: &Arc<Config>`):
-//!
-//! ```ignore
-//! let api = Router::new()
-//!     .route("/v1/ingest/{table}", post(ingest::ingest))
-//!     .with_state(ingest_state)
-//!     .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
-//!     .merge(crate::query::router(crate::query::QueryState::new(config.clone())?));
-//! ```
+//! `api::routes` mounts [`route`] beside the ingest route, on a state that holds a
+//! [`QueryState`]; [`router`] is the route alone with its state.
 //!
 //! With no `[query]` section the route still exists and answers 404 with a body that
 //! says the gateway is off: 404 rather than 503 because nothing will change until the
@@ -46,12 +42,13 @@ mod pacing;
 mod request;
 mod response;
 mod retry_budget;
+mod servers;
 mod sql;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::routing::post;
+use axum::extract::{DefaultBodyLimit, FromRef};
+use axum::routing::{post, MethodRouter};
 use axum::Router;
 
 pub use errors::{map_clickhouse, query_action, QueryError, StoppedBy};
@@ -115,10 +112,16 @@ impl QueryState {
     }
 }
 
-/// The `/v1/query` route, with its state applied: merge it into the API router.
+/// The `/v1/query` route, with its state applied (the API listener mounts [`route`]).
 pub fn router(state: QueryState) -> Router {
-    Router::new()
-        .route("/v1/query", post(handler::query))
-        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
-        .with_state(state)
+    Router::new().route("/v1/query", route()).with_state(state)
+}
+
+/// `POST /v1/query` on a router whose state holds a [`QueryState`].
+pub fn route<S>() -> MethodRouter<S>
+where
+    QueryState: FromRef<S>,
+    S: Clone + Send + Sync + 'static,
+{
+    post(handler::query).layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
 }

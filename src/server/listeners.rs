@@ -7,22 +7,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use axum::extract::DefaultBodyLimit;
-use axum::routing::post;
-use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::task::JoinHandle;
 
 use super::connection::Bounds;
 use super::descriptors::{self, Caps};
 use super::{accept, PipelineAdapter};
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, NatsView};
+use crate::api::ingest::idempotency::{self, Idempotency};
 use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
 use crate::api::tenant::TenantResolver;
+use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
-use crate::clickhouse::insert::HttpInserter;
+use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
-use crate::nats::{Dlq, Publisher};
+use crate::nats::{Dlq, KeyStore, KeyStoreSettings, Publisher, StreamSettings};
+use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
 pub struct Listeners {
@@ -55,13 +55,15 @@ impl Listeners {
 
 /// What the listeners serve, made by `server::run`.
 pub struct Parts {
-    /// The insert client of each target, by name: the table catalogs read through them.
-    pub inserters: BTreeMap<String, Arc<HttpInserter>>,
+    /// The insert clients of each target, by name: the table catalogs read through them.
+    pub inserters: BTreeMap<String, Arc<TargetClients>>,
     pub publisher: Publisher,
     pub dlq: Dlq,
     pub pipeline: Arc<PipelineAdapter>,
     pub client: async_nats::Client,
     pub metrics: PrometheusHandle,
+    /// Each table's row totals, sampled for the admin page's rates.
+    pub table_rows: Arc<TableRows>,
 }
 
 pub async fn start(
@@ -76,8 +78,22 @@ pub async fn start(
         pipeline,
         client,
         metrics,
+        table_rows,
     } = parts;
     let tenants = TenantResolver::new(config.clone());
+    let key_lease = idempotency::lease(config.api.limits.body_timeout);
+    let keys = KeyStore::new(
+        publisher.context().clone(),
+        KeyStoreSettings {
+            bucket: config.nats.idempotency_bucket.clone(),
+            purpose: "idempotency",
+            description: "Sluice Idempotency-Key records: each keyed ingest request's body fingerprint and answer",
+            max_bytes: config.nats.idempotency_max_bytes,
+            full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
+            replicas: config.nats.replicas,
+            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+        },
+    );
     let ingest_state = Arc::new(IngestState {
         tenants,
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
@@ -99,15 +115,18 @@ pub async fn start(
         publish_retry_for: config.api.publish_retry_for,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
+        keys: Idempotency::new(keys, key_lease),
+        key_lease,
     });
-    let api = Router::new()
-        .route("/v1/ingest/{table}", post(ingest::ingest))
-        .with_state(ingest_state)
-        .layer(DefaultBodyLimit::max(config.api.max_request_bytes))
-        .merge(crate::query::router(
-            crate::query::QueryState::new(config.clone())
-                .context("setting up the query gateway")?,
-        ));
+    let query_state =
+        crate::query::QueryState::new(config.clone()).context("setting up the query gateway")?;
+    let api = crate::api::router(
+        ApiState {
+            ingest: ingest_state,
+            query: query_state,
+        },
+        config.api.max_request_bytes,
+    );
 
     if config.admin.token.is_none() {
         tracing::warn!(listen = %config.admin.listen, "no admin token configured: the admin endpoint listens on loopback only");
@@ -115,11 +134,14 @@ pub async fn start(
     let admin_state = Arc::new(AdminState {
         token: config.admin.token.clone(),
         pipeline,
-        nats_connected: Arc::new(move || {
-            client.connection_state() == async_nats::connection::State::Connected
-        }),
+        nats: NatsView::new(
+            client,
+            config.nats.seeds_text(),
+            StreamSettings::from(&config.nats),
+        ),
         dlq,
         metrics,
+        history: admin::history::sample_table_rows(table_rows),
         fault_injection: config.admin.fault_injection,
     });
     let admin = admin::router(admin_state);
@@ -192,10 +214,10 @@ fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
     Ok(caps)
 }
 
-/// A table catalog per target, on the target's insert client and database.
+/// A table catalog per target, on the target's insert clients and database.
 fn catalogs(
     config: &Config,
-    inserters: &BTreeMap<String, Arc<HttpInserter>>,
+    inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> HashMap<String, Catalog> {
     config
         .targets

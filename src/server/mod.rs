@@ -21,8 +21,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::clickhouse::insert::HttpInserter;
-use crate::clickhouse::redelivery::Redelivery;
+use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
@@ -46,7 +45,7 @@ pub async fn run_until(
     for warning in &config.warnings {
         tracing::warn!("config: {warning}");
     }
-    let metrics = telemetry::prometheus::install(&config)?;
+    let installed = telemetry::prometheus::install(&config)?;
 
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
@@ -67,14 +66,13 @@ pub async fn run_until(
         .build(client.clone());
     let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
 
-    // One insert client per target, shared by the actor tree and the ingest API's
-    // table catalogs.
+    // One insert client per server of each target, shared by the actor tree and the
+    // ingest API's table catalogs.
     let mut inserters = BTreeMap::new();
     for target in config.targets.values() {
-        let redelivery = Redelivery::of(&config, target);
-        let inserter = HttpInserter::new(target, redelivery)
+        let clients = TargetClients::new(&config, target)
             .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
-        inserters.insert(target.name.clone(), Arc::new(inserter));
+        inserters.insert(target.name.clone(), Arc::new(clients));
     }
     let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
@@ -88,7 +86,8 @@ pub async fn run_until(
         dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
         pipeline: adapter.clone(),
         client: client.clone(),
-        metrics,
+        metrics: installed.handle,
+        table_rows: installed.table_rows,
     };
     let listeners = listeners::start(&config, parts, shutdown.clone())
         .await

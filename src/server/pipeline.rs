@@ -8,24 +8,25 @@ use async_nats::jetstream;
 use futures::future::BoxFuture;
 use sluice_actors::{
     BackoffPolicy, Failpoint, PipelineConfig, PipelineHandle, PipelineSettings, TableKey,
-    TableOverrides, TableSettings, TableSettingsResolver, Target,
+    TableOverrides, TableSettings, TableSettingsResolver,
 };
 
 use crate::admin::PipelineView;
-use crate::clickhouse::insert::HttpInserter;
+use crate::clickhouse::clients::TargetClients;
 use crate::config::{self, Config};
 use crate::nats::{
     DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings, Publisher,
     StreamSettings,
 };
 
-/// Start the actor tree: one pool per target (inserting through `inserters`, by target
-/// name), the consumer on the durable consumer.
+/// Start the actor tree: a target per configured one with a pool per server
+/// (inserting through `inserters`, by target name), the consumer on the durable
+/// consumer.
 pub async fn start(
     config: &Config,
     js: jetstream::Context,
     streams: StreamSettings,
-    inserters: &BTreeMap<String, Arc<HttpInserter>>,
+    inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
     let dlq = Arc::new(DlqWriter::new(
         Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
@@ -43,8 +44,8 @@ pub async fn start(
         .with_max_held_rows(config.pipeline.max_held_rows)
         .with_manifests(manifests.clone());
     let targets = inserters
-        .iter()
-        .map(|(name, inserter)| Target::new(name, inserter.clone()))
+        .values()
+        .map(|clients| clients.pipeline_target())
         .collect();
     let tenants: HashMap<String, String> = config
         .tenants

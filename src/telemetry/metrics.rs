@@ -17,13 +17,17 @@ pub const INGEST_MESSAGES: &str = "sluice_ingest_messages_total";
 pub const INGEST_ROWS_REJECTED: &str = "sluice_ingest_rows_rejected_total";
 /// Bytes the ingest requests in progress have reserved of `[api] ingest_memory`.
 pub const INGEST_MEMORY_RESERVED: &str = "sluice_ingest_memory_reserved_bytes";
+/// Keyed ingest requests by what became of their `Idempotency-Key` (`claimed`,
+/// `replayed`, `resumed`, `taken_over`, `in_progress`, `mismatch`, `unusable`; see
+/// `api::ingest::idempotency::KeyOutcome`, which registers each at 0).
+pub const INGEST_IDEMPOTENCY: &str = "sluice_ingest_idempotency_total";
 /// Orphaned batch manifests the collector removed from the bucket, by reason
 /// (`old_incarnation`, `acked`, `forgotten_after_reconnect`, `gone_from_stream`).
 pub const MANIFESTS_COLLECTED: &str = "sluice_manifests_collected_total";
 
 /// The statuses `POST /v1/ingest` answers with, registered at 0 at start (a status
 /// left out here still appears when first answered, only not from 0).
-pub const INGEST_STATUSES: &[u16] = &[202, 400, 401, 403, 404, 413, 415, 503];
+pub const INGEST_STATUSES: &[u16] = &[202, 400, 401, 403, 404, 409, 413, 415, 422, 503];
 
 /// The statuses `POST /v1/query` answers with (see `query::errors`), registered at 0
 /// when the gateway is on.
@@ -38,8 +42,18 @@ pub fn register_known(config: &Config) {
         .keys()
         .map(|(tenant, table)| TableKey::new(tenant, table))
         .collect();
+    let replicas: Vec<(String, String)> = config
+        .targets
+        .values()
+        .flat_map(|t| {
+            t.replica_names()
+                .into_iter()
+                .flatten()
+                .map(|replica| (t.name.clone(), replica))
+        })
+        .collect();
     sluice_actors::metrics::register_known(
-        config.targets.keys().map(String::as_str),
+        replicas.iter().map(|(t, r)| (t.as_str(), r.as_str())),
         &config.nats.stream,
         &tables,
     );
@@ -97,5 +111,10 @@ pub fn describe() {
         INGEST_ROWS_REJECTED,
         Unit::Count,
         "Rows the ingest API refused, by tenant and table."
+    );
+    describe_counter!(
+        INGEST_IDEMPOTENCY,
+        Unit::Count,
+        "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable)."
     );
 }

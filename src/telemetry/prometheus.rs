@@ -1,16 +1,26 @@
 //! The Prometheus recorder behind `GET /metrics`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use super::table_rows::{TableRows, TappedRecorder};
 use crate::config::Config;
+
+/// What the installed recorder is read through.
+pub struct Installed {
+    /// Renders `GET /metrics`.
+    pub handle: PrometheusHandle,
+    /// Each table's row totals, for the admin page's rates.
+    pub table_rows: Arc<TableRows>,
+}
 
 /// Install the global recorder (once per process), describe every metric and register
 /// at 0 the series the configuration knows of.
-pub fn install(config: &Config) -> anyhow::Result<PrometheusHandle> {
-    let handle = PrometheusBuilder::new()
+pub fn install(config: &Config) -> anyhow::Result<Installed> {
+    let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
             &[
@@ -25,7 +35,10 @@ pub fn install(config: &Config) -> anyhow::Result<PrometheusHandle> {
             ],
         )
         .context("histogram buckets")?
-        .install_recorder()
+        .build_recorder();
+    let handle = recorder.handle();
+    let table_rows = Arc::new(TableRows::default());
+    metrics::set_global_recorder(TappedRecorder::new(recorder, table_rows.clone()))
         .context("installing the metrics recorder")?;
     sluice_actors::metrics::describe_all();
     super::metrics::describe();
@@ -40,5 +53,5 @@ pub fn install(config: &Config) -> anyhow::Result<PrometheusHandle> {
             upkeep.run_upkeep();
         }
     });
-    Ok(handle)
+    Ok(Installed { handle, table_rows })
 }

@@ -5,11 +5,11 @@
 use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use serde_json::{json, Value};
-use sluice_harness::{wait_for, Stack, StackOptions, ADMIN_TOKEN, TENANT};
+use sluice_harness::{Stack, ADMIN_TOKEN, TENANT};
 
 use crate::*;
 
-/// DESIGN.md "Dead-letter stream".
+/// docs/architecture.md, "Contracts".
 const HEADERS: &[&str] = &[
     "Sluice-Tenant",
     "Sluice-Table",
@@ -21,21 +21,6 @@ const HEADERS: &[&str] = &[
     "Sluice-Deliveries",
     "Sluice-Parked-At",
 ];
-
-async fn wait_parked(stack: &Stack, table: &str, n: u64) -> Result<()> {
-    wait_for(
-        &format!("{n} rows of {table} parked"),
-        DEADLINE,
-        POLL,
-        || async {
-            match dlq_count(stack, TENANT, table).await? {
-                c if c == n => Ok(()),
-                c => bail!("{c} parked"),
-            }
-        },
-    )
-    .await
-}
 
 async fn replay(stack: &Stack, body: Value) -> Result<Value> {
     let (status, _, answer) = stack
@@ -54,16 +39,7 @@ async fn replay(stack: &Stack, body: Value) -> Result<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
-    let mut stack = Stack::start(StackOptions::default()).await?;
-    stack
-        .clickhouse
-        .exec("CREATE TABLE orders (id UInt64, v UInt32) ENGINE = MergeTree ORDER BY id")
-        .await?;
-    stack
-        .clickhouse
-        .exec("CREATE TABLE strict (id UInt64) ENGINE = MergeTree ORDER BY id")
-        .await?;
-    stack.start_sluice(SLUICE).await?;
+    let stack = dlq_stack().await?;
 
     // Two good rows land; three whose `v` is text are parked.
     let rows = vec![
@@ -187,13 +163,7 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
     assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 0);
 
     // A limit replays that many: park two unknown-field rows in another table.
-    ingest_ok(
-        &stack,
-        "strict",
-        &[json!({"id": 1, "extra": 1}), json!({"id": 2, "extra": 2})],
-    )
-    .await?;
-    wait_parked(&stack, "strict", 2).await?;
+    park_two_in_strict(&stack).await?;
     let peeked = stack.dlq_rows("strict").await?;
     assert!(
         peeked

@@ -1,10 +1,13 @@
 //! The admin endpoint on real servers, as an operator uses it: readiness, the live
-//! actor tree, Prometheus metrics, the token, the DLQ tools, the logs and the page in a
-//! real browser.
+//! actor tree, Prometheus metrics, the token, the routes the page reads (rates, NATS,
+//! paged parked rows), the DLQ tools (over HTTP and from `sluice dlq`), the logs and
+//! the page in a real browser.
 
+mod cli;
 mod dlq;
 mod logs;
 mod metrics;
+mod overview;
 mod page;
 mod security;
 mod tree;
@@ -23,6 +26,20 @@ pub const POLL: Duration = Duration::from_millis(200);
 
 pub const EVENTS: &str =
     "CREATE TABLE events (id UInt64, name String) ENGINE = MergeTree ORDER BY id";
+/// A table whose `v` refuses text: rows with `"v": "twenty"` are parked until it is
+/// altered to take it.
+pub const ORDERS: &str = "CREATE TABLE orders (id UInt64, v UInt32) ENGINE = MergeTree ORDER BY id";
+/// A table with one column: rows with any other field are parked (code 117).
+pub const STRICT: &str = "CREATE TABLE strict (id UInt64) ENGINE = MergeTree ORDER BY id";
+
+/// A stack with `orders` and `strict`, and Sluice running.
+pub async fn dlq_stack() -> Result<Stack> {
+    let mut stack = Stack::start(sluice_harness::StackOptions::default()).await?;
+    stack.clickhouse.exec(ORDERS).await?;
+    stack.clickhouse.exec(STRICT).await?;
+    stack.start_sluice(SLUICE).await?;
+    Ok(stack)
+}
 
 /// A GET with the stack's admin token; the status and the JSON body.
 pub async fn admin(stack: &Stack, path: &str) -> Result<(u16, Value)> {
@@ -136,4 +153,31 @@ pub async fn dlq_count(stack: &Stack, tenant: &str, table: &str) -> Result<u64> 
         .find(|t| t["tenant"] == tenant && t["table"] == table)
         .and_then(|t| t["rows"].as_u64())
         .unwrap_or(0))
+}
+
+/// Sends `strict` two rows with a field it does not have, and waits until both are
+/// parked.
+pub async fn park_two_in_strict(stack: &Stack) -> Result<()> {
+    let rows = [
+        serde_json::json!({"id": 1, "extra": 1}),
+        serde_json::json!({"id": 2, "extra": 2}),
+    ];
+    ingest_ok(stack, "strict", &rows).await?;
+    wait_parked(stack, "strict", 2).await
+}
+
+/// Waits until exactly `n` rows of `table` are parked.
+pub async fn wait_parked(stack: &Stack, table: &str, n: u64) -> Result<()> {
+    wait_for(
+        &format!("{n} rows of {table} parked"),
+        DEADLINE,
+        POLL,
+        || async move {
+            match dlq_count(stack, sluice_harness::TENANT, table).await? {
+                c if c == n => Ok(()),
+                c => bail!("{c} parked"),
+            }
+        },
+    )
+    .await
 }

@@ -1,4 +1,4 @@
-//! `/metrics`: every metric name of DESIGN.md "Metrics" after the traffic that makes it
+//! `/metrics`: every metric name (docs/operations.md's table) after the traffic that makes it
 //! appear, each with its labels, and values that match what happened; every series with
 //! known labels there from start at 0; every page accepted by `promtool check metrics`;
 //! and the shipped alert rules (`deploy/alerts.yaml`, checked by `promtool check rules`
@@ -17,20 +17,23 @@ use sluice_harness::{available, wait_for, Metrics, Respond, Rule, Stack, StackOp
 
 use crate::*;
 
-/// Every metric name and the labels it carries. DESIGN lists `sluice_table_backoff` and
+/// Every metric name and the labels it carries. `sluice_table_backoff` and
 /// `sluice_buffered_rows` with `{table}`; they carry `tenant` too, so two tenants'
 /// tables of the same name are two gauges instead of one overwritten (summing by table
-/// gives DESIGN's view; see `sluice_actors::metrics`).
+/// gives the per-table view; see `sluice_actors::metrics`).
 const EXPECTED: &[(&str, &[&str])] = &[
     ("sluice_rows_received_total", &["tenant", "table"]),
     ("sluice_messages_received_total", &["tenant", "table"]),
     ("sluice_rows_inserted_total", &["tenant", "table"]),
     ("sluice_rows_parked_total", &["tenant", "table", "reason"]),
     ("sluice_retries_total", &["table", "reason"]),
-    ("sluice_insert_requests_total", &["target", "outcome"]),
-    ("sluice_insert_duration_seconds", &["target"]),
+    (
+        "sluice_insert_requests_total",
+        &["target", "replica", "outcome"],
+    ),
+    ("sluice_insert_duration_seconds", &["target", "replica"]),
     ("sluice_batch_rows", &["table"]),
-    ("sluice_breaker_state", &["target"]),
+    ("sluice_breaker_state", &["target", "replica"]),
     ("sluice_table_backoff", &["tenant", "table"]),
     ("sluice_buffered_rows", &["tenant", "table"]),
     ("sluice_table_missing", &["tenant", "table"]),
@@ -422,7 +425,7 @@ fn metrics_section() -> Result<String> {
 
 /// Labels whose values come from the configuration (and a histogram's buckets): any
 /// value goes. Every other label's values are the code's own, and the docs list them.
-const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "stream", "le"];
+const NAMED_BY_CONFIGURATION: &[&str] = &["tenant", "table", "target", "replica", "stream", "le"];
 
 /// docs/operations.md's metrics table: each metric a row names in its first cell
 /// (`` `name{label,label}` ``), with those labels and the row's text.
@@ -493,20 +496,27 @@ fn undocumented(m: &Metrics) -> Result<Vec<String>> {
 /// Series that must be on the page with value 0 before any traffic.
 fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     let mut series = Vec::new();
-    for kind in ["consumer", "pool", "table"] {
+    for kind in ["consumer", "target", "pool", "table"] {
         series.push(("sluice_actor_restarts_total", vec![("kind", kind)]));
     }
     for outcome in ["ok", "rejected", "unavailable", "denied", "unknown"] {
         series.push((
             "sluice_insert_requests_total",
-            vec![("target", "main"), ("outcome", outcome)],
+            vec![
+                ("target", "main"),
+                ("replica", "main"),
+                ("outcome", outcome),
+            ],
         ));
     }
     series.push((
         "sluice_insert_duration_seconds_count",
-        vec![("target", "main")],
+        vec![("target", "main"), ("replica", "main")],
     ));
-    series.push(("sluice_breaker_state", vec![("target", "main")]));
+    series.push((
+        "sluice_breaker_state",
+        vec![("target", "main"), ("replica", "main")],
+    ));
     // The table configured by name under [tables."acme.events"].
     let events = [("tenant", TENANT), ("table", "events")];
     for name in [
@@ -538,8 +548,22 @@ fn zero_at_start() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
             vec![("table", "events"), ("reason", reason)],
         ));
     }
-    for status in ["202", "400", "413", "503"] {
+    for status in ["202", "400", "409", "413", "422", "503"] {
         series.push(("sluice_ingest_requests_total", vec![("status", status)]));
+    }
+    for outcome in [
+        "claimed",
+        "replayed",
+        "resumed",
+        "taken_over",
+        "in_progress",
+        "mismatch",
+        "unusable",
+    ] {
+        series.push((
+            "sluice_ingest_idempotency_total",
+            vec![("outcome", outcome)],
+        ));
     }
     for status in ["200", "400", "403", "429", "503", "504"] {
         series.push(("sluice_query_total", vec![("status", status)]));

@@ -15,6 +15,8 @@ use crate::*;
 /// The admin routes that want the token, as docs/deploy.md writes them.
 const GUARDED: &[(Method, &str)] = &[
     (Method::GET, "/admin/actors"),
+    (Method::GET, "/admin/rates"),
+    (Method::GET, "/admin/nats"),
     (Method::GET, "/admin/dlq"),
     (Method::GET, "/admin/dlq/{tenant}/{table}"),
     (Method::DELETE, "/admin/dlq/{tenant}/{table}"),
@@ -23,8 +25,18 @@ const GUARDED: &[(Method, &str)] = &[
     (Method::POST, "/admin/debug/panic-pool/{target}"),
 ];
 
-/// The `GET` routes that answer without it.
-const OPEN: &[&str] = &["/healthz", "/readyz", "/metrics", "/admin/"];
+/// The `GET` routes that answer without it, with the media type of their answer.
+const OPEN: &[(&str, &str)] = &[
+    ("/healthz", "application/json"),
+    ("/readyz", "application/json"),
+    ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
+    ("/openapi.json", "application/json"),
+    ("/admin", "text/html; charset=utf-8"),
+    ("/admin/", "text/html; charset=utf-8"),
+    ("/admin/assets/page.js", "text/javascript; charset=utf-8"),
+    ("/admin/assets/page.css", "text/css; charset=utf-8"),
+    ("/favicon.ico", "image/svg+xml"),
+];
 
 /// A request for `route` on the test's stack: the tenant's `events` table, target
 /// `main`, and what each route needs besides (a purge's confirmation, a replay's body).
@@ -73,6 +85,25 @@ fn documented_admin_routes() -> Result<BTreeSet<(String, String, bool)>> {
     Ok(routes)
 }
 
+/// The admin endpoint's OpenAPI document: (method, route, whether it wants the token).
+async fn openapi_admin_routes(stack: &Stack) -> Result<BTreeSet<(String, String, bool)>> {
+    let (status, doc) = stack.admin_get("/openapi.json").await?;
+    anyhow::ensure!(status == 200, "/openapi.json answered {status}");
+    let mut routes = BTreeSet::new();
+    for (route, item) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, operation) in item.as_object().into_iter().flatten() {
+            if method == "parameters" {
+                continue;
+            }
+            let token = operation["security"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty());
+            routes.insert((method.to_ascii_uppercase(), route.clone(), token));
+        }
+    }
+    Ok(routes)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<()> {
     let mut stack = Stack::start(StackOptions::default()).await?;
@@ -88,12 +119,18 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
         .map(|(m, route)| (m.to_string(), route.to_string(), true))
         .chain(
             OPEN.iter()
-                .map(|route| ("GET".into(), route.to_string(), false)),
+                .map(|(route, _)| ("GET".into(), route.to_string(), false)),
         )
         .collect();
     assert_eq!(
         documented, tested,
         "docs/deploy.md's admin routes (method, route, token) and the ones this test checks"
+    );
+    // And the endpoint's OpenAPI document says the same.
+    assert_eq!(
+        openapi_admin_routes(&stack).await?,
+        tested,
+        "the admin endpoint's /openapi.json (method, route, token) and the ones this test checks"
     );
 
     let guarded: Vec<(Method, String, Option<Value>)> = GUARDED
@@ -147,6 +184,8 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
     }
     for path in [
         "/admin/actors".to_string(),
+        "/admin/rates".to_string(),
+        "/admin/nats".to_string(),
         "/admin/dlq".to_string(),
         format!("/admin/dlq/{TENANT}/events?limit=5"),
     ] {
@@ -163,14 +202,13 @@ async fn the_admin_token_guards_everything_but_probes_and_the_page() -> Result<(
         .await?;
     assert_eq!(status, 200, "{answer}");
 
-    // Probes, the scraper and the page need no token.
-    for path in OPEN {
+    // Probes, the scraper, the page with its assets and the endpoint's description
+    // need no token.
+    for (path, content_type) in OPEN {
         let (status, headers, _) = stack.admin_request(Method::GET, path, None, None).await?;
         assert_eq!(status, 200, "GET {path} without a token");
-        if *path == "/admin/" {
-            let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
-            assert_eq!(ct, Some("text/html; charset=utf-8"));
-        }
+        let ct = headers.get("content-type").and_then(|v| v.to_str().ok());
+        assert_eq!(ct, Some(*content_type), "GET {path}");
     }
     Ok(())
 }
@@ -250,6 +288,8 @@ async fn secrets_never_show_in_the_tree_the_dlq_metrics_or_logs() -> Result<()> 
     let mut pages = Vec::new();
     for path in [
         "/admin/actors".to_string(),
+        "/admin/rates".to_string(),
+        "/admin/nats".to_string(),
         "/admin/dlq".to_string(),
         format!("/admin/dlq/{TENANT}/events?limit=100"),
         "/readyz".to_string(),

@@ -159,7 +159,8 @@ async fn a_tables_buffered_rows_show_in_the_tree_and_the_gauge() -> Result<()> {
         0,
         "nothing of slow was flushed yet"
     );
-    // The tree nests: root > pool > tables, with the consumer beside the pool.
+    // The tree nests: root > target > its server's pool and its tables, with the
+    // consumer beside the target.
     let tree = tree(&stack).await?;
     assert_eq!(tree["kind"], "root", "{tree}");
     let kinds: Vec<_> = tree["children"]
@@ -169,11 +170,12 @@ async fn a_tables_buffered_rows_show_in_the_tree_and_the_gauge() -> Result<()> {
         .map(|c| c["kind"].as_str().unwrap_or_default().to_string())
         .collect();
     assert!(
-        kinds.contains(&"consumer".to_string()) && kinds.contains(&"pool".to_string()),
+        kinds.contains(&"consumer".to_string()) && kinds.contains(&"target".to_string()),
         "{tree}"
     );
-    let pool =
-        find_node(&tree, "pool", "main").with_context(|| format!("no pool main in {tree}"))?;
-    assert!(find_node(pool, "table", &name).is_some(), "{tree}");
+    let target =
+        find_node(&tree, "target", "main").with_context(|| format!("no target main in {tree}"))?;
+    assert!(find_node(target, "pool", "main").is_some(), "{tree}");
+    assert!(find_node(target, "table", &name).is_some(), "{tree}");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The ConsumerActor itself: pulls from the source, groups each pulled batch by
-//! subject and sends one message per group to the table's pool.
+//! subject and sends one message per group to the table's target.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -22,8 +22,8 @@ use crate::settle::{hand_back, park_all};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
-/// A pool as the consumer knows it: where its rows go.
-pub type PoolLink<D> = DerivedActorRef<Routed<D>>;
+/// A target as the consumer knows it: where its rows go.
+pub type TargetLink<D> = DerivedActorRef<Routed<D>>;
 
 pub struct ConsumerActor<F>(PhantomData<fn() -> F>);
 
@@ -37,8 +37,8 @@ pub struct ConsumerArgs<F: SourceFactory> {
     pub factory: Arc<F>,
     pub router: Arc<Router>,
     pub common: Arc<Common>,
-    /// The pools that run now, by index (`None`: restarting).
-    pub pools: Vec<Option<PoolLink<DeliveryOf<F>>>>,
+    /// The targets that run now, by index (`None`: restarting).
+    pub targets: Vec<Option<TargetLink<DeliveryOf<F>>>>,
     /// Fault injection: fail in `pre_start` (the root's debug message asks for it).
     pub fail_spawn: bool,
 }
@@ -119,10 +119,14 @@ impl<F: SourceFactory> ConsumerState<F> {
         self.snap.pulled_rows_total += row_total as u64;
         common.stats.received(row_total);
         match route {
-            Route::Table { key, pool, metrics } => {
+            Route::Table {
+                key,
+                target,
+                metrics,
+            } => {
                 metrics.received(rows.len(), row_total);
                 let restarting = common.settings.handback_while_restarting;
-                match self.args.pools.get(*pool).and_then(Option::as_ref) {
+                match self.args.targets.get(*target).and_then(Option::as_ref) {
                     Some(p) => {
                         let routed = Routed::Messages {
                             key: key.clone(),
@@ -134,7 +138,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                             hand_back(common, Some(metrics), messages, restarting);
                         }
                     }
-                    // The pool is restarting: its rows come back shortly.
+                    // The target is restarting: its rows come back shortly.
                     None => hand_back(common, Some(metrics), rows, restarting),
                 }
             }
@@ -252,7 +256,7 @@ impl<F: SourceFactory> ConsumerState<F> {
     }
 
     /// The manifest store's changes since the last pull, to the tables they concern
-    /// (through their pools, in the order the store saw them).
+    /// (through their targets, in the order the store saw them).
     fn route_ledger_changes(&mut self) {
         let Some(store) = self.args.common.manifests.as_ref() else {
             return;
@@ -260,8 +264,8 @@ impl<F: SourceFactory> ConsumerState<F> {
         match store.changes() {
             Changes::None => {}
             Changes::Resync => {
-                for pool in self.args.pools.iter().flatten() {
-                    let _ = pool.send_message(Routed::LedgerResync);
+                for target in self.args.targets.iter().flatten() {
+                    let _ = target.send_message(Routed::LedgerResync);
                 }
             }
             Changes::Some(changes) => {
@@ -273,9 +277,9 @@ impl<F: SourceFactory> ConsumerState<F> {
                     }
                 }
                 for (key, changes) in by_table {
-                    let pool = self.args.router.pool_of_tenant(&key.tenant);
-                    if let Some(p) = pool
-                        .and_then(|i| self.args.pools.get(i))
+                    let target = self.args.router.target_of_tenant(&key.tenant);
+                    if let Some(p) = target
+                        .and_then(|i| self.args.targets.get(i))
                         .and_then(Option::as_ref)
                     {
                         let _ = p.send_message(Routed::Ledger { key, changes });
@@ -316,14 +320,14 @@ impl<F: SourceFactory> ConsumerState<F> {
         myself.send_after(delay, || ConsumerMsg::Connect);
     }
 
-    fn on_pool_up(&mut self, index: usize, pool: PoolLink<DeliveryOf<F>>) {
-        if let Some(slot) = self.args.pools.get_mut(index) {
-            *slot = Some(pool);
+    fn on_target_up(&mut self, index: usize, target: TargetLink<DeliveryOf<F>>) {
+        if let Some(slot) = self.args.targets.get_mut(index) {
+            *slot = Some(target);
         }
     }
 
-    fn on_pool_down(&mut self, index: usize) {
-        if let Some(slot) = self.args.pools.get_mut(index) {
+    fn on_target_down(&mut self, index: usize) {
+        if let Some(slot) = self.args.targets.get_mut(index) {
             *slot = None;
         }
     }
@@ -390,8 +394,8 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
         match msg {
             ConsumerMsg::Connect => state.on_connect(&myself).await,
             ConsumerMsg::Pull => state.on_pull(&myself).await,
-            ConsumerMsg::PoolUp { index, pool } => state.on_pool_up(index, pool),
-            ConsumerMsg::PoolDown { index } => state.on_pool_down(index),
+            ConsumerMsg::TargetUp { index, target } => state.on_target_up(index, target),
+            ConsumerMsg::TargetDown { index } => state.on_target_down(index),
             ConsumerMsg::StopPulling(reply) => state.on_stop_pulling(reply),
             ConsumerMsg::Debug(debug) => state.on_debug(debug),
         }

@@ -7,13 +7,13 @@ use crate::routing::Routed;
 pub enum ConsumerMsg<D> {
     Connect,
     Pull,
-    /// The root (re)spawned pool number `index`: route its tenants' rows there.
-    PoolUp {
+    /// The root (re)spawned target number `index`: route its tenants' rows there.
+    TargetUp {
         index: usize,
-        pool: DerivedActorRef<Routed<D>>,
+        target: DerivedActorRef<Routed<D>>,
     },
-    /// Pool number `index` is down (restarting): its rows go back for a moment.
-    PoolDown {
+    /// Target number `index` is down (restarting): its rows go back for a moment.
+    TargetDown {
         index: usize,
     },
     /// Shutdown: stop pulling; answers once the batch in hand is routed.

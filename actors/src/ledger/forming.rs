@@ -63,13 +63,15 @@ impl<D> Formed<D> {
     }
 }
 
-/// A fresh batch of a table whose inserts ClickHouse deduplicates: recorded first, and
-/// only with messages JetStream still counts as ours. Returns the messages whose lease
-/// ran out beside it: they may be in another batch by now and go back.
+/// A fresh batch of a table whose inserts ClickHouse deduplicates, for shard `shard`
+/// of its target: recorded first (with its shard), and only with messages JetStream
+/// still counts as ours. Returns the messages whose lease ran out beside it: they may
+/// be in another batch by now and go back.
 pub async fn claim_fresh<D: Delivery>(
     io: &LedgerIo<'_>,
     deliveries: Vec<D>,
     held_since: Instant,
+    shard: usize,
 ) -> (Formed<D>, Vec<D>) {
     let now = Instant::now();
     let (mut live, expired): (Vec<D>, Vec<D>) = deliveries
@@ -94,8 +96,9 @@ pub async fn claim_fresh<D: Delivery>(
         );
     };
     let batch = Batch::new(live, held_since);
-    let manifest =
-        Manifest::new(io.key.clone(), incarnation, batch.sequences()).claimed_at(unix_ms());
+    let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences())
+        .claimed_at(unix_ms())
+        .on_shard(u32::try_from(shard).unwrap_or(u32::MAX));
     if let Err(e) = io.store.claim(&manifest).await {
         let why = match e {
             ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },

@@ -77,6 +77,17 @@ impl<D: Delivery> Gatherings<D> {
         self.ready.pop_front()
     }
 
+    /// The record of the batch [`Gatherings::next_ready`] would give, left in place.
+    pub fn peek_ready(&self) -> Option<&Arc<Manifest>> {
+        self.ready.front().map(|g| &g.manifest)
+    }
+
+    /// The ready batch `id`, taken out (`None`: it is not ready, or gone).
+    pub fn take_ready(&mut self, id: &str) -> Option<Gathering<D>> {
+        let at = self.ready.iter().position(|g| g.manifest.id == id)?;
+        self.ready.remove(at)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.gathering.is_empty() && self.ready.is_empty()
     }

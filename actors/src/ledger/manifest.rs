@@ -23,6 +23,11 @@ pub struct Manifest {
     pub incarnation: u64,
     /// The batch's messages by stream sequence, ascending: the order their rows are sent.
     pub messages: Vec<u64>,
+    /// The shard of its target the batch goes to (0-based, in the order the target's
+    /// `shards` lists them), chosen when it is claimed: every retry and every copy
+    /// formed again goes to a replica of this shard, whose replicas share the
+    /// Replicated table's block ids (another shard would take the rows again).
+    pub shard: u32,
     /// When the batch was claimed (before its first attempt), in ms since the epoch; 0
     /// when unknown (a record written before this was kept). A retry later than the
     /// table's deduplication window is counted: ClickHouse may take it twice.
@@ -85,9 +90,15 @@ impl Manifest {
             table,
             incarnation,
             messages,
+            shard: 0,
             claimed_at_ms: 0,
             state: ManifestState::Open,
         }
+    }
+
+    /// The same batch, for shard `shard` of its target.
+    pub fn on_shard(self, shard: u32) -> Self {
+        Self { shard, ..self }
     }
 
     /// The same batch, claimed at `ms` (since the epoch).

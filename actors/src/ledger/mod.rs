@@ -206,6 +206,17 @@ impl<D: Delivery> TableLedger<D> {
         self.gatherings.next_ready()
     }
 
+    /// The record of the next ready batch, left in place (its shard picks the replica
+    /// it is asked for).
+    pub fn peek_ready(&self) -> Option<&Arc<Manifest>> {
+        self.gatherings.peek_ready()
+    }
+
+    /// The ready batch `id` (the one a permit was asked for), taken out.
+    pub fn take_ready(&mut self, id: &str) -> Option<Gathering<D>> {
+        self.gatherings.take_ready(id)
+    }
+
     /// Messages gathered (waiting or ready).
     pub fn gathered(&self) -> usize {
         self.gatherings.len()

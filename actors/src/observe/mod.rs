@@ -5,17 +5,22 @@
 //!
 //! This module and [`crate::metrics`] are the only places in the crate that keep shared
 //! state behind a lock or an atomic: they record what the actors decided, they never
-//! take part in a decision.
+//! take part in a decision. The [`ReplicaBoard`] is read by routing to pick whom to
+//! ask; the replica's pool still decides.
 
+pub mod board;
 mod registry;
 mod snapshots;
 mod stats;
 mod throttle;
 
-pub use registry::{pool_id, table_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID};
+pub use board::ReplicaBoard;
+pub use registry::{
+    pool_id, table_id, target_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID,
+};
 pub use snapshots::{
-    ConsumerSnapshot, MissingTableSnapshot, NodeKind, NodeState, NodeStatus, PoolSnapshot,
-    TableSnapshot,
+    BatchRoute, ConsumerSnapshot, MissingTableSnapshot, NodeKind, NodeState, NodeStatus,
+    PoolSnapshot, ReplicaBackoff, TableSnapshot, TargetSnapshot,
 };
 pub use stats::{Stats, StatsSnapshot};
 pub use throttle::SnapshotThrottle;

@@ -44,15 +44,20 @@ pub struct TreeNode {
     pub children: Vec<TreeNode>,
 }
 
-/// Node ids: `root`, `consumer`, `pool/<target>`, `pool/<target>/table/<tenant>.<table>`.
+/// Node ids: `root`, `consumer`, `target/<target>`, `target/<target>/pool/<replica>`,
+/// `target/<target>/table/<tenant>.<table>`.
 pub type NodeId = String;
 
-pub fn pool_id(target: &str) -> NodeId {
-    format!("pool/{target}")
+pub fn target_id(target: &str) -> NodeId {
+    format!("target/{target}")
+}
+
+pub fn pool_id(target: &str, replica: &str) -> NodeId {
+    format!("target/{target}/pool/{replica}")
 }
 
 pub fn table_id(target: &str, key: &crate::ports::TableKey) -> NodeId {
-    format!("pool/{target}/table/{key}")
+    format!("target/{target}/table/{key}")
 }
 
 pub const ROOT_ID: &str = "root";
@@ -209,8 +214,8 @@ impl Registry {
         serde_json::to_value(self.tree()).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Ready when the consumer is connected and running and every pool's target answered
-    /// one probe. `Err` lists every reason it is not.
+    /// Ready when the consumer is connected and running and, in every target, every
+    /// shard has a replica that answered one probe. `Err` lists every reason it is not.
     pub fn readiness(&self) -> Result<(), Vec<String>> {
         let nodes = self.lock();
         let mut reasons = vec![];
@@ -234,25 +239,67 @@ impl Registry {
                 }
             }
         }
-        let mut pools = 0;
-        for n in nodes.values().filter(|n| n.kind == NodeKind::Pool) {
-            pools += 1;
-            match &n.state {
-                NodeState::Pool(p) if p.probed_ok => {}
-                NodeState::Pool(p) => reasons.push(match &p.last_probe_error {
-                    Some(e) => format!("target {}: not probed yet ({e})", n.name),
-                    None => format!("target {}: not probed yet", n.name),
-                }),
-                _ => reasons.push(format!("target {}: not probed yet", n.name)),
-            }
-        }
-        let _ = pools;
+        reasons.extend(unprobed_shards(&nodes));
         if reasons.is_empty() {
             Ok(())
         } else {
             Err(reasons)
         }
     }
+}
+
+/// A shard none of whose replicas answered a probe yet, per target: one reason each,
+/// with its replicas' last errors (a target of one server: worded as the server's).
+fn unprobed_shards(nodes: &BTreeMap<NodeId, Node>) -> Vec<String> {
+    #[derive(Default)]
+    struct Shard {
+        answered: bool,
+        errors: Vec<String>,
+    }
+    let mut shards: BTreeMap<(&str, usize), Shard> = BTreeMap::new();
+    let mut replicas: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in nodes.values().filter(|n| n.kind == NodeKind::Pool) {
+        // A pool publishes as it starts; until then it is a server not heard from.
+        let (target, shard, answered, error) = match &n.state {
+            NodeState::Pool(p) => (
+                p.target.as_str(),
+                p.shard,
+                p.probed_ok,
+                p.last_probe_error.as_ref().map(|e| (p.replica.as_str(), e)),
+            ),
+            _ => (n.name.as_str(), 0, false, None),
+        };
+        *replicas.entry(target).or_default() += 1;
+        let entry = shards.entry((target, shard)).or_default();
+        entry.answered |= answered;
+        if let (false, Some((replica, e))) = (answered, error) {
+            entry.errors.push(format!("{replica}: {e}"));
+        }
+    }
+    let mut reasons = Vec::new();
+    for ((target, shard), s) in shards {
+        if s.answered {
+            continue;
+        }
+        let (head, errors) = if replicas.get(target) == Some(&1) {
+            let prefix = format!("{target}: ");
+            let errors: Vec<String> = s
+                .errors
+                .iter()
+                .map(|e| e.strip_prefix(&prefix).unwrap_or(e).to_owned())
+                .collect();
+            (format!("target {target}: not probed yet"), errors)
+        } else {
+            let head = format!("target {target} shard {shard}: no replica answered a probe yet");
+            (head, s.errors)
+        };
+        reasons.push(if errors.is_empty() {
+            head
+        } else {
+            format!("{head} ({})", errors.join("; "))
+        });
+    }
+    reasons
 }
 
 fn status_word(s: NodeStatus) -> &'static str {
@@ -301,6 +348,18 @@ mod tests {
         r.register(ROOT_ID, NodeKind::Root, "root", None);
         r.register(CONSUMER_ID, NodeKind::Consumer, "INGEST", Some(ROOT_ID));
         r.register("pool/main", NodeKind::Pool, "main", Some(ROOT_ID));
+        r.publish(
+            "pool/main",
+            NodeState::Pool(crate::observe::PoolSnapshot {
+                target: "main".into(),
+                replica: "main".into(),
+                shard: 1,
+                breaker: crate::scoped_breaker::BreakerSnapshot::closed(),
+                probed_ok: false,
+                server_version: None,
+                last_probe_error: None,
+            }),
+        );
         r.publish(ROOT_ID, NodeState::None {});
         r.publish(
             CONSUMER_ID,

@@ -11,6 +11,9 @@ use crate::scoped_breaker::BreakerSnapshot;
 pub enum NodeKind {
     Root,
     Consumer,
+    /// A ClickHouse target: the supervisor of its servers' pools and its tables.
+    Target,
+    /// One ClickHouse server (a replica of a shard): its outage breaker.
     Pool,
     Table,
 }
@@ -55,16 +58,50 @@ pub struct ConsumerSnapshot {
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TargetSnapshot {
+    pub target: String,
+    /// The replicas of each shard, by name, in the configuration's order (shard 1
+    /// first).
+    pub shards: Vec<Vec<String>>,
+    /// Table actors running.
+    pub tables: usize,
+}
+
+/// One ClickHouse server of a target.
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PoolSnapshot {
     pub target: String,
+    /// The server's name: its `host:port`, or the target's name for a target of one
+    /// server.
+    pub replica: String,
+    /// Its shard, 1-based as operators count them.
+    pub shard: usize,
     pub breaker: BreakerSnapshot,
-    /// The target answered one probe (readiness).
+    /// The server answered one probe (readiness).
     pub probed_ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
-    pub tables: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_probe_error: Option<String>,
+}
+
+/// A table's own backoff for one replica (read-only there, too many parts...).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ReplicaBackoff {
+    pub replica: String,
+    pub backoff: BreakerSnapshot,
+}
+
+/// Where one of a table's batches went.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BatchRoute {
+    /// 1-based.
+    pub shard: usize,
+    pub replica: String,
+    /// The messages it carried (each one row or many).
+    pub messages: usize,
+    /// When its flight started (RFC 3339).
+    pub at: String,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -74,7 +111,15 @@ pub struct TableSnapshot {
     pub buffered_rows: usize,
     pub buffered_bytes: usize,
     pub flights: usize,
+    /// The table's own backoff: open while every replica's is (it sends nowhere).
     pub backoff: BreakerSnapshot,
+    /// Per replica, when the target has more than one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replica_backoffs: Vec<ReplicaBackoff>,
+    /// The target's shards.
+    pub shards: usize,
+    /// Where the table's last batches went (newest last).
+    pub last_batches: Vec<BatchRoute>,
     pub rows_inserted: u64,
     pub rows_parked: u64,
     /// Rows handed back (naked with a delay) by this table.
@@ -114,6 +159,7 @@ pub struct MissingTableSnapshot {
 pub enum NodeState {
     None {},
     Consumer(ConsumerSnapshot),
+    Target(TargetSnapshot),
     Pool(PoolSnapshot),
     Table(TableSnapshot),
 }

@@ -1,37 +1,30 @@
-//! What a PoolActor is told, and what it tells the root supervisor.
+//! What a PoolActor is told, and what it tells its target.
 
-use ractor::RpcReplyPort;
+use ractor::ActorId;
 
 use super::memory::PoolMemory;
 use crate::breaker::Ticket;
-use crate::ports::{ClickHouseError, ServerInfo, TableKey};
-use crate::routing::Routed;
-use crate::table::TableReport;
+use crate::ports::{ClickHouseError, ServerInfo};
+use crate::table::FlightRequest;
 
-pub enum PoolMsg<D> {
-    /// Messages or ledger changes for this pool's tables (a table is spawned on its
-    /// first messages), from the consumer (through a derived reference: see the `From`
-    /// impls below).
-    Routed(Routed<D>),
-    /// What one of the pool's tables says (through a derived reference).
-    FromTable(TableReport),
-    /// Respawn a table that failed (after its restart delay).
-    RespawnTable(TableKey),
-    /// Probe the target for readiness (retried with backoff until it answers once).
+pub enum PoolMsg {
+    /// A table asks for a flight to this replica, or a flight reports its verdict
+    /// (through a derived reference: see the `From` impls below).
+    FromTable(FlightRequest),
+    /// A table's actor stopped (its target saw it): a probe token its flight was
+    /// given and never used comes back.
+    TableGone(ActorId),
+    /// Probe the server for readiness (retried with backoff until it answers once).
     ReadinessProbe,
     ReadinessResult(Result<ServerInfo, ClickHouseError>),
-    /// The pool's own probe of its target came back: the one it sends when a window
-    /// ended with no flush to probe, or the idle liveness probe while no traffic flows.
+    /// The pool's own probe of its server came back: the one it sends when a window
+    /// ended with no flight to probe, or the idle liveness probe while no traffic flows.
     OwnProbeDone {
         ticket: Ticket,
         result: Result<ServerInfo, ClickHouseError>,
     },
     /// Heartbeat: idle probes, snapshot.
     Tick,
-    /// Shutdown: every table flushes everything now; answered when each has.
-    FlushAll(RpcReplyPort<()>),
-    /// Shutdown past the deadline: every table hands back what it still buffers.
-    HandBackAll(RpcReplyPort<usize>),
     /// Fault injection (tests, and the admin's debug routes when enabled).
     Debug(PoolDebug),
 }
@@ -40,51 +33,32 @@ pub enum PoolMsg<D> {
 pub enum PoolDebug {
     /// Panic in the pool itself.
     Panic,
-    /// Panic in the table's actor; answers whether one runs.
-    PanicTable(TableKey, RpcReplyPort<bool>),
 }
 
-/// What a pool tells the root supervisor.
+/// What a pool tells its target.
 pub enum PoolReport {
     /// What the pool's successor must start from, should this pool die: sent whenever
-    /// it changes (a breaker transition, a table's backoff or restart, readiness).
+    /// it changes (a breaker transition, readiness).
     Remember {
-        index: usize,
+        replica: usize,
         memory: Box<PoolMemory>,
     },
 }
 
 // === conversions for derived references ===
 
-impl<D> From<Routed<D>> for PoolMsg<D> {
-    fn from(routed: Routed<D>) -> Self {
-        PoolMsg::Routed(routed)
+impl From<FlightRequest> for PoolMsg {
+    fn from(request: FlightRequest) -> Self {
+        PoolMsg::FromTable(request)
     }
 }
 
-impl<D> TryFrom<PoolMsg<D>> for Routed<D> {
+impl TryFrom<PoolMsg> for FlightRequest {
     type Error = ();
 
-    fn try_from(msg: PoolMsg<D>) -> Result<Self, ()> {
+    fn try_from(msg: PoolMsg) -> Result<Self, ()> {
         match msg {
-            PoolMsg::Routed(routed) => Ok(routed),
-            _ => Err(()),
-        }
-    }
-}
-
-impl<D> From<TableReport> for PoolMsg<D> {
-    fn from(report: TableReport) -> Self {
-        PoolMsg::FromTable(report)
-    }
-}
-
-impl<D> TryFrom<PoolMsg<D>> for TableReport {
-    type Error = ();
-
-    fn try_from(msg: PoolMsg<D>) -> Result<Self, ()> {
-        match msg {
-            PoolMsg::FromTable(report) => Ok(report),
+            PoolMsg::FromTable(request) => Ok(request),
             _ => Err(()),
         }
     }

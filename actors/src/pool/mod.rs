@@ -1,12 +1,13 @@
-//! PoolActor: one per ClickHouse target. Owns the target's outage breaker and its single
-//! probe token (its [`memory`] outlives it through the root supervisor), probes the
-//! target for readiness and while idle, and spawns, supervises and reaps the
-//! TableActors of every table whose tenant uses this target.
+//! PoolActor: one per ClickHouse server (a replica of one of a target's shards). Owns
+//! the server's outage breaker and its single probe token (its [`memory`] outlives it
+//! through its target), publishes the breaker on its target's board for routing,
+//! answers the tables' requests for flights to the server and hears their verdicts,
+//! and probes the server for readiness and while idle.
 
 pub mod actor;
 pub mod memory;
 pub mod messages;
 
 pub use actor::{PoolActor, PoolArgs};
-pub use memory::{PoolMemory, Readiness, TableMemory};
+pub use memory::{PoolMemory, Readiness};
 pub use messages::{PoolDebug, PoolMsg, PoolReport};

@@ -1,8 +1,9 @@
 //! The TableActor itself: one table's buffer and flush triggers, the owner of the
-//! table's own backoff and of its part of the batch ledger (its index of recorded
-//! batches, fed by the store's changes as messages). A batch that is due asks the
-//! table's backoff, then the pool, for a flight; the flight runs as a task and its
-//! verdict comes back as a message.
+//! table's own backoff on each of its target's servers and of its part of the batch
+//! ledger (its index of recorded batches, fed by the store's changes as messages). A
+//! batch that is due picks a replica (of its recorded shard, or, fresh, of any shard
+//! in turn), asks its own backoff there, then that replica's pool, for a flight; the
+//! flight runs as a task and its verdict comes back as a message.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -13,7 +14,11 @@ use tokio::time::Instant;
 
 use super::buffer::{weigh, Buffer};
 use super::flight::{spawn_flight, FlightCtx, FlightLinks};
-use super::messages::{TableCarryOver, TableDebug, TableMsg, TableReport};
+use super::messages::{
+    FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
+    VerdictReport,
+};
+use super::routes::TableRoutes;
 use super::strikes::Strikes;
 use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
 use crate::batch::SettlePlan;
@@ -22,7 +27,7 @@ use crate::keepalive::lease_ran_out;
 use crate::ledger::{settle_by_record, Cargo, LedgerChange, Manifest, TableLedger};
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
-use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
+use crate::routing::Pick;
 use crate::settle::hand_back;
 
 pub struct TableActor<I, D>(PhantomData<fn() -> (I, D)>);
@@ -35,9 +40,11 @@ impl<I, D> Default for TableActor<I, D> {
 
 pub struct TableArgs<I> {
     pub ctx: Arc<FlightCtx<I>>,
-    /// The pool, as far as a table speaks to it.
-    pub pool: DerivedActorRef<TableReport>,
-    /// The root, for the reports of flights that outlive this table and its pool.
+    /// The target, as far as a table speaks to it.
+    pub target: DerivedActorRef<TableReport>,
+    /// Each replica's pool (by replica index; `None` while it restarts).
+    pub pools: Vec<Option<PoolLink>>,
+    /// The root, for the reports of flights that outlive this table and its target.
     pub orphans: DerivedActorRef<TableReport>,
     pub node_id: String,
     /// What the table's predecessor left (a new backoff, no wait, when `None`).
@@ -63,17 +70,45 @@ struct AgeTimer {
     armed: Option<Instant>,
 }
 
+/// Which batch a permit is asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Next {
+    /// The buffer's next batch: any shard.
+    Fresh,
+    /// A recorded batch (by id), gathered and ready: its own shard.
+    Recorded { id: String, shard: usize },
+}
+
+impl Next {
+    fn shard(&self) -> Option<usize> {
+        match self {
+            Next::Fresh => None,
+            Next::Recorded { shard, .. } => Some(*shard),
+        }
+    }
+}
+
+/// A flight asked of a replica's pool, its answer not come yet (one at a time).
+#[derive(Debug)]
+struct Asking {
+    next: Next,
+    replica: usize,
+    /// The table's own ticket for that replica.
+    ticket: Ticket,
+    /// Replicas that turned this batch away already.
+    turned: Vec<usize>,
+}
+
 pub struct TableState<I, D> {
     ctx: Arc<FlightCtx<I>>,
-    pool: DerivedActorRef<TableReport>,
+    target: DerivedActorRef<TableReport>,
     orphans: DerivedActorRef<TableReport>,
     node_id: String,
     buffer: Buffer<D>,
-    backoff: ScopedBreaker,
+    /// The table's backoff on each replica, the pools, whose turn it is.
+    routes: TableRoutes,
     flights: usize,
-    /// A flight was asked of the pool and its answer has not come: the table's own
-    /// ticket for it. One request at a time.
-    awaiting_permit: Option<Ticket>,
+    asking: Option<Asking>,
     age: AgeTimer,
     /// Shutdown: flush everything at once; answered once the buffer is empty.
     draining: Option<Vec<RpcReplyPort<()>>>,
@@ -107,39 +142,24 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     fn new(args: TableArgs<I>) -> Self {
         let now = Instant::now();
         let ctx = args.ctx;
-        let common = &ctx.common;
-        let (backoff, missing_since) = match args.carry_over {
+        let (carried, missing_since) = match args.carry_over {
             Some(TableCarryOver {
-                mut backoff,
+                backoffs,
                 missing_since,
-            }) => {
-                backoff.take_over(now);
-                (backoff, missing_since)
-            }
-            None => (
-                ScopedBreaker::new(
-                    BreakerScope::Table {
-                        target: ctx.target.clone(),
-                        key: ctx.key.clone(),
-                    },
-                    common.settings.table_backoff,
-                    common.settings.log_every,
-                    common.jitter(&args.node_id),
-                    ctx.metrics.backoff.clone(),
-                ),
-                None,
-            ),
+            }) => (Some(backoffs), missing_since),
+            None => (None, None),
         };
+        let routes = TableRoutes::new(&ctx, &args.node_id, args.pools, carried, now);
         Self {
-            throttle: SnapshotThrottle::new(common.settings.snapshot_every),
+            throttle: SnapshotThrottle::new(ctx.common.settings.snapshot_every),
             ctx,
-            pool: args.pool,
+            target: args.target,
             orphans: args.orphans,
             node_id: args.node_id,
             buffer: Buffer::default(),
-            backoff,
+            routes,
             flights: 0,
-            awaiting_permit: None,
+            asking: None,
             age: AgeTimer::default(),
             draining: None,
             retiring: false,
@@ -162,7 +182,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             buffered_rows: self.buffer.len() + self.ledger.gathered(),
             buffered_bytes: self.buffer.bytes(),
             flights: self.flights,
-            backoff: self.backoff.snapshot(Instant::now()),
+            backoff: self.routes.summary(Instant::now()),
+            replica_backoffs: self.routes.per_replica(&self.ctx, Instant::now()),
+            shards: self.ctx.servers.layout.shards(),
+            last_batches: self.routes.last_batches(),
             rows_inserted: self.totals.inserted,
             rows_parked: self.totals.parked,
             rows_handed_back: self.totals.handed_back,
@@ -218,8 +241,9 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let now = Instant::now();
         self.last_activity = now;
         self.idle_reported = false;
-        if let Some(delay) = self.backoff.arrival_delay(now) {
-            // The table's window is open or its probe is out: nothing is buffered.
+        if let Some(delay) = self.routes.arrival_delay(now) {
+            // The table's window is open on every replica, or its probes are out:
+            // nothing is buffered.
             self.hand_back(rows, delay);
             return;
         }
@@ -296,39 +320,99 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.pump(myself);
     }
 
-    /// Ask for the next flight if a batch is due and allowed: the table's own backoff
-    /// first (it owns it), then the pool (by message; the answer is a `Permit`).
+    /// Ask for the next flight if a batch is due and allowed: a replica is picked (of the
+    /// batch's recorded shard, or of any shard in turn), the table's own backoff there
+    /// admits it (it owns it), then the replica's pool (by message; the answer is a
+    /// `Permit`).
     fn pump(&mut self, myself: &ActorRef<TableMsg<D>>) {
         let now = Instant::now();
         let forced = self.draining.is_some() || self.retiring;
-        while self.has_work() && self.awaiting_permit.is_none() {
+        while self.has_work() && self.asking.is_none() {
             let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
             let due = self.ledger.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
             if !forced && (busy || !due) {
                 break;
             }
-            match self.backoff.admit(now) {
-                Admission::Go(ticket) | Admission::Probe(ticket) => {
-                    self.awaiting_permit = Some(ticket);
-                    let asked = self.pool.send_message(TableReport::WantsFlight {
-                        key: self.ctx.key.clone(),
-                        id: myself.get_id(),
-                    });
-                    if asked.is_err() {
-                        // The pool is gone (this table goes with it): nothing to ask.
-                        self.awaiting_permit = None;
-                        self.backoff.release(ticket, now);
-                        break;
-                    }
-                }
-                Admission::Wait(delay) => {
-                    let batch = self.take_next();
-                    self.hand_back(batch, self.handback_delay(delay));
-                }
+            let next = self.next_batch();
+            match self.routes.pick(&self.ctx, next.shard(), &[], now) {
+                Pick::Replica(replica) => self.ask(myself, next, replica, Vec::new(), now),
+                Pick::Wait(delay) => self.hand_back_next(&next, delay),
             }
         }
         self.arm_age(myself);
         self.answer_drain();
+    }
+
+    /// The batch that flies next: a recorded batch gathered and ready first.
+    fn next_batch(&self) -> Next {
+        match self.ledger.peek_ready() {
+            Some(m) => Next::Recorded {
+                id: m.id.clone(),
+                shard: self.ctx.servers.layout.recorded_shard(m.shard),
+            },
+            None => Next::Fresh,
+        }
+    }
+
+    /// Ask `replica`'s pool for a flight of `next`, once the table's own backoff there
+    /// lets it; `turned`: the replicas that turned it away already.
+    fn ask(
+        &mut self,
+        myself: &ActorRef<TableMsg<D>>,
+        next: Next,
+        replica: usize,
+        turned: Vec<usize>,
+        now: Instant,
+    ) {
+        let ticket = match self.routes.backoff(replica).admit(now) {
+            Admission::Go(ticket) | Admission::Probe(ticket) => ticket,
+            Admission::Wait(delay) => {
+                // Routing read the gate a moment ago; it moved.
+                self.hand_back_next(&next, delay);
+                return;
+            }
+        };
+        let asked = self.routes.pool(replica).map(|pool| {
+            pool.send_message(FlightRequest::WantsFlight {
+                key: self.ctx.key.clone(),
+                id: myself.get_id(),
+                reply: myself.get_derived(),
+            })
+        });
+        if !matches!(asked, Some(Ok(()))) {
+            // The pool is restarting (its target tells when it is back): not now.
+            self.routes.backoff(replica).release(ticket, now);
+            self.routes.set_pool(replica, None);
+            let delay = self.ctx.common.settings.handback_while_restarting;
+            self.turned_away(myself, next, replica, turned, delay, now);
+            return;
+        }
+        self.asking = Some(Asking {
+            next,
+            replica,
+            ticket,
+            turned,
+        });
+    }
+
+    /// `replica` turned `next` away for `delay`: another replica of its shard (any
+    /// shard, fresh) is asked, or the batch goes back once none is left.
+    fn turned_away(
+        &mut self,
+        myself: &ActorRef<TableMsg<D>>,
+        next: Next,
+        replica: usize,
+        mut turned: Vec<usize>,
+        delay: Duration,
+        now: Instant,
+    ) {
+        turned.push(replica);
+        match self.routes.pick(&self.ctx, next.shard(), &turned, now) {
+            Pick::Replica(other) => self.ask(myself, next, other, turned, now),
+            // Every replica was asked (a wait of zero): this one's delay.
+            Pick::Wait(other) if other.is_zero() => self.hand_back_next(&next, delay),
+            Pick::Wait(other) => self.hand_back_next(&next, other.min(delay)),
+        }
     }
 
     /// Something to fly: buffered messages, or a recorded batch gathered and ready.
@@ -346,44 +430,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
     }
 
-    /// The messages of the next batch, to hand back (a recorded batch ready first).
-    fn take_next(&mut self) -> Vec<D> {
-        if let Some(g) = self.ledger.next_ready() {
-            return g.held;
-        }
-        let s = &self.ctx.settings;
-        self.buffer.take(s.batch_rows, s.batch_bytes).0
-    }
-
-    fn on_permit(&mut self, myself: &ActorRef<TableMsg<D>>, permit: Result<Ticket, Duration>) {
-        let now = Instant::now();
-        let Some(table) = self.awaiting_permit.take() else {
-            // Nobody asked (cannot happen): give a granted ticket straight back.
-            if let Ok(pool) = permit {
-                self.tell_pool(PoolVerdict::Unfinished(pool), None);
-            }
-            return;
-        };
-        match permit {
-            Ok(pool) if !self.has_work() => {
-                // Handed back meanwhile (shutdown): nothing to fly.
-                self.backoff.release(table, now);
-                self.tell_pool(PoolVerdict::Unfinished(pool), None);
-            }
-            Ok(pool) => self.fly(myself, Tickets { pool, table }),
-            Err(delay) => {
-                self.backoff.release(table, now);
-                let batch = self.take_next();
-                self.hand_back(batch, self.handback_delay(delay));
-            }
-        }
-        self.pump(myself);
-    }
-
-    fn fly(&mut self, myself: &ActorRef<TableMsg<D>>, tickets: Tickets) {
+    /// The messages of `next`, taken out to fly, with since when they are held (`None`:
+    /// gone meanwhile: settled by its record, handed back).
+    fn take(&mut self, next: &Next) -> Option<(Cargo<D>, Instant)> {
         let threshold = self.ctx.common.settings.poison_strikes;
-        let (cargo, held_since) = match self.ledger.next_ready() {
-            Some(g) => {
+        match next {
+            Next::Recorded { id, .. } => {
+                let g = self.ledger.take_ready(id)?;
                 let suspect = self
                     .strikes
                     .suspect(g.manifest.messages.iter().copied(), threshold);
@@ -392,9 +445,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     held: g.held,
                     suspect,
                 };
-                (cargo, g.since)
+                Some((cargo, g.since))
             }
-            None => {
+            Next::Fresh if self.buffer.is_empty() => None,
+            Next::Fresh => {
                 let s = &self.ctx.settings;
                 let (deliveries, _bytes, held_since) =
                     self.buffer.take(s.batch_rows, s.batch_bytes);
@@ -413,66 +467,156 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     done,
                     suspect,
                 };
-                (cargo, held_since)
+                Some((cargo, held_since))
+            }
+        }
+    }
+
+    /// `next` cannot go now: its messages go back with `delay`.
+    fn hand_back_next(&mut self, next: &Next, delay: Duration) {
+        let messages = match next {
+            Next::Recorded { id, .. } => self
+                .ledger
+                .take_ready(id)
+                .map(|g| g.held)
+                .unwrap_or_default(),
+            Next::Fresh => {
+                let s = &self.ctx.settings;
+                self.buffer.take(s.batch_rows, s.batch_bytes).0
             }
         };
+        let delay = self.handback_delay(delay);
+        self.hand_back(messages, delay);
+    }
+
+    fn on_permit(&mut self, myself: &ActorRef<TableMsg<D>>, permit: Permit) {
+        let now = Instant::now();
+        let Permit { replica, answer } = permit;
+        let asking = match self.asking.take() {
+            Some(asking) if asking.replica == replica => asking,
+            other => {
+                // Nobody asked this pool (cannot happen): a granted ticket goes straight back.
+                self.asking = other;
+                if let Ok(pool) = answer {
+                    self.tell_pool(replica, PoolVerdict::Unfinished(pool), None);
+                }
+                return;
+            }
+        };
+        match answer {
+            Ok(pool) => match self.take(&asking.next) {
+                Some((cargo, held_since)) => self.fly(
+                    myself,
+                    cargo,
+                    held_since,
+                    Tickets {
+                        pool,
+                        table: asking.ticket,
+                        replica,
+                    },
+                ),
+                None => {
+                    // Handed back or settled meanwhile: nothing to fly.
+                    self.routes.backoff(replica).release(asking.ticket, now);
+                    self.tell_pool(replica, PoolVerdict::Unfinished(pool), None);
+                }
+            },
+            Err(delay) => {
+                self.routes.backoff(replica).release(asking.ticket, now);
+                self.turned_away(myself, asking.next, replica, asking.turned, delay, now);
+            }
+        }
+        self.pump(myself);
+    }
+
+    fn on_pool_link(
+        &mut self,
+        myself: &ActorRef<TableMsg<D>>,
+        replica: usize,
+        link: Option<PoolLink>,
+    ) {
+        self.routes.set_pool(replica, link);
+        self.pump(myself);
+    }
+
+    fn fly(
+        &mut self,
+        myself: &ActorRef<TableMsg<D>>,
+        cargo: Cargo<D>,
+        held_since: Instant,
+        tickets: Tickets,
+    ) {
+        let replica = self.ctx.servers.replica(tickets.replica);
+        let messages = match &cargo {
+            Cargo::Fresh { deliveries, .. } => deliveries.len(),
+            Cargo::Reformed { held, .. } => held.len(),
+        };
+        self.routes
+            .flew(replica.shard, replica.name.to_string(), messages);
         self.flights += 1;
         let links = FlightLinks {
             table: myself.clone(),
-            pool: self.pool.clone(),
+            pool: self.routes.pool(tickets.replica).cloned(),
+            target: self.target.clone(),
             root: self.orphans.clone(),
         };
         spawn_flight(self.ctx.clone(), cargo, held_since, tickets, links);
     }
 
-    /// A flight's verdict: the table's own backoff learns its part here, the pool its
-    /// own through a report.
+    /// A flight's verdict: the table's own backoff on the flight's replica learns its
+    /// part here, the replica's pool its own through a report.
     fn on_verdict(&mut self, v: FlightVerdict) {
         let now = Instant::now();
-        let generation = self.backoff.generation();
+        let generation = self.routes.generation();
         let was_missing = self.missing_since;
         let pool_verdict = v.for_pool();
         let key = self.ctx.key.clone();
+        let (replica, ticket) = (v.tickets.replica, v.tickets.table);
         let mut reply = v.reply;
         match &v.verdict {
             Verdict::Answered => {
-                self.backoff.on_answered(v.tickets.table, now, Some(&key));
+                self.routes
+                    .backoff(replica)
+                    .on_answered(ticket, now, Some(&key));
                 self.table_found();
             }
             Verdict::TableOutage(err) => {
                 let failure = self
-                    .backoff
-                    .on_outage(v.tickets.table, err, now, Some(&key));
+                    .routes
+                    .backoff(replica)
+                    .on_outage(ticket, err, now, Some(&key));
                 if let Some(reply) = reply.take() {
                     let _ = reply.send(PendingRows::HandBack(failure.delay));
                 }
             }
             Verdict::MissingTable(err) => {
-                let pending = self.table_missing(v.tickets.table, err, now);
+                let pending = self.table_missing(replica, ticket, err, now);
                 if let Some(reply) = reply.take() {
                     let _ = reply.send(pending);
                 }
             }
             Verdict::PoolOutage(_) | Verdict::Unfinished | Verdict::Unsent(_) => {
-                self.backoff.release(v.tickets.table, now);
+                self.routes.backoff(replica).release(ticket, now);
             }
         }
-        self.tell_pool(pool_verdict, reply);
-        if self.backoff.generation() != generation || self.missing_since != was_missing {
-            let _ = self.pool.send_message(TableReport::CarryOver {
+        self.tell_pool(replica, pool_verdict, reply);
+        if self.routes.generation() != generation || self.missing_since != was_missing {
+            self.routes.show_summary(&self.ctx.metrics.backoff, now);
+            let _ = self.target.send_message(TableReport::CarryOver {
                 key,
                 carry: Box::new(TableCarryOver {
-                    backoff: self.backoff.clone(),
+                    backoffs: self.routes.backoffs().to_vec(),
                     missing_since: self.missing_since,
                 }),
             });
         }
     }
 
-    /// ClickHouse says the table does not exist: wait for it (the table's backoff) while
-    /// the grace lasts, then park what comes.
+    /// ClickHouse says the table does not exist (on `replica`): wait for it (the table's
+    /// backoff there) while the grace lasts, then park what comes.
     fn table_missing(
         &mut self,
+        replica: usize,
         ticket: Ticket,
         err: &ClickHouseError,
         now: Instant,
@@ -486,12 +630,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             now
         });
         self.ctx.metrics.missing.set(1.0);
+        let backoff = self.routes.backoff(replica);
         if now.saturating_duration_since(since) < grace {
-            let failure = self.backoff.on_outage(ticket, err, now, Some(&key));
+            let failure = backoff.on_outage(ticket, err, now, Some(&key));
             return PendingRows::HandBack(failure.delay);
         }
         // The grace is over: ClickHouse answered, and the answer is final for these rows.
-        self.backoff.on_answered(ticket, now, Some(&key));
+        backoff.on_answered(ticket, now, Some(&key));
         let mut reason = err.clone();
         reason.message = format!(
             "{} (the table did not appear within missing_table_grace = {})",
@@ -511,12 +656,29 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
     }
 
-    fn tell_pool(&self, verdict: PoolVerdict, reply: Option<RpcReplyPort<PendingRows>>) {
-        let _ = self.pool.send_message(TableReport::Verdict {
+    /// The pool's part of a verdict, to the replica's pool (restarting: through the
+    /// target, to its successor).
+    fn tell_pool(
+        &self,
+        replica: usize,
+        verdict: PoolVerdict,
+        reply: Option<RpcReplyPort<PendingRows>>,
+    ) {
+        let report = VerdictReport {
             key: self.ctx.key.clone(),
+            replica,
             verdict,
             reply,
-        });
+        };
+        let report = match self.routes.pool(replica) {
+            Some(pool) => match pool.send_message(FlightRequest::Verdict(report)) {
+                Ok(()) => return,
+                Err(ractor::MessagingErr::SendErr(FlightRequest::Verdict(report))) => report,
+                Err(_) => return,
+            },
+            None => report,
+        };
+        let _ = self.target.send_message(TableReport::Verdict(report));
     }
 
     fn on_flight_done(&mut self, myself: &ActorRef<TableMsg<D>>, out: FlightOutcome) {
@@ -634,12 +796,12 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             && self.buffer.is_empty()
             && self.ledger.is_idle()
             && self.flights == 0
-            && self.awaiting_permit.is_none()
-            && self.backoff.is_closed()
+            && self.asking.is_none()
+            && self.routes.no_window_running(now)
             && now.saturating_duration_since(self.last_activity) >= idle_after
         {
             self.idle_reported = true;
-            let _ = self.pool.send_message(TableReport::Idle {
+            let _ = self.target.send_message(TableReport::Idle {
                 key: self.ctx.key.clone(),
                 id: myself.get_id(),
             });
@@ -653,7 +815,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// Shutdown's flush is answered once every batch has gone (or was handed back).
     fn answer_drain(&mut self) {
-        if !self.has_work() && self.awaiting_permit.is_none() {
+        if !self.has_work() && self.asking.is_none() {
             if let Some(waiting) = self.draining.as_mut() {
                 for reply in waiting.drain(..) {
                     let _ = reply.send(());
@@ -692,7 +854,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             && self.flights == 0
             && self.buffer.is_empty()
             && self.ledger.gathered() == 0
-            && self.awaiting_permit.is_none()
+            && self.asking.is_none()
         {
             myself.stop(Some("idle".into()));
         }
@@ -737,6 +899,7 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             TableMsg::AgeDue(generation) => state.on_age_due(&myself, generation),
             TableMsg::ReformDue(id) => state.on_reform_due(&myself, id),
             TableMsg::Permit(permit) => state.on_permit(&myself, permit),
+            TableMsg::PoolLink { replica, link } => state.on_pool_link(&myself, replica, link),
             TableMsg::Verdict(verdict) => state.on_verdict(verdict),
             TableMsg::FlightDone(outcome) => state.on_flight_done(&myself, outcome),
             TableMsg::Tick => state.on_tick(&myself),

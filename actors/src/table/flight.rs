@@ -16,7 +16,7 @@ use std::time::Duration;
 use ractor::{ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::messages::{TableMsg, TableReport};
+use super::messages::{FlightRequest, PoolLink, TableMsg, TableReport, VerdictReport};
 use super::verdict::{
     outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
 };
@@ -28,19 +28,18 @@ use crate::ledger::forming::{claim_fresh, reform, Formed, LedgerIo};
 use crate::ledger::recording::{forget_soon, record_parked, record_verdicts, SplitRecorder};
 use crate::ledger::split::RowRange;
 use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, ManifestState};
-use crate::metrics::{retry_reason, TableMetrics, TargetMetrics};
+use crate::metrics::{retry_reason, TableMetrics};
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
 use crate::settings::{Failpoint, TableSettings};
 use crate::settle::hand_back;
+use crate::target::{Replica, TargetServers};
 
 /// What every flight of one table needs.
 pub struct FlightCtx<I> {
-    pub inserter: Arc<I>,
-    /// The ClickHouse target's name (for log lines and the admin tree).
-    pub target: Arc<str>,
+    /// The target's servers: a flight goes to one of them (its tickets say which).
+    pub servers: Arc<TargetServers<I>>,
     pub key: TableKey,
     pub settings: TableSettings,
-    pub target_metrics: TargetMetrics,
     pub metrics: TableMetrics,
     pub common: Arc<Common>,
 }
@@ -58,12 +57,15 @@ impl<I> FlightCtx<I> {
     }
 }
 
-/// Where a flight reports: its table; its pool should the table be gone; the root,
-/// which knows the pool's successor, should the pool be gone too (a flight outlives
-/// the actors that spawned it, and its target's breaker must still hear of it).
+/// Where a flight reports: its table; the pool of its replica should the table be
+/// gone; the target, which knows the pool's successor, should the pool be gone too;
+/// the root, which knows the target's, should the target be gone as well (a flight
+/// outlives the actors that spawned it, and its replica's breaker must still hear of
+/// it).
 pub struct FlightLinks<D> {
     pub table: ActorRef<TableMsg<D>>,
-    pub pool: DerivedActorRef<TableReport>,
+    pub pool: Option<PoolLink>,
+    pub target: DerivedActorRef<TableReport>,
     pub root: DerivedActorRef<TableReport>,
 }
 
@@ -114,11 +116,12 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     links: &FlightLinks<D>,
 ) -> FlightOutcome {
     let suspect = cargo.suspect();
+    let replica = ctx.servers.replica(tickets.replica);
     let Formation {
         prepared,
         dedup,
         past_dedup_window,
-    } = prepare(ctx, cargo, held_since).await;
+    } = prepare(ctx, replica, cargo, held_since).await;
     let (batch, record, mut verdicts, verdict, last_error, untried) = match prepared {
         Prepared::Nothing => {
             // Settled by a record (counted when its batch was), or nothing left: the
@@ -147,6 +150,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
                 .and_then(|m| Some(SplitRecorder::new(ctx.common.manifests.as_ref()?, m)));
             let judged = judge_or_cancel(
                 ctx,
+                replica,
                 &batch,
                 recorder.as_mut(),
                 &mut verdicts,
@@ -277,9 +281,10 @@ impl<D> Formation<D> {
     }
 }
 
-/// Form the cargo into what the flight sends, through the ledger.
+/// Form the cargo into what the flight sends to `replica`, through the ledger.
 async fn prepare<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
+    replica: &Replica<I>,
     cargo: Cargo<D>,
     held_since: Instant,
 ) -> Formation<D> {
@@ -291,7 +296,7 @@ async fn prepare<I: Inserter, D: Delivery>(
             let Some(store) = store else {
                 return Formation::of(unrecorded(deliveries, done, held_since), None);
             };
-            let dedup = match ctx.inserter.deduplicates(&ctx.key).await {
+            let dedup = match replica.inserter.deduplicates(&ctx.key).await {
                 Ok(dedup) => dedup,
                 Err(e) => {
                     let batch = Batch::resuming(deliveries, done, held_since);
@@ -305,8 +310,10 @@ async fn prepare<I: Inserter, D: Delivery>(
             // A recorded batch never skips lines: its rows are a function of its
             // messages (an unrecorded flight settles lines only while the table was not
             // exactly-once).
+            // The batch's shard is the replica's: recorded with it, every retry and every
+            // copy formed again goes to a replica of that shard.
             let io = ctx.ledger_io(store);
-            let (formed, expired) = claim_fresh(&io, deliveries, held_since).await;
+            let (formed, expired) = claim_fresh(&io, deliveries, held_since, replica.shard).await;
             if !expired.is_empty() {
                 tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = expired.len(),
                     "messages held past ack_wait may be in another batch by now: they go back");
@@ -320,11 +327,15 @@ async fn prepare<I: Inserter, D: Delivery>(
                 return Formation::of(unrecorded(held, Vec::new(), held_since), None);
             };
             let io = ctx.ledger_io(store);
-            let formed = reform(&io, &manifest.id, held, held_since).await;
+            let formed = on_its_shard(
+                ctx,
+                replica,
+                reform(&io, &manifest.id, held, held_since).await,
+            );
             let past_dedup_window = match &formed {
                 Formed::Batch {
                     record: Some(m), ..
-                } => past_window(ctx, m).await,
+                } => past_window(ctx, replica, m).await,
                 _ => false,
             };
             Formation {
@@ -355,11 +366,11 @@ fn unrecorded<D: Delivery>(
 /// passed since it was claimed: ClickHouse may have forgotten its first attempt. It is
 /// sent all the same (its rows must go in); the metric and the log say a row may be
 /// twice.
-async fn past_window<I: Inserter>(ctx: &FlightCtx<I>, m: &Manifest) -> bool {
+async fn past_window<I: Inserter>(ctx: &FlightCtx<I>, replica: &Replica<I>, m: &Manifest) -> bool {
     let Some(age) = m.age(crate::ledger::forming::unix_ms()) else {
         return false;
     };
-    let Ok(dedup) = ctx.inserter.deduplicates(&ctx.key).await else {
+    let Ok(dedup) = replica.inserter.deduplicates(&ctx.key).await else {
         return false;
     };
     let Some(seconds) = dedup.window.and_then(|w| w.seconds) else {
@@ -501,6 +512,7 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
 /// judged.
 async fn judge_or_cancel<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
+    replica: &Replica<I>,
     batch: &Batch<D>,
     record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
@@ -510,7 +522,7 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     let cancel = ctx.common.cancel_flights.clone();
     let judged = tokio::select! {
         biased;
-        judged = judge(ctx, batch, record, verdicts, suspect, attempt) => Some(judged),
+        judged = judge(ctx, replica, batch, record, verdicts, suspect, attempt) => Some(judged),
         _ = cancel.cancelled() => None,
     };
     judged.unwrap_or_else(|| {
@@ -520,10 +532,11 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     })
 }
 
-/// Insert the batch (or resume its recorded split), isolating rejected rows; fills
-/// `verdicts` and says how it ended.
+/// Insert the batch into `replica` (or resume its recorded split), isolating rejected
+/// rows; fills `verdicts` and says how it ended.
 async fn judge<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
+    replica: &Replica<I>,
     batch: &Batch<D>,
     record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
@@ -533,10 +546,10 @@ async fn judge<I: Inserter, D: Delivery>(
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
     let mut iso = Isolation {
-        inserter: &*ctx.inserter,
+        inserter: &*replica.inserter,
         table: &ctx.key,
         skip_unknown_fields: ctx.settings.skip_unknown_fields,
-        metrics: Some(&ctx.target_metrics),
+        metrics: Some(&replica.metrics),
         keepalive: Keepalive::new(ctx.common.settings.ack_wait, batch.held_since()),
         batch,
         record,
@@ -549,7 +562,7 @@ async fn judge<I: Inserter, D: Delivery>(
                 Err(e) if suspect => {
                     tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
                         "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
-                    Err(lost_on_rows(&*ctx.inserter, e, revive_within).await)
+                    Err(lost_on_rows(&*replica.inserter, e, revive_within).await)
                 }
                 answer => answer,
             };
@@ -623,21 +636,22 @@ async fn report<I, D: Delivery>(
         reply,
     });
     if let Err(MessagingErr::SendErr(TableMsg::Verdict(v))) = links.table.cast(message) {
-        // The table is gone: its backoff's memory went with it, but the pool's breaker
-        // must still hear what its target answered.
+        // The table is gone: its backoff's memory went with it, but the replica's
+        // breaker must still hear what the server answered.
         let pool_verdict = v.for_pool();
         let reply = match pool_verdict {
             PoolVerdict::Outage(..) => v.reply,
             _ => None,
         };
-        let report = TableReport::Verdict {
-            key: ctx.key.clone(),
-            verdict: pool_verdict,
-            reply,
-        };
-        if let Err(MessagingErr::SendErr(report)) = links.pool.send_message(report) {
-            let _ = links.root.send_message(report);
-        }
+        orphan_report(
+            links,
+            VerdictReport {
+                key: ctx.key.clone(),
+                replica: tickets.replica,
+                verdict: pool_verdict,
+                reply,
+            },
+        );
     }
     let Some(answer) = answer else {
         return fallback;
@@ -645,6 +659,56 @@ async fn report<I, D: Delivery>(
     match tokio::time::timeout(settings.call_timeout, answer).await {
         Ok(Ok(pending)) => pending,
         _ => fallback,
+    }
+}
+
+/// A verdict whose table is gone: to the replica's pool, or (restarting) the target,
+/// or (the target restarting too) the root, which each hand it on to the successor.
+fn orphan_report<D>(links: &FlightLinks<D>, report: VerdictReport) {
+    let report = match &links.pool {
+        Some(pool) => match pool.send_message(FlightRequest::Verdict(report)) {
+            Ok(()) => return,
+            Err(MessagingErr::SendErr(FlightRequest::Verdict(report))) => report,
+            Err(_) => return,
+        },
+        None => report,
+    };
+    if let Err(MessagingErr::SendErr(report)) =
+        links.target.send_message(TableReport::Verdict(report))
+    {
+        let _ = links.root.send_message(report);
+    }
+}
+
+/// A recorded batch goes to a replica of the shard its record names (modulo the
+/// shards there are: a target with fewer shards than when the batch was recorded sends
+/// it to shard `recorded mod shards`, where it is not deduplicated against its first
+/// attempt). The table picked such a replica; anything else is refused, never sent.
+fn on_its_shard<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    replica: &Replica<I>,
+    formed: Formed<D>,
+) -> Formed<D> {
+    let layout = &ctx.servers.layout;
+    match formed {
+        Formed::Batch {
+            batch,
+            record: Some(m),
+            back,
+        } if layout.recorded_shard(m.shard) != replica.shard => {
+            let why = LedgerRefusal::StoreDown(crate::ledger::StoreError(format!(
+                "batch {} is recorded for shard {}, and was about to go to shard {}: not sent",
+                m.id,
+                layout.recorded_shard(m.shard) + 1,
+                replica.shard + 1
+            )));
+            tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, reason = %why,
+                "a recorded batch was routed to another shard than its own: it goes back");
+            let mut messages = back;
+            messages.extend(batch.into_deliveries());
+            Formed::Refused { messages, why }
+        }
+        formed => formed,
     }
 }
 

@@ -1,8 +1,9 @@
-//! What a TableActor is told, and what it tells its pool.
+//! What a TableActor is told; what it tells its target, and what it (or its flight)
+//! asks of, and tells, the pool of the replica a batch goes to.
 
 use std::time::Duration;
 
-use ractor::{ActorId, RpcReplyPort};
+use ractor::{ActorId, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict};
@@ -26,9 +27,14 @@ pub enum TableMsg<D> {
     /// The wait for the messages of a recorded batch (by id) is over: it flies with
     /// what came, the rest read from the stream.
     ReformDue(String),
-    /// The pool's answer to [`TableReport::WantsFlight`]: go with the pool's ticket, or
-    /// hand the batch back with this delay.
-    Permit(Result<Ticket, Duration>),
+    /// A replica's pool answers [`FlightRequest::WantsFlight`].
+    Permit(Permit),
+    /// A replica's pool (re)started, or is down (`None`): where the table asks for
+    /// flights to it and reports their verdicts.
+    PoolLink {
+        replica: usize,
+        link: Option<PoolLink>,
+    },
     /// A flight's verdict, sent as soon as it is known (before its rows are settled),
     /// so the breakers learn it at once.
     Verdict(FlightVerdict),
@@ -53,12 +59,13 @@ pub enum TableDebug {
     Panic,
 }
 
-/// What outlives a TableActor (a panic, a reap while it waits): kept by its pool and
+/// What outlives a TableActor (a panic, a reap while it waits): kept by its target and
 /// handed to the table's next actor, so a restart neither closes a backoff early nor
 /// starts a missing table's grace (and its WARN) over.
 #[derive(Clone, Debug)]
 pub struct TableCarryOver {
-    pub backoff: ScopedBreaker,
+    /// The table's own backoff for each replica of its target (by replica index).
+    pub backoffs: Vec<ScopedBreaker>,
     /// Since when ClickHouse says the table does not exist (see `missing_table_grace`).
     pub missing_since: Option<Instant>,
 }
@@ -66,28 +73,73 @@ pub struct TableCarryOver {
 impl TableCarryOver {
     /// Whether a reaped table must leave it behind for its next arrival.
     pub fn still_running(&self) -> bool {
-        !self.backoff.is_closed() || self.missing_since.is_some()
+        self.backoffs.iter().any(|b| !b.is_closed()) || self.missing_since.is_some()
     }
 }
 
-/// What a table tells its pool. The pool turns it into its own message (it hands each
-/// table a derived reference), so the table knows nothing of the pool's messages.
-pub enum TableReport {
-    /// A batch is due: may a flight go? Answered by [`TableMsg::Permit`].
-    WantsFlight { key: TableKey, id: ActorId },
-    /// A flight's verdict for the pool's breaker. A pool outage's `reply` gets what
-    /// becomes of the flight's pending rows.
-    Verdict {
+/// Where a table asks a replica's pool for flights: a derived reference, so the table
+/// knows nothing of the pool's messages.
+pub type PoolLink = DerivedActorRef<FlightRequest>;
+
+/// What a table (or its flight) asks of, or tells, the pool of one replica.
+pub enum FlightRequest {
+    /// A batch is due: may a flight go to this replica? Answered through `reply`.
+    WantsFlight {
         key: TableKey,
-        verdict: PoolVerdict,
-        reply: Option<RpcReplyPort<PendingRows>>,
+        id: ActorId,
+        reply: DerivedActorRef<Permit>,
     },
-    /// What the table's successor must start from changed (its backoff, the missing
-    /// table's wait): the pool keeps a copy.
+    /// A flight's verdict for the replica's breaker.
+    Verdict(VerdictReport),
+}
+
+/// A replica's pool's answer to [`FlightRequest::WantsFlight`]: go with its ticket, or
+/// not now (this long).
+pub struct Permit {
+    pub replica: usize,
+    pub answer: Result<Ticket, Duration>,
+}
+
+/// A flight's verdict for the breaker of the replica it went to. A pool outage's
+/// `reply` gets what becomes of the flight's pending rows.
+pub struct VerdictReport {
+    pub key: TableKey,
+    pub replica: usize,
+    pub verdict: PoolVerdict,
+    pub reply: Option<RpcReplyPort<PendingRows>>,
+}
+
+/// What a table tells its target (through a derived reference: the table knows nothing
+/// of the target's messages).
+pub enum TableReport {
+    /// What the table's successor must start from changed (its backoffs, the missing
+    /// table's wait): the target keeps a copy.
     CarryOver {
         key: TableKey,
         carry: Box<TableCarryOver>,
     },
     /// The table has been idle long enough to be reaped.
     Idle { key: TableKey, id: ActorId },
+    /// A verdict whose replica's pool could not be told (restarting): the target hands
+    /// it to the pool's successor.
+    Verdict(VerdictReport),
+}
+
+// === conversions for derived references ===
+
+impl<D> From<Permit> for TableMsg<D> {
+    fn from(permit: Permit) -> Self {
+        TableMsg::Permit(permit)
+    }
+}
+
+impl<D> TryFrom<TableMsg<D>> for Permit {
+    type Error = ();
+
+    fn try_from(msg: TableMsg<D>) -> Result<Self, ()> {
+        match msg {
+            TableMsg::Permit(permit) => Ok(permit),
+            _ => Err(()),
+        }
+    }
 }

@@ -1,18 +1,23 @@
-//! TableActor: one table's buffer, flush triggers (rows, bytes, age), table-scoped
-//! backoff and its part of the batch ledger (it owns them). A flush runs as a spawned
-//! [`flight`] whose verdict and outcome come back as messages, so the mailbox is never
-//! blocked by ClickHouse.
+//! TableActor: one table's buffer, flush triggers (rows, bytes, age), its own backoff on
+//! each server of its target ([`routes`]: and which server a batch goes to) and its
+//! part of the batch ledger (it owns them). A flush runs as a spawned [`flight`] whose
+//! verdict and outcome come back as messages, so the mailbox is never blocked by
+//! ClickHouse.
 
 pub mod actor;
 pub mod buffer;
 pub mod flight;
 pub mod messages;
+pub mod routes;
 pub mod strikes;
 pub mod verdict;
 
 pub use actor::{TableActor, TableArgs};
 pub use flight::FlightCtx;
-pub use messages::{TableCarryOver, TableDebug, TableMsg, TableReport};
+pub use messages::{
+    FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
+    VerdictReport,
+};
 pub use verdict::{
     outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
 };

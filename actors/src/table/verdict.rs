@@ -10,12 +10,15 @@ use crate::breaker::Ticket;
 use crate::ledger::LedgerRefusal;
 use crate::ports::{ClickHouseError, Dedup};
 
-/// The permissions a flight went with: the pool's (outage breaker) and the table's own
-/// (table backoff). Either may be its owner's probe.
+/// The permissions a flight went with: the pool's of the replica it goes to (its
+/// outage breaker) and the table's own for that replica (its backoff there). Either
+/// may be its owner's probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tickets {
     pub pool: Ticket,
     pub table: Ticket,
+    /// The replica (by index in its target): where the flight sends its rows.
+    pub replica: usize,
 }
 
 /// How a flight ended, as the breakers see it.
@@ -23,10 +26,10 @@ pub struct Tickets {
 pub enum Verdict {
     /// ClickHouse answered: a success, or rows judged (rejected). Closes a probe's window.
     Answered,
-    /// The target could not take it: the pool's breaker opens or escalates.
+    /// The replica could not take it: its pool's breaker opens or escalates.
     PoolOutage(ClickHouseError),
-    /// This table could not take it (read-only, too many parts, a missing grant): its
-    /// own backoff opens; the pool's target answered.
+    /// This table could not take it there (read-only, too many parts, a missing
+    /// grant): its own backoff for the replica opens; the replica answered.
     TableOutage(ClickHouseError),
     /// The table (or its database) does not exist: the same for every row. The table
     /// waits for it (its own backoff) for `missing_table_grace`, then parks.

@@ -55,9 +55,6 @@ pub async fn rig_with_store(
     settings: PipelineSettings,
     with_store: bool,
 ) -> Rig {
-    let journal = Journal::new();
-    let store = with_store.then(|| FakeManifestStore::new(&journal));
-    let queue = FakeQueue::new();
     let mut ins = HashMap::new();
     let targets = targets
         .iter()
@@ -67,6 +64,50 @@ pub async fn rig_with_store(
             Target::new(t, i)
         })
         .collect();
+    rig_of(targets, ins, tenants, tables, settings, with_store).await
+}
+
+/// Target `main` on these shards of servers (a scripted inserter each, `ins` keyed by
+/// server name), tenant `acme` on it.
+pub async fn cluster(shards: &[&[&str]], batch_rows: usize, with_store: bool) -> Rig {
+    let mut ins = HashMap::new();
+    let shards = shards
+        .iter()
+        .map(|replicas| {
+            replicas
+                .iter()
+                .map(|name| {
+                    let i = ScriptedInserter::new();
+                    ins.insert(name.to_string(), i.clone());
+                    (name.to_string(), i)
+                })
+                .collect()
+        })
+        .collect();
+    let targets = vec![Target::sharded("main", shards)];
+    let tenants = &[("acme", "main")];
+    rig_of(
+        targets,
+        ins,
+        tenants,
+        tables(batch_rows),
+        settings(),
+        with_store,
+    )
+    .await
+}
+
+async fn rig_of(
+    targets: Vec<Target<ScriptedInserter>>,
+    ins: HashMap<String, Arc<ScriptedInserter>>,
+    tenants: &[(&str, &str)],
+    tables: TableSettingsResolver,
+    settings: PipelineSettings,
+    with_store: bool,
+) -> Rig {
+    let journal = Journal::new();
+    let store = with_store.then(|| FakeManifestStore::new(&journal));
+    let queue = FakeQueue::new();
     let handle = start(PipelineConfig {
         source: FakeSourceFactory {
             queue: queue.clone(),
@@ -114,6 +155,11 @@ pub async fn simple(batch_rows: usize) -> Rig {
 impl Rig {
     pub fn main(&self) -> &Arc<ScriptedInserter> {
         &self.ins["main"]
+    }
+
+    /// The inserter of server (or one-server target) `name`.
+    pub fn server(&self, name: &str) -> &Arc<ScriptedInserter> {
+        &self.ins[name]
     }
 
     /// Publish `n` rows `{"n":i}` (or `{"bad":i}` for indexes in `bad`) on `subject`.

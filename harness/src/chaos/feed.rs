@@ -5,8 +5,8 @@
 //! until it is accepted or the feed's deadline passes:
 //!
 //! - through the ingest API ([`Route::Api`]): one POST per chunk with an
-//!   `Idempotency-Key`, resent with the same key after a 503 (waiting `Retry-After`)
-//!   or a transport error, so a retried chunk is stored once. Any other status fails
+//!   `Idempotency-Key`, resent with the same key after a 503 or a 409 (waiting
+//!   `Retry-After`) or a transport error, so a retried chunk is stored once. Any other status fails
 //!   the feed: a client would not retry it, so it is a finding.
 //! - straight to JetStream ([`Route::JetStream`]): every other chunk as one many-row
 //!   NDJSON message, the chunks between one publish per row, each with a
@@ -66,10 +66,15 @@ impl Pace {
 /// Where a feed sends its rows.
 #[derive(Clone)]
 pub enum Route {
-    /// `POST {base_url}/v1/ingest/{table}` as tenant [`TENANT`] (`X-Tenant`).
+    /// `POST {base_url}/v1/ingest/{table}` as `tenant` (`X-Tenant`; [`TENANT`] unless
+    /// [`Route::api_as`] says otherwise), the `k`-th request under the key
+    /// `<key_prefix>-<k>` when a prefix is given (feeds given one prefix share their
+    /// keys), else under a key of the feed's own.
     Api {
         base_url: String,
         http: reqwest::Client,
+        tenant: String,
+        key_prefix: Option<String>,
     },
     /// Straight to `{subject_prefix}.{TENANT}.{table}` on JetStream.
     JetStream {
@@ -89,7 +94,24 @@ impl Route {
         Ok(Self::Api {
             base_url: base_url.into(),
             http,
+            tenant: TENANT.into(),
+            key_prefix: None,
         })
+    }
+
+    /// The ingest API at `base_url` as `tenant`, with keys `<key_prefix>-<k>`.
+    pub fn api_as(base_url: impl Into<String>, tenant: &str, key_prefix: &str) -> Result<Self> {
+        let mut route = Self::api(base_url)?;
+        if let Self::Api {
+            tenant: as_tenant,
+            key_prefix: keys,
+            ..
+        } = &mut route
+        {
+            *as_tenant = tenant.into();
+            *keys = Some(key_prefix.into());
+        }
+        Ok(route)
     }
 
     /// JetStream through `js`, on the stack's subject prefix (`ingest`).
@@ -281,9 +303,23 @@ async fn run(
             tokio::time::sleep_until(due.min(end)).await;
         }
         let done = match &route {
-            Route::Api { base_url, http } => {
-                let key = format!("chaos-{run_id}-{table}-{k}");
-                send_api(base_url, http, &table, &rows, chunk, &key, end, &progress).await?
+            Route::Api {
+                base_url,
+                http,
+                tenant,
+                key_prefix,
+            } => {
+                let key = match key_prefix {
+                    Some(prefix) => format!("{prefix}-{k}"),
+                    None => format!("chaos-{run_id}-{table}-{k}"),
+                };
+                let to = ApiTarget {
+                    base_url,
+                    http,
+                    tenant,
+                    table: &table,
+                };
+                send_api(&to, &rows, chunk, &key, end, &progress).await?
             }
             Route::JetStream { js, subject_prefix } => {
                 let subject = format!("{subject_prefix}.{TENANT}.{table}");
@@ -318,25 +354,37 @@ fn started_nanos() -> u64 {
         .unwrap_or(0)
 }
 
-/// One chunk through the API, resent until 202 or the deadline. Returns the ids
-/// accepted (all of the chunk, or none).
-#[allow(clippy::too_many_arguments)]
+/// Where an API feed's requests go.
+struct ApiTarget<'a> {
+    base_url: &'a str,
+    http: &'a reqwest::Client,
+    tenant: &'a str,
+    table: &'a str,
+}
+
+/// One chunk through the API, resent until 202 or the deadline (after a 503, or a 409:
+/// the same key's request still in progress). Returns the ids accepted (all of the
+/// chunk, or none).
 async fn send_api(
-    base_url: &str,
-    http: &reqwest::Client,
-    table: &str,
+    to: &ApiTarget<'_>,
     rows: &RowSet,
     chunk: &[u64],
     key: &str,
     end: Instant,
     progress: &Progress,
 ) -> Result<BTreeSet<u64>> {
+    let ApiTarget {
+        base_url,
+        http,
+        tenant,
+        table,
+    } = *to;
     let body = rows.ndjson(chunk);
     let url = format!("{base_url}/v1/ingest/{table}");
     while Instant::now() < end {
         let sent = http
             .post(&url)
-            .header("X-Tenant", TENANT)
+            .header("X-Tenant", tenant)
             .header("Content-Type", "application/x-ndjson")
             .header("Idempotency-Key", key)
             .body(body.clone())
@@ -357,8 +405,10 @@ async fn send_api(
                 Progress::add(&progress.accepted, chunk.len() as u64);
                 return Ok(chunk.iter().copied().collect());
             }
-            503 => {
-                Progress::add(&progress.unavailable, 1);
+            503 | 409 => {
+                if status == 503 {
+                    Progress::add(&progress.unavailable, 1);
+                }
                 let wait = match retry_after(&response) {
                     Some(wait) => {
                         Progress::add(&progress.retry_after, 1);
@@ -367,7 +417,7 @@ async fn send_api(
                     None => Duration::from_secs(1),
                 };
                 let text = response.text().await.unwrap_or_default();
-                progress.failed(format!("503: {text}"));
+                progress.failed(format!("{status}: {text}"));
                 tokio::time::sleep_until((Instant::now() + wait).min(end)).await;
             }
             _ => {

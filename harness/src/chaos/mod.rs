@@ -17,7 +17,11 @@
 //! 3. [`Feed`]: publishes the rows at a steady [`Pace`] in the background, through the
 //!    ingest API (retrying 503s with their `Retry-After`, idempotently) or straight to
 //!    JetStream, while the scenario injects its fault (stop / kill -9 / SIGSTOP a
-//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it.
+//!    server, a proxy answering errors, a panic, a killed Sluice...) and heals it. A
+//!    scenario first makes sure its fault is in effect (an insert caught by a frozen
+//!    ClickHouse: [`Scenario::freeze_clickhouse_mid_insert`]; a request that met the
+//!    proxy's fault; rows held by Sluice) and only then takes the next step; rows that
+//!    must arrive during a fault come from a feed started once it is in effect.
 //! 4. [`Scenario::finish`]: waits for quiescence (the durable consumer with nothing
 //!    pending or unacked, nothing buffered or in flight in any live Sluice,
 //!    ClickHouse's counts stable), then counts ([`Tally`]): ClickHouse's
@@ -36,6 +40,7 @@
 //! Every wait polls with a deadline; a fault may last a fixed time by a timer, but
 //! readiness and quiescence are always observed.
 
+mod fault;
 mod feed;
 mod flow;
 mod observe;
@@ -86,7 +91,7 @@ const LOG_LINES: usize = 200;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
 /// Half-second looks for acked messages a crashed nats-server left in the stream to be
-/// purged by Sluice (which does it with its lag poll, every 5 s).
+/// removed by Sluice (which does it with its lag poll, every 5 s).
 const STRANDED_POLLS: u32 = 30;
 
 /// A scenario's stack, the test's JetStream client, and the sluice binary.
@@ -107,6 +112,8 @@ pub struct Scenario {
     twin_published: Mutex<Vec<Published>>,
     /// How rows flowed into one table around the fault ([`Scenario::watch_flow`]).
     flow: Option<FlowWatch>,
+    /// What the scenario's line says beside the counts ([`Scenario::note`]).
+    notes: Mutex<Vec<String>>,
 }
 
 /// The Replicated twin of a scenario table.
@@ -186,11 +193,17 @@ impl Scenario {
             twin_feeds: Mutex::default(),
             twin_published: Mutex::default(),
             flow: None,
+            notes: Mutex::default(),
         }))
     }
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// Adds `key=value` to the scenario's line (what it saw during its fault).
+    pub fn note(&self, key: &str, value: impl std::fmt::Display) {
+        lock(&self.notes).push(format!("{key}={value}"));
     }
 
     /// Creates the scenario tables ([`create_table_sql`]), each with its Replicated
@@ -267,6 +280,23 @@ impl Scenario {
             pace,
             FEED_DEADLINE,
         ))
+    }
+
+    /// Feeds `rows` to `table` (and its twin) through the ingest API of the newest
+    /// sluice process as `tenant` (configured with [`Stack::set`]), the `k`-th request
+    /// under the `Idempotency-Key` `<key_prefix>-<k>`: feeds given one prefix share
+    /// their keys, whatever their tenant or table (the twin's feed too).
+    pub fn feed_api_as(
+        &self,
+        tenant: &str,
+        key_prefix: &str,
+        table: &str,
+        rows: RowSet,
+        pace: Pace,
+    ) -> Result<Feed> {
+        let route = || Route::api_as(self.stack.api_url(), tenant, key_prefix);
+        self.twin_feed(route()?, table, &rows, &pace);
+        Ok(Feed::start(route()?, table, rows, pace, FEED_DEADLINE))
     }
 
     /// Feeds `rows` to `table` (and its twin) straight to JetStream (the streams must
@@ -402,12 +432,36 @@ impl Scenario {
             .chain(&twins)
             .map(|p| p.table.clone())
             .collect();
-        let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+        // A cluster's rows are read through the Distributed table over its shards,
+        // once every replica fetched its twins' parts.
+        let cluster = self.stack.cluster.is_some();
+        let read = move |t: &str| {
+            if cluster {
+                crate::clickhouse::distributed(t)
+            } else {
+                t.to_owned()
+            }
+        };
+        let read_tables: Vec<String> = tables.iter().map(|t| read(t)).collect();
+        let read_tables: Vec<&str> = read_tables.iter().map(String::as_str).collect();
         let healing = Instant::now();
-        let quiet = self.quiesce(&tables, QUIESCE_DEADLINE).await;
-        let mut tally = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, published)
-            .await
-            .context("counting rows")?;
+        let quiet = self.quiesce(&read_tables, QUIESCE_DEADLINE).await;
+        if cluster {
+            for table in &tables {
+                self.stack.sync_replicas(table).await?;
+            }
+        }
+        let mut tally = Tally::count_through(
+            &self.name,
+            &self.stack.clickhouse,
+            &self.jet,
+            published,
+            &read,
+        )
+        .await
+        .context("counting rows")?;
+        tally.exactly_once = cluster;
+        tally.notes = std::mem::take(&mut *lock(&self.notes));
         if !twins.is_empty() {
             let twin = Tally::count(&self.name, &self.stack.clickhouse, &self.jet, &twins)
                 .await
@@ -416,7 +470,7 @@ impl Scenario {
         }
         tally.settled_in = Some(healing.elapsed());
         tally.flow = self.flow.as_ref().map(FlowWatch::flow);
-        tally.stranded = self.stranded_purged().await?;
+        tally.stranded = self.stranded_removed().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();
         if verbose() {
@@ -428,22 +482,23 @@ impl Scenario {
         Ok(tally)
     }
 
-    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice purges
+    /// Acked messages a crashed nats-server 2.9 left in the work queue: Sluice deletes
     /// them with its next lag poll (every 5 s), so they must be gone within a few.
-    /// Returns 0, or fails with how many are left; a backlog that cannot be read is a
-    /// failure too, never taken for an empty one.
-    async fn stranded_purged(&self) -> Result<u64> {
+    /// Returns 0, or fails with how many are left and the backlog as JetStream shows it;
+    /// a backlog that cannot be read is a failure too, never taken for an empty one.
+    async fn stranded_removed(&self) -> Result<u64> {
         let mut last = Err(anyhow!("the backlog was never read"));
         for _ in 0..STRANDED_POLLS {
-            last = self.jet.backlog().await.map(|b| b.stranded());
-            if matches!(last, Ok(0)) {
+            last = self.jet.backlog().await;
+            if last.as_ref().is_ok_and(|b| b.stranded() == 0) {
                 return Ok(0);
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         match last {
-            Ok(stranded) => bail!(
-                "{stranded} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not purge them\n{}",
+            Ok(backlog) => bail!(
+                "{} acked messages are still in {INGEST_STREAM} {}s after quiescence: sluice did not remove them ({backlog:?})\n{}",
+                backlog.stranded(),
                 STRANDED_POLLS / 2,
                 self.logs()
             ),

@@ -43,6 +43,8 @@ pub struct Backlog {
     pub redelivered: u64,
     /// The consumer's ack floor (stream sequence): everything up to it is acked.
     pub ack_floor: u64,
+    /// The last stream sequence delivered to the consumer.
+    pub delivered: u64,
 }
 
 impl Backlog {
@@ -129,6 +131,7 @@ impl JetStreamView {
             ack_pending: consumer.num_ack_pending as u64,
             redelivered: consumer.num_redelivered as u64,
             ack_floor: consumer.ack_floor.stream_sequence,
+            delivered: consumer.delivered.stream_sequence,
         })
     }
 

@@ -64,6 +64,12 @@ pub struct Tally {
     pub replicated: Option<Box<Tally>>,
     /// How rows flowed around the fault, when the scenario watched.
     pub flow: Option<Flow>,
+    /// Every table counted deduplicates inserts (a cluster's Replicated tables): a
+    /// duplicate fails the scenario.
+    pub exactly_once: bool,
+    /// What else the scenario's line says (`key=value` each), e.g. rows that kept
+    /// landing during the fault.
+    pub notes: Vec<String>,
 }
 
 // === impl Tally ===
@@ -77,6 +83,18 @@ impl Tally {
         jet: &JetStreamView,
         published: &[Published],
     ) -> Result<Self> {
+        Self::count_through(scenario, clickhouse, jet, published, &|t| t.to_owned()).await
+    }
+
+    /// [`Tally::count`], reading each table's rows in ClickHouse through `read(table)`
+    /// (a cluster's: the `Distributed` table over the shards' local tables).
+    pub async fn count_through(
+        scenario: &str,
+        clickhouse: &ClickHouseServer,
+        jet: &JetStreamView,
+        published: &[Published],
+        read: &(dyn Fn(&str) -> String + Sync),
+    ) -> Result<Self> {
         let mut tally = Tally {
             scenario: scenario.to_owned(),
             ..Default::default()
@@ -87,7 +105,7 @@ impl Tally {
         for table in tables {
             let feeds: Vec<&Published> = published.iter().filter(|p| p.table == table).collect();
             let is_bad = |id: u64| feeds.iter().any(|p| p.rows.is_bad(id));
-            let stored = ids_in(clickhouse, table).await?;
+            let stored = ids_in(clickhouse, &read(table)).await?;
             let parked = jet
                 .parked(table)
                 .await
@@ -97,7 +115,7 @@ impl Tally {
                 (parked.iter().filter(|r| r.id.is_some()).count() - parked_ids.len()) as u64;
             tally.parked += parked.len() as u64;
             // What a user would check: count() against uniqExact(id).
-            let (total, distinct) = counts(clickhouse, table).await?;
+            let (total, distinct) = counts(clickhouse, &read(table)).await?;
             tally.duplicates += total.saturating_sub(distinct);
             tally.duplicate_ids.extend(
                 stored
@@ -175,6 +193,10 @@ impl Tally {
                 twin.inserted_distinct, twin.duplicates, twin.parked, twin.lost
             ));
         }
+        for note in &self.notes {
+            line.push(' ');
+            line.push_str(note);
+        }
         if let Some(took) = self.settled_in {
             line.push_str(&format!(" settled_in={:.1}s", took.as_secs_f64()));
         }
@@ -241,6 +263,13 @@ impl Tally {
         }
         if let Some(why) = &self.not_quiet {
             problems.push(format!("the pipeline never went quiet: {why}"));
+        }
+        if self.exactly_once && self.duplicates > 0 {
+            problems.push(format!(
+                "{} duplicates where every table deduplicates inserts (ids {})",
+                self.duplicates,
+                shown(&self.duplicate_ids)
+            ));
         }
         if let Some(took) = self.flow.and_then(|f| f.resumed_in) {
             if took > RESUME_LIMIT {

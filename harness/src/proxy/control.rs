@@ -154,6 +154,14 @@ impl Shared {
         self.log().clone()
     }
 
+    /// The records numbered `first` and after. The log is in `seq` order: `record`
+    /// numbers and appends under one lock.
+    pub fn records_since(&self, first: u64) -> Vec<RequestRecord> {
+        let log = self.log();
+        let start = log.partition_point(|record| record.seq < first);
+        log[start..].to_vec()
+    }
+
     pub fn clear_records(&self) {
         self.log().clear();
     }

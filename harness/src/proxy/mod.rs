@@ -40,7 +40,10 @@ pub use rule::{Match, Rule};
 /// How long a mode change may take to open or close the port.
 const PORT_CHANGE_DEADLINE: Duration = Duration::from_secs(5);
 
-/// A running fault proxy. Dropping it closes the port and resets every connection.
+/// A running fault proxy. Dropping it resets every connection and ends the listener
+/// task, which closes the port once the runtime has dropped that task: right after the
+/// drop, not during it (a `Drop` cannot wait for the runtime), so a test that needs the
+/// port closed polls for it.
 #[derive(Debug)]
 pub struct FaultProxy {
     shared: Arc<Shared>,
@@ -172,6 +175,12 @@ impl FaultProxy {
         self.shared.records()
     }
 
+    /// The requests numbered `first` and after (see [`RequestRecord::seq`]), in order:
+    /// those seen after a moment at which [`FaultProxy::requests_seen`] was `first`.
+    pub fn requests_since(&self, first: u64) -> Vec<RequestRecord> {
+        self.shared.records_since(first)
+    }
+
     /// Empties the request log (the counters keep counting).
     pub fn clear_requests(&self) {
         self.shared.clear_records();
@@ -185,6 +194,25 @@ impl FaultProxy {
             Duration::from_millis(10),
             || async move { self.requests_seen() >= n },
         )
+        .await
+    }
+
+    /// Waits until the log holds a request numbered `first` or after (`0`: any) that
+    /// `which` picks, and returns the first such; `what` names it in the timeout error.
+    pub async fn wait_for_request(
+        &self,
+        first: u64,
+        what: &str,
+        deadline: Duration,
+        which: impl Fn(&RequestRecord) -> bool,
+    ) -> Result<RequestRecord> {
+        let which = &which;
+        crate::wait_for(what, deadline, Duration::from_millis(10), || async move {
+            self.requests_since(first)
+                .into_iter()
+                .find(|record| which(record))
+                .context("none in the proxy's log yet")
+        })
         .await
     }
 

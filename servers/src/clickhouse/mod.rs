@@ -1,10 +1,15 @@
 //! clickhouse-server: its configuration and a running one ([`ClickHouseServer`]),
-//! optionally with a ZooKeeper for Replicated tables ([`Replication`]).
+//! optionally with a ZooKeeper for Replicated tables ([`Replication`]); shards of
+//! replicas of them on one ZooKeeper ([`ClickHouseCluster`]).
 
+mod cluster;
 mod config;
 mod replication;
 mod server;
 
+pub use cluster::{
+    create_cluster_table, distributed, shard_urls, sync_replicas, ClickHouseCluster, CLUSTER,
+};
 pub use config::{
     DEFAULT_PASSWORD, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
     SKIPPING_PASSWORD, SKIPPING_USER,

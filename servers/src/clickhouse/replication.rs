@@ -36,6 +36,13 @@ impl Replication {
         self
     }
 
+    /// The `{shard}` macro: the replicas of one shard share it (and so their tables'
+    /// ZooKeeper paths); two shards need different ones.
+    pub fn shard(mut self, shard: impl Into<String>) -> Self {
+        self.shard = shard.into();
+        self
+    }
+
     /// Writes `config.d/replication.xml` into the server's dir (once: the interserver
     /// port picked then is the server's for good, restarts included).
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {

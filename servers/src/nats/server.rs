@@ -15,6 +15,18 @@ use crate::process::{server_lifecycle, start_ready, ManagedProcess, ProcessSpec}
 /// How long a (re)started server gets to answer its health check.
 pub const NATS_READY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// The server's configuration file: JetStream's file storage limit, set. Left unset,
+/// nats-server takes the disk space free when it starts as the limit and refuses a
+/// stream whose `max_bytes` does not fit in what is left of it: Sluice's default
+/// streams reserve 2.25 GiB, so a test would fail on a machine with less than about
+/// 3 GiB free (measured: "insufficient storage resources available" for the DLQ with
+/// 2-3 GiB free) although it writes a few MiB.
+const NATS_CONFIG: &str = "# Written by the test harness (sluice-servers).
+jetstream {
+  max_file_store: 64GB
+}
+";
+
 /// A running nats-server with JetStream, its store in a temp dir that is removed when
 /// this is dropped (after the process is killed).
 #[derive(Debug)]
@@ -53,12 +65,17 @@ impl NatsServer {
             .tempdir()
             .context("creating a temp dir for nats-server")?;
         let store_dir = dir.path().join("store");
+        let config = dir.path().join("nats.conf");
+        std::fs::write(&config, NATS_CONFIG)
+            .with_context(|| format!("writing {}", config.display()))?;
         let http = crate::http::loopback_client(Duration::from_secs(2))?;
 
         let prepare = || {
             let (port, monitor_port) = (free_port()?, free_port()?);
             let spec = ProcessSpec::new(&binary)
                 .name("nats-server")
+                .arg("-c")
+                .arg(&config)
                 .args(["-js", "-a", "127.0.0.1"])
                 .arg("-p")
                 .arg(port.to_string())

@@ -5,7 +5,7 @@
 //! The split depends on nothing but the accepted rows in order and the limits, never
 //! on timing or on what was stored: a client that resends the same body under the same
 //! `Idempotency-Key` gets the same chunks, so each chunk's message id
-//! (`<key>-<chunk index>`) finds what JetStream already stored.
+//! (`<stem>-<chunk index>`, see `idempotency`) finds what JetStream already stored.
 
 use bytes::{Bytes, BytesMut};
 

@@ -4,44 +4,42 @@
 //!
 //! A full or unreachable stream stops the request where it is: the rows of chunks
 //! already acked stay accepted, the answer is 503 with `Retry-After`, and a client
-//! retrying with the same body and `Idempotency-Key` gets the same chunks under the
-//! same message ids, so the stored ones are not stored twice.
+//! retrying with the same body and `Idempotency-Key` stores only the chunks not stored
+//! yet (`idempotency`).
 //!
 //! Before any row is published the request must name a tenant, a table the tenant's
 //! ClickHouse target has (`clickhouse::catalog`) within the tenant's table cap
-//! (`tables`), a media type and a usable key. Rows are then split off the body one at
-//! a time (`parse`) and gathered into chunks sent as they close, so a request never
-//! holds a list of its rows or of its refusals (only the open chunk's, and a copy of
-//! the chunks in flight); the answer lists the first `MAX_LISTED_ERRORS` refusals.
+//! (`tables`), a media type and a usable key, and a keyed request must hold its key.
+//! Rows are then split off the body one at a time (`parse`) and gathered into chunks
+//! sent as they close, so a request never holds a list of its rows or of its refusals
+//! (only the open chunk's, and a copy of the chunks in flight); the answer
+//! (`reply`) lists the first `MAX_LISTED_ERRORS` refusals.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde::Serialize;
-use std::sync::Arc;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse as _, Response};
+use tokio::sync::{AcquireError, SemaphorePermit};
 
 use super::chunk::ChunkLimits;
+use super::idempotency::{
+    self, BodyUse, Claim, Decision, End, Fingerprint, Idempotency, IdempotencyKey, Keyed, Opened,
+    ScopedKey, Split, MAX_MESSAGE_ID_LEN,
+};
 use super::memory::IngestMemory;
-use super::parse::{self, Framing, Refused, RowError, RowLimits};
-use super::publishing::{max_message_id_len, Publishing};
+use super::parse::{self, Framing, RowLimits};
+use super::publishing::{KeyedChunks, Outcome, Publishing, Stop};
+use super::reply::{self, come_back, failure, IngestReply};
 use super::tables::TenantTables;
 use crate::api::tenant::{Tenant, TenantResolver};
 use crate::clickhouse::catalog::Catalog;
 use crate::config::{is_table_name, TABLE_NAME_RULE};
 use crate::nats::{PublishError, Publisher};
 use crate::telemetry::metrics as m;
-
-/// The longest `Idempotency-Key` taken (it becomes a JetStream message id).
-const MAX_IDEMPOTENCY_KEY: usize = 128;
-
-/// Refused rows an answer lists (`rejected` counts them all): enough to fix a producer,
-/// and an answer that stays small whatever the body holds.
-pub const MAX_LISTED_ERRORS: usize = 100;
 
 /// What the ingest endpoint needs.
 pub struct IngestState {
@@ -67,24 +65,10 @@ pub struct IngestState {
     pub catalogs: HashMap<String, Catalog>,
     /// The tables each tenant writes to, capped.
     pub tables: TenantTables,
-}
-
-/// The answer to every ingest request.
-#[derive(Debug, Default, Serialize)]
-pub struct IngestReply {
-    /// Rows stored in the ingest stream (acknowledged by JetStream).
-    pub accepted: usize,
-    /// Of the accepted rows, those JetStream had already stored under the same
-    /// `Idempotency-Key`: stored once.
-    pub duplicates: usize,
-    /// Rows refused (bad JSON, not an object, too large, too deep, not UTF-8).
-    pub rejected: usize,
-    /// Rows not stored because the stream was full or unreachable: send them again.
-    pub not_stored: usize,
-    /// The first `MAX_LISTED_ERRORS` refused rows, by index (`rejected` counts all).
-    pub errors: Vec<RowError>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    /// The `Idempotency-Key` records.
+    pub keys: Idempotency,
+    /// How long a claim holds a key (twice `[api] body_timeout`).
+    pub key_lease: Duration,
 }
 
 pub async fn ingest(
@@ -99,45 +83,33 @@ pub async fn ingest(
     response
 }
 
+/// A request that passed every check made before its body is read.
+struct Admitted {
+    tenant: Tenant,
+    framing: Framing,
+    key: Option<IdempotencyKey>,
+}
+
 async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Body) -> Response {
-    let tenant = match state.tenants.resolve(headers) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
+    let admitted = match admit(state, table, headers).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal,
     };
-    if !is_table_name(table) {
-        return failure(
-            StatusCode::NOT_FOUND,
-            format!("{table:?} is not a table name ({TABLE_NAME_RULE})"),
-        );
-    }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let Some(framing) = Framing::from_content_type(content_type) else {
-        return failure(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!(
-                "Content-Type {} is not taken: send application/json (an object or an array of objects), application/x-ndjson (one object per line) or application/json-seq (one object per record)",
-                content_type.unwrap_or("(none)")
-            ),
-        );
-    };
-    let key = match idempotency_key(headers) {
-        Ok(k) => k,
-        Err(e) => return failure(StatusCode::BAD_REQUEST, e),
-    };
-    if let Err(refusal) = admit_table(state, &tenant, table).await {
-        return refusal;
-    }
     // Only now is the body read: a request refused above costs none of it.
     let Some(_room) = state.memory.reserve(headers).await else {
-        return busy(
-            state,
+        return come_back(
+            StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "the ingest requests in progress hold [api] ingest_memory; no room came within {}: send again later",
                 humantime::format_duration(state.memory.wait())
             ),
+            state.retry_after,
         );
+    };
+    let mut stop = not_connected(state);
+    let keyed = match open_key(state, &admitted, table, &mut stop).await {
+        Ok(keyed) => keyed,
+        Err(refusal) => return refusal,
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -146,40 +118,161 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
         Ok(b) => b,
         Err(refusal) => return refusal,
     };
-    let room = message_room(
-        state.publisher.context().client().max_payload(),
-        key.as_deref(),
-    );
-    let limits = RowLimits {
-        max_bytes: row_limit(state.max_row_bytes, room),
-        max_depth: state.max_json_depth,
+    let split = split_for(state, admitted.key.is_some());
+    let claim = match decide_key(state, keyed, admitted.framing, &body, split, &mut stop).await {
+        Ok(claim) => claim,
+        Err(answer) => return answer,
     };
-    let rows = match parse::rows(&body, framing, limits) {
-        Ok(rows) => rows,
-        Err(e) => return failure(StatusCode::BAD_REQUEST, e.0),
-    };
+    publish(state, &admitted, table, &body, split, claim, stop).await
+}
 
-    let subject = format!("{}.{}.{table}", state.subject_prefix, tenant.name);
-    let Ok(_publishing) = state.publishing.acquire().await else {
-        return failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
+/// Without a connection every publish (and the key's record) would wait out its
+/// timeout before failing: the reason to tell the client at once instead.
+fn not_connected(state: &IngestState) -> Option<Stop> {
+    let connected = state.publisher.context().client().connection_state()
+        == async_nats::connection::State::Connected;
+    (!connected).then(|| {
+        Stop::Publish(PublishError::Unavailable(
+            "not connected to NATS right now".into(),
+        ))
+    })
+}
+
+/// The key, before the body is read: a request in progress under it is answered (409)
+/// now; a bucket that cannot be used stops the request (`stop`: nothing published).
+async fn open_key(
+    state: &IngestState,
+    admitted: &Admitted,
+    table: &str,
+    stop: &mut Option<Stop>,
+) -> Result<Option<Box<Keyed>>, Response> {
+    let (Some(key), None) = (admitted.key.clone(), &stop) else {
+        return Ok(None);
+    };
+    let scope = ScopedKey::new(&admitted.tenant.name, table, key);
+    match state.keys.open(scope).await {
+        Opened::InProgress => Err(in_progress(state.retry_after)),
+        Opened::Keyed(keyed) => Ok(Some(keyed)),
+        Opened::Unusable(e) => {
+            *stop = Some(e.into());
+            Ok(None)
+        }
+    }
+}
+
+/// A keyed request's decision, from its body: publish holding the key, or the answer
+/// (the first one again, 422, 409).
+async fn decide_key(
+    state: &IngestState,
+    keyed: Option<Box<Keyed>>,
+    framing: Framing,
+    body: &Bytes,
+    split: Split,
+    stop: &mut Option<Stop>,
+) -> Result<Option<Claim>, Response> {
+    let Some(keyed) = keyed else {
+        return Ok(None);
+    };
+    let body = BodyUse {
+        fingerprint: Fingerprint::of(framing, body),
+        split,
+    };
+    match keyed.decide(body).await {
+        Decision::Publish(claim) => Ok(Some(claim)),
+        Decision::Replay { status, reply } => Err(reply::replay(status, reply)),
+        Decision::Mismatch => Err(mismatch()),
+        Decision::InProgress => Err(in_progress(state.retry_after)),
+        Decision::Unusable(e) => {
+            *stop = Some(e.into());
+            Ok(None)
+        }
+    }
+}
+
+/// The checks made before the body is read: tenant, table, media type, key.
+async fn admit(
+    state: &IngestState,
+    table: &str,
+    headers: &HeaderMap,
+) -> Result<Admitted, Response> {
+    let tenant = state
+        .tenants
+        .resolve(headers)
+        .map_err(|e| e.into_response())?;
+    if !is_table_name(table) {
+        return Err(failure(
+            StatusCode::NOT_FOUND,
+            format!("{table:?} is not a table name ({TABLE_NAME_RULE})"),
+        ));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let Some(framing) = Framing::from_content_type(content_type) else {
+        return Err(failure(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "Content-Type {} is not taken: send application/json (an object or an array of objects), application/x-ndjson (one object per line) or application/json-seq (one object per record)",
+                content_type.unwrap_or("(none)")
+            ),
+        ));
+    };
+    let key =
+        idempotency::from_headers(headers).map_err(|e| failure(StatusCode::BAD_REQUEST, e))?;
+    admit_table(state, &tenant, table).await?;
+    Ok(Admitted {
+        tenant,
+        framing,
+        key,
+    })
+}
+
+/// Parse the rows, publish the accepted ones, answer; record the end under the key.
+async fn publish(
+    state: &IngestState,
+    admitted: &Admitted,
+    table: &str,
+    body: &Bytes,
+    split: Split,
+    claim: Option<Claim>,
+    mut stop: Option<Stop>,
+) -> Response {
+    // A resumed request splits its body as it was first split.
+    let split = claim.as_ref().map_or(split, Claim::split);
+    let limits = RowLimits {
+        max_bytes: split.row_bytes,
+        max_depth: split.depth,
+    };
+    let rows = match parse::rows(body, admitted.framing, limits) {
+        Ok(rows) => rows,
+        Err(e) => {
+            let refusal = failure(StatusCode::BAD_REQUEST, e.0);
+            return settle(claim, &Outcome::default(), None, refusal).await;
+        }
+    };
+    let Ok(_permit) = publishing_permit(state, claim.as_ref(), &mut stop).await else {
+        let stopping = failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
+        return settle(claim, &Outcome::default(), None, stopping).await;
+    };
+    let subject = format!("{}.{}.{table}", state.subject_prefix, admitted.tenant.name);
+    let keyed = claim.as_ref().map(|claim| KeyedChunks {
+        stem: claim.message_stem(),
+        stored_before: claim.stored_before(),
+        deadline: claim.deadline(),
+        lease: state.key_lease,
+    });
+    let chunks = ChunkLimits {
+        rows: split.chunk_rows,
+        bytes: split.chunk_bytes,
     };
     let mut reply = IngestReply::default();
-    // Without a connection every publish would wait out its ack timeout (and the byte
-    // budget's stream lookup) before failing: tell the client at once instead.
-    let not_connected = (state.publisher.context().client().connection_state()
-        != async_nats::connection::State::Connected)
-        .then(|| PublishError::Unavailable("not connected to NATS right now".into()));
-    let chunks = ChunkLimits {
-        rows: state.chunks.rows,
-        bytes: state.chunks.bytes.min(room),
-    };
     let mut publishing = Publishing::new(
         &state.publisher,
         subject,
-        key.as_deref(),
+        keyed,
         chunks,
         state.publish_retry_for,
-        not_connected,
+        stop,
     );
     for item in rows {
         match item {
@@ -187,40 +280,115 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
             Err(refused) => reply.refuse(refused),
         }
     }
-    let outcome = publishing.finish().await;
+    let mut outcome = publishing.finish().await;
     if outcome.rows + reply.rejected == 0 {
-        return failure(StatusCode::BAD_REQUEST, "the body holds no rows".into());
+        let refusal = failure(StatusCode::BAD_REQUEST, "the body holds no rows".into());
+        return settle(claim, &outcome, None, refusal).await;
     }
-    reply.accepted = outcome.accepted;
-    reply.duplicates = outcome.duplicates;
-    reply.not_stored = outcome.rows - outcome.accepted;
-    let labels = [
-        ("tenant", tenant.name.clone()),
-        ("table", table.to_string()),
-    ];
-    metrics::counter!(m::INGEST_ROWS, &labels).increment(reply.accepted as u64);
+    let status = reply.settle(&mut outcome);
+    count_rows(&admitted.tenant.name, table, &reply, &outcome);
+    let answer = Some((status, &reply));
+    let end = claim.as_ref().map(|claim| end_of(claim, &outcome, answer));
+    let response = reply.into_response(status, state.retry_after);
+    if let (Some(claim), Some(end)) = (claim, end) {
+        claim.finish(end).await;
+    }
+    response
+}
+
+/// A place among the requests publishing at once (`MAX_PUBLISHING`). A keyed request
+/// waits no longer than its lease: then `stop` says so, and nothing is sent. An error
+/// when Sluice is stopping.
+async fn publishing_permit<'s>(
+    state: &'s IngestState,
+    claim: Option<&Claim>,
+    stop: &mut Option<Stop>,
+) -> Result<Option<SemaphorePermit<'s>>, AcquireError> {
+    let Some(deadline) = claim.map(Claim::deadline) else {
+        return state.publishing.acquire().await.map(Some);
+    };
+    match tokio::time::timeout_at(deadline, state.publishing.acquire()).await {
+        Ok(permit) => permit.map(Some),
+        Err(_) => {
+            stop.get_or_insert(Stop::LeaseEnded(state.key_lease));
+            Ok(None)
+        }
+    }
+}
+
+/// Record how a keyed request ended (see [`end_of`]), then give its answer.
+async fn settle(
+    claim: Option<Claim>,
+    outcome: &Outcome,
+    answer: Option<(StatusCode, &IngestReply)>,
+    response: Response,
+) -> Response {
+    if let Some(claim) = claim {
+        let end = end_of(&claim, outcome, answer);
+        claim.finish(end).await;
+    }
+    response
+}
+
+/// How a keyed request ended, for its key's record: it sent nothing (the key is free
+/// again), it stopped with rows not stored (the chunks stored, by it or before it), or
+/// it has a final answer (`answer`, a status other than 503).
+fn end_of(claim: &Claim, outcome: &Outcome, answer: Option<(StatusCode, &IngestReply)>) -> End {
+    if outcome.sent == 0 && claim.stored_before().is_empty() {
+        return End::Unused;
+    }
+    let last = answer
+        .filter(|(status, _)| *status != StatusCode::SERVICE_UNAVAILABLE)
+        .and_then(|(status, reply)| Some((status, reply::recorded(reply)?)));
+    match last {
+        Some((status, reply)) => End::Answered { status, reply },
+        None => {
+            let mut stored = claim.stored_before().clone();
+            stored.extend(&outcome.stored);
+            End::Unfinished { stored }
+        }
+    }
+}
+
+/// The per-table counters: rows stored now (not those an earlier request under the
+/// key stored), messages stored, rows refused.
+fn count_rows(tenant: &str, table: &str, reply: &IngestReply, outcome: &Outcome) {
+    let labels = [("tenant", tenant.to_string()), ("table", table.to_string())];
+    metrics::counter!(m::INGEST_ROWS, &labels)
+        .increment((reply.accepted - reply.duplicates) as u64);
     metrics::counter!(m::INGEST_MESSAGES, &labels).increment(outcome.messages as u64);
     // Even at 0: the series exists from the table's first request, so an `increase()`
     // alert sees the first refused row.
     metrics::counter!(m::INGEST_ROWS_REJECTED, &labels).increment(reply.rejected as u64);
+}
 
-    match outcome.stop {
-        Some(PublishError::Refused(why)) if reply.not_stored > 0 => {
-            reply.error = Some(why);
-            (StatusCode::BAD_REQUEST, Json(reply)).into_response()
-        }
-        Some(e) if reply.not_stored > 0 => {
-            reply.error = Some(format!("{e}; send the request again (the same body with the same Idempotency-Key stores none of its rows twice)"));
-            let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(reply)).into_response();
-            let secs = state.retry_after.as_secs().max(1).to_string();
-            if let Ok(value) = HeaderValue::from_str(&secs) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            response
-        }
-        _ if reply.rejected > 0 => (StatusCode::BAD_REQUEST, Json(reply)).into_response(),
-        _ => (StatusCode::ACCEPTED, Json(reply)).into_response(),
+/// How this instance splits a body now: the configured limits, within what one NATS
+/// message can carry beside its headers.
+fn split_for(state: &IngestState, keyed: bool) -> Split {
+    let room = message_room(state.publisher.context().client().max_payload(), keyed);
+    Split {
+        chunk_rows: state.chunks.rows,
+        chunk_bytes: state.chunks.bytes.min(room),
+        row_bytes: row_limit(state.max_row_bytes, room),
+        depth: state.max_json_depth,
     }
+}
+
+/// 409: another request holds the key.
+fn in_progress(retry_after: Duration) -> Response {
+    come_back(
+        StatusCode::CONFLICT,
+        "a request with this Idempotency-Key is in progress: send this one again once that one is answered (it then gets that answer)".into(),
+        retry_after,
+    )
+}
+
+/// 422: the key was used for another body.
+fn mismatch() -> Response {
+    failure(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "this Idempotency-Key was used for another body (for this tenant and table, within [nats] duplicate_window): a retry must send the same body; another request needs another key".into(),
+    )
 }
 
 /// Whether rows for `table` are taken from this tenant: the tenant's ClickHouse target
@@ -261,10 +429,14 @@ fn missing_table(catalog: &Catalog, table: &str) -> Response {
 const PARK_HEADROOM: usize = 4096;
 
 /// What one message may carry beside its headers: the server's `max_payload` less the
-/// message-id header a request's key makes.
-fn message_room(max_payload: usize, key: Option<&str>) -> usize {
-    // "NATS/1.0\r\n" "Nats-Msg-Id: " <key> "-" <index> "\r\n" "\r\n"
-    let id_header = key.map_or(0, |k| 10 + 13 + max_message_id_len(k.len()) + 2 + 2);
+/// message-id header a keyed request's chunks carry.
+fn message_room(max_payload: usize, keyed: bool) -> usize {
+    // "NATS/1.0\r\n" "Nats-Msg-Id: " <stem> "-" <index> "\r\n" "\r\n"
+    let id_header = if keyed {
+        10 + 13 + MAX_MESSAGE_ID_LEN + 2 + 2
+    } else {
+        0
+    };
     max_payload.saturating_sub(id_header)
 }
 
@@ -275,37 +447,6 @@ fn message_room(max_payload: usize, key: Option<&str>) -> usize {
 /// leave it unparkable.
 fn row_limit(configured: usize, room: usize) -> usize {
     configured.min(room.saturating_sub(PARK_HEADROOM))
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, String> {
-    let Some(value) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = value
-        .to_str()
-        .map_err(|_| "Idempotency-Key must be visible ASCII".to_string())?
-        .trim();
-    if key.is_empty()
-        || key.len() > MAX_IDEMPOTENCY_KEY
-        || !key.chars().all(|c| c.is_ascii_graphic())
-    {
-        return Err(format!(
-            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
-        ));
-    }
-    Ok(Some(key.to_string()))
-}
-
-// === impl IngestReply ===
-
-impl IngestReply {
-    /// Count a refused row; list it while the list is short.
-    fn refuse(&mut self, refused: Refused) {
-        self.rejected += 1;
-        if self.errors.len() < MAX_LISTED_ERRORS {
-            self.errors.push(refused.into_error());
-        }
-    }
 }
 
 /// The whole body, or the answer for one that is too long or broke off. `declared` is
@@ -332,23 +473,6 @@ async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<
     Ok(read.freeze())
 }
 
-/// 503 with `Retry-After`: nothing was taken, the same request may come again.
-fn busy(state: &IngestState, error: String) -> Response {
-    let mut response = failure(StatusCode::SERVICE_UNAVAILABLE, error);
-    if let Ok(value) = HeaderValue::from_str(&state.retry_after.as_secs().max(1).to_string()) {
-        response.headers_mut().insert(header::RETRY_AFTER, value);
-    }
-    response
-}
-
-fn failure(status: StatusCode, error: String) -> Response {
-    let body = IngestReply {
-        error: Some(error),
-        ..Default::default()
-    };
-    (status, Json(body)).into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,17 +480,19 @@ mod tests {
     #[test]
     fn rows_and_chunks_fit_a_nats_message_with_their_headers() {
         let mib = 1 << 20;
-        assert_eq!(message_room(mib, None), mib);
-        assert_eq!(row_limit(1000, message_room(mib, None)), 1000);
-        assert_eq!(row_limit(mib, message_room(mib, None)), mib - PARK_HEADROOM);
-        let keyed = message_room(mib, Some("k"));
+        assert_eq!(message_room(mib, false), mib);
+        assert_eq!(row_limit(1000, message_room(mib, false)), 1000);
+        assert_eq!(
+            row_limit(mib, message_room(mib, false)),
+            mib - PARK_HEADROOM
+        );
+        let keyed = message_room(mib, true);
         assert!(keyed < mib - 40, "{keyed}");
         assert!(row_limit(mib, keyed) < mib - PARK_HEADROOM - 40);
-        assert_eq!(row_limit(mib, message_room(100, None)), 0);
-        // The header of the longest id a 128-byte key makes fits the room left.
-        let key = "k".repeat(MAX_IDEMPOTENCY_KEY);
-        let id = super::super::publishing::message_id(&key, usize::MAX);
+        assert_eq!(row_limit(mib, message_room(100, false)), 0);
+        // The header of the longest id fits the room left.
+        let id = super::super::publishing::message_id(&"f".repeat(32), usize::MAX);
         let header = "NATS/1.0\r\nNats-Msg-Id: ".len() + id.len() + 4;
-        assert!(message_room(mib, Some(&key)) + header <= mib);
+        assert!(message_room(mib, true) + header <= mib);
     }
 }

@@ -2,14 +2,17 @@
 
 mod chunk;
 mod handler;
+pub mod idempotency;
 mod memory;
 pub mod parse;
 mod publishing;
+mod reply;
 mod scan;
 mod tables;
 
 pub use chunk::ChunkLimits;
-pub use handler::{ingest, IngestReply, IngestState, MAX_LISTED_ERRORS};
+pub use handler::{ingest, IngestState};
 pub use memory::IngestMemory;
 pub use publishing::{MAX_PUBLISHING, PIPELINE_WINDOW};
+pub use reply::{IngestReply, MAX_LISTED_ERRORS};
 pub use tables::{TenantTables, TooManyTables};

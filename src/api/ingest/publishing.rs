@@ -14,6 +14,10 @@
 //!
 //! After a failure that is not sent again nothing more is sent: the rest of the
 //! request is only counted (as not stored), so the answer still accounts for every row.
+//!
+//! A keyed request's chunks carry message ids (`<stem>-<index>`, see `idempotency`);
+//! chunks an earlier request under the key stored are counted, not sent again, and
+//! nothing is sent once the key's lease has ended.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -22,11 +26,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::chunk::{Chunk, ChunkLimits, Chunker};
-use crate::nats::{PendingPublish, PublishError, Publisher};
-
-/// The first pause before a chunk is sent again; it doubles up to [`RESEND_MAX`].
-const RESEND_MIN: Duration = Duration::from_millis(100);
-const RESEND_MAX: Duration = Duration::from_secs(1);
+use super::idempotency::ChunkSet;
+use crate::nats::{KeyStoreError, PendingPublish, PublishError, Publisher};
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
 /// permits and takes one back only when its ack is awaited, so requests that each hold
@@ -36,19 +37,54 @@ const RESEND_MAX: Duration = Duration::from_secs(1);
 pub const PIPELINE_WINDOW: usize = 512;
 pub const MAX_PUBLISHING: usize = 64;
 
+/// The first pause before a chunk is sent again; it doubles up to [`RESEND_MAX`].
+const RESEND_MIN: Duration = Duration::from_millis(100);
+const RESEND_MAX: Duration = Duration::from_secs(1);
+
+/// Why a request's rows stopped being sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Stop {
+    /// JetStream did not store a chunk (full, unreachable, refused).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The request's `Idempotency-Key` could not be recorded: nothing was sent.
+    #[error(transparent)]
+    Keys(#[from] KeyStoreError),
+    /// The key's lease ended before every chunk was sent.
+    #[error("the request's rows were not all published within its Idempotency-Key's lease of {} (twice [api] body_timeout)", humantime::format_duration(*.0))]
+    LeaseEnded(Duration),
+}
+
 /// What became of a request's chunks.
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Rows given to be published.
     pub rows: usize,
-    /// Rows of chunks JetStream acknowledged.
+    /// Rows stored: of chunks JetStream acknowledged, and of chunks an earlier request
+    /// under the key stored.
     pub accepted: usize,
-    /// Of those, rows of chunks it had already (the same message id, a client retry).
+    /// Of those, rows stored by an earlier request under the key: the chunks it
+    /// recorded, and those JetStream had already (the same message id).
     pub duplicates: usize,
-    /// Messages JetStream acknowledged.
+    /// Messages JetStream acknowledged as new.
     pub messages: usize,
+    /// Chunks sent (a keyed request that sent none leaves its key free).
+    pub sent: usize,
+    /// Chunks known stored (acknowledged, or recorded by an earlier request).
+    pub stored: ChunkSet,
     /// Why the rest was not stored, if something failed.
-    pub stop: Option<PublishError>,
+    pub stop: Option<Stop>,
+}
+
+/// What a keyed request's chunks are sent with.
+pub struct KeyedChunks<'a> {
+    /// Each chunk's message id is `<stem>-<index>`.
+    pub stem: &'a str,
+    /// Chunks stored by an earlier request under the key: counted, not sent.
+    pub stored_before: &'a ChunkSet,
+    /// Nothing is sent after it (the key's lease ends).
+    pub deadline: Instant,
+    pub lease: Duration,
 }
 
 /// The rows of one request, sent to one subject.
@@ -56,8 +92,7 @@ pub struct Publishing<'a> {
     publisher: &'a Publisher,
     chunker: Chunker,
     subject: String,
-    /// The request's `Idempotency-Key`: each chunk's message id is `<key>-<index>`.
-    key: Option<&'a str>,
+    keyed: Option<KeyedChunks<'a>>,
     /// Sent chunks waiting for their ack.
     pending: VecDeque<(PendingPublish, Chunk)>,
     /// How long chunks JetStream did not take are sent again, and until when (set at
@@ -75,16 +110,16 @@ impl<'a> Publishing<'a> {
     pub fn new(
         publisher: &'a Publisher,
         subject: String,
-        key: Option<&'a str>,
+        keyed: Option<KeyedChunks<'a>>,
         chunks: ChunkLimits,
         resend_for: Duration,
-        stop: Option<PublishError>,
+        stop: Option<Stop>,
     ) -> Self {
         Self {
             publisher,
             chunker: Chunker::new(chunks),
             subject,
-            key,
+            keyed,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
             resend_for,
             resend_until: None,
@@ -114,16 +149,31 @@ impl<'a> Publishing<'a> {
         self.outcome
     }
 
-    /// Sends a chunk, once the window has room; after a failure, does nothing.
+    /// Sends a chunk, once the window has room; after a failure, does nothing. A chunk
+    /// an earlier request under the key stored is only counted.
     async fn send(&mut self, chunk: Chunk) {
+        if let Some(keyed) = &self.keyed {
+            if keyed.stored_before.contains(chunk.index) {
+                self.outcome.accepted += chunk.rows;
+                self.outcome.duplicates += chunk.rows;
+                self.outcome.stored.insert(chunk.index);
+                return;
+            }
+        }
         if self.pending.len() >= PIPELINE_WINDOW {
             if let Some(oldest) = self.pending.pop_front() {
                 self.confirm(oldest).await;
             }
         }
+        if let Some(keyed) = self.keyed.as_ref().filter(|k| Instant::now() >= k.deadline) {
+            self.outcome
+                .stop
+                .get_or_insert(Stop::LeaseEnded(keyed.lease));
+        }
         if self.outcome.stop.is_some() {
             return;
         }
+        self.outcome.sent += 1;
         match self.publish(&chunk).await {
             Ok(ack) => self.pending.push_back((ack, chunk)),
             Err(e) => self.resend(chunk, e).await,
@@ -131,7 +181,7 @@ impl<'a> Publishing<'a> {
     }
 
     async fn publish(&self, chunk: &Chunk) -> Result<PendingPublish, PublishError> {
-        let id = self.key.map(|k| message_id(k, chunk.index));
+        let id = self.keyed.as_ref().map(|k| message_id(k.stem, chunk.index));
         self.publisher
             .send(
                 self.subject.clone(),
@@ -150,15 +200,18 @@ impl<'a> Publishing<'a> {
     }
 
     /// A chunk that failed with `error`: sent again (and waited for, one at a time)
-    /// while the error allows it and the request's resend window lasts; else the
-    /// request stops there.
+    /// while the error allows it, the request's resend window lasts and a keyed
+    /// request's lease holds; else the request stops there.
     async fn resend(&mut self, chunk: Chunk, mut error: PublishError) {
-        let until = *self
+        let mut until = *self
             .resend_until
             .get_or_insert_with(|| Instant::now() + self.resend_for);
+        if let Some(keyed) = &self.keyed {
+            until = until.min(keyed.deadline);
+        }
         let mut pause = RESEND_MIN;
         while self.outcome.stop.is_none()
-            && error.may_send_again(self.key.is_some())
+            && error.may_send_again(self.keyed.is_some())
             && Instant::now() < until
         {
             tracing::debug!(error = %error, subject = %self.subject, chunk = chunk.index,
@@ -188,39 +241,36 @@ impl<'a> Publishing<'a> {
                 Err(e) => error = e,
             }
         }
-        if self.outcome.stop.is_none() {
-            self.outcome.stop = Some(error);
-        }
+        self.outcome.stop.get_or_insert(error.into());
     }
 
     fn accepted(&mut self, chunk: &Chunk, duplicate: bool) {
         self.outcome.accepted += chunk.rows;
-        self.outcome.messages += 1;
+        self.outcome.stored.insert(chunk.index);
         if duplicate {
             self.outcome.duplicates += chunk.rows;
+        } else {
+            self.outcome.messages += 1;
         }
     }
 }
 
-/// The message id of a request's chunk. The index is the last `-`-separated part and
-/// all digits, so two (key, index) pairs never give one id.
-pub fn message_id(key: &str, index: usize) -> String {
-    format!("{key}-{index}")
-}
-
-/// The longest [`message_id`] for a key of `key_len` bytes.
-pub fn max_message_id_len(key_len: usize) -> usize {
-    key_len + 1 + 20
+/// The message id of a keyed request's chunk: the stem (hex digits) and the chunk's
+/// index, so two (stem, index) pairs never give one id.
+pub fn message_id(stem: &str, index: usize) -> String {
+    format!("{stem}-{index}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ingest::idempotency::MAX_MESSAGE_ID_LEN;
 
     #[test]
-    fn message_ids_are_the_key_and_the_chunk_index() {
-        assert_eq!(message_id("order-7", 0), "order-7-0");
-        assert_eq!(message_id("order-7", 12), "order-7-12");
-        assert!(message_id("k", usize::MAX).len() <= max_message_id_len(1));
+    fn message_ids_are_the_stem_and_the_chunk_index() {
+        assert_eq!(message_id("0f3a", 0), "0f3a-0");
+        assert_eq!(message_id("0f3a", 12), "0f3a-12");
+        let stem = "f".repeat(32);
+        assert!(message_id(&stem, usize::MAX).len() <= MAX_MESSAGE_ID_LEN);
     }
 }

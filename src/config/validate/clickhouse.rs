@@ -4,10 +4,83 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{names, Check, Key};
-use crate::config::file::FileConfig;
+use crate::config::file::{FileConfig, TargetFile};
 use crate::config::{
-    is_table_name, is_tenant_name, TargetConfig, TenantConfig, TABLE_NAME_RULE, TENANT_NAME_RULE,
+    host_port, is_table_name, is_tenant_name, TargetConfig, TenantConfig, TABLE_NAME_RULE,
+    TENANT_NAME_RULE,
 };
+
+/// The server a target without `url` or `shards` writes to.
+const DEFAULT_URL: &str = "http://127.0.0.1:8123";
+
+/// A target's shards, each its replicas' URLs: `url` (one shard, replicas
+/// comma-separated, as `[nats] url` lists servers) or `shards` (one string per shard,
+/// alike), never both; every URL checked, none twice.
+fn servers(c: &mut Check, section: &Key, t: &TargetFile) -> Vec<Vec<String>> {
+    let (url_key, shards_key) = (section.key("url"), section.key("shards"));
+    let split = |list: &str| -> Vec<String> {
+        list.split(',')
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect()
+    };
+    let (shards, key) = match (&t.url, t.shards.is_empty()) {
+        (Some(_), false) => {
+            c.problem(
+                &[&url_key, &shards_key],
+                format!("{section}: set url (one shard, its replicas comma-separated) or shards (one string per shard), not both"),
+            );
+            return vec![vec![DEFAULT_URL.into()]];
+        }
+        (Some(url), true) => (vec![split(url)], &url_key),
+        (None, false) => (t.shards.iter().map(|s| split(s)).collect(), &shards_key),
+        (None, true) => (vec![vec![DEFAULT_URL.to_string()]], &url_key),
+    };
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, replicas) in shards.iter().enumerate() {
+        if replicas.is_empty() {
+            c.problem(&[key], format!("{key}: shard {} lists no server", i + 1));
+        }
+        for url in replicas {
+            check_url(c, key, url);
+            if let Some(first) = seen.insert(host_port(url), i + 1) {
+                c.problem(
+                    &[key],
+                    format!(
+                        "{key}: {} is listed twice (shard {first} and shard {}): each server is one replica of one shard",
+                        host_port(url),
+                        i + 1
+                    ),
+                );
+            }
+        }
+    }
+    shards
+}
+
+/// One server's URL: ClickHouse's HTTP interface, with a host, without credentials.
+fn check_url(c: &mut Check, key: &Key, url: &str) {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if parsed.scheme() != "http" && parsed.scheme() != "https" => c.problem(
+            &[key],
+            format!(
+                "{key}: \"{url}\": the scheme must be http or https (ClickHouse's HTTP interface)"
+            ),
+        ),
+        Ok(parsed) if !parsed.username().is_empty() || parsed.password().is_some() => c
+            .problem(
+                &[key],
+                format!(
+                    "{key} carries credentials: put the user in `user` and the password in the variable named by `password_env`"
+                ),
+            ),
+        Ok(parsed) if parsed.host_str().is_none() => {
+            c.problem(&[key], format!("{key}: \"{url}\" has no host"))
+        }
+        Ok(_) => {}
+        Err(e) => c.problem(&[key], format!("{key}: \"{url}\" is not a URL: {e}")),
+    }
+}
 
 pub(super) fn targets(c: &mut Check, file: &FileConfig) -> BTreeMap<String, TargetConfig> {
     let mut out = BTreeMap::new();
@@ -20,28 +93,7 @@ pub(super) fn targets(c: &mut Check, file: &FileConfig) -> BTreeMap<String, Targ
                 format!("{section}: \"{name}\" is not a valid target name ({TABLE_NAME_RULE})"),
             );
         }
-        let url = k("url");
-        match reqwest::Url::parse(&t.url) {
-            Ok(parsed) if parsed.scheme() != "http" && parsed.scheme() != "https" => c.problem(
-                &[&url],
-                format!(
-                    "{url} = \"{}\": the scheme must be http or https (ClickHouse's HTTP interface)",
-                    t.url
-                ),
-            ),
-            Ok(parsed) if !parsed.username().is_empty() || parsed.password().is_some() => c
-                .problem(
-                    &[&url],
-                    format!(
-                        "{url} carries credentials: put the user in `user` and the password in the variable named by `password_env`"
-                    ),
-                ),
-            Ok(parsed) if parsed.host_str().is_none() => {
-                c.problem(&[&url], format!("{url} = \"{}\" has no host", t.url))
-            }
-            Ok(_) => {}
-            Err(e) => c.problem(&[&url], format!("{url} = \"{}\" is not a URL: {e}", t.url)),
-        }
+        let shards = servers(c, &section, t);
         if !is_table_name(&t.database) {
             let key = k("database");
             c.problem(
@@ -71,7 +123,7 @@ pub(super) fn targets(c: &mut Check, file: &FileConfig) -> BTreeMap<String, Targ
             name.clone(),
             TargetConfig {
                 name: name.clone(),
-                url: t.url.trim_end_matches('/').to_string(),
+                shards,
                 user: t.user.clone(),
                 password,
                 database: t.database.clone(),

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::{Check, Key};
-use crate::config::file::FileConfig;
+use crate::config::file::{FileConfig, NatsFile};
 use crate::config::nats_url::{self, hide_credentials};
 use crate::config::{NatsAuth, NatsConfig};
 
@@ -81,6 +81,7 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
             ),
         );
     }
+    idempotency_bucket(c, n, &section);
     if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
         c.problem(
             &[&k("manifest_max_bytes")],
@@ -141,6 +142,47 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         replicas: n.replicas,
         manifest_bucket: n.manifest_bucket.clone(),
         manifest_max_bytes: n.manifest_max_bytes.bytes(),
+        idempotency_bucket: n.idempotency_bucket.clone(),
+        idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
+    }
+}
+
+/// `[nats] idempotency_bucket` and `idempotency_max_bytes`: a bucket name whose stream
+/// is none of Sluice's others, and room for more than a handful of records.
+fn idempotency_bucket(c: &mut Check, n: &NatsFile, section: &Key) {
+    let k = |name: &str| section.key(name);
+    if !is_nats_name(&n.idempotency_bucket) {
+        c.problem(
+            &[&k("idempotency_bucket")],
+            format!(
+                "[nats] idempotency_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
+                n.idempotency_bucket
+            ),
+        );
+    }
+    let stream = format!("KV_{}", n.idempotency_bucket);
+    if stream == n.stream || stream == n.dlq_stream || n.idempotency_bucket == n.manifest_bucket {
+        c.problem(
+            &[
+                &k("idempotency_bucket"),
+                &k("stream"),
+                &k("dlq_stream"),
+                &k("manifest_bucket"),
+            ],
+            format!(
+                "[nats] idempotency_bucket = \"{}\" is kept in stream {stream}, which is the name of another of Sluice's streams",
+                n.idempotency_bucket
+            ),
+        );
+    }
+    if n.idempotency_max_bytes.bytes() < MIN_IDEMPOTENCY_BYTES {
+        c.problem(
+            &[&k("idempotency_max_bytes")],
+            format!(
+                "[nats] idempotency_max_bytes = {}: must be at least 1MiB (a record takes about 300 bytes, up to 16KiB with refused rows listed)",
+                n.idempotency_max_bytes
+            ),
+        );
     }
 }
 
@@ -198,6 +240,8 @@ fn nats_auth(c: &mut Check, file: &FileConfig, section: &Key) -> NatsAuth {
 
 /// The smallest manifest bucket budget taken.
 const MIN_MANIFEST_BYTES: u64 = 1 << 20;
+/// The smallest idempotency bucket budget taken.
+const MIN_IDEMPOTENCY_BYTES: u64 = 1 << 20;
 /// JetStream stream and consumer names: no whitespace, dots, wildcards or separators.
 fn is_nats_name(s: &str) -> bool {
     !s.is_empty()

@@ -71,7 +71,12 @@ pub(super) fn query(
     }
     Some(QueryConfig {
         target: target_name.clone(),
-        url: target.url.clone(),
+        servers: target
+            .replica_names()
+            .into_iter()
+            .flatten()
+            .zip(target.urls().map(str::to_owned))
+            .collect(),
         database: target.database.clone(),
         user,
         password,

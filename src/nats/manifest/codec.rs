@@ -7,11 +7,12 @@
 //! ascending sequences (a batch's messages are mostly consecutive: one byte each).
 //!
 //! ```text
-//! version (2)   u8
+//! version (3)   u8
 //! state         u8: 0 open, 1 settled, 2 split
 //! tenant, table varint length + UTF-8 each
 //! messages      varint count, varint first sequence, varint gap to each next one
 //! claimed at    varint ms since the epoch (0: unknown)
+//! shard         varint: the shard of its target the batch goes to (0-based)
 //! settled:      varint count, then per rejected row: varint stream sequence, varint
 //!               line, u8 class, varint code + 1 (0: none), varint length + UTF-8 error
 //!               (at most 1 KiB, as on the DLQ), u8 parked (0, 1)
@@ -23,7 +24,8 @@
 //!
 //! Version 1 (open and settled only, no parked flag) is still read: a record written
 //! before tokens named the stream's incarnation comes back with incarnation 0, so its
-//! batch keeps the token its first attempts carried.
+//! batch keeps the token its first attempts carried. Version 2 (no shard) is read as
+//! shard 0: it was written when every target was one server (its shard 0).
 //!
 //! The id is not stored: it is a function of the messages, and the reader checks it
 //! against the key (a value that does not match its key is refused). Nor is the
@@ -35,9 +37,11 @@ use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
 use crate::nats::delivery::{truncate, MAX_ERROR_HEADER};
 
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// Open and settled only, no parked flag, and no incarnation in the token.
 const VERSION_1: u8 = 1;
+/// No shard.
+const VERSION_2: u8 = 2;
 const OPEN: u8 = 0;
 const SETTLED: u8 = 1;
 const SPLIT: u8 = 2;
@@ -72,6 +76,7 @@ pub fn encode(m: &Manifest) -> Bytes {
         previous = seq;
     }
     put_varint(&mut out, m.claimed_at_ms);
+    put_varint(&mut out, u64::from(m.shard));
     match &m.state {
         ManifestState::Open => {}
         ManifestState::Settled { rejected } => {
@@ -105,7 +110,7 @@ pub fn encode(m: &Manifest) -> Bytes {
 pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
     let mut r = Reader(value);
     let version = r.u8()?;
-    if version != VERSION && version != VERSION_1 {
+    if ![VERSION, VERSION_2, VERSION_1].contains(&version) {
         return Err(DecodeError::Version(version));
     }
     let state = r.u8()?;
@@ -126,8 +131,10 @@ pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
     }
     let incarnation = if version == VERSION_1 { 0 } else { incarnation };
     let claimed_at = if version == VERSION_1 { 0 } else { r.varint()? };
-    let mut manifest =
-        Manifest::new(TableKey::new(tenant, table), incarnation, messages).claimed_at(claimed_at);
+    let shard = if version == VERSION { r.u32()? } else { 0 };
+    let mut manifest = Manifest::new(TableKey::new(tenant, table), incarnation, messages)
+        .claimed_at(claimed_at)
+        .on_shard(shard);
     manifest.state = match state {
         OPEN => ManifestState::Open,
         SETTLED => {
@@ -380,6 +387,36 @@ mod tests {
     }
 
     #[test]
+    fn the_shard_a_batch_goes_to_is_in_its_record() {
+        let m = manifest(vec![7, 8]).on_shard(3);
+        let back = round_trip(&m);
+        assert_eq!(back.shard, 3);
+        assert_eq!(back, m);
+        let settled = m.with_state(ManifestState::Settled { rejected: vec![] });
+        assert_eq!(round_trip(&settled).shard, 3);
+    }
+
+    #[test]
+    fn a_version_2_record_goes_to_shard_0_with_its_token() {
+        // Written by the Sluice before shards: version 2, open, acme.events, [4, 5],
+        // claimed at 1000 ms.
+        let v2 = [
+            2, OPEN, 4, b'a', b'c', b'm', b'e', 6, b'e', b'v', b'e', b'n', b't', b's', 2, 4, 1,
+            0xe8, 0x07,
+        ];
+        let m = decode(&v2, INCARNATION).expect("decodes");
+        assert_eq!(
+            (m.messages.clone(), m.shard, m.claimed_at_ms),
+            (vec![4, 5], 0, 1000)
+        );
+        assert_eq!(
+            m.token(),
+            manifest(vec![4, 5]).token(),
+            "the same token as before"
+        );
+    }
+
+    #[test]
     fn a_version_1_record_keeps_the_token_its_first_attempts_carried() {
         // Written by the Sluice before this one: version 1, open, acme.events, [4, 5].
         let v1 = [
@@ -454,7 +491,7 @@ mod tests {
         let m = manifest(vec![1, 2, 3]);
         let good = encode(&m);
         assert_eq!(decode(&[], INCARNATION), Err(DecodeError::Truncated));
-        assert_eq!(decode(&[3, 0], INCARNATION), Err(DecodeError::Version(3)));
+        assert_eq!(decode(&[4, 0], INCARNATION), Err(DecodeError::Version(4)));
         for cut in 1..good.len() {
             assert!(decode(&good[..cut], INCARNATION).is_err(), "cut at {cut}");
         }

@@ -1,4 +1,4 @@
-//! Subjects to tables to pools: `<prefix>.<tenant>.<table>` with identifier tokens
+//! Subjects to tables to targets: `<prefix>.<tenant>.<table>` with identifier tokens
 //! ([`TENANT_NAME_RULE`], [`TABLE_NAME_RULE`]). A tenant with no ClickHouse target, or
 //! a subject that does not parse, is parked with a clear error.
 //!
@@ -6,7 +6,7 @@
 //! configuration check names with [`is_tenant`] and [`is_table`] too, so a name one
 //! of them takes is a name every other takes.
 //!
-//! Neutral ground between the consumer, which routes, and the pools, which receive
+//! Neutral ground between the consumer, which routes, and the targets, which receive
 //! [`Routed`]: neither module knows the other's messages.
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use crate::ports::TableKey;
 use crate::settings::TableSettingsResolver;
 use crate::settle::ParkReason;
 
-/// What the consumer hands a pool for its tables.
+/// What the consumer hands a target for its tables.
 pub enum Routed<D> {
     /// Messages pulled for one table (each carrying one row or many): one group per
     /// subject of a pulled batch.
@@ -37,10 +37,10 @@ pub enum Routed<D> {
 /// Where the rows of one subject go.
 #[derive(Clone)]
 pub enum Route {
-    /// A table of pool number `pool`.
+    /// A table of target number `target`.
     Table {
         key: TableKey,
-        pool: usize,
+        target: usize,
         metrics: TableMetrics,
     },
     /// Parked whole (or naked with the cap delay, when the table's DLQ is off).
@@ -104,11 +104,11 @@ impl Router {
         }
     }
 
-    pub fn pool_of_tenant(&self, tenant: &str) -> Option<usize> {
+    pub fn target_of_tenant(&self, tenant: &str) -> Option<usize> {
         self.tenants.get(tenant).copied()
     }
 
-    pub fn pool_index(&self, target: &str) -> Option<usize> {
+    pub fn target_index(&self, target: &str) -> Option<usize> {
         self.targets.iter().position(|t| &**t == target)
     }
 
@@ -118,7 +118,11 @@ impl Router {
                 let key = TableKey::new(tenant, table);
                 let metrics = TableMetrics::new(&key);
                 match self.tenants.get(tenant) {
-                    Some(&pool) => Route::Table { key, pool, metrics },
+                    Some(&target) => Route::Table {
+                        key,
+                        target,
+                        metrics,
+                    },
                     None => Route::Park {
                         error: Arc::from(format!("tenant {tenant} has no ClickHouse target")),
                         dlq: tables.resolve(&key).dlq,

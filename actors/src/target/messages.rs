@@ -1,0 +1,105 @@
+//! What a TargetActor is told, and what it tells the root supervisor.
+
+use ractor::RpcReplyPort;
+
+use super::memory::TargetMemory;
+use crate::pool::PoolReport;
+use crate::ports::TableKey;
+use crate::routing::Routed;
+use crate::table::TableReport;
+
+pub enum TargetMsg<D> {
+    /// Messages or ledger changes for this target's tables (a table is spawned on its
+    /// first messages), from the consumer (through a derived reference: see the `From`
+    /// impls below).
+    Routed(Routed<D>),
+    /// What one of the target's tables says (through a derived reference).
+    FromTable(TableReport),
+    /// What one of the target's pools says (through a derived reference).
+    FromPool(PoolReport),
+    /// Respawn a table that failed (after its restart delay).
+    RespawnTable(TableKey),
+    /// Respawn the pool of a replica that failed (after its restart delay).
+    RespawnPool(usize),
+    /// Heartbeat: snapshot.
+    Tick,
+    /// Shutdown: every table flushes everything now; answered when each has.
+    FlushAll(RpcReplyPort<()>),
+    /// Shutdown past the deadline: every table hands back what it still buffers.
+    HandBackAll(RpcReplyPort<usize>),
+    /// Fault injection (tests, and the admin's debug routes when enabled).
+    Debug(TargetDebug),
+}
+
+/// The TargetActor's one debug message.
+pub enum TargetDebug {
+    /// Panic in the target itself (its pools and tables go with it).
+    Panic,
+    /// Panic in the table's actor; answers whether one runs.
+    PanicTable(TableKey, RpcReplyPort<bool>),
+    /// Panic in the pool of the replica of this name; answers whether one runs.
+    PanicPool(String, RpcReplyPort<bool>),
+}
+
+/// What a target tells the root supervisor.
+pub enum TargetReport {
+    /// What the target's successor must start from, should this target die: sent
+    /// whenever it changes (a pool's memory, a table's backoff or restart).
+    Remember {
+        index: usize,
+        memory: Box<TargetMemory>,
+    },
+}
+
+// === conversions for derived references ===
+
+impl<D> From<Routed<D>> for TargetMsg<D> {
+    fn from(routed: Routed<D>) -> Self {
+        TargetMsg::Routed(routed)
+    }
+}
+
+impl<D> TryFrom<TargetMsg<D>> for Routed<D> {
+    type Error = ();
+
+    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
+        match msg {
+            TargetMsg::Routed(routed) => Ok(routed),
+            _ => Err(()),
+        }
+    }
+}
+
+impl<D> From<TableReport> for TargetMsg<D> {
+    fn from(report: TableReport) -> Self {
+        TargetMsg::FromTable(report)
+    }
+}
+
+impl<D> TryFrom<TargetMsg<D>> for TableReport {
+    type Error = ();
+
+    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
+        match msg {
+            TargetMsg::FromTable(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
+}
+
+impl<D> From<PoolReport> for TargetMsg<D> {
+    fn from(report: PoolReport) -> Self {
+        TargetMsg::FromPool(report)
+    }
+}
+
+impl<D> TryFrom<TargetMsg<D>> for PoolReport {
+    type Error = ();
+
+    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
+        match msg {
+            TargetMsg::FromPool(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! TargetActor: one per ClickHouse target (a database on one server, or on a cluster of
+//! shards of replicas). Supervises a PoolActor per server (each owning that server's
+//! breaker) and the TableActors of every table whose tenant uses this target; routes
+//! the consumer's messages to its tables, handing them back while no server takes rows;
+//! keeps what its children must not forget (its [`memory`], which outlives it through
+//! the root supervisor).
+
+pub mod actor;
+pub mod memory;
+pub mod messages;
+pub mod servers;
+
+pub use actor::{TargetActor, TargetArgs};
+pub use memory::{ReplicaMemory, TableMemory, TargetMemory};
+pub use messages::{TargetDebug, TargetMsg, TargetReport};
+pub use servers::{Replica, TargetServers};

@@ -1,0 +1,516 @@
+//! The admin endpoint's OpenAPI document (`GET /openapi.json` on the admin listener):
+//! every route of `admin::router`, every status each can answer and its body, and
+//! which want the admin token.
+
+use std::sync::OnceLock;
+
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::dlq::{MAX_LIMIT, PEEK_DEFAULT, REPLAY_DEFAULT};
+use super::page::{SCRIPT_PATH, STYLE_PATH};
+use crate::openapi::{
+    count_parameter, document as openapi_document, json_response, media_response, name_parameter,
+    name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
+};
+
+pub async fn document() -> Response {
+    static BUILT: OnceLock<String> = OnceLock::new();
+    serve(&BUILT, build)
+}
+
+/// The document.
+pub fn build() -> Value {
+    openapi_document(
+        "Sluice admin endpoint",
+        "Health, readiness and metrics for the orchestrator and the scraper; the live actor \
+         tree, each table's row rates, the NATS side and the dead-letter queue for the \
+         operator, and the page that shows them. Routes marked with `adminToken` want \
+         `Authorization: Bearer <token>` when `[admin] token_env` names one; without a \
+         token the endpoint listens on loopback only and asks for none.",
+        paths(),
+        components(),
+    )
+}
+
+/// The answers every route with the token check can give.
+fn guarded(mut responses: Value) -> Value {
+    responses["401"] = json!({
+        "description": "No `Authorization: Bearer <token>` header.",
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}},
+        "content": {"application/json": {"schema": schema("Error")}},
+    });
+    responses["403"] = json_response("The token is not the admin token.", schema("Error"));
+    responses
+}
+
+fn token() -> Value {
+    json!([{ "adminToken": [] }])
+}
+
+fn open() -> Value {
+    json!([])
+}
+
+fn error(description: &str) -> Value {
+    json_response(description, schema("Error"))
+}
+
+fn tenant_table() -> Value {
+    json!([
+        name_parameter("tenant", TENANT_PATTERN, "The tenant.", "acme"),
+        name_parameter("table", TABLE_PATTERN, "The table.", "events"),
+    ])
+}
+
+fn bad_names() -> Value {
+    error("A tenant or table that is not a name, or a query string that does not parse.")
+}
+
+fn unavailable() -> Value {
+    error("The DLQ stream cannot be read or written right now (NATS is unreachable).")
+}
+
+fn fault_injection_off() -> Value {
+    error("Fault injection is off (`[admin] fault_injection = true` turns it on).")
+}
+
+fn paths() -> Value {
+    let page = json!({"get": {
+        "summary": "The admin page",
+        "description": "The page an operator acts from: rates and plots per table, each ClickHouse target's breaker, the NATS side, the DLQ with replay and purge. Self-contained (no outside asset); its script reads the routes below with the token entered on the page.",
+        "operationId": "page",
+        "tags": ["page"],
+        "security": open(),
+        "responses": {"200": media_response("The page.", "text/html")},
+    }});
+    json!({
+        "/healthz": {"get": {
+            "summary": "Liveness",
+            "operationId": "healthz",
+            "tags": ["probes"],
+            "security": open(),
+            "responses": {"200": json_response("The process is alive.", json!({
+                "type": "object",
+                "required": ["status"],
+                "properties": {"status": {"type": "string", "enum": ["alive"]}},
+            }))},
+        }},
+        "/readyz": {"get": {
+            "summary": "Readiness",
+            "description": "Ready when NATS is connected, the consumer runs and every ClickHouse target answered a probe.",
+            "operationId": "readyz",
+            "tags": ["probes"],
+            "security": open(),
+            "responses": {
+                "200": json_response("Ready.", schema("Readiness")),
+                "503": json_response("Not ready, with every reason.", schema("Readiness")),
+            },
+        }},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics",
+            "operationId": "metrics",
+            "tags": ["probes"],
+            "security": open(),
+            "responses": {"200": media_response("The Prometheus text format 0.0.4.", "text/plain")},
+        }},
+        "/openapi.json": {"get": {
+            "summary": "This document",
+            "operationId": "openapi",
+            "tags": ["probes"],
+            "security": open(),
+            "responses": {"200": json_response("The OpenAPI document of the admin endpoint.", json!({"type": "object"}))},
+        }},
+        "/favicon.ico": {"get": {
+            "summary": "The page's icon",
+            "operationId": "favicon",
+            "tags": ["page"],
+            "security": open(),
+            "responses": {"200": media_response("An SVG icon.", "image/svg+xml")},
+        }},
+        "/admin": page.clone(),
+        "/admin/": page,
+        SCRIPT_PATH: {"get": {
+            "summary": "The page's script",
+            "operationId": "pageScript",
+            "tags": ["page"],
+            "security": open(),
+            "responses": {"200": media_response("JavaScript.", "text/javascript")},
+        }},
+        STYLE_PATH: {"get": {
+            "summary": "The page's style sheet",
+            "operationId": "pageStyle",
+            "tags": ["page"],
+            "security": open(),
+            "responses": {"200": media_response("CSS.", "text/css")},
+        }},
+        "/admin/actors": {"get": {
+            "summary": "The live actor tree",
+            "description": "Each actor's published snapshot: the consumer, each ClickHouse target's pool (its breaker) and each table (buffer, backoff, exactly-once state, a missing table's grace). Read without waiting on any actor.",
+            "operationId": "actors",
+            "tags": ["pipeline"],
+            "security": token(),
+            "responses": guarded(json!({"200": json_response("The tree, from its root.", schema("TreeNode"))})),
+        }},
+        "/admin/rates": {"get": {
+            "summary": "Each table's row rates",
+            "description": "Rows per second received, inserted and parked per table over the last minute, and a point per sample over the last ten minutes, from samples of the row counters kept in the process.",
+            "operationId": "rates",
+            "tags": ["pipeline"],
+            "security": token(),
+            "responses": guarded(json!({"200": json_response("The rates.", schema("Rates"))})),
+        }},
+        "/admin/nats": {"get": {
+            "summary": "The NATS side",
+            "description": "The connection, the server it reached, the stream, the consumer and its lag, as the process knows them (nothing is asked of NATS).",
+            "operationId": "nats",
+            "tags": ["pipeline"],
+            "security": token(),
+            "responses": guarded(json!({"200": json_response("The NATS overview.", schema("Nats"))})),
+        }},
+        "/admin/dlq": {"get": {
+            "summary": "Parked rows per table",
+            "operationId": "dlqCounts",
+            "tags": ["dlq"],
+            "security": token(),
+            "responses": guarded(json!({
+                "200": json_response("The counts.", schema("DlqCounts")),
+                "503": unavailable(),
+            })),
+        }},
+        "/admin/dlq/replay": {"post": {
+            "summary": "Replay a table's parked rows",
+            "description": "Publishes up to `limit` parked rows of the table back to the ingest stream, each under a message id of its DLQ sequence, and removes each from the DLQ once the stream stored it. Rows that are not JSON objects stay parked (`skipped`). `dry_run` counts without changing anything.",
+            "operationId": "dlqReplay",
+            "tags": ["dlq"],
+            "security": token(),
+            "requestBody": {"required": true, "content": {"application/json": {"schema": schema("ReplayRequest")}}},
+            "responses": guarded(json!({
+                "200": json_response("What the replay did.", schema("ReplayReport")),
+                "400": error("The body is not a replay request, names no tenant or table, or asks for more rows than the most."),
+                "503": unavailable(),
+            })),
+        }},
+        "/admin/dlq/{tenant}/{table}": {
+            "parameters": tenant_table(),
+            "get": {
+                "summary": "Peek at a table's parked rows",
+                "description": "A page of parked rows, oldest first, with every `Sluice-*` header (the reason, where the row came from); nothing is consumed.",
+                "operationId": "dlqPeek",
+                "tags": ["dlq"],
+                "security": token(),
+                "parameters": [
+                    count_parameter("limit", MAX_LIMIT as u64, &format!("Rows on the page (default {PEEK_DEFAULT}).")),
+                    count_parameter("after", u64::MAX, "Only rows whose DLQ sequence is above this: the previous page's `next_after`."),
+                ],
+                "responses": guarded(json!({
+                    "200": json_response("A page of rows.", schema("PeekPage")),
+                    "400": error("A tenant or table that is not a name, a `limit` over the most, or a query string that does not parse."),
+                    "503": unavailable(),
+                })),
+            },
+            "delete": {
+                "summary": "Purge a table's parked rows",
+                "description": "Deletes every parked row of the table. It cannot be undone, so the request names the table twice: `?confirm=<tenant>.<table>`.",
+                "operationId": "dlqPurge",
+                "tags": ["dlq"],
+                "security": token(),
+                "parameters": [{
+                    "name": "confirm",
+                    "in": "query",
+                    "required": true,
+                    "description": "`<tenant>.<table>`, the table named again; without it, or with another name, nothing is deleted (400).",
+                    "schema": {"type": "string"},
+                }],
+                "responses": guarded(json!({
+                    "200": json_response("The rows were deleted.", schema("Purged")),
+                    "400": error("No or another `confirm`, or a tenant or table that is not a name."),
+                    "503": unavailable(),
+                })),
+            },
+        },
+        "/admin/debug/panic/{tenant}/{table}": {"post": {
+            "summary": "Fault injection: panic a table's actor",
+            "description": "For chaos tests only: makes the table's actor panic, to see the supervisor respawn it. Answers 404 unless `[admin] fault_injection = true`.",
+            "operationId": "debugPanicTable",
+            "tags": ["debug"],
+            "security": token(),
+            "parameters": tenant_table(),
+            "responses": guarded(json!({
+                "200": json_response("The actor was told to panic.", schema("Panicked")),
+                "400": bad_names(),
+                "404": fault_injection_off(),
+                "409": error("The table has no running actor."),
+            })),
+        }},
+        "/admin/debug/panic-pool/{target}": {"post": {
+            "summary": "Fault injection: panic a target's pool actor",
+            "description": "For chaos tests only. Answers 404 unless `[admin] fault_injection = true`.",
+            "operationId": "debugPanicPool",
+            "tags": ["debug"],
+            "security": token(),
+            "parameters": [{
+                "name": "target",
+                "in": "path",
+                "required": true,
+                "description": "The ClickHouse target's name.",
+                "schema": {"type": "string"},
+                "example": "main",
+            }],
+            "responses": guarded(json!({
+                "200": json_response("The actor was told to panic.", schema("Panicked")),
+                "404": fault_injection_off(),
+                "409": error("No such target, or its pool is not running."),
+            })),
+        }},
+    })
+}
+
+fn components() -> Value {
+    let nullable_string = json!({"type": "string", "nullable": true});
+    json!({
+        "securitySchemes": {
+            "adminToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The admin token, from the variable `[admin] token_env` names.",
+            },
+        },
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {"error": {"type": "string", "description": "What went wrong, and what to do."}},
+            },
+            "Readiness": {
+                "type": "object",
+                "required": ["ready"],
+                "properties": {
+                    "ready": {"type": "boolean"},
+                    "reasons": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "TreeNode": {
+                "type": "object",
+                "required": ["kind", "name", "status", "restarts", "snapshot_age_ms", "stale", "state", "children"],
+                "properties": {
+                    "kind": {"type": "string", "enum": ["root", "consumer", "pool", "table"]},
+                    "name": {"type": "string"},
+                    "status": {"type": "string", "enum": ["starting", "running", "stopping", "failed", "restarting"]},
+                    "restarts": {"type": "integer", "minimum": 0},
+                    "last_error": {"type": "string"},
+                    "snapshot_age_ms": {"type": "integer", "minimum": 0},
+                    "stale": {"type": "boolean", "description": "The actor should have published and has not for longer than the stale threshold."},
+                    "state": {
+                        "type": "object",
+                        "description": "The kind's snapshot: a consumer's connection, pulls and lag (`pending`); a pool's `breaker`, probe and server version; a table's buffer, `backoff`, counts, `exactly_once` with `exactly_once_why`, `missing_table` with `grace_left_ms`.",
+                    },
+                    "children": {"type": "array", "items": schema("TreeNode")},
+                },
+            },
+            "RateFigures": {
+                "type": "object",
+                "required": ["received", "inserted", "parked"],
+                "properties": {
+                    "received": {"type": "number", "minimum": 0},
+                    "inserted": {"type": "number", "minimum": 0},
+                    "parked": {"type": "number", "minimum": 0},
+                },
+            },
+            "TableRates": {
+                "type": "object",
+                "required": ["tenant", "table", "last_minute", "received_total", "inserted_total", "parked_total", "series"],
+                "properties": {
+                    "tenant": {"type": "string"},
+                    "table": {"type": "string"},
+                    "last_minute": {
+                        "description": "Rows per second over the last minute (or the samples there are); null until two samples were taken.",
+                        "nullable": true,
+                        "allOf": [schema("RateFigures")],
+                    },
+                    "received_total": {"type": "integer", "minimum": 0},
+                    "inserted_total": {"type": "integer", "minimum": 0},
+                    "parked_total": {"type": "integer", "minimum": 0},
+                    "series": {
+                        "type": "object",
+                        "description": "A point per sample interval, oldest first: the interval's rates, and how many seconds before this answer it ended.",
+                        "required": ["ago_s", "received", "inserted", "parked"],
+                        "properties": {
+                            "ago_s": {"type": "array", "items": {"type": "number", "minimum": 0}},
+                            "received": {"type": "array", "items": {"type": "number", "minimum": 0}},
+                            "inserted": {"type": "array", "items": {"type": "number", "minimum": 0}},
+                            "parked": {"type": "array", "items": {"type": "number", "minimum": 0}},
+                        },
+                    },
+                },
+            },
+            "Rates": {
+                "type": "object",
+                "required": ["period_s", "window_s", "untracked_tables", "tables"],
+                "properties": {
+                    "period_s": {"type": "integer", "description": "Seconds between samples."},
+                    "window_s": {"type": "integer", "description": "How far back the series go."},
+                    "untracked_tables": {"type": "integer", "minimum": 0, "description": "Tables not kept, the most being kept already."},
+                    "tables": {"type": "array", "items": schema("TableRates")},
+                },
+            },
+            "Nats": {
+                "type": "object",
+                "required": ["connected", "url", "server", "stream", "subjects", "consumer", "dlq_stream", "consumer_lag_messages", "pulled_messages", "pulled_rows", "reconnects", "last_error"],
+                "properties": {
+                    "connected": {"type": "boolean"},
+                    "url": {"type": "string", "description": "`[nats] url` as configured."},
+                    "server": {
+                        "type": "object",
+                        "nullable": true,
+                        "description": "The server the connection reached; null before it reached one.",
+                        "required": ["name", "version", "address", "cluster", "jetstream"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "version": {"type": "string"},
+                            "address": {"type": "string"},
+                            "cluster": nullable_string,
+                            "jetstream": {"type": "boolean"},
+                        },
+                    },
+                    "stream": {"type": "string"},
+                    "subjects": {"type": "string"},
+                    "consumer": {"type": "string"},
+                    "dlq_stream": {"type": "string"},
+                    "consumer_lag_messages": {"type": "integer", "nullable": true, "description": "Messages not yet delivered to the consumer."},
+                    "pulled_messages": {"type": "integer", "minimum": 0},
+                    "pulled_rows": {"type": "integer", "minimum": 0},
+                    "reconnects": {"type": "integer", "minimum": 0},
+                    "last_error": nullable_string,
+                },
+            },
+            "DlqCounts": {
+                "type": "object",
+                "required": ["total", "tables"],
+                "properties": {
+                    "total": {"type": "integer", "minimum": 0},
+                    "tables": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["tenant", "table", "rows"],
+                        "properties": {
+                            "tenant": {"type": "string"},
+                            "table": {"type": "string"},
+                            "rows": {"type": "integer", "minimum": 0},
+                        },
+                    }},
+                },
+            },
+            "ParkedRow": {
+                "type": "object",
+                "required": ["sequence", "subject", "headers", "row"],
+                "properties": {
+                    "sequence": {"type": "integer", "minimum": 1, "description": "The row's sequence in the DLQ stream."},
+                    "subject": {"type": "string"},
+                    "headers": {
+                        "type": "object",
+                        "description": "Every `Sluice-*` header: `Sluice-Error-Class`, `Sluice-Error-Code`, `Sluice-Error` (ClickHouse's reason), `Sluice-Original-Subject`, `Sluice-Original-Sequence`, `Sluice-Deliveries`, `Sluice-Parked-At` (RFC 3339), `Sluice-Original-Line`.",
+                        "additionalProperties": {"type": "string"},
+                    },
+                    "row": {"description": "The row: its JSON value, or its text when it is not JSON."},
+                },
+            },
+            "PeekPage": {
+                "type": "object",
+                "required": ["tenant", "table", "rows", "next_after"],
+                "properties": {
+                    "tenant": {"type": "string"},
+                    "table": {"type": "string"},
+                    "rows": {"type": "array", "items": schema("ParkedRow")},
+                    "next_after": {"type": "integer", "nullable": true, "description": "`after` for the next page; null on the last page."},
+                },
+            },
+            "ReplayRequest": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["tenant", "table"],
+                "properties": {
+                    "tenant": name_schema(TENANT_PATTERN),
+                    "table": name_schema(TABLE_PATTERN),
+                    "limit": {"type": "integer", "nullable": true, "minimum": 0, "maximum": MAX_LIMIT, "description": format!("Rows to replay at most (default {REPLAY_DEFAULT}).")},
+                    "dry_run": {"type": "boolean", "default": false},
+                },
+                "example": {"tenant": "acme", "table": "events", "limit": 1000, "dry_run": true},
+            },
+            "ReplayReport": {
+                "type": "object",
+                "required": ["dry_run", "replayed", "skipped", "failed", "errors"],
+                "properties": {
+                    "dry_run": {"type": "boolean"},
+                    "replayed": {"type": "integer", "minimum": 0, "description": "Rows published back to the ingest stream (in a dry run: that would be)."},
+                    "skipped": {"type": "integer", "minimum": 0, "description": "Rows that are not JSON objects: left parked."},
+                    "failed": {"type": "integer", "minimum": 0, "description": "Rows whose publish or removal failed: left parked (a retry does not double them)."},
+                    "errors": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "Purged": {
+                "type": "object",
+                "required": ["tenant", "table", "purged"],
+                "properties": {
+                    "tenant": {"type": "string"},
+                    "table": {"type": "string"},
+                    "purged": {"type": "integer", "minimum": 0},
+                },
+            },
+            "Panicked": {
+                "type": "object",
+                "required": ["panicked"],
+                "properties": {"panicked": {"type": "string"}},
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::openapi::{dangling_refs, documented_paths};
+
+    #[test]
+    fn every_routed_path_is_documented_and_nothing_else() {
+        let doc = build();
+        let routed: BTreeSet<String> = super::super::public_routes()
+            .paths()
+            .iter()
+            .chain(super::super::protected_routes().paths())
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(documented_paths(&doc), routed);
+        assert_eq!(dangling_refs(&doc), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_token_is_asked_exactly_where_the_router_checks_it() {
+        let doc = build();
+        let protected: BTreeSet<&str> = super::super::protected_routes()
+            .paths()
+            .iter()
+            .copied()
+            .collect();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (method, operation) in item.as_object().into_iter().flatten() {
+                if method == "parameters" {
+                    continue;
+                }
+                let wants_token = operation["security"] == token();
+                assert_eq!(
+                    wants_token,
+                    protected.contains(path.as_str()),
+                    "{method} {path}"
+                );
+                let statuses = crate::openapi::documented_statuses(&doc, path, method);
+                assert_eq!(
+                    statuses.contains(&401) && statuses.contains(&403),
+                    wants_token,
+                    "{method} {path}: 401 and 403 go with the token"
+                );
+            }
+        }
+    }
+}

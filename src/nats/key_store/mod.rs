@@ -1,0 +1,216 @@
+//! Records under keys in a JetStream key-value bucket shared by every Sluice instance,
+//! kept across restarts of Sluice and nats-server for as long as the bucket keeps a
+//! record: the ingest API's `Idempotency-Key` records (see `api::ingest::idempotency`
+//! for what one says) and the DLQ's replay markers (`nats::dlq`). Here a record is
+//! bytes under a key, with a revision.
+//!
+//! Every write is a compare-and-set on the key's revision, so two instances taking the
+//! same key at once cannot both win. Writes go through a [`Publisher`] (the bucket's
+//! byte budget, exact on every server version); reads are direct gets of the key's
+//! last message.
+
+mod bucket;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, kv};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use tokio::sync::Mutex;
+
+use super::kv_bucket;
+use super::publish::{PublishError, Publisher};
+
+/// The header a key-value delete marker carries.
+const KV_OPERATION: &str = "KV-Operation";
+
+/// What the store is made of.
+#[derive(Clone, Debug)]
+pub struct KeyStoreSettings {
+    /// The bucket (its stream is `KV_<bucket>`).
+    pub bucket: String,
+    /// What its records are for, in errors ("the {purpose} bucket ..."): "idempotency",
+    /// "DLQ replay".
+    pub purpose: &'static str,
+    /// What the stream says it holds (`nats stream info`).
+    pub description: &'static str,
+    /// Past it a new record fails.
+    pub max_bytes: u64,
+    /// Where `max_bytes` comes from, and when records go, for a full bucket's error:
+    /// "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window".
+    pub full_hint: &'static str,
+    pub replicas: usize,
+    /// How long a record is kept after its last write.
+    pub max_age: Duration,
+}
+
+/// What is under a key now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Nothing (never written, removed, or expired). `revision` is what a write that
+    /// takes the key must expect: 0, or the removal marker's.
+    Vacant { revision: u64 },
+    /// A record.
+    Held(Held),
+}
+
+/// A record read from the bucket.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Held {
+    pub value: Bytes,
+    /// What a write that replaces it must expect.
+    pub revision: u64,
+    /// When the server stored it (its clock, not this process's).
+    pub written: SystemTime,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyStoreError {
+    /// The key's revision was not the one expected: someone wrote it first.
+    #[error("the key was written by another request meanwhile")]
+    Conflict,
+    /// The bucket is at its byte budget.
+    #[error("the {purpose} bucket {bucket} is full ({hint})")]
+    Full {
+        purpose: &'static str,
+        bucket: String,
+        hint: &'static str,
+    },
+    /// NATS or JetStream did not answer, or refused.
+    #[error("the {purpose} bucket {bucket} cannot be used: {why}")]
+    Unavailable {
+        purpose: &'static str,
+        bucket: String,
+        why: String,
+    },
+}
+
+/// The records of one Sluice instance's ingest API.
+pub struct KeyStore {
+    js: jetstream::Context,
+    settings: KeyStoreSettings,
+    puts: Publisher,
+    /// The bucket, once opened (its stream created when missing); emptied after a
+    /// failure, so the next use sets it up again (nats-server may have lost it).
+    opened: Mutex<Option<kv::Store>>,
+}
+
+// === impl KeyStore ===
+
+impl KeyStore {
+    pub fn new(js: jetstream::Context, settings: KeyStoreSettings) -> Self {
+        Self {
+            puts: Publisher::new(
+                js.clone(),
+                &kv_bucket::stream_name(&settings.bucket),
+                settings.max_bytes,
+            ),
+            js,
+            settings,
+            opened: Mutex::new(None),
+        }
+    }
+
+    pub fn settings(&self) -> &KeyStoreSettings {
+        &self.settings
+    }
+
+    /// What is under `key`.
+    pub async fn get(&self, key: &str) -> Result<Slot, KeyStoreError> {
+        let kv = self.bucket().await?;
+        let entry = match kv.entry(key).await {
+            Ok(entry) => entry,
+            Err(e) => return Err(self.lost(format!("reading {key}: {e}")).await),
+        };
+        Ok(match entry {
+            None => Slot::Vacant { revision: 0 },
+            Some(entry) if entry.operation != kv::Operation::Put => Slot::Vacant {
+                revision: entry.revision,
+            },
+            Some(entry) => Slot::Held(Held {
+                written: server_time(entry.created.unix_timestamp_nanos()),
+                value: entry.value,
+                revision: entry.revision,
+            }),
+        })
+    }
+
+    /// Write `value` under `key` if its revision is still `expected`; the new revision.
+    pub async fn write(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: u64,
+    ) -> Result<u64, KeyStoreError> {
+        self.publish(key, value, expected, None).await
+    }
+
+    /// Remove what is under `key` if its revision is still `expected`.
+    pub async fn remove(&self, key: &str, expected: u64) -> Result<(), KeyStoreError> {
+        let mut marker = HeaderMap::new();
+        marker.insert(KV_OPERATION, "DEL");
+        self.publish(key, Bytes::new(), expected, Some(marker))
+            .await
+            .map(drop)
+    }
+
+    async fn publish(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: u64,
+        headers: Option<HeaderMap>,
+    ) -> Result<u64, KeyStoreError> {
+        // Opened first: the stream must exist before the budget can read its size.
+        self.bucket().await?;
+        let mut headers = headers.unwrap_or_default();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        let subject = kv_bucket::subject(&self.settings.bucket, key);
+        match self.puts.publish(subject, value, Some(headers), None).await {
+            Ok(published) => Ok(published.sequence),
+            Err(PublishError::WrongLastSequence) => Err(KeyStoreError::Conflict),
+            Err(PublishError::QueueFull) => Err(KeyStoreError::Full {
+                purpose: self.settings.purpose,
+                bucket: self.settings.bucket.clone(),
+                hint: self.settings.full_hint,
+            }),
+            Err(e) => Err(self.lost(format!("writing {key}: {e}")).await),
+        }
+    }
+
+    /// The bucket, set up if this process has not opened it yet.
+    async fn bucket(&self) -> Result<kv::Store, KeyStoreError> {
+        let mut opened = self.opened.lock().await;
+        if let Some(kv) = opened.as_ref() {
+            return Ok(kv.clone());
+        }
+        let kv = bucket::ensure_bucket(&self.js, &self.settings)
+            .await
+            .map_err(|e| self.unavailable(format!("{e:#}")))?;
+        *opened = Some(kv.clone());
+        Ok(kv)
+    }
+
+    /// A failure that may mean the bucket is gone: set it up again next time.
+    async fn lost(&self, why: String) -> KeyStoreError {
+        *self.opened.lock().await = None;
+        self.unavailable(why)
+    }
+
+    fn unavailable(&self, why: String) -> KeyStoreError {
+        KeyStoreError::Unavailable {
+            purpose: self.settings.purpose,
+            bucket: self.settings.bucket.clone(),
+            why,
+        }
+    }
+}
+
+/// A server timestamp in ns since the epoch as a `SystemTime` (the epoch for one before
+/// it).
+fn server_time(unix_nanos: i128) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(u64::try_from(unix_nanos).unwrap_or(0))
+}

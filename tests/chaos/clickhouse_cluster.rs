@@ -1,0 +1,198 @@
+//! Chaos on a ClickHouse cluster: two shards of two replicas of 18.16 on one ZooKeeper
+//! (`StackOptions::with_cluster`), the target `main` listing them (`shards`). Every
+//! table is each shard's `ReplicatedMergeTree` local table, read through a
+//! `Distributed` table over them (`events_all`): the line counts the whole cluster, and
+//! a duplicate anywhere fails the scenario (exactly-once holds on every shard).
+//!
+//! | scenario                      | fault                                                                 |
+//! |-------------------------------|-----------------------------------------------------------------------|
+//! | `cluster_replica_kill9`       | replica 1 of shard 1 kill -9 while rows flow: its twin takes the shard's rows (`shard1_took_during_fault=`), the query gateway answers meanwhile |
+//! | `cluster_replica_sigstop`     | replica 1 of shard 1 frozen past the insert timeout: the retry goes to its twin, deduplicated |
+//! | `cluster_shard_down`          | both replicas of shard 2 killed (-9) for a while: shard 1 takes the fresh batches, shard 2's recorded ones wait |
+//! | `cluster_zookeeper_stopped`   | ZooKeeper stopped: every replica read-only (242), everything waits, nothing parked |
+
+use super::*;
+
+/// The scenario table's columns (as `create_table_sql` makes it on one server).
+const COLUMNS: &str = "id UInt64, n UInt32, s String";
+const TABLE: &str = "events";
+
+/// A scenario on a 2 × 2 cluster with `events` on every shard (`None`: skipped).
+async fn on_a_cluster(name: &str) -> Result<Option<Scenario>> {
+    let options = StackOptions::default().with_cluster(2, 2);
+    let Some(s) = Scenario::start(name, SLUICE, options).await? else {
+        return Ok(None);
+    };
+    s.stack.create_cluster_table(TABLE, COLUMNS, "id").await?;
+    Ok(Some(s))
+}
+
+/// Rows replica `replica` of shard `shard` holds in its local table (what it took, and
+/// what it fetched from its twin).
+async fn held_by(s: &Scenario, shard: usize, replica: usize) -> Result<u64> {
+    s.stack.node(shard, replica).count(TABLE).await
+}
+
+/// Waits until replica (`shard`, `replica`) holds more than `n` rows; returns how many.
+async fn grows_past(s: &Scenario, shard: usize, replica: usize, n: u64) -> Result<u64> {
+    wait_for(
+        &format!("shard {} replica {} to take rows", shard + 1, replica + 1),
+        secs(30),
+        ms(200),
+        || async move {
+            let now = held_by(s, shard, replica).await?;
+            ensure!(now > n, "{now} rows so far");
+            Ok(now)
+        },
+    )
+    .await
+    .with_context(|| s.logs())
+}
+
+/// A feed of `rows` rows over about `seconds` seconds.
+fn steady(s: &Scenario, rows: u64, seconds: u64) -> Result<sluice_harness::chaos::Feed> {
+    let chunk = 50;
+    let every = ms(seconds * 1000 * chunk / rows);
+    s.feed_api(
+        TABLE,
+        RowSet::good(0..rows),
+        Pace::new(chunk as usize, every),
+    )
+}
+
+/// `POST /v1/query` through the gateway; the status and the body.
+async fn query(s: &Scenario, sql: &str) -> Result<(u16, String)> {
+    let response = s
+        .stack
+        .http()
+        .post(format!("{}/v1/query", s.stack.api_url()))
+        .header("X-Tenant", sluice_harness::TENANT)
+        .header("Content-Type", "application/json")
+        .body(serde_json::json!({ "sql": sql, "timeout_ms": 10_000 }).to_string())
+        .send()
+        .await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// A replica killed with -9 while rows flow: its shard's rows keep landing through its
+/// twin, the query gateway answers through the servers left, and once it is back
+/// nothing is lost or twice anywhere in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_replica_kill9() -> Result<()> {
+    let Some(mut s) = on_a_cluster("cluster_replica_kill9").await? else {
+        return Ok(());
+    };
+    s.stack.set("query.target", "main");
+    s.start_sluice().await?;
+    let feed = steady(&s, 6000, 8)?;
+    grows_past(&s, 0, 0, 0).await?;
+    s.stack.node_mut(0, 0).kill9().await?;
+    let twin_before = held_by(&s, 0, 1).await?;
+    let twin_during = grows_past(&s, 0, 1, twin_before + 200).await?;
+    s.note(
+        "shard1_took_during_fault",
+        format!("+{}", twin_during - twin_before),
+    );
+    let (status, body) = query(&s, "SELECT count() AS n FROM events_all").await?;
+    ensure!(
+        status == 200,
+        "the query gateway with a replica down: {status} {body}\n{}",
+        s.logs()
+    );
+    s.note("query_while_down", status);
+    let published = s.published(feed).await?;
+    s.stack.node_mut(0, 0).start_again().await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// A replica frozen past the insert timeout while rows flow: the attempts on it time
+/// out (no answer, no KILL QUERY either), the same rows with the same token go to its
+/// twin, and once it is continued its late commit is deduplicated: nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_replica_sigstop() -> Result<()> {
+    let Some(mut s) = on_a_cluster("cluster_replica_sigstop").await? else {
+        return Ok(());
+    };
+    s.start_sluice().await?;
+    let feed = steady(&s, 6000, 8)?;
+    grows_past(&s, 0, 0, 0).await?;
+    s.stack.node_mut(0, 0).sigstop().await?;
+    let frozen = tokio::time::Instant::now();
+    let twin_before = held_by(&s, 0, 1).await?;
+    let twin_during = grows_past(&s, 0, 1, twin_before + 200).await?;
+    s.note(
+        "shard1_took_during_fault",
+        format!("+{}", twin_during - twin_before),
+    );
+    // Frozen past the insert timeout (3 s) and the ack_wait (5 s) at least.
+    tokio::time::sleep_until(frozen + secs(6)).await;
+    s.stack.node_mut(0, 0).sigcont().await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// Both replicas of shard 2 down for a while (killed: a graceful stop of 18.16 takes
+/// seconds): no row is parked, fresh batches go to shard 1, the batches recorded for
+/// shard 2 wait for it; once it is back they land there, deduplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_shard_down() -> Result<()> {
+    let Some(mut s) = on_a_cluster("cluster_shard_down").await? else {
+        return Ok(());
+    };
+    s.start_sluice().await?;
+    let feed = steady(&s, 6000, 10)?;
+    grows_past(&s, 1, 0, 0).await?;
+    s.stack.node_mut(1, 0).kill9().await?;
+    s.stack.node_mut(1, 1).kill9().await?;
+    let shard1_before = held_by(&s, 0, 0).await?;
+    s.expect_nothing_parked_for(&[TABLE], secs(6)).await?;
+    let shard1_during = held_by(&s, 0, 0).await?;
+    ensure!(
+        shard1_during > shard1_before,
+        "shard 1 took no row while shard 2 was down\n{}",
+        s.logs()
+    );
+    s.note(
+        "shard1_took_during_fault",
+        format!("+{}", shard1_during - shard1_before),
+    );
+    s.stack.node_mut(1, 0).start_again().await?;
+    s.stack.node_mut(1, 1).start_again().await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// ZooKeeper stopped while rows flow: every replica's table is read-only (242), each
+/// backs off on its own, nothing is parked; once ZooKeeper is back (and ClickHouse has
+/// its session again, ~10 s on 18.16) everything lands, nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_zookeeper_stopped() -> Result<()> {
+    let Some(mut s) = on_a_cluster("cluster_zookeeper_stopped").await? else {
+        return Ok(());
+    };
+    s.start_sluice().await?;
+    let feed = steady(&s, 4000, 6)?;
+    grows_past(&s, 0, 0, 0).await?;
+    let zookeeper = s
+        .stack
+        .zookeeper
+        .as_mut()
+        .context("a cluster has a ZooKeeper")?;
+    zookeeper.stop().await?;
+    let before = s.stack.count("events_all").await?;
+    s.expect_nothing_parked_for(&[TABLE], secs(6)).await?;
+    let during = s.stack.count("events_all").await?;
+    s.note("landed_during_fault", during.saturating_sub(before));
+    let zookeeper = s
+        .stack
+        .zookeeper
+        .as_mut()
+        .context("a cluster has a ZooKeeper")?;
+    zookeeper.start_again().await?;
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
