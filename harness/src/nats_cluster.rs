@@ -112,6 +112,45 @@ impl ClusterView {
         Ok(())
     }
 
+    /// Waits until every replica of `stream` (and of its `consumer`, if named) is
+    /// current and online, as many as configured: a node restarted in a rolling
+    /// restart has caught up, as an operator checks before taking the next one down.
+    pub async fn wait_current(
+        &self,
+        stream: &str,
+        consumer: Option<&str>,
+        deadline: Duration,
+    ) -> Result<()> {
+        wait_for(
+            &format!("every replica of {stream} current"),
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                let mut handle = self
+                    .js
+                    .get_stream(stream)
+                    .await
+                    .map_err(|e| anyhow!("looking up stream {stream}: {e}"))?;
+                let info = handle
+                    .info()
+                    .await
+                    .map_err(|e| anyhow!("reading stream {stream}: {e}"))?;
+                all_current(&info.cluster, info.config.num_replicas)
+                    .with_context(|| format!("stream {stream}"))?;
+                if let Some(consumer) = consumer {
+                    let info = handle
+                        .consumer_info(consumer)
+                        .await
+                        .map_err(|e| anyhow!("reading consumer {consumer}: {e}"))?;
+                    all_current(&info.cluster, info.config.num_replicas)
+                        .with_context(|| format!("consumer {consumer} of {stream}"))?;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
     /// Waits until `stream` has a leader other than `old` (an election after its
     /// leader went), and returns it.
     pub async fn new_stream_leader(
@@ -157,6 +196,26 @@ impl ClusterView {
         )
         .await
     }
+}
+
+/// Whether a group has its leader and every configured replica online and current.
+fn all_current(cluster: &Option<ClusterInfo>, configured: usize) -> Result<()> {
+    let group = group(cluster, configured)?;
+    let replicas = cluster
+        .as_ref()
+        .map(|c| c.replicas.as_slice())
+        .unwrap_or(&[]);
+    if group.peers.len() < configured {
+        bail!("{} of {configured} peers", group.peers.len());
+    }
+    if let Some(behind) = replicas.iter().find(|r| !r.current || r.offline) {
+        bail!(
+            "replica {} not current (lag {})",
+            behind.name,
+            behind.lag.unwrap_or(0)
+        );
+    }
+    Ok(())
 }
 
 fn group(cluster: &Option<ClusterInfo>, configured: usize) -> Result<Group> {

@@ -12,10 +12,10 @@
 //!
 //! | scenario                          | fault                                                        |
 //! |-----------------------------------|--------------------------------------------------------------|
-//! | `cluster_stream_leader_kill9`     | the `INGEST` stream's leader killed with -9, started again 2 s later |
+//! | `cluster_stream_leader_kill9`     | the `INGEST` stream's leader killed with -9, started again once another is elected |
 //! | `cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout |
-//! | `cluster_bucket_leader_kill9`     | the manifest bucket's leader killed with -9, started again 2 s later |
-//! | `cluster_rolling_restart`         | each node stopped and started again in turn, healthy before the next |
+//! | `cluster_bucket_leader_kill9`     | the manifest bucket's leader killed with -9, started again once another is elected |
+//! | `cluster_rolling_restart`         | each node restarted in turn, its replicas current before the next |
 //! | `cluster_connected_node_sigstop`  | the node the first Sluice is connected to frozen 12 s        |
 
 use std::time::Duration;
@@ -36,17 +36,19 @@ const TWIN: &str = "events_r";
 const ROWS: u64 = 9_600;
 const CHUNK: usize = 100;
 const EVERY: Duration = Duration::from_millis(250);
+/// The manifest bucket's stream.
+const BUCKET: &str = "KV_SLUICE_MANIFESTS";
 /// An election takes a few seconds after the followers stop hearing the leader.
 const ELECTION: Duration = Duration::from_secs(30);
 
 /// What happens to the cluster while rows flow.
 #[derive(Clone, Copy, Debug)]
 enum ClusterFault {
-    /// The ingest stream's leader killed with -9, started again 2 s later.
+    /// The ingest stream's leader killed with -9, started again once another is elected.
     StreamLeaderKill9,
     /// The durable consumer's leader frozen past the election timeout.
     ConsumerLeaderSigstop,
-    /// The manifest bucket's leader killed with -9, started again 2 s later.
+    /// The manifest bucket's leader killed with -9, started again once another is elected.
     BucketLeaderKill9,
     /// Every node stopped and started again in turn.
     RollingRestart,
@@ -57,8 +59,6 @@ enum ClusterFault {
 /// How long a node stays frozen: past the election timeout (a few seconds), the pull
 /// heartbeat (5 s) and `ack_wait` (5 s).
 const FROZEN: Duration = Duration::from_secs(12);
-/// How long a killed node stays down.
-const DOWN: Duration = Duration::from_secs(2);
 
 async fn cluster_scenario(name: &str, fault: ClusterFault) -> Result<()> {
     let options = StackOptions::default().with_nats_cluster();
@@ -116,20 +116,29 @@ async fn inject(
 ) -> Result<()> {
     let frozen_or_killed = match fault {
         ClusterFault::StreamLeaderKill9 => view.stream(INGEST_STREAM).await?.leader,
-        ClusterFault::BucketLeaderKill9 => view.stream("KV_SLUICE_MANIFESTS").await?.leader,
+        ClusterFault::BucketLeaderKill9 => view.stream(BUCKET).await?.leader,
         ClusterFault::ConsumerLeaderSigstop => view.consumer(INGEST_STREAM, CONSUMER).await?.leader,
-        ClusterFault::ConnectedNodeSigstop => connected_server(s, first).await?,
+        ClusterFault::ConnectedNodeSigstop => connected_server(s, first, None).await?,
         ClusterFault::RollingRestart => String::new(),
     };
-    let nats = &mut s.stack.nats;
     match fault {
         ClusterFault::StreamLeaderKill9 | ClusterFault::BucketLeaderKill9 => {
+            let stream = match fault {
+                ClusterFault::BucketLeaderKill9 => BUCKET,
+                _ => INGEST_STREAM,
+            };
+            let nats = &mut s.stack.nats;
             let node = nats.index_of(&frozen_or_killed)?;
             nats.node_mut(node)?.kill9().await?;
-            tokio::time::sleep(DOWN).await;
+            // In effect once the others elected a leader without it.
+            let elected = view
+                .new_stream_leader(stream, &frozen_or_killed, ELECTION)
+                .await;
             nats.node_mut(node)?.start_again().await?;
+            elected.context("no other leader while the old one was down")?;
         }
         ClusterFault::ConsumerLeaderSigstop => {
+            let nats = &mut s.stack.nats;
             let node = nats.index_of(&frozen_or_killed)?;
             nats.node_mut(node)?.sigstop().await?;
             let frozen_at = tokio::time::Instant::now();
@@ -141,33 +150,44 @@ async fn inject(
             moved.context("no other consumer leader while the old one was frozen")?;
         }
         ClusterFault::ConnectedNodeSigstop => {
-            let node = nats.index_of(&frozen_or_killed)?;
-            nats.node_mut(node)?.sigstop().await?;
-            tokio::time::sleep(FROZEN).await;
-            nats.node_mut(node)?.sigcont().await?;
+            let node = s.stack.nats.index_of(&frozen_or_killed)?;
+            s.stack.nats.node_mut(node)?.sigstop().await?;
+            let frozen_at = tokio::time::Instant::now();
+            // In effect once the first Sluice left the frozen node for another.
+            let moved = connected_server(s, first, Some(&frozen_or_killed)).await;
+            tokio::time::sleep_until(frozen_at + FROZEN).await;
+            s.stack.nats.node_mut(node)?.sigcont().await?;
+            moved.context("the first Sluice never left the frozen node")?;
         }
         ClusterFault::RollingRestart => {
+            let nats = &mut s.stack.nats;
             for node in 0..nats.len() {
                 nats.node_mut(node)?.restart().await?;
+                // As an operator would: the next node goes only once this one caught
+                // up (its /healthz says it runs, not that its replicas are current).
+                for (stream, consumer) in [(INGEST_STREAM, Some(CONSUMER)), (BUCKET, None)] {
+                    view.wait_current(stream, consumer, ELECTION).await?;
+                }
             }
         }
     }
     Ok(())
 }
 
-/// The `server_name` Sluice process `index` is connected to, from its `/admin/actors`
-/// (the consumer's `nats` part, filled by the lag poll every 5 s).
-async fn connected_server(s: &Scenario, index: usize) -> Result<String> {
+/// The `server_name` Sluice process `index` is connected to (other than `not`, when
+/// given), from its `/admin/actors` (the consumer's `nats` part, filled by the lag poll
+/// every 5 s).
+async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Result<String> {
     let stack = &s.stack;
     wait_for(
-        "the connected server in /admin/actors",
+        &format!("a connected server other than {not:?} in /admin/actors"),
         Duration::from_secs(30),
         Duration::from_millis(200),
         || async move {
             let (_, tree) = stack.admin_get_of(index, "/admin/actors").await?;
             consumer_state(&tree)
                 .and_then(|c| c["nats"]["connected_server"].as_str().map(str::to_owned))
-                .filter(|name| !name.is_empty())
+                .filter(|name| !name.is_empty() && Some(name.as_str()) != not)
                 .context("not known yet")
         },
     )
@@ -224,7 +244,7 @@ async fn cluster_bucket_leader_kill9() -> Result<()> {
     .await
 }
 
-/// All three nodes restarted one by one, each healthy before the next: every leader
+/// All three nodes restarted one by one, each with its replicas current before the next: every leader
 /// moves at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_rolling_restart() -> Result<()> {
