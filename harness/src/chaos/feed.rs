@@ -136,6 +136,10 @@ pub struct Progress {
     pub transport_errors: AtomicU64,
     /// The last refusal or failure seen, for diagnostics.
     last_failure: std::sync::Mutex<Option<String>>,
+    /// Ids published straight to JetStream whose ack was lost (timed out, the node
+    /// gone) and were published again under the same message id: JetStream is to store
+    /// them once, but around a stream leader's change it may have stored both.
+    resent: std::sync::Mutex<BTreeSet<u64>>,
 }
 
 impl Progress {
@@ -145,6 +149,13 @@ impl Progress {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    fn resent(&self, ids: impl IntoIterator<Item = u64>) {
+        self.resent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(ids);
     }
 
     fn failed(&self, what: String) {
@@ -173,6 +184,8 @@ pub struct Published {
     pub unconfirmed: BTreeSet<u64>,
     /// The last refusal or failure the feed saw (why rows are unconfirmed).
     pub last_failure: Option<String>,
+    /// Ids published again after their ack was lost (see `Progress::resent`).
+    pub resent: BTreeSet<u64>,
 }
 
 // === impl Published ===
@@ -188,6 +201,7 @@ impl Published {
             rows,
             unconfirmed: BTreeSet::new(),
             last_failure: None,
+            resent: BTreeSet::new(),
         }
     }
 }
@@ -344,6 +358,11 @@ async fn run(
         accepted,
         unconfirmed,
         last_failure: progress.last_failure(),
+        resent: progress
+            .resent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
     })
 }
 
@@ -492,6 +511,7 @@ async fn send_jetstream(
                 }
                 Err(e) => {
                     progress.failed(format!("publish ack: {e}"));
+                    progress.resent([id]);
                     failed.push(id);
                 }
             }
@@ -540,6 +560,7 @@ async fn send_jetstream_batched(
                 return chunk.iter().copied().collect();
             }
             Err(e) => {
+                progress.resent(chunk.iter().copied());
                 progress.failed(format!("{e} (a message of {} rows)", chunk.len()));
                 Progress::add(&progress.transport_errors, 1);
                 tokio::time::sleep_until((Instant::now() + TRANSPORT_RETRY).min(end)).await;

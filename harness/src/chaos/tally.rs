@@ -67,6 +67,9 @@ pub struct Tally {
     /// Every table counted deduplicates inserts (a cluster's Replicated tables): a
     /// duplicate fails the scenario.
     pub exactly_once: bool,
+    /// Of `duplicate_ids`, those a feed published again after a lost ack (the producer's
+    /// resend; see `Progress::resent`), for the failure's message.
+    pub duplicates_resent: usize,
     /// What else the scenario's line says (`key=value` each), e.g. rows that kept
     /// landing during the fault.
     pub notes: Vec<String>,
@@ -124,6 +127,10 @@ impl Tally {
                     .map(|(id, _)| *id)
                     .take(SHOWN_IDS),
             );
+            tally.duplicates_resent += stored
+                .iter()
+                .filter(|(id, copies)| **copies > 1 && feeds.iter().any(|p| p.resent.contains(id)))
+                .count();
             tally
                 .bad_inserted
                 .extend(stored.keys().copied().filter(|id| is_bad(*id)));
@@ -282,9 +289,11 @@ impl Tally {
             if twin.duplicates > 0 {
                 problems.push(format!(
                     "{} duplicates in the Replicated twins, where inserts are exactly-once \
-                     (ids {:?})",
+                     (ids {:?}; {} of the duplicated ids were published again by the feed \
+                     after their ack was lost)",
                     twin.duplicates,
-                    &twin.duplicate_ids[..twin.duplicate_ids.len().min(SHOWN_IDS)]
+                    &twin.duplicate_ids[..twin.duplicate_ids.len().min(SHOWN_IDS)],
+                    twin.duplicates_resent
                 ));
             }
             if let Err(e) = twin.check() {

@@ -9,9 +9,9 @@
 //!
 //! Removed: (a) a manifest of an older incarnation of the ingest stream; (b) a settled
 //! one whose messages are all at or below the consumer's ack floor (every row acked:
-//! none comes back; on a NATS cluster the lower of this pass's floor and the last
-//! one's, see [`trusted_floor`]); (c) any one whose messages are all below the stream's first
-//! sequence (none is left to come back). An open manifest with a message still in the
+//! none comes back); (c) any one whose messages are all below the stream's first
+//! sequence (none is left to come back). On a NATS cluster the floor and the first
+//! sequence are the lower of this pass's and the last one's (see [`trusted`]). An open manifest with a message still in the
 //! stream is never removed: that message may come back and must join exactly that
 //! batch. Then the removal markers older than `marker_age` are dropped from the
 //! bucket, so that a new watch does not read a day of them.
@@ -117,12 +117,16 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             .unwrap_or(0),
         Err(_) => 0,
     };
-    let floor = {
+    let (floor, first) = {
         let mut before = shared
             .floor_before
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        trusted_floor(std::mem::replace(&mut *before, floor), floor, s.replicas)
+        let (floor_before, first_before) = std::mem::replace(&mut *before, (floor, first));
+        (
+            trusted(floor_before, floor, s.replicas),
+            trusted(first_before, first, s.replicas),
+        )
     };
     let mut out = Collected::default();
     let snapshot = shared.index.snapshot();
@@ -171,12 +175,15 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
     Ok(out)
 }
 
-/// The ack floor a pass may remove settled manifests by. A replicated consumer's leader
-/// counts an ack in its floor before its peers have it: after a leader change the floor
-/// can be lower again, and the rows above it come back. So on a cluster the floor is
-/// trusted only as far as the previous pass (a `collect_every` earlier) saw it too: by
-/// then the peers have the acks, or the leader changed and the floor read says so.
-fn trusted_floor(before: u64, now: u64, replicas: usize) -> u64 {
+/// The ack floor a pass may remove settled manifests by, or the stream's first
+/// sequence it may remove manifests below. A replicated consumer's leader counts an ack
+/// in its floor before its peers have it, and a stream's leader removes an acked
+/// message from its work queue before its peers do: after a leader change (a node
+/// killed or frozen) the floor or the first sequence can be lower again, and the rows
+/// above it come back. So on a cluster either is trusted only as far as the previous
+/// pass (a `collect_every` earlier) saw it too: by then the peers have caught up, or
+/// the leader changed and the value read says so.
+fn trusted(before: u64, now: u64, replicas: usize) -> u64 {
     if replicas > 1 {
         before.min(now)
     } else {
@@ -241,12 +248,12 @@ mod tests {
 
     #[test]
     fn a_clustered_floor_counts_once_it_held_for_a_pass() {
-        // One server: the floor as read.
-        assert_eq!(trusted_floor(0, 50, 1), 50);
+        // One server: the floor (or first sequence) as read.
+        assert_eq!(trusted(0, 50, 1), 50);
         // A cluster: what the last pass saw too.
-        assert_eq!(trusted_floor(0, 50, 3), 0);
-        assert_eq!(trusted_floor(50, 80, 3), 50);
+        assert_eq!(trusted(0, 50, 3), 0);
+        assert_eq!(trusted(50, 80, 3), 50);
         // A leader change that lost acks: the lower floor now.
-        assert_eq!(trusted_floor(80, 60, 3), 60);
+        assert_eq!(trusted(80, 60, 3), 60);
     }
 }

@@ -23,7 +23,8 @@
 //! have it, and a leader change in between (an election, a node frozen or restarted)
 //! delivers the rows again, which must then find their batch's record and be settled
 //! by it, not inserted anew. There the collector also takes the lower of the ack floors
-//! of its last two passes, so a floor is trusted only once it has held for a pass.
+//! (and of the stream's first sequences) of its last two passes, so either is trusted
+//! only once it has held for a pass.
 //!
 //! When the store cannot be written (NATS down, the bucket full), `record` fails and
 //! the actors hold the batch: nothing is inserted unrecorded (see docs/operations.md,
@@ -119,8 +120,9 @@ pub(crate) struct Shared {
     recorded: Mutex<HashMap<String, u64>>,
     /// Manifests whose `forget` came after a reconnect: the collector removes them.
     deferred: Mutex<HashSet<String>>,
-    /// The consumer's ack floor as the collector's previous pass read it.
-    floor_before: Mutex<u64>,
+    /// The consumer's ack floor and the stream's first sequence as the collector's
+    /// previous pass read them (see `collect::trusted`).
+    floor_before: Mutex<(u64, u64)>,
 }
 
 // === impl JsManifestStore ===
