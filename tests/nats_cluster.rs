@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
-use sluice_harness::nats_cluster::ClusterView;
+use sluice_harness::nats_cluster::{consumer_state, ClusterView};
 use sluice_harness::{wait_for, Stack, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -398,19 +398,4 @@ async fn stalls_counted(stack: &Stack) -> Result<f64> {
         "sluice_consumer_stalls_total",
         &[("stream", "INGEST")],
     ))
-}
-
-/// The consumer node's state in an `/admin/actors` answer.
-fn consumer_state(tree: &Value) -> Option<Value> {
-    let mut nodes = vec![tree];
-    // Bounded by the tree's size: each node is visited once.
-    while let Some(node) = nodes.pop() {
-        if node["kind"] == "consumer" {
-            return Some(node["state"].clone());
-        }
-        if let Some(children) = node["children"].as_array() {
-            nodes.extend(children);
-        }
-    }
-    None
 }

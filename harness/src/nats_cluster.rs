@@ -69,6 +69,15 @@ impl ClusterView {
 
     /// A stream's leader and peers (`$JS.API.STREAM.INFO`).
     pub async fn stream(&self, stream: &str) -> Result<Group> {
+        let (_, info) = self.stream_info(stream).await?;
+        group(&info.cluster, info.config.num_replicas).with_context(|| format!("stream {stream}"))
+    }
+
+    /// A stream's handle and its info, read now.
+    async fn stream_info(
+        &self,
+        stream: &str,
+    ) -> Result<(jetstream::stream::Stream, jetstream::stream::Info)> {
         let mut handle = self
             .js
             .get_stream(stream)
@@ -77,8 +86,9 @@ impl ClusterView {
         let info = handle
             .info()
             .await
-            .map_err(|e| anyhow!("reading stream {stream}: {e}"))?;
-        group(&info.cluster, info.config.num_replicas).with_context(|| format!("stream {stream}"))
+            .map_err(|e| anyhow!("reading stream {stream}: {e}"))?
+            .clone();
+        Ok((handle, info))
     }
 
     /// A consumer's leader and peers (`$JS.API.CONSUMER.INFO`).
@@ -126,15 +136,7 @@ impl ClusterView {
             deadline,
             Duration::from_millis(200),
             || async move {
-                let mut handle = self
-                    .js
-                    .get_stream(stream)
-                    .await
-                    .map_err(|e| anyhow!("looking up stream {stream}: {e}"))?;
-                let info = handle
-                    .info()
-                    .await
-                    .map_err(|e| anyhow!("reading stream {stream}: {e}"))?;
+                let (handle, info) = self.stream_info(stream).await?;
                 all_current(&info.cluster, info.config.num_replicas)
                     .with_context(|| format!("stream {stream}"))?;
                 if let Some(consumer) = consumer {
@@ -234,4 +236,20 @@ fn group(cluster: &Option<ClusterInfo>, configured: usize) -> Result<Group> {
         peers,
         configured,
     })
+}
+
+/// The consumer node's state in an `/admin/actors` answer (its `stalls`, `nats`
+/// placement, `waiting_for`).
+pub fn consumer_state(tree: &serde_json::Value) -> Option<serde_json::Value> {
+    let mut nodes = vec![tree];
+    // Bounded by the tree's size: each node is visited once.
+    while let Some(node) = nodes.pop() {
+        if node["kind"] == "consumer" {
+            return Some(node["state"].clone());
+        }
+        if let Some(children) = node["children"].as_array() {
+            nodes.extend(children);
+        }
+    }
+    None
 }

@@ -21,9 +21,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, INGEST_STREAM};
-use sluice_harness::nats_cluster::ClusterView;
+use sluice_harness::nats_cluster::{consumer_state, ClusterView};
 use sluice_harness::{wait_for, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -192,21 +191,6 @@ async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Resu
         },
     )
     .await
-}
-
-/// The consumer node's state in an `/admin/actors` answer.
-fn consumer_state(tree: &Value) -> Option<Value> {
-    let mut nodes = vec![tree];
-    // Bounded by the tree's size: each node is visited once.
-    while let Some(node) = nodes.pop() {
-        if node["kind"] == "consumer" {
-            return Some(node["state"].clone());
-        }
-        if let Some(children) = node["children"].as_array() {
-            nodes.extend(children);
-        }
-    }
-    None
 }
 
 /// The ingest stream's leader killed with -9 under load: publishes wait out the
