@@ -41,18 +41,26 @@ fn rows(ids: std::ops::Range<u64>) -> Vec<Value> {
 }
 
 /// Posts rows as a careful client does, with an `Idempotency-Key`: a publish whose ack
-/// a leader change lost is then sent again by the API itself.
+/// a leader change lost is then sent again by the API itself, and a 503 (a write whose
+/// fate is unknown while streams are raised to three replicas) is sent again by the
+/// client, the same body under the same key.
 async fn ingest(stack: &Stack, ids: std::ops::Range<u64>) -> Result<()> {
     let key = format!("rows-{}-{}", ids.start, ids.end);
-    let (status, body) = stack
-        .ingest_raw(
-            "events",
-            "application/x-ndjson",
-            ndjson(ids),
-            &[("Idempotency-Key", &key)],
-        )
-        .await?;
-    ensure!(status == 202, "ingest answered {status}: {body}");
+    let key = &key;
+    let ids = &ids;
+    wait_for("the rows accepted", DEADLINE, POLL, || async move {
+        let (status, body) = stack
+            .ingest_raw(
+                "events",
+                "application/x-ndjson",
+                ndjson(ids.clone()),
+                &[("Idempotency-Key", key)],
+            )
+            .await?;
+        ensure!(status == 202, "ingest answered {status}: {body}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -84,7 +92,12 @@ async fn with_three_replicas_the_streams_the_consumer_and_the_bucket_are_r3() ->
         .await
         .with_context(|| stack.sluice[r3].log_tail(40))?;
 
-    for name in ["INGEST", "DLQ", "KV_SLUICE_MANIFESTS"] {
+    for name in [
+        "INGEST",
+        "DLQ",
+        "KV_SLUICE_MANIFESTS",
+        "KV_SLUICE_IDEMPOTENCY",
+    ] {
         let view = &view;
         let group = wait_for(
             &format!("{name} on three peers"),

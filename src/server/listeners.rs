@@ -92,6 +92,7 @@ pub async fn start(
             full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
             replicas: config.nats.replicas,
             max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+            no_leader_wait: config.api.publish_retry_for,
         },
     );
     let ingest_state = Arc::new(IngestState {
