@@ -173,10 +173,12 @@ impl<'a> Publishing<'a> {
         if self.outcome.stop.is_some() {
             return;
         }
-        self.outcome.sent += 1;
         match self.publish(&chunk).await {
-            Ok(ack) => self.pending.push_back((ack, chunk)),
-            Err(e) => self.resend(chunk, e).await,
+            Ok(ack) => {
+                self.outcome.sent += 1;
+                self.pending.push_back((ack, chunk));
+            }
+            Err(e) => self.resend(chunk, e, false).await,
         }
     }
 
@@ -195,14 +197,16 @@ impl<'a> Publishing<'a> {
     async fn confirm(&mut self, (ack, chunk): (PendingPublish, Chunk)) {
         match Publisher::confirm(ack).await {
             Ok(published) => self.accepted(&chunk, published.duplicate),
-            Err(e) => self.resend(chunk, e).await,
+            Err(e) => self.resend(chunk, e, true).await,
         }
     }
 
     /// A chunk that failed with `error`: sent again (and waited for, one at a time)
     /// while the error allows it, the request's resend window lasts and a keyed
-    /// request's lease holds; else the request stops there.
-    async fn resend(&mut self, chunk: Chunk, mut error: PublishError) {
+    /// request's lease holds; else the request stops there. `counted`: the chunk is in
+    /// `Outcome::sent` already (a publish of it reached NATS); else it is counted once an
+    /// attempt may have reached it (a keyed request that sent nothing frees its key).
+    async fn resend(&mut self, chunk: Chunk, mut error: PublishError, mut counted: bool) {
         let mut until = *self
             .resend_until
             .get_or_insert_with(|| Instant::now() + self.resend_for);
@@ -225,17 +229,25 @@ impl<'a> Publishing<'a> {
                 .saturating_duration_since(Instant::now())
                 .max(RESEND_MIN);
             let attempt = async {
-                let ack = self.publish(&chunk).await?;
-                Publisher::confirm(ack).await
+                match self.publish(&chunk).await {
+                    Ok(ack) => (true, Publisher::confirm(ack).await),
+                    Err(e) => (false, Err(e)),
+                }
             };
-            let acked = tokio::time::timeout(left, attempt)
+            // Cut off, the attempt may have reached NATS: counted as sent.
+            let (went, acked) = tokio::time::timeout(left, attempt)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(PublishError::Unavailable(format!(
+                    let late = PublishError::Unavailable(format!(
                         "no ack within [api] publish_retry_for ({})",
                         humantime::format_duration(self.resend_for)
-                    )))
+                    ));
+                    (true, Err(late))
                 });
+            if went && !counted {
+                counted = true;
+                self.outcome.sent += 1;
+            }
             match acked {
                 Ok(published) => return self.accepted(&chunk, published.duplicate),
                 Err(e) => error = e,
