@@ -61,6 +61,15 @@
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
 //! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
+//! | `nats_cluster::cluster_stream_leader_kill9` | a three-node NATS cluster (R3, two Sluices throughout): the ingest stream's leader kill -9, started again once another is elected | 21 |
+//! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout | 21 |
+//! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected | 21 |
+//! | `nats_cluster::cluster_rolling_restart` | each node restarted in turn, the next once the replicas are current | 21 |
+//! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s | 21 |
+//!
+//! The `nats_cluster` scenarios (tests/chaos/nats_cluster.rs) also print `gap=` (the
+//! longest stretch without a new row in the twin) and `resumed_in=` (from the end of the
+//! fault to the next new row; past 30 s the scenario fails).
 //!
 //! Each scenario first makes sure its fault is in effect, and only then injects the next
 //! step: an insert out when ClickHouse freezes or dies (caught through the proxy, see
@@ -303,8 +312,8 @@ async fn table_reaping_churn() -> Result<()> {
         return Ok(());
     };
     s.stack.set("pipeline.idle_table_after", "300ms");
-    // The pool logs each reap at debug.
-    s.stack.set("log.level", "info,sluice_actors::pool=debug");
+    // The target logs each reap at debug.
+    s.stack.set("log.level", "info,sluice_actors::target=debug");
     let tables = ["t1", "t2", "t3"];
     s.create_tables(&tables).await?;
     s.start_sluice().await?;
@@ -1665,6 +1674,9 @@ mod nats {
             return Ok(());
         };
         s.stack.set("tenants.globex.target", "main");
+        // The clients' own retries under their keys are the point: the API answers 503
+        // at once rather than riding the restart out itself ([api] publish_retry_for).
+        s.stack.set("api.publish_retry_for", "0s");
         s.create_tables(&["events"]).await?;
         s.start_sluice().await?;
         let pace = Pace::new(200, ms(100));
@@ -1704,3 +1716,6 @@ mod nats {
 
 #[path = "chaos/clickhouse_cluster.rs"]
 mod clickhouse_cluster;
+
+#[path = "chaos/nats_cluster.rs"]
+mod nats_cluster;

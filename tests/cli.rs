@@ -235,7 +235,7 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
     let run = sluice(&["check-config", "--config", &config], &[])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     for expected in [
-        "nats: nats://127.0.0.1:4222 stream INGEST",
+        "nats: seeds nats://127.0.0.1:4222 stream INGEST",
         "targets:",
         "main: http://127.0.0.1:8123 user default database default",
         "tenants:",
@@ -254,17 +254,42 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
     }
     assert_eq!(run.stdout.lines().last(), Some("ok"));
 
-    // An override from the environment shows in the summary.
+    // An override from the environment shows in the summary: a cluster's seeds, each
+    // one.
     let run = sluice(
         &["check-config", "--config", &config],
-        &[("SLUICE_NATS_URL", "nats://10.0.0.7:4222")],
+        &[(
+            "SLUICE_NATS_URL",
+            "nats://10.0.0.7:4222, nats://10.0.0.8:4222,nats://10.0.0.9:4222",
+        )],
     )?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     assert!(
-        run.stdout.contains("nats: nats://10.0.0.7:4222"),
+        run.stdout.contains(
+            "nats: seeds nats://10.0.0.7:4222, nats://10.0.0.8:4222, nats://10.0.0.9:4222 stream"
+        ),
         "{}",
         run.stdout
     );
+    Ok(())
+}
+
+/// A seed list with a server that is not one is refused, naming that server and its
+/// place in the list (the others are fine).
+#[test]
+fn check_config_names_a_bad_seed_in_the_nats_url_list() -> Result<()> {
+    let (_dir, path) = config_file(
+        "[nats]\nurl = \"nats://127.0.0.1:4222,nats://127.0.0.1:42x22,nats://127.0.0.1:4224\"\n",
+    )?;
+    let run = sluice(&["check-config", "--config", &path, "--offline"], &[])?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("\"nats://127.0.0.1:42x22\" (server 2 of 3) is not a NATS server URL"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("line 2"), "{}", run.stderr);
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! The pull source against a real nats-server (`SLUICE_TEST_NATS=debian|current`): it
 //! speaks the pull protocol itself (see `src/nats/source.rs`), so the cases async-nats
 //! used to handle for it are checked here: an expired request is renewed, a silent
-//! one fails the source (the consumer actor then reconnects it), and a restarted
-//! nats-server costs no row.
+//! one is replaced and counted as a stall (and, when new requests change nothing, the
+//! source fails so that the consumer actor reconnects it), and a restarted nats-server
+//! costs no row.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -177,9 +178,9 @@ async fn an_expired_pull_request_is_asked_again() -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_silent_pull_request_fails_the_source() -> Result<()> {
+async fn a_silent_pull_request_is_replaced_and_counted_then_fails_the_source() -> Result<()> {
     let Some(mut setup) = Setup::start(
-        "a_silent_pull_request_fails_the_source",
+        "a_silent_pull_request_is_replaced_and_counted_then_fails_the_source",
         Duration::from_secs(5),
         Duration::from_millis(300),
         Duration::from_secs(30),
@@ -193,26 +194,41 @@ async fn a_silent_pull_request_fails_the_source() -> Result<()> {
         .pull(10)
         .await
         .map_err(|e| anyhow!("the first pull failed: {e}"))?;
+    assert_eq!(source.status().stalls, 0);
     // A frozen server sends no heartbeat: within two heartbeats and a second the source
-    // must say so (the consumer actor then reconnects it).
+    // notices, asks again and counts one stall (however many requests it sends);
+    // when new requests change nothing either, it fails (the consumer actor then
+    // reconnects it).
     setup.server.sigstop().await?;
     let frozen = Instant::now();
     let failed = loop {
         match source.pull(10).await {
             Err(e) => break e,
-            Ok(_) if frozen.elapsed() > Duration::from_secs(10) => {
+            Ok(_) if frozen.elapsed() > Duration::from_secs(15) => {
                 setup.server.sigcont().await?;
-                bail!("a silent pull request went unnoticed for 10 s");
+                bail!("a silent pull request went unnoticed for 15 s");
             }
             Ok(_) => {}
         }
     };
+    let noticed = frozen.elapsed();
     setup.server.sigcont().await?;
-    assert!(failed.to_string().contains("heartbeat"), "{failed}");
-    // And the source works again once reconnected.
+    let status = source.status();
+    assert_eq!(status.stalls, 1, "one stall, counted once: {status:?}");
+    assert_eq!(
+        status.last_stall,
+        Some(sluice_actors::StallReason::HeartbeatsMissed)
+    );
+    assert!(failed.to_string().contains("heartbeats_missed"), "{failed}");
+    assert!(
+        noticed >= Duration::from_secs(4),
+        "failed after {noticed:?}: new requests come first"
+    );
+    // And the source works again once reconnected; the count outlives the source.
     setup.publish(0..5).await?;
     let mut acked = BTreeSet::new();
     drain(&setup, &mut source, &mut acked, 5, Duration::from_secs(15)).await?;
+    assert_eq!(source.status().stalls, 1);
     Ok(())
 }
 

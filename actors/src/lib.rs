@@ -68,8 +68,9 @@ pub use ledger::{
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
-    Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, InsertRequest, Inserter,
-    Parking, Position, ServerInfo, SettleError, Source, SourceError, SourceFactory, TableKey,
+    Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, GroupView, InsertRequest,
+    Inserter, NatsView, Parking, Position, ReplicaView, ServerInfo, SettleError, Source,
+    SourceError, SourceFactory, SourceStatus, SourceWait, StallReason, TableKey,
 };
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,

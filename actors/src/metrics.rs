@@ -21,13 +21,15 @@
 //! - `outcome` on `sluice_insert_requests_total`: `ok`, `rejected`, `unavailable`,
 //!   `denied`, `unknown`.
 //! - `kind` on `sluice_actor_restarts_total`: `consumer`, `target`, `pool`, `table`.
+//! - `reason` on `sluice_consumer_stalls_total`: `heartbeats_missed`,
+//!   `leadership_change`, `pending_undelivered` (see `ports::StallReason`).
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
     Gauge, Histogram, Unit,
 };
 
-use crate::ports::{Class, TableKey};
+use crate::ports::{Class, StallReason, TableKey};
 
 pub const ROWS_RECEIVED: &str = "sluice_rows_received_total";
 /// The messages those rows came in (a message carries one row or
@@ -56,6 +58,9 @@ pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
 pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
+/// Not in DESIGN's list: pulls found lost and replaced (a silent stall noticed), by
+/// stream and reason (`heartbeats_missed`, `leadership_change`, `pending_undelivered`).
+pub const CONSUMER_STALLS: &str = "sluice_consumer_stalls_total";
 pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
 /// A full DLQ makes parking fail, and an alert needs to see it ("an alert
 /// metric rises": rows whose DLQ publish failed (they stay unacked).
@@ -86,6 +91,7 @@ pub const ALL: &[&str] = &[
     MANIFEST_FAILURES,
     PAST_DEDUP_WINDOW,
     CONSUMER_PENDING,
+    CONSUMER_STALLS,
     ACTOR_RESTARTS,
     DLQ_PUBLISH_FAILURES,
     QUERY_TOTAL,
@@ -164,6 +170,11 @@ pub fn describe_all() {
         CONSUMER_PENDING,
         Unit::Count,
         "Messages in the stream not yet delivered to the consumer (the lag)."
+    );
+    describe_counter!(
+        CONSUMER_STALLS,
+        Unit::Count,
+        "Pulls the consumer found lost and replaced without a restart (no row and no heartbeat, a leader change, rows pending and none delivered), by stream and reason."
     );
     describe_counter!(
         ACTOR_RESTARTS,
@@ -348,6 +359,9 @@ pub fn register_known<'a>(
         ReplicaMetrics::new(target, replica);
     }
     consumer_pending(stream).increment(0.0);
+    for reason in StallReason::ALL {
+        consumer_stalls(stream, reason).increment(0);
+    }
     for table in tables {
         TableMetrics::new(table);
     }
@@ -359,4 +373,8 @@ pub fn restarts(kind: &'static str) -> Counter {
 
 pub fn consumer_pending(stream: &str) -> Gauge {
     gauge!(CONSUMER_PENDING, "stream" => stream.to_owned())
+}
+
+pub fn consumer_stalls(stream: &str, reason: StallReason) -> Counter {
+    counter!(CONSUMER_STALLS, "stream" => stream.to_owned(), "reason" => reason.as_str())
 }

@@ -789,7 +789,13 @@ impl Bench {
             loader_cpu: loader.and_then(procfs::cpu_seconds),
             proc_cpu: pid.and_then(procfs::cpu_seconds),
             proc_sys: pid.and_then(procfs::system_seconds),
-            nats_cpu: self.stack.nats.pid().and_then(procfs::cpu_seconds),
+            nats_cpu: self
+                .stack
+                .nats
+                .node(0)
+                .ok()
+                .and_then(|n| n.pid())
+                .and_then(procfs::cpu_seconds),
             clickhouse_cpu: self.clickhouse_cpu(),
             bench_cpu: procfs::self_cpu_seconds(),
             machine_busy: procfs::machine_busy_seconds(),

@@ -2,6 +2,9 @@
 //!
 //! - [`NatsServer`]: `nats-server -js` (Debian's 2.9.10 or a current one, see
 //!   [`NatsFlavor`]) on free loopback ports, its store in a temp dir.
+//! - [`NatsCluster`]: three nats-servers in one JetStream cluster (one of them killed,
+//!   frozen or restarted at will), and [`nats_cluster::ClusterView`]: which node leads
+//!   a stream, a consumer, the meta group.
 //! - [`ClickHouseServer`]: `clickhouse-server` with users `default`, `ingest` and
 //!   `query` (read-only), on free loopback ports, its data in a temp dir; started with
 //!   a [`Replication`] (a [`ZooKeeper`] root and macros) it holds Replicated tables,
@@ -22,6 +25,7 @@
 
 pub mod browser;
 pub mod chaos;
+pub mod nats_cluster;
 pub mod prom;
 pub mod proxy;
 mod skip;
@@ -35,9 +39,9 @@ use sluice_servers::http;
 pub use sluice_servers::{clickhouse, nats, ports, process, zookeeper};
 pub use sluice_servers::{
     free_addr, free_port, http_client_builder, loopback_client, process_exists, wait_for,
-    wait_until, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsFlavor, NatsServer,
-    ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER,
-    QUERY_PASSWORD, QUERY_USER,
+    wait_until, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsCluster, NatsFlavor,
+    NatsServer, ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER, INGEST_PASSWORD,
+    INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 
 pub use prom::{Metrics, Sample};

@@ -1,6 +1,6 @@
-//! A whole Sluice deployment on loopback: nats-server, clickhouse-server, optionally the
-//! fault proxy between Sluice and ClickHouse, and the sluice binary with a generated
-//! configuration. Integration tests, the chaos suite and the benchmark build on it.
+//! A whole Sluice deployment on loopback: nats-server (one, or a three-node cluster),
+//! clickhouse-server, optionally the fault proxy between Sluice and ClickHouse, and the
+//! sluice binary with a generated configuration. Integration tests, the chaos suite and the benchmark build on it.
 //!
 //! ```ignore
 //! let mut stack = Stack::start(StackOptions::default().with_proxy()).await?;
@@ -22,7 +22,7 @@ use crate::clickhouse::{
     create_cluster_table, shard_urls, sync_replicas, ClickHouseCluster, ClickHouseOptions,
     ClickHouseServer, Replication,
 };
-use crate::nats::{NatsFlavor, NatsServer};
+use crate::nats::{NatsCluster, NatsFlavor};
 use crate::ports::free_port;
 use crate::process::ProcessSpec;
 use crate::proxy::FaultProxy;
@@ -48,6 +48,9 @@ pub struct StackOptions {
     /// Start a ZooKeeper and give ClickHouse a root in it, so that Replicated tables
     /// can be created ([`Stack::create_replicated_table`]).
     pub zookeeper: bool,
+    /// nats-servers joined in a JetStream cluster (0 or 1: one standalone server).
+    /// Sluice gets every node as a seed and `[nats] replicas` set to their number.
+    pub nats_nodes: usize,
     /// A cluster of (shards, replicas) ClickHouse servers on one ZooKeeper instead of
     /// one server, the target `main` listing them all (`shards`).
     pub cluster: Option<(usize, usize)>,
@@ -61,6 +64,12 @@ impl StackOptions {
 
     pub fn with_zookeeper(mut self) -> Self {
         self.zookeeper = true;
+        self
+    }
+
+    /// NATS as a three-node JetStream cluster, the streams and the bucket R3.
+    pub fn with_nats_cluster(mut self) -> Self {
+        self.nats_nodes = 3;
         self
     }
 
@@ -88,7 +97,8 @@ pub struct Stack {
     /// The (api, admin) ports of each process in `sluice`.
     pub sluice_ports: Vec<(u16, u16)>,
     pub proxy: Option<FaultProxy>,
-    pub nats: NatsServer,
+    /// One nats-server, or every node of a cluster ([`StackOptions::with_nats_cluster`]).
+    pub nats: NatsCluster,
     /// The ClickHouse server; of a cluster ([`StackOptions::with_cluster`]), replica 1
     /// of shard 1.
     pub clickhouse: ClickHouseServer,
@@ -117,7 +127,7 @@ impl Stack {
             None => NatsFlavor::from_env()?,
         };
         let (nats, (mut clickhouse, zookeeper)) = tokio::try_join!(
-            NatsServer::start_with_args(flavor, options.nats_args.clone()),
+            NatsCluster::start(flavor, options.nats_nodes, options.nats_args.clone()),
             start_clickhouse(options.zookeeper, options.cluster)
         )?;
         let cluster_nodes = if clickhouse.len() > 1 {
@@ -146,7 +156,12 @@ impl Stack {
             Some(p) => p.url(),
             None => clickhouse.http_url(),
         };
-        let config = base_config(&nats.url(), &clickhouse_url, api_port, admin_port)?;
+        let mut config = base_config(&nats.url(), &clickhouse_url, api_port, admin_port)?;
+        if nats.len() > 1 {
+            if let Some(toml::Value::Table(section)) = config.get_mut("nats") {
+                section.insert("replicas".into(), toml::Value::Integer(nats.len() as i64));
+            }
+        }
         let http = crate::http::loopback_client(Duration::from_secs(30))?;
         let mut stack = Stack {
             sluice: Vec::new(),

@@ -3,6 +3,9 @@
 //!
 //! - [`NatsServer`]: `nats-server -js` (Debian's 2.9.10 or a current one, see
 //!   [`NatsFlavor`]) on free loopback ports, its store in a temp dir.
+//! - [`NatsCluster`]: three (or five) of them joined in one JetStream cluster, each
+//!   node its own store and ports, one of them killed, frozen or restarted at will;
+//!   or a single standalone server.
 //! - [`ClickHouseServer`]: `clickhouse-server` with users `default`, `ingest` and
 //!   `query` (read-only), on free loopback ports, its data in a temp dir; with a
 //!   [`Replication`] (a ZooKeeper root and macros) it can hold Replicated tables.
@@ -32,7 +35,7 @@ pub use clickhouse::{
     QUERY_PASSWORD, QUERY_USER,
 };
 pub use http::{http_client_builder, loopback_client};
-pub use nats::{NatsFlavor, NatsServer};
+pub use nats::{NatsCluster, NatsFlavor, NatsServer};
 pub use ports::{free_addr, free_port};
 pub use process::{process_exists, ManagedProcess, ProcessSpec};
 pub use wait::{wait_for, wait_until};

@@ -1,7 +1,10 @@
 //! `GET /admin/nats`: the NATS side in one JSON object (the admin page shows its
 //! fields as they come, so a field added here shows there without a change to the
 //! page): the connection and the server it reached, the stream, the consumer and its
-//! lag. Read from what the process knows already; it sends nothing to NATS.
+//! lag, and on a NATS cluster where the stream and the consumer live (their leaders,
+//! the replicas with their lag) and the pulls found lost and replaced (`stalls`).
+//! Read from what the process knows already (the consumer's last lag poll); it sends
+//! nothing to NATS.
 
 use serde::{Deserialize, Serialize};
 
@@ -10,8 +13,8 @@ use crate::nats::StreamSettings;
 /// What the admin endpoint knows of the NATS connection.
 pub struct NatsView {
     client: async_nats::Client,
-    /// `[nats] url` as configured (never with credentials: the configuration refuses them
-    /// there).
+    /// The seeds of `[nats] url`, as configured (never with credentials: the
+    /// configuration refuses them there).
     url: String,
     streams: StreamSettings,
 }
@@ -35,6 +38,16 @@ pub struct NatsOverview {
     pub pulled_rows: u64,
     pub reconnects: u64,
     pub last_error: Option<String>,
+    /// Pulls found lost and replaced (`sluice_consumer_stalls_total`), and why the
+    /// last one was.
+    pub stalls: u64,
+    pub last_stall: Option<serde_json::Value>,
+    /// What the consumer waits for before it pulls again (an election, the manifest
+    /// index), while it waits.
+    pub waiting_for: Option<serde_json::Value>,
+    /// The stream's and the consumer's leader and replicas (with their lag), as the
+    /// last lag poll read them: `null` before the first.
+    pub placement: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize)]
@@ -56,6 +69,10 @@ struct ConsumerFacts {
     pulled_rows_total: u64,
     reconnects: u64,
     last_error: Option<String>,
+    stalls: u64,
+    last_stall: Option<serde_json::Value>,
+    waiting_for: Option<serde_json::Value>,
+    nats: Option<serde_json::Value>,
 }
 
 // === impl NatsView ===
@@ -97,6 +114,10 @@ impl NatsView {
             pulled_rows: consumer.pulled_rows_total,
             reconnects: consumer.reconnects,
             last_error: consumer.last_error,
+            stalls: consumer.stalls,
+            last_stall: consumer.last_stall,
+            waiting_for: consumer.waiting_for,
+            placement: consumer.nats,
         }
     }
 }
@@ -124,9 +145,18 @@ mod tests {
         let tree = json!({"kind": "root", "children": [
             {"kind": "pool", "state": {"pending": 99}},
             {"kind": "consumer", "state": {"connected": true, "pending": 12, "pulled_total": 3,
-                "pulled_rows_total": 300, "reconnects": 1, "last_error": null}}
+                "pulled_rows_total": 300, "reconnects": 1, "last_error": null, "stalls": 2,
+                "last_stall": "leadership_change",
+                "nats": {"connected_server": "n2", "stream": {"name": "INGEST", "leader": "n1",
+                    "replicas": [{"name": "n2", "current": true, "offline": false, "lag": 0}]}}}}
         ]});
         let facts = consumer_facts(&tree);
+        assert_eq!(facts.stalls, 2);
+        assert_eq!(facts.last_stall, Some(json!("leadership_change")));
+        assert_eq!(
+            facts.nats.as_ref().map(|n| &n["stream"]["leader"]),
+            Some(&json!("n1"))
+        );
         assert_eq!(facts.pending, Some(12));
         assert_eq!((facts.pulled_total, facts.pulled_rows_total), (3, 300));
         assert_eq!(facts.reconnects, 1);

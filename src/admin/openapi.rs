@@ -357,10 +357,10 @@ fn components() -> Value {
             },
             "Nats": {
                 "type": "object",
-                "required": ["connected", "url", "server", "stream", "subjects", "consumer", "dlq_stream", "consumer_lag_messages", "pulled_messages", "pulled_rows", "reconnects", "last_error"],
+                "required": ["connected", "url", "server", "stream", "subjects", "consumer", "dlq_stream", "consumer_lag_messages", "pulled_messages", "pulled_rows", "reconnects", "last_error", "stalls", "last_stall", "waiting_for", "placement"],
                 "properties": {
                     "connected": {"type": "boolean"},
-                    "url": {"type": "string", "description": "`[nats] url` as configured."},
+                    "url": {"type": "string", "description": "The seeds of `[nats] url`, as configured."},
                     "server": {
                         "type": "object",
                         "nullable": true,
@@ -383,6 +383,38 @@ fn components() -> Value {
                     "pulled_rows": {"type": "integer", "minimum": 0},
                     "reconnects": {"type": "integer", "minimum": 0},
                     "last_error": nullable_string,
+                    "stalls": {"type": "integer", "minimum": 0, "description": "Pulls found lost and replaced without a restart (sluice_consumer_stalls_total)."},
+                    "last_stall": {"type": "string", "nullable": true, "enum": ["heartbeats_missed", "leadership_change", "pending_undelivered", null], "description": "Why the last lost pull was replaced."},
+                    "waiting_for": {"type": "string", "nullable": true, "enum": ["consumer_leader", "manifest_index", null], "description": "What the consumer waits for before it pulls again (an election, the manifest index), while it waits."},
+                    "placement": {
+                        "type": "object",
+                        "nullable": true,
+                        "description": "Where the stream and the consumer live, as the last lag poll read them: the server connected to, each group's leader (null during an election) and replicas with their lag.",
+                        "required": ["connected_server"],
+                        "properties": {
+                            "connected_server": {"type": "string"},
+                            "stream": schema("NatsGroup"),
+                            "consumer": schema("NatsGroup"),
+                        },
+                    },
+                },
+            },
+            "NatsGroup": {
+                "type": "object",
+                "required": ["name", "leader", "replicas"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "leader": nullable_string,
+                    "replicas": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["name", "current", "offline"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "current": {"type": "boolean"},
+                            "offline": {"type": "boolean"},
+                            "lag": {"type": "integer", "minimum": 0},
+                        },
+                    }},
                 },
             },
             "DlqCounts": {

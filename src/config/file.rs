@@ -265,6 +265,10 @@ pub struct ApiFile {
     pub chunk_bytes: Size,
     /// Answer 503 with this `Retry-After` when the queue is full or unreachable.
     pub retry_after: Span,
+    /// How long a publish JetStream did not take (no stream leader during a NATS
+    /// election, no ack in time) is sent again, with the same message id, before the
+    /// request answers 503.
+    pub publish_retry_for: Span,
     /// The deepest a row may nest arrays and objects (the row itself is level 1):
     /// ClickHouse's JSON parser recurses, and a deep enough row crashes the server.
     pub max_json_depth: usize,
@@ -297,6 +301,7 @@ impl Default for ApiFile {
             chunk_rows: CHUNK_ROWS,
             chunk_bytes: Size(1 << 20),
             retry_after: Span(std::time::Duration::from_secs(5)),
+            publish_retry_for: Span(std::time::Duration::from_secs(15)),
             max_json_depth: 64,
             max_tables_per_tenant: 500,
             fd_reserve: 256,

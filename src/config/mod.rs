@@ -96,9 +96,10 @@ pub struct Config {
 
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
-    /// One server or a comma-separated list, without credentials (refused there: they
-    /// come from `auth`), so it can be printed and logged.
-    pub url: String,
+    /// The seed servers of `[nats] url` (one, or every node of a cluster), without
+    /// credentials (refused there: they come from `auth`), so they can be printed and
+    /// logged. Never empty once validated.
+    pub seeds: Vec<String>,
     pub stream: String,
     pub subject_prefix: String,
     pub consumer: String,
@@ -122,6 +123,13 @@ pub struct NatsConfig {
     pub idempotency_bucket: String,
     /// The idempotency bucket's budget: past it a keyed request answers 503.
     pub idempotency_max_bytes: u64,
+}
+
+impl NatsConfig {
+    /// The seeds as one line, for logs and `check-config`.
+    pub fn seeds_text(&self) -> String {
+        self.seeds.join(", ")
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -255,6 +263,9 @@ pub struct ApiConfig {
     pub chunk_rows: usize,
     pub chunk_bytes: usize,
     pub retry_after: Duration,
+    /// A publish JetStream did not take (a NATS election, a lost ack) is sent again with
+    /// the same message id for this long before the request answers 503.
+    pub publish_retry_for: Duration,
     /// Rows nested deeper are refused: ClickHouse's JSON parser recurses per level.
     pub max_json_depth: usize,
     /// Distinct tables a tenant may write to: each costs an actor and metric series.

@@ -41,7 +41,7 @@ fn the_example_config_is_valid() {
 #[test]
 fn an_empty_file_has_defaults() {
     let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
-    assert_eq!(config.nats.url, "nats://127.0.0.1:4222");
+    assert_eq!(config.nats.seeds, ["nats://127.0.0.1:4222"]);
     assert_eq!(config.ingest.batch_rows, 10_000);
     assert!(config.targets.is_empty());
     assert!(config.query.is_none());
@@ -273,7 +273,7 @@ fn environment_overrides_every_section() {
         ]),
     )
     .expect("env-only config");
-    assert_eq!(config.nats.url, "nats://10.0.0.1:4222");
+    assert_eq!(config.nats.seeds, ["nats://10.0.0.1:4222"]);
     assert_eq!(config.nats.max_bytes, 2 << 30);
     assert_eq!(config.targets["main"].shards, vec![vec!["http://ch:8123"]]);
     assert!(config.targets["main"].password.is_some());

@@ -20,6 +20,11 @@ use tokio::time::Instant;
 
 /// How stale the stream's stored size may be before a publish refreshes it.
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How long a refresh may take. The stream's info comes from its leader: while a NATS
+/// cluster elects one, nothing answers, and every publish would wait behind the
+/// refresh for the client's whole request timeout. Past this the publish is admitted
+/// on the last size known (the server's own limit sits above the budget).
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Whether this nats-server enforces a discard-new `max_bytes` without pruning old
 /// messages: 2.10.5 and later.
@@ -132,8 +137,9 @@ impl BudgetGuard {
 
     /// Admit `bytes` more into the stream; refuse when the budget would be exceeded.
     /// The permit (none where the server enforces the budget itself) is settled with
-    /// the publish's answer. A stream whose size cannot be read is admitted: the
-    /// publish itself will then fail or succeed on its own.
+    /// the publish's answer. A stream whose size cannot be read (within
+    /// [`REFRESH_TIMEOUT`]) is admitted: the publish itself will then fail or succeed
+    /// on its own.
     pub async fn admit(self: &Arc<Self>, bytes: u64) -> Result<Option<BudgetPermit>, OverBudget> {
         if self.server_is_exact() {
             return Ok(None);
@@ -146,12 +152,12 @@ impl BudgetGuard {
             // Zeroed before asking: a publish confirmed meanwhile is counted twice (in
             // the answer and here), never forgotten.
             let since = self.stored_since.swap(0, Ordering::SeqCst);
-            match self.js.get_stream(&self.stream).await {
-                Ok(stream) => {
+            match tokio::time::timeout(REFRESH_TIMEOUT, self.js.get_stream(&self.stream)).await {
+                Ok(Ok(stream)) => {
                     state.stored = stream.cached_info().state.bytes;
                     state.refreshed = Some(Instant::now());
                 }
-                Err(_) => {
+                Ok(Err(_)) | Err(_) => {
                     self.stored_since.fetch_add(since, Ordering::SeqCst);
                 }
             }

@@ -1,10 +1,18 @@
-//! The NATS connection, with the configured credentials.
+//! The NATS connection, with the configured credentials, to the first seed server that
+//! answers (`[nats] url`: one server, or several nodes of a cluster).
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 
 use crate::config::{NatsAuth, NatsConfig};
+
+/// How often the client pings a quiet server. Three pings unanswered and the connection
+/// is taken for dead and replaced (through another seed, or a server the cluster
+/// announced): a server frozen with its socket open (SIGSTOP, a paused VM) is left
+/// within about three times this, not the client's default of three minutes, and
+/// the pull, the publishes and the manifest watch move to a live node.
+pub const PING_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Connect to NATS. With `retry_initial`, a server that is not up yet is retried in the
 /// background (Sluice starts, reports not-ready, and connects when NATS comes); without
@@ -20,6 +28,7 @@ pub async fn connect(
         // The client's command queue: acks of a 10,000-row batch go through it at once.
         .client_capacity(65_536)
         .subscription_capacity(65_536)
+        .ping_interval(PING_INTERVAL)
         .max_reconnects(None)
         .reconnect_delay_callback(|attempts| {
             // 100 ms doubling to 5 s: a restarted nats-server is picked up quickly.
@@ -41,9 +50,9 @@ pub async fn connect(
         options = options.retry_on_initial_connect();
     }
     options
-        .connect(config.url.as_str())
+        .connect(config.seeds.as_slice())
         .await
-        .with_context(|| format!("connecting to NATS at {}", config.url))
+        .with_context(|| format!("connecting to NATS at {}", config.seeds_text()))
 }
 
 /// Wait up to `deadline` for the background connection (see `retry_initial`).

@@ -151,6 +151,8 @@ impl Dlq {
                 full_hint: "markers go once their rows leave the DLQ",
                 replicas: settings.replicas,
                 max_age: REPLAY_MARK_AGE,
+                // A replay is an operator's request: it fails at once and is retried.
+                no_leader_wait: Duration::ZERO,
             },
         );
         Self {

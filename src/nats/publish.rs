@@ -1,6 +1,9 @@
 //! Publishing rows to the ingest stream with a message id, and telling a full stream
 //! from an unreachable one: both answer 503 at the API, but they mean different things
-//! to an operator (`QueueFull` is backpressure working; `Unavailable` is an outage).
+//! to an operator (`QueueFull` is backpressure working; `Unavailable` and
+//! `NoResponders` an outage). And telling a publish nothing took (`NoResponders`: safe
+//! to send again) from one whose fate is unknown (`Unavailable`: sent again only with
+//! its message id, which makes JetStream store it once).
 
 use std::error::Error as _;
 
@@ -21,9 +24,15 @@ pub enum PublishError {
     /// The stream is at its `max_bytes`: nothing was stored, retry later.
     #[error("the ingest stream is full (maximum bytes exceeded)")]
     QueueFull,
-    /// NATS or JetStream could not be reached or did not answer in time.
+    /// NATS or JetStream could not be reached or did not answer in time: the message
+    /// may or may not be stored.
     #[error("NATS is unreachable: {0}")]
     Unavailable(String),
+    /// Nothing in JetStream took the message (no responders): the stream has no leader
+    /// right now (a NATS cluster's election, JetStream restarting) or is not set up
+    /// yet. Nothing was stored.
+    #[error("NATS is unreachable: {0}")]
+    NoResponders(String),
     /// Anything else JetStream refused (a message too large, no stream for the subject).
     #[error("JetStream refused the message: {0}")]
     Refused(String),
@@ -31,6 +40,19 @@ pub enum PublishError {
     /// found another: someone wrote the subject first. Nothing was stored.
     #[error("the subject was written by someone else first (wrong last sequence)")]
     WrongLastSequence,
+}
+
+impl PublishError {
+    /// Whether the same message may be published again: when nothing took it, or when
+    /// it carries a message id (JetStream then stores it once, whatever the first
+    /// attempt did). A full stream or a refusal is answered as it is.
+    pub fn may_send_again(&self, with_message_id: bool) -> bool {
+        match self {
+            Self::NoResponders(_) => true,
+            Self::Unavailable(_) => with_message_id,
+            Self::QueueFull | Self::Refused(_) | Self::WrongLastSequence => false,
+        }
+    }
 }
 
 /// A sent row waiting for the stream's ack (see [`Publisher::confirm`]); it holds its
@@ -148,13 +170,15 @@ fn classify(e: async_nats::jetstream::context::PublishError) -> PublishError {
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
             PublishError::Unavailable(text)
         }
-        // "No responders": nothing listens on the subject right now. Sluice creates the
-        // stream itself (at start, and again whenever its consumer connects), so this is
-        // JetStream not ready yet (Sluice started before NATS, nats-server restarting) or
-        // the stream being recreated: transient. A 400 here would tell the client to drop
-        // its rows; a 503 tells it to come back.
-        PublishErrorKind::StreamNotFound => PublishError::Unavailable(format!(
-            "{text} (no responders: the stream is not set up yet or JetStream is restarting)"
+        // "No responders" (async-nats reports it as StreamNotFound): nothing listens on
+        // the subject right now. Sluice creates the stream itself (at start, and again
+        // whenever its consumer connects), so this is a stream without a leader (a NATS
+        // cluster electing one), JetStream not ready yet (Sluice started before NATS,
+        // nats-server restarting) or the stream being recreated: transient. A 400 here
+        // would tell the client to drop its rows; a 503 tells it to come back, and the
+        // ingest API sends it again itself for a while (nothing was stored).
+        PublishErrorKind::StreamNotFound => PublishError::NoResponders(format!(
+            "{text} (no responders: the stream has no leader right now, or is not set up yet, or JetStream is restarting)"
         )),
         PublishErrorKind::MaxPayloadExceeded => PublishError::Refused(text),
         PublishErrorKind::WrongLastSequence => PublishError::WrongLastSequence,
@@ -175,7 +199,7 @@ mod tests {
         // What the client reports when nothing listens on the subject (the stream not
         // created yet, JetStream restarting): the API must answer 503, not 400.
         let e = classify(JsPublishError::new(PublishErrorKind::StreamNotFound));
-        assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, PublishError::NoResponders(_)), "{e:?}");
         let e = classify(JsPublishError::new(PublishErrorKind::TimedOut));
         assert!(matches!(e, PublishError::Unavailable(_)), "{e:?}");
         let e = classify(JsPublishError::new(PublishErrorKind::MaxPayloadExceeded));

@@ -84,7 +84,7 @@ pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyh
 
 /// The durable pull consumer every Sluice instance shares: explicit acks, unlimited
 /// deliveries (the DLQ is the only way out), `max_ack_pending` bounding what the
-/// instances hold in memory.
+/// instances hold in memory, `[nats] replicas` copies.
 pub async fn ensure_consumer(
     js: &jetstream::Context,
     s: &StreamSettings,
@@ -97,6 +97,10 @@ pub async fn ensure_consumer(
         max_ack_pending: s.max_ack_pending,
         max_deliver: -1,
         deliver_policy: consumer::DeliverPolicy::All,
+        // As many copies as the stream: its state (what is acked, what is pending)
+        // survives a node like the rows do. Set, not inherited: a stream raised to
+        // more replicas later does not raise its consumers on every server version.
+        num_replicas: s.replicas,
         ..Default::default()
     };
     let stream = js
@@ -119,12 +123,17 @@ pub async fn ensure_consumer(
 }
 
 /// Create the stream, or bring an existing one to `config` (a no-op when nothing that
-/// Sluice sets differs). A retention that differs is refused: it cannot change.
+/// Sluice sets differs). A retention that differs is refused: it cannot change. A
+/// stream with fewer (or more) replicas than `[nats] replicas` is updated: JetStream
+/// copies it to the new peers (or drops the extra ones) while it keeps serving; when
+/// it cannot (more replicas than the cluster has JetStream servers, a single server),
+/// the error says so.
 pub(super) async fn create_or_update(
     js: &jetstream::Context,
     config: stream::Config,
 ) -> anyhow::Result<()> {
     let name = config.name.clone();
+    let replicas = config.num_replicas;
     match js.get_stream(&name).await {
         Ok(mut existing) => {
             let info = existing
@@ -139,7 +148,9 @@ pub(super) async fn create_or_update(
                     config.retention
                 );
             }
-            let same = current.subjects == config.subjects
+            let had = current.num_replicas;
+            let same = had == replicas
+                && current.subjects == config.subjects
                 && current.discard == config.discard
                 && current.max_bytes == config.max_bytes
                 && current.duplicate_window == config.duplicate_window
@@ -151,18 +162,41 @@ pub(super) async fn create_or_update(
                 && current.allow_rollup == config.allow_rollup
                 && current.deny_delete == config.deny_delete;
             if !same {
-                js.update_stream(config)
-                    .await
-                    .with_context(|| format!("updating stream {name}"))?;
+                js.update_stream(config).await.map_err(|e| {
+                    if had == replicas {
+                        anyhow::anyhow!("updating stream {name}: {e}")
+                    } else {
+                        anyhow::anyhow!(
+                            "stream {name} has {had} replica(s) and [nats] replicas = {replicas}: changing it failed: {e}{}",
+                            replicas_hint(replicas)
+                        )
+                    }
+                })?;
+                if had != replicas {
+                    tracing::info!(stream = %name, from = had, to = replicas,
+                        "the stream's replicas changed to [nats] replicas");
+                }
             }
             Ok(())
         }
         Err(_) => {
-            js.create_stream(config)
-                .await
-                .with_context(|| format!("creating stream {name}"))?;
+            js.create_stream(config).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "creating stream {name} with {replicas} replica(s): {e}{}",
+                    replicas_hint(replicas)
+                )
+            })?;
             Ok(())
         }
+    }
+}
+
+/// What to check when a stream with `replicas` copies cannot be made.
+fn replicas_hint(replicas: usize) -> &'static str {
+    if replicas > 1 {
+        " ([nats] replicas above 1 needs a JetStream cluster with at least that many servers up; a single server takes 1)"
+    } else {
+        ""
     }
 }
 

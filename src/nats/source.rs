@@ -5,13 +5,19 @@
 //! carrying its own clone of the JetStream `Context` (a client handle with a fresh
 //! channel sender, a `String`, several atomics), made and dropped once per row. Measured
 //! with sluice-bench, that was ~14% of Sluice's CPU per row. The protocol it replaces is
-//! small: subscribe to an inbox, ask `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`
-//! for a batch (with an expiry and idle heartbeats), keep count of the rows asked for
-//! and not yet delivered, ask again when half have come, and read the server's status
-//! messages (heartbeat; request expired or ended, with the rows it leaves undelivered;
-//! no responders). A pull that goes silent (no row, no heartbeat) or a reconnected
-//! client is handled as async-nats does: ask again, or fail so the consumer actor
-//! reconnects the source.
+//! small (NATS ADR-37): subscribe to an inbox, ask
+//! `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>` for a batch (with an expiry and idle
+//! heartbeats at most half of it), keep count of the rows asked for and not yet
+//! delivered, ask again when half have come, and read the server's status messages
+//! (`super::pull_status`: a heartbeat; a request expired or ended, with the rows it
+//! leaves undelivered; no responders). A new request goes out after every reconnect
+//! and every leader change; only a 400 and a 409 "Consumer Deleted" fail the source
+//! (the consumer actor connects again); a 409 "Leadership Change" and a 503 are waited
+//! out. A request lost without a word is noticed and replaced (`super::lost_pull`).
+//!
+//! With exactly-once, no row is taken while the manifest index is incomplete (at
+//! connect, after a reconnect, and whenever its watch was opened again, as after the
+//! bucket's leader moved): the source waits, and says so (`SourceWait`).
 //!
 //! A request asks for messages by the rows they bring (`super::held`): a message
 //! carries one row or many, and what this instance holds is bounded in rows
@@ -25,12 +31,17 @@ use async_nats::jetstream::{self, consumer};
 use async_nats::{StatusCode, Subject};
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
-use sluice_actors::{Source, SourceError, SourceFactory};
+use sluice_actors::{
+    NatsView, Source, SourceError, SourceFactory, SourceStatus, SourceWait, StallReason,
+};
 use tokio::time::Instant;
 
 use super::delivery::{DlqWriter, JsDelivery};
 use super::held::{HeldRows, RowsPerMessage};
+use super::lost_pull::{self, ConsumerCounts, Heard, LostPull, Replace, StallTally};
 use super::manifest::JsManifestStore;
+use super::placement;
+use super::pull_status::{self, EndedBy, PullStatus};
 use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
 use super::stranded::remove_stranded;
 
@@ -46,9 +57,16 @@ const EXPIRES: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// JetStream's API subject prefix (Sluice uses no domain).
 const API_PREFIX: &str = "$JS.API";
-/// How long a connect (or a pull after a reconnect) waits for the manifest index to
-/// catch up with the bucket before it fails (and the consumer tries again).
+/// How long a connect waits for the manifest index to catch up with the bucket before
+/// it fails (and the consumer tries again).
 const CATCH_UP_WAIT: Duration = Duration::from_secs(15);
+/// How long the lag poll's requests (consumer and stream info) may take: during an
+/// election nothing answers them, and the consumer actor waits on the poll.
+const INFO_TIMEOUT: Duration = Duration::from_secs(2);
+/// The pause before asking again after a request nothing took (no responders) or the
+/// server turned down; it doubles up to `PAUSE_MAX` until a row or heartbeat comes.
+const PAUSE_MIN: Duration = Duration::from_millis(250);
+const PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// Opens the consumer, creating the streams and the consumer first when missing (NATS
 /// may have come up after Sluice, or lost its store).
@@ -68,6 +86,8 @@ pub struct JetStreamSourceFactory {
     /// Exactly-once: no row is pulled before the manifest index holds every manifest
     /// in the bucket, or a redelivered row could be taken for a fresh one.
     manifests: Option<Arc<JsManifestStore>>,
+    /// Pulls found lost and replaced, across the sources this factory made.
+    stalls: Arc<StallTally>,
 }
 
 impl JetStreamSourceFactory {
@@ -86,6 +106,7 @@ impl JetStreamSourceFactory {
             expires: EXPIRES,
             heartbeat: HEARTBEAT,
             manifests: None,
+            stalls: Arc::default(),
         }
     }
 
@@ -104,8 +125,9 @@ impl JetStreamSourceFactory {
     }
 
     /// How long a pull request waits on the server, and how often the server says it
-    /// still waits (30 s and 5 s; tests shorten them). Nothing heard for two
-    /// heartbeats and a second: the request is lost and the source fails.
+    /// still waits (30 s and 5 s, at most half the expiry; tests shorten them).
+    /// Nothing heard for two heartbeats and a second: the request is lost and
+    /// replaced (`super::lost_pull`).
     pub fn with_pull_timing(mut self, expires: Duration, heartbeat: Duration) -> Self {
         self.expires = expires;
         self.heartbeat = heartbeat.min(expires / 2);
@@ -137,6 +159,7 @@ impl SourceFactory for JetStreamSourceFactory {
             ))
         })?;
         let batch = self.pull_batch.max(1);
+        let now = Instant::now();
         Ok(JetStreamSource {
             consumer,
             next_subject: Subject::from(format!(
@@ -154,14 +177,22 @@ impl SourceFactory for JetStreamSourceFactory {
             inbox,
             batch,
             pending: 0,
-            heard_from: Instant::now(),
-            sent: Instant::now(),
+            heard_from: now,
+            last_row: now,
+            asked_at: now,
+            sent: now,
             silence: self.heartbeat * 2 + Duration::from_secs(1),
             failed: None,
             dlq: self.dlq.clone(),
             js: self.js.clone(),
             stream: self.settings.stream.clone(),
             manifests: self.manifests.clone(),
+            lost: LostPull::new(&self.settings.stream, self.stalls.clone()),
+            stalls: self.stalls.clone(),
+            waiting: None,
+            ask_after: None,
+            pause: PAUSE_MIN,
+            nats: None,
         })
     }
 }
@@ -198,6 +229,9 @@ pub struct JetStreamSource {
     connects: u64,
     /// When the subscription last carried anything (a row or a status).
     heard_from: Instant,
+    /// When the last row came, and when the last request went out (`lost_pull`).
+    last_row: Instant,
+    asked_at: Instant,
     /// When the rows being taken were sent at the latest (see `super::stall`).
     sent: Instant,
     /// Nothing heard for this long while a request waits: it is lost.
@@ -210,6 +244,16 @@ pub struct JetStreamSource {
     stream: String,
     /// See [`JetStreamSourceFactory::with_manifests`].
     manifests: Option<Arc<JsManifestStore>>,
+    /// Notices requests lost without a word, and counts them into `stalls`.
+    lost: LostPull,
+    stalls: Arc<StallTally>,
+    /// What the source waits for before it takes rows or asks for more.
+    waiting: Option<SourceWait>,
+    /// No request before this (after no responders or a refusal), and the next pause.
+    ask_after: Option<Instant>,
+    pause: Duration,
+    /// The NATS side, as the last lag poll saw it.
+    nats: Option<NatsView>,
 }
 
 impl JetStreamSource {
@@ -218,13 +262,16 @@ impl JetStreamSource {
         let connects = self.client.statistics().connects.load(Ordering::Relaxed);
         if connects != self.connects {
             // Reconnected: requests waiting on the server may have gone with the old
-            // connection. Ask again (a request that survived only brings rows sooner),
-            // once the manifest index has caught up with what changed meanwhile.
-            if let Some(store) = &self.manifests {
-                wait_for_index(store).await?;
-            }
+            // connection. Ask again (a request that survived only brings rows sooner);
+            // the manifest index is waited for before rows are taken (`pull`).
             self.connects = connects;
             self.pending = 0;
+        }
+        if let Some(at) = self.ask_after {
+            if Instant::now() < at {
+                return Ok(());
+            }
+            self.ask_after = None;
         }
         if self.pending > 0 && self.pending > self.asked / 2 {
             return Ok(());
@@ -253,25 +300,88 @@ impl JetStreamSource {
             )
             .await
             .map_err(|e| SourceError(format!("asking for rows: {e}")))?;
+        let now = Instant::now();
+        if self.pending == 0 {
+            // Nothing was waiting: silence is counted from this request on.
+            self.heard_from = now;
+        }
         self.pending += messages;
         self.asked = messages;
+        self.asked_at = now;
         Ok(())
     }
 
     /// Waits (at most `IDLE_WAIT`) for the subscription's next message, asking for rows
-    /// first; while the held rows leave no room to ask, for the drop that makes some.
+    /// first; while the held rows leave no room to ask, for the drop that makes some;
+    /// while a pause holds the next request back, for its end.
     /// `None`: nothing came in time; `Some(None)`: the subscription ended.
     async fn first_message(&mut self) -> Result<Option<Option<async_nats::Message>>, SourceError> {
         let deadline = Instant::now() + IDLE_WAIT;
         loop {
             self.request_more().await?;
-            let waiting_for_room = self.pending == 0;
+            let waiting_for_room = self.pending == 0 && self.ask_after.is_none();
+            let wake = self.ask_after.map_or(deadline, |at| at.min(deadline));
             let per_message = self.rows_per_message.get().unwrap_or(1.0);
             tokio::select! {
                 message = self.subscriber.next() => return Ok(Some(message)),
                 () = self.held.room_for(per_message), if waiting_for_room => {}
-                () = tokio::time::sleep_until(deadline) => return Ok(None),
+                () = tokio::time::sleep_until(wake) => {
+                    if wake >= deadline {
+                        return Ok(None);
+                    }
+                }
             }
+        }
+    }
+
+    /// Whether rows may be taken now: without exactly-once always; with it once the
+    /// manifest index holds every record of the bucket on this connection (waiting up
+    /// to `IDLE_WAIT` for it). Meanwhile nothing on the inbox is read, and nothing
+    /// heard from it is held against the request.
+    async fn index_ready(&mut self) -> bool {
+        let Some(store) = &self.manifests else {
+            return true;
+        };
+        let ready = store.caught_up() || store.caught_up_within(IDLE_WAIT).await;
+        if ready {
+            if self.waiting == Some(SourceWait::ManifestIndex) {
+                self.waiting = None;
+            }
+        } else {
+            self.waiting = Some(SourceWait::ManifestIndex);
+            self.heard_from = Instant::now();
+        }
+        ready
+    }
+
+    /// A request was found lost: ask again at once, or fail (the consumer connects
+    /// again) when new requests changed nothing.
+    fn replace(&mut self, reason: StallReason) -> Result<(), SourceError> {
+        self.pending = 0;
+        self.ask_after = None;
+        self.heard_from = Instant::now();
+        match self.lost.lost(reason) {
+            Replace::AskAgain => Ok(()),
+            Replace::Reconnect => Err(SourceError(format!(
+                "{} new pull requests after a stall ({}) went unanswered: connecting again",
+                lost_pull::REPLACEMENTS_BEFORE_RECONNECT,
+                reason.as_str()
+            ))),
+        }
+    }
+
+    /// The next request waits a pause (doubling while nothing answers).
+    fn pause_requests(&mut self) {
+        self.ask_after = Some(Instant::now() + self.pause);
+        self.pause = (self.pause * 2).min(PAUSE_MAX);
+    }
+
+    /// Something came on the inbox: whatever the source waited for a leader for is over.
+    fn heard(&mut self, what: Heard) {
+        self.lost.heard(what);
+        self.pause = PAUSE_MIN;
+        if self.waiting == Some(SourceWait::ConsumerLeader) {
+            self.waiting = None;
         }
     }
 
@@ -281,44 +391,52 @@ impl JetStreamSource {
         message: async_nats::Message,
         batch: &mut Vec<JsDelivery>,
     ) -> Result<(), SourceError> {
-        match message.status {
+        let status = match message.status {
             None | Some(StatusCode::OK) => {
                 self.pending = self.pending.saturating_sub(1);
+                self.last_row = Instant::now();
+                self.heard(Heard::Row);
                 let rows = sluice_actors::batch::row_count(&message.payload);
                 self.rows_per_message.saw(rows);
                 let token = self.held.hold(rows);
                 batch
                     .push(JsDelivery::sent_by(message, self.dlq.clone(), self.sent).holding(token));
-                Ok(())
+                return Ok(());
             }
-            Some(StatusCode::IDLE_HEARTBEAT) => Ok(()),
-            Some(status @ (StatusCode::TIMEOUT | StatusCode::REQUEST_TERMINATED)) => {
-                let why = message.description.as_deref().unwrap_or("");
-                if why == "Consumer Deleted"
-                    || why == "Consumer is push based"
-                    || why.starts_with("Exceeded MaxRequest")
-                {
-                    return Err(SourceError(format!("the pull was refused: {status} {why}")));
+            Some(status) => status,
+        };
+        let left = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Pending-Messages"))
+            .and_then(|v| v.as_str().parse::<usize>().ok());
+        let why = message.description.as_deref().unwrap_or("");
+        match pull_status::classify(status.as_u16(), why, left) {
+            PullStatus::Heartbeat => self.heard(Heard::Heartbeat),
+            PullStatus::Ended { left, by } => {
+                // The rows it leaves undelivered are no longer coming.
+                self.pending = self.pending.saturating_sub(left.unwrap_or(self.asked));
+                match by {
+                    EndedBy::Expired => {}
+                    // Every request on the old leader is gone, not only this one.
+                    EndedBy::LeadershipChange => self.replace(StallReason::LeadershipChange)?,
+                    EndedBy::Refused => {
+                        tracing::debug!(status = %status, why, "a pull request was turned down; asking again after a pause");
+                        self.pause_requests();
+                    }
                 }
-                // Expired or ended (leadership change, max waiting...): the rows it
-                // leaves undelivered are no longer coming.
-                let left = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("Nats-Pending-Messages"))
-                    .and_then(|v| v.as_str().parse::<usize>().ok())
-                    .unwrap_or(self.asked);
-                self.pending = self.pending.saturating_sub(left);
-                Ok(())
             }
-            Some(StatusCode::NO_RESPONDERS) => Err(SourceError(
-                "JetStream did not answer the pull request (no responders)".into(),
-            )),
-            Some(status) => Err(SourceError(format!(
-                "the pull answered {status} {}",
-                message.description.as_deref().unwrap_or("")
-            ))),
+            PullStatus::NoResponders => {
+                // The request went nowhere: no consumer leader right now.
+                self.pending = 0;
+                self.waiting = Some(SourceWait::ConsumerLeader);
+                self.pause_requests();
+            }
+            PullStatus::Terminal(why) => {
+                return Err(SourceError(format!("the pull was refused: {why}")));
+            }
         }
+        Ok(())
     }
 }
 
@@ -330,16 +448,18 @@ impl Source for JetStreamSource {
             return Err(e);
         }
         let mut batch = Vec::new();
+        if !self.index_ready().await {
+            return Ok(batch);
+        }
         let first = match self.first_message().await? {
             None => {
+                let now = Instant::now();
                 if self.pending == 0 {
-                    // Nothing asked for (the held rows fill the bound): nothing to hear.
-                    self.heard_from = Instant::now();
-                } else if self.heard_from.elapsed() > self.silence {
-                    return Err(SourceError(format!(
-                        "no row and no heartbeat for {:?}: the pull request is lost",
-                        self.silence
-                    )));
+                    // Nothing asked for (the held rows fill the bound, or a pause):
+                    // nothing to hear.
+                    self.heard_from = now;
+                } else if lost_pull::silent(true, self.heard_from, now, self.silence) {
+                    self.replace(StallReason::HeartbeatsMissed)?;
                 }
                 return Ok(batch);
             }
@@ -381,12 +501,61 @@ impl Source for JetStreamSource {
         Ok(batch)
     }
 
+    /// The lag, read with the consumer's info (bounded in time: during an election
+    /// nothing answers); with it the NATS side for the snapshot, acked rows a crashed
+    /// server left in the stream, and a request that waits while rows are pending and
+    /// none come (`lost_pull::undelivered`).
     async fn pending(&mut self) -> Option<u64> {
-        let info = self.consumer.info().await.ok()?.clone();
-        if let Ok(stream) = self.js.get_stream(&self.stream).await {
-            remove_stranded(&stream, &info).await;
+        let info = tokio::time::timeout(INFO_TIMEOUT, self.consumer.info())
+            .await
+            .ok()?
+            .ok()?
+            .clone();
+        let counts = ConsumerCounts {
+            num_pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+            max_ack_pending: info.config.max_ack_pending,
+        };
+        let stream = tokio::time::timeout(INFO_TIMEOUT, self.js.get_stream(&self.stream))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let Some(stream) = &stream {
+            remove_stranded(stream, &info).await;
+        }
+        self.nats = Some(placement::view(
+            &self.client.server_info().server_name,
+            stream
+                .as_ref()
+                .map(|s| (self.stream.as_str(), s.cached_info().cluster.as_ref())),
+            Some((info.name.as_str(), info.cluster.as_ref())),
+        ));
+        let now = Instant::now();
+        let stuck = self.waiting.is_none()
+            && lost_pull::undelivered(
+                counts,
+                self.pending > 0,
+                self.last_row,
+                self.asked_at,
+                now,
+                self.silence,
+            );
+        if stuck {
+            if let Err(e) = self.replace(StallReason::PendingUndelivered) {
+                self.failed = Some(e);
+            }
         }
         Some(info.num_pending)
+    }
+
+    fn status(&self) -> SourceStatus {
+        let (stalls, last_stall) = self.stalls.get();
+        SourceStatus {
+            stalls,
+            last_stall,
+            waiting_for: self.waiting,
+            nats: self.nats.clone(),
+        }
     }
 }
 

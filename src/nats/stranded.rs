@@ -26,9 +26,17 @@ const MAX_REMOVED_PER_PASS: u64 = 10_000;
 /// moving the floor past the acked messages it kept, and nothing at or below the
 /// delivered sequence is delivered again once nothing is pending. The consumer is the
 /// stream's only one and unfiltered.
+///
+/// A replicated consumer (a NATS cluster) counts on its floor alone: right after its
+/// leader moved, the new leader can show nothing pending while deliveries of the old
+/// one still await their acks, and deleting those would take rows Sluice holds.
 fn done_through(info: &consumer::Info) -> u64 {
     let floor = info.ack_floor.stream_sequence;
-    if info.num_ack_pending == 0 {
+    let replicated = info
+        .cluster
+        .as_ref()
+        .is_some_and(|c| !c.replicas.is_empty());
+    if info.num_ack_pending == 0 && !replicated {
         floor.max(info.delivered.stream_sequence)
     } else {
         floor

@@ -92,6 +92,7 @@ pub async fn start(
             full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
             replicas: config.nats.replicas,
             max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+            no_leader_wait: config.api.publish_retry_for,
         },
     );
     let ingest_state = Arc::new(IngestState {
@@ -112,6 +113,7 @@ pub async fn start(
         },
         max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
+        publish_retry_for: config.api.publish_retry_for,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
         keys: Idempotency::new(keys, key_lease),
@@ -135,7 +137,7 @@ pub async fn start(
         pipeline,
         nats: NatsView::new(
             client,
-            config.nats.url.clone(),
+            config.nats.seeds_text(),
             StreamSettings::from(&config.nats),
         ),
         dlq,

@@ -55,7 +55,7 @@ pub async fn run_until(
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
     } else {
-        tracing::warn!(url = %config.nats.url, "NATS is not reachable yet; retrying in the background (not ready until it is)");
+        tracing::warn!(seeds = %config.nats.seeds_text(), "NATS is not reachable yet; retrying in the background (not ready until it is)");
     }
     // The ingest API's own context: enough ack permits for every publishing request's
     // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
@@ -95,7 +95,7 @@ pub async fn run_until(
     tracing::info!(
         api = %listeners.api,
         admin = %listeners.admin,
-        nats = %config.nats.url,
+        nats = %config.nats.seeds_text(),
         "sluice is running"
     );
 

@@ -44,6 +44,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
         &["tenant", "table"],
     ),
     ("sluice_consumer_pending", &["stream"]),
+    ("sluice_consumer_stalls_total", &["stream", "reason"]),
     ("sluice_actor_restarts_total", &["kind"]),
     ("sluice_dlq_publish_failures_total", &["tenant", "table"]),
     ("sluice_query_total", &["status"]),

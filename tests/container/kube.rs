@@ -362,7 +362,7 @@ fn configmap(stack: &Stack) -> Result<String> {
         .keys()
         .collect();
     let data = json!({
-        "SLUICE_NATS_URL": format!("nats://{HOST_FROM_POD}:{}", stack.nats.port()),
+        "SLUICE_NATS_URL": format!("nats://{HOST_FROM_POD}:{}", stack.nats.node(0)?.port()),
         "SLUICE_CLICKHOUSE_TARGETS_MAIN_URL":
             format!("http://{HOST_FROM_POD}:{}", stack.clickhouse.http_port()),
     });

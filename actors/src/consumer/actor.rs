@@ -217,6 +217,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         match pulled {
             None => self.stopped = true,
             Some(Ok(batch)) => {
+                self.take_source_status();
                 // The store's changes first: a table has heard of every batch recorded
                 // before one of its messages arrives.
                 self.route_ledger_changes();
@@ -228,6 +229,29 @@ impl<F: SourceFactory> ConsumerState<F> {
                 let _ = myself.cast(ConsumerMsg::Pull);
             }
             Some(Err(e)) => self.source_failed(myself, e.to_string()),
+        }
+    }
+
+    /// What the source says of itself (stalls, waits, the NATS side), into the
+    /// snapshot; a change of what it waits for is published at once (readiness).
+    fn take_source_status(&mut self) {
+        let Some(source) = self.source.as_ref() else {
+            return;
+        };
+        let status = source.status();
+        let snap = &mut self.snap;
+        if snap.waiting_for != status.waiting_for {
+            snap.waiting_for = status.waiting_for;
+            self.throttle.transition();
+        }
+        if snap.stalls != status.stalls || snap.last_stall != status.last_stall {
+            snap.stalls = status.stalls;
+            snap.last_stall = status.last_stall;
+            self.throttle.transition();
+        }
+        if snap.nats != status.nats {
+            snap.nats = status.nats;
+            self.throttle.dirty = true;
         }
     }
 
@@ -285,6 +309,7 @@ impl<F: SourceFactory> ConsumerState<F> {
     fn source_failed(&mut self, myself: &ActorRef<ConsumerMsg<DeliveryOf<F>>>, error: String) {
         self.source = None;
         self.snap.connected = false;
+        self.snap.waiting_for = None;
         self.snap.reconnects += 1;
         self.failures = 1;
         let delay = self.retry_in();

@@ -226,7 +226,11 @@ impl Registry {
                     reasons.push(format!("consumer: {}", status_word(n.status)));
                 }
                 match &n.state {
-                    NodeState::Consumer(c) if c.connected => {}
+                    NodeState::Consumer(c) if c.connected => {
+                        if let Some(wait) = c.waiting_for {
+                            reasons.push(format!("consumer: {wait}"));
+                        }
+                    }
                     NodeState::Consumer(c) => reasons.push(match &c.last_error {
                         Some(e) => format!("consumer: not connected to the stream ({e})"),
                         None => "consumer: not connected to the stream".to_owned(),
@@ -312,6 +316,31 @@ fn status_word(s: NodeStatus) -> &'static str {
 mod tests {
     use super::*;
     use crate::observe::snapshots::ConsumerSnapshot;
+    use crate::ports::SourceWait;
+
+    #[test]
+    fn a_connected_consumer_that_waits_is_not_ready_and_says_for_what() {
+        let r = Registry::new(Duration::from_secs(5));
+        r.register(CONSUMER_ID, NodeKind::Consumer, "INGEST", Some(ROOT_ID));
+        let waiting = |waiting_for| {
+            NodeState::Consumer(ConsumerSnapshot {
+                connected: true,
+                waiting_for,
+                ..Default::default()
+            })
+        };
+        r.publish(CONSUMER_ID, waiting(Some(SourceWait::ConsumerLeader)));
+        let reasons = r.readiness().expect_err("waiting for a leader");
+        assert_eq!(
+            reasons,
+            ["consumer: waiting for the consumer to have a leader (a NATS election): its pull requests find no responders"]
+        );
+        r.publish(CONSUMER_ID, waiting(Some(SourceWait::ManifestIndex)));
+        let reasons = r.readiness().expect_err("waiting for the index");
+        assert!(reasons[0].contains("manifest index"), "{reasons:?}");
+        r.publish(CONSUMER_ID, waiting(None));
+        assert_eq!(r.readiness(), Ok(()));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn tree_nests_and_marks_stale_only_what_should_have_beaten() {

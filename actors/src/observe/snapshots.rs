@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::ports::{NatsView, SourceWait, StallReason};
 use crate::scoped_breaker::BreakerSnapshot;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -53,6 +54,21 @@ pub enum NodeStatus {
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ConsumerSnapshot {
     pub connected: bool,
+    /// Pulls the source found lost and replaced while connected (no row and no
+    /// heartbeat, a leader change, rows pending and none delivered): a silent stall
+    /// noticed, each counted once (`sluice_consumer_stalls_total`).
+    pub stalls: u64,
+    /// Why the last one was replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_stall: Option<StallReason>,
+    /// What the consumer waits for before it pulls again, while it waits (`/readyz`
+    /// gives it as its reason).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<SourceWait>,
+    /// Where its stream and consumer live: the server connected to, the leaders and
+    /// their replicas (as of the last lag poll).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsView>,
     /// Messages pulled: what `max_ack_pending` and `pull_batch` count.
     pub pulled_total: u64,
     /// The rows in them (a message carries one row or many): what the buffers, the

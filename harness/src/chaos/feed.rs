@@ -21,6 +21,7 @@
 //! acknowledged it (its message): that is the set nothing may be lost from.
 
 use std::collections::BTreeSet;
+use std::future::IntoFuture as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,9 @@ const TRANSPORT_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Each HTTP request's own timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the acks of one chunk published straight to JetStream are waited for,
+/// together.
+const ACK_WAIT: Duration = Duration::from_secs(5);
 
 /// How fast rows go out: `chunk` rows every `every`.
 #[derive(Clone, Copy, Debug)]
@@ -132,6 +136,10 @@ pub struct Progress {
     pub transport_errors: AtomicU64,
     /// The last refusal or failure seen, for diagnostics.
     last_failure: std::sync::Mutex<Option<String>>,
+    /// Ids published straight to JetStream whose ack was lost (timed out, the node
+    /// gone) and were published again under the same message id: JetStream is to store
+    /// them once, but around a stream leader's change it may have stored both.
+    resent: std::sync::Mutex<BTreeSet<u64>>,
 }
 
 impl Progress {
@@ -141,6 +149,13 @@ impl Progress {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    fn resent(&self, ids: impl IntoIterator<Item = u64>) {
+        self.resent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(ids);
     }
 
     fn failed(&self, what: String) {
@@ -169,6 +184,8 @@ pub struct Published {
     pub unconfirmed: BTreeSet<u64>,
     /// The last refusal or failure the feed saw (why rows are unconfirmed).
     pub last_failure: Option<String>,
+    /// Ids published again after their ack was lost (see `Progress::resent`).
+    pub resent: BTreeSet<u64>,
 }
 
 // === impl Published ===
@@ -184,6 +201,7 @@ impl Published {
             rows,
             unconfirmed: BTreeSet::new(),
             last_failure: None,
+            resent: BTreeSet::new(),
         }
     }
 }
@@ -265,7 +283,14 @@ impl Feed {
             Ok(joined) => joined.map_err(|e| anyhow!("the feed of {table} panicked: {e}"))?,
             Err(_) => {
                 task.abort();
-                bail!("the feed of {table} did not end within {deadline:?}")
+                let p = &self.progress;
+                bail!(
+                    "the feed of {table} did not end within {deadline:?} ({} rows accepted, {} answers 503, {} transport errors; the last failure: {})",
+                    Progress::get(&p.accepted),
+                    Progress::get(&p.unavailable),
+                    Progress::get(&p.transport_errors),
+                    p.last_failure().unwrap_or_else(|| "none".into())
+                )
             }
         }
     }
@@ -333,6 +358,11 @@ async fn run(
         accepted,
         unconfirmed,
         last_failure: progress.last_failure(),
+        resent: progress
+            .resent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
     })
 }
 
@@ -464,13 +494,24 @@ async fn send_jetstream(
                 }
             }
         }
+        // One wait for the chunk's acks, not one per ack: acks lost with a node would
+        // otherwise cost the client's timeout each, one after the other.
+        let acked_by = Instant::now() + ACK_WAIT;
         for (id, ack) in acks {
-            match ack.await {
+            let answer = tokio::time::timeout_at(acked_by, ack.into_future())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(async_nats::jetstream::context::PublishError::new(
+                        async_nats::jetstream::context::PublishErrorKind::TimedOut,
+                    ))
+                });
+            match answer {
                 Ok(_) => {
                     done.insert(id);
                 }
                 Err(e) => {
                     progress.failed(format!("publish ack: {e}"));
+                    progress.resent([id]);
                     failed.push(id);
                 }
             }
@@ -519,6 +560,7 @@ async fn send_jetstream_batched(
                 return chunk.iter().copied().collect();
             }
             Err(e) => {
+                progress.resent(chunk.iter().copied());
                 progress.failed(format!("{e} (a message of {} rows)", chunk.len()));
                 Progress::add(&progress.transport_errors, 1);
                 tokio::time::sleep_until((Instant::now() + TRANSPORT_RETRY).min(end)).await;

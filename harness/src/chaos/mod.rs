@@ -42,6 +42,7 @@
 
 mod fault;
 mod feed;
+mod flow;
 mod observe;
 mod rows;
 mod tally;
@@ -55,6 +56,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::time::Instant;
 
 pub use feed::{Feed, Pace, Progress, Published, Route};
+pub use flow::{Flow, FlowWatch, RESUME_LIMIT};
 pub use observe::{
     held_in_tree, metric_value, table_state, Backlog, Held, JetStreamView, ParkedRow, CONSUMER,
     DLQ_STREAM, INGEST_STREAM,
@@ -108,6 +110,8 @@ pub struct Scenario {
     /// The twin feeds running, and what the finished ones published.
     twin_feeds: Mutex<Vec<Feed>>,
     twin_published: Mutex<Vec<Published>>,
+    /// How rows flowed into one table around the fault ([`Scenario::watch_flow`]).
+    flow: Option<FlowWatch>,
     /// What the scenario's line says beside the counts ([`Scenario::note`]).
     notes: Mutex<Vec<String>>,
 }
@@ -188,6 +192,7 @@ impl Scenario {
             twinned: Mutex::default(),
             twin_feeds: Mutex::default(),
             twin_published: Mutex::default(),
+            flow: None,
             notes: Mutex::default(),
         }))
     }
@@ -225,6 +230,21 @@ impl Scenario {
         if lock(&self.twinned).contains(table) {
             let twin = Feed::start(route, &twin_of(table), rows.clone(), *pace, FEED_DEADLINE);
             lock(&self.twin_feeds).push(twin);
+        }
+    }
+
+    /// Watches rows land in `table` from now on: the scenario's line then says how
+    /// long rows stopped flowing (`gap=`) and how soon they came again after
+    /// [`Scenario::fault_over`] (`resumed_in=`, failing past [`RESUME_LIMIT`]).
+    pub fn watch_flow(&mut self, table: &str) -> Result<()> {
+        self.flow = Some(FlowWatch::start(&self.stack.clickhouse, table)?);
+        Ok(())
+    }
+
+    /// The fault is over (the node started again, thawed...).
+    pub fn fault_over(&mut self) {
+        if let Some(flow) = &mut self.flow {
+            flow.fault_over();
         }
     }
 
@@ -449,6 +469,7 @@ impl Scenario {
             tally.replicated = Some(Box::new(twin));
         }
         tally.settled_in = Some(healing.elapsed());
+        tally.flow = self.flow.as_ref().map(FlowWatch::flow);
         tally.stranded = self.stranded_removed().await?;
         tally.not_quiet = quiet.err().map(|e| format!("{e:#}"));
         tally.print();

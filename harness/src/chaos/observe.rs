@@ -80,17 +80,21 @@ pub struct ParkedRow {
 // === impl JetStreamView ===
 
 impl JetStreamView {
-    /// Connects to `url`; the client reconnects by itself across server restarts.
+    /// Connects to `url` (one server, or a cluster's nodes comma-separated); the client
+    /// reconnects by itself across server restarts, and leaves a frozen node within a
+    /// few seconds (pings every second).
     pub async fn connect(url: &str) -> Result<Self> {
+        let seeds: Vec<&str> = url.split(',').collect();
         let client = async_nats::ConnectOptions::new()
             .name("sluice-chaos")
             .connection_timeout(Duration::from_secs(5))
             .request_timeout(Some(Duration::from_secs(5)))
+            .ping_interval(Duration::from_secs(1))
             .max_reconnects(None)
             .reconnect_delay_callback(|attempts| {
                 Duration::from_millis(50u64 << attempts.min(4)).min(Duration::from_secs(1))
             })
-            .connect(url)
+            .connect(seeds.as_slice())
             .await
             .with_context(|| format!("connecting to NATS at {url}"))?;
         Ok(Self {

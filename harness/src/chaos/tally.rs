@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use super::feed::Published;
+use super::flow::{Flow, RESUME_LIMIT};
 use super::observe::{JetStreamView, ParkedRow};
 use crate::clickhouse::ClickHouseServer;
 
@@ -61,9 +62,14 @@ pub struct Tally {
     /// The same counts for the scenario's `ReplicatedMergeTree` twins, where
     /// exactly-once holds: no duplicate may be there.
     pub replicated: Option<Box<Tally>>,
+    /// How rows flowed around the fault, when the scenario watched.
+    pub flow: Option<Flow>,
     /// Every table counted deduplicates inserts (a cluster's Replicated tables): a
     /// duplicate fails the scenario.
     pub exactly_once: bool,
+    /// Of `duplicate_ids`, those a feed published again after a lost ack (the producer's
+    /// resend; see `Progress::resent`), for the failure's message.
+    pub duplicates_resent: usize,
     /// What else the scenario's line says (`key=value` each), e.g. rows that kept
     /// landing during the fault.
     pub notes: Vec<String>,
@@ -121,6 +127,10 @@ impl Tally {
                     .map(|(id, _)| *id)
                     .take(SHOWN_IDS),
             );
+            tally.duplicates_resent += stored
+                .iter()
+                .filter(|(id, copies)| **copies > 1 && feeds.iter().any(|p| p.resent.contains(id)))
+                .count();
             tally
                 .bad_inserted
                 .extend(stored.keys().copied().filter(|id| is_bad(*id)));
@@ -197,6 +207,13 @@ impl Tally {
         if let Some(took) = self.settled_in {
             line.push_str(&format!(" settled_in={:.1}s", took.as_secs_f64()));
         }
+        if let Some(flow) = &self.flow {
+            line.push_str(&format!(" gap={:.1}s", flow.gap.as_secs_f64()));
+            match flow.resumed_in {
+                Some(took) => line.push_str(&format!(" resumed_in={:.1}s", took.as_secs_f64())),
+                None => line.push_str(" resumed_in=-"),
+            }
+        }
         line
     }
 
@@ -261,13 +278,22 @@ impl Tally {
                 shown(&self.duplicate_ids)
             ));
         }
+        if let Some(took) = self.flow.and_then(|f| f.resumed_in) {
+            if took > RESUME_LIMIT {
+                problems.push(format!(
+                    "rows flowed again only {took:.1?} after the fault ended (the bound is {RESUME_LIMIT:?})"
+                ));
+            }
+        }
         if let Some(twin) = &self.replicated {
             if twin.duplicates > 0 {
                 problems.push(format!(
                     "{} duplicates in the Replicated twins, where inserts are exactly-once \
-                     (ids {:?})",
+                     (ids {:?}; {} of the duplicated ids were published again by the feed \
+                     after their ack was lost)",
                     twin.duplicates,
-                    &twin.duplicate_ids[..twin.duplicate_ids.len().min(SHOWN_IDS)]
+                    &twin.duplicate_ids[..twin.duplicate_ids.len().min(SHOWN_IDS)],
+                    twin.duplicates_resent
                 ));
             }
             if let Err(e) = twin.check() {

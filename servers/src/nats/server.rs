@@ -109,7 +109,7 @@ impl NatsServer {
 
     /// Polls the monitoring endpoint until the server is healthy with JetStream on,
     /// failing early (with the log tail) if the process exits.
-    async fn wait_ready(&mut self) -> Result<()> {
+    pub(crate) async fn wait_ready(&mut self) -> Result<()> {
         let what = format!("nats-server {}", self.version);
         let (http, monitor) = (self.http.clone(), self.monitor_url());
         self.process

@@ -59,6 +59,8 @@ pub struct IngestState {
     /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
     pub max_json_depth: usize,
     pub retry_after: Duration,
+    /// `[api] publish_retry_for`: how long a chunk JetStream did not take is sent again.
+    pub publish_retry_for: Duration,
     /// The tables of each ClickHouse target, by target name.
     pub catalogs: HashMap<String, Catalog>,
     /// The tables each tenant writes to, capped.
@@ -264,7 +266,14 @@ async fn publish(
         bytes: split.chunk_bytes,
     };
     let mut reply = IngestReply::default();
-    let mut publishing = Publishing::new(&state.publisher, subject, keyed, chunks, stop);
+    let mut publishing = Publishing::new(
+        &state.publisher,
+        subject,
+        keyed,
+        chunks,
+        state.publish_retry_for,
+        stop,
+    );
     for item in rows {
         match item {
             Ok((_, row)) => publishing.add(row).await,

@@ -4,8 +4,16 @@
 //! costs one round trip, not one per chunk. Counts stay in rows: a chunk's rows are
 //! accepted together when JetStream acks it, and not stored together when it does not.
 //!
-//! After the first failure nothing more is sent: the rest of the request is only
-//! counted (as not stored), so the answer still accounts for every row.
+//! A chunk JetStream did not take is sent again, the same message under the same id,
+//! for up to `[api] publish_retry_for` from the request's first such failure: a NATS
+//! cluster electing a stream leader answers "no responders" for a few seconds, and a
+//! node that dies with an ack on its way leaves it unanswered. An accepted row is still
+//! a stored one; a client sees 503 only when the outage outlasts the bound. Sent again
+//! are chunks nothing took, and chunks with a message id (an `Idempotency-Key`), which
+//! JetStream stores once whatever the first attempt did (`PublishError::may_send_again`).
+//!
+//! After a failure that is not sent again nothing more is sent: the rest of the
+//! request is only counted (as not stored), so the answer still accounts for every row.
 //!
 //! A keyed request's chunks carry message ids (`<stem>-<index>`, see `idempotency`);
 //! chunks an earlier request under the key stored are counted, not sent again, and
@@ -28,6 +36,10 @@ use crate::nats::{KeyStoreError, PendingPublish, PublishError, Publisher};
 /// of the ingest publisher's context (see `server::listeners`).
 pub const PIPELINE_WINDOW: usize = 512;
 pub const MAX_PUBLISHING: usize = 64;
+
+/// The first pause before a chunk is sent again; it doubles up to [`RESEND_MAX`].
+const RESEND_MIN: Duration = Duration::from_millis(100);
+const RESEND_MAX: Duration = Duration::from_secs(1);
 
 /// Why a request's rows stopped being sent.
 #[derive(Debug, thiserror::Error)]
@@ -81,20 +93,26 @@ pub struct Publishing<'a> {
     chunker: Chunker,
     subject: String,
     keyed: Option<KeyedChunks<'a>>,
-    /// Sent chunks waiting for their ack, with their index and row count.
-    pending: VecDeque<(PendingPublish, usize, usize)>,
+    /// Sent chunks waiting for their ack.
+    pending: VecDeque<(PendingPublish, Chunk)>,
+    /// How long chunks JetStream did not take are sent again, and until when (set at
+    /// the request's first such failure).
+    resend_for: Duration,
+    resend_until: Option<Instant>,
     outcome: Outcome,
 }
 
 // === impl Publishing ===
 
 impl<'a> Publishing<'a> {
-    /// `stop`: a reason not to send anything at all (NATS is not connected).
+    /// `stop`: a reason not to send anything at all (NATS is not connected);
+    /// `resend_for`: `[api] publish_retry_for`.
     pub fn new(
         publisher: &'a Publisher,
         subject: String,
         keyed: Option<KeyedChunks<'a>>,
         chunks: ChunkLimits,
+        resend_for: Duration,
         stop: Option<Stop>,
     ) -> Self {
         Self {
@@ -103,6 +121,8 @@ impl<'a> Publishing<'a> {
             subject,
             keyed,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
+            resend_for,
+            resend_until: None,
             outcome: Outcome {
                 stop,
                 ..Outcome::default()
@@ -153,34 +173,96 @@ impl<'a> Publishing<'a> {
         if self.outcome.stop.is_some() {
             return;
         }
-        let id = self.keyed.as_ref().map(|k| message_id(k.stem, chunk.index));
-        match self
-            .publisher
-            .send(self.subject.clone(), chunk.payload, None, id.as_deref())
-            .await
-        {
+        match self.publish(&chunk).await {
             Ok(ack) => {
                 self.outcome.sent += 1;
-                self.pending.push_back((ack, chunk.index, chunk.rows));
+                self.pending.push_back((ack, chunk));
             }
-            Err(e) => self.outcome.stop = Some(e.into()),
+            Err(e) => self.resend(chunk, e, false).await,
         }
     }
 
-    async fn confirm(&mut self, (ack, index, rows): (PendingPublish, usize, usize)) {
+    async fn publish(&self, chunk: &Chunk) -> Result<PendingPublish, PublishError> {
+        let id = self.keyed.as_ref().map(|k| message_id(k.stem, chunk.index));
+        self.publisher
+            .send(
+                self.subject.clone(),
+                chunk.payload.clone(),
+                None,
+                id.as_deref(),
+            )
+            .await
+    }
+
+    async fn confirm(&mut self, (ack, chunk): (PendingPublish, Chunk)) {
         match Publisher::confirm(ack).await {
-            Ok(published) => {
-                self.outcome.accepted += rows;
-                self.outcome.stored.insert(index);
-                if published.duplicate {
-                    self.outcome.duplicates += rows;
-                } else {
-                    self.outcome.messages += 1;
+            Ok(published) => self.accepted(&chunk, published.duplicate),
+            Err(e) => self.resend(chunk, e, true).await,
+        }
+    }
+
+    /// A chunk that failed with `error`: sent again (and waited for, one at a time)
+    /// while the error allows it, the request's resend window lasts and a keyed
+    /// request's lease holds; else the request stops there. `counted`: the chunk is in
+    /// `Outcome::sent` already (a publish of it reached NATS); else it is counted once an
+    /// attempt may have reached it (a keyed request that sent nothing frees its key).
+    async fn resend(&mut self, chunk: Chunk, mut error: PublishError, mut counted: bool) {
+        let mut until = *self
+            .resend_until
+            .get_or_insert_with(|| Instant::now() + self.resend_for);
+        if let Some(keyed) = &self.keyed {
+            until = until.min(keyed.deadline);
+        }
+        let mut pause = RESEND_MIN;
+        while self.outcome.stop.is_none()
+            && error.may_send_again(self.keyed.is_some())
+            && Instant::now() < until
+        {
+            tracing::debug!(error = %error, subject = %self.subject, chunk = chunk.index,
+                "a publish JetStream did not take: sending it again");
+            tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+            pause = (pause * 2).min(RESEND_MAX);
+            // An attempt ends with the window too (the last one, at its end, gets a
+            // moment): a node gone with its socket open would otherwise keep the ack
+            // waiting for the client's whole timeout.
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .max(RESEND_MIN);
+            let attempt = async {
+                match self.publish(&chunk).await {
+                    Ok(ack) => (true, Publisher::confirm(ack).await),
+                    Err(e) => (false, Err(e)),
                 }
+            };
+            // Cut off, the attempt may have reached NATS: counted as sent.
+            let (went, acked) = tokio::time::timeout(left, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    let late = PublishError::Unavailable(format!(
+                        "no ack within [api] publish_retry_for ({})",
+                        humantime::format_duration(self.resend_for)
+                    ));
+                    (true, Err(late))
+                });
+            if went && !counted {
+                counted = true;
+                self.outcome.sent += 1;
             }
-            Err(e) => {
-                self.outcome.stop.get_or_insert(e.into());
+            match acked {
+                Ok(published) => return self.accepted(&chunk, published.duplicate),
+                Err(e) => error = e,
             }
+        }
+        self.outcome.stop.get_or_insert(error.into());
+    }
+
+    fn accepted(&mut self, chunk: &Chunk, duplicate: bool) {
+        self.outcome.accepted += chunk.rows;
+        self.outcome.stored.insert(chunk.index);
+        if duplicate {
+            self.outcome.duplicates += chunk.rows;
+        } else {
+            self.outcome.messages += 1;
         }
     }
 }

@@ -106,6 +106,7 @@ pub(super) fn api(
         chunk_rows: a.chunk_rows,
         chunk_bytes: a.chunk_bytes.as_usize(),
         retry_after: a.retry_after.get(),
+        publish_retry_for: a.publish_retry_for.get(),
         max_json_depth: a.max_json_depth,
         max_tables_per_tenant: a.max_tables_per_tenant,
         fd_reserve: a.fd_reserve,

@@ -4,23 +4,28 @@ use std::path::PathBuf;
 
 use super::{Check, Key};
 use crate::config::file::{FileConfig, NatsFile};
-use crate::config::nats_url::hide_credentials;
+use crate::config::nats_url::{self, hide_credentials};
 use crate::config::{NatsAuth, NatsConfig};
 
 pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
     let section = Key::table(["nats"]);
     let k = |name: &str| section.key(name);
+    let mut seeds = Vec::new();
     if n.url.trim().is_empty() {
         c.problem(&[&k("url")], "[nats] url is empty");
-    }
-    if let Some(hidden) = hide_credentials(&n.url) {
+    } else if let Some(hidden) = hide_credentials(&n.url) {
         c.problem(
             &[&k("url")],
             format!(
                 "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
             ),
         );
+    } else {
+        match nats_url::seeds(&n.url) {
+            Ok(found) => seeds = found,
+            Err(e) => c.problem(&[&k("url")], format!("[nats] url = \"{}\": {e}", n.url)),
+        }
     }
     for (name, value) in [
         ("stream", &n.stream),
@@ -122,7 +127,7 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     }
     let auth = nats_auth(c, file, &section);
     NatsConfig {
-        url: n.url.clone(),
+        seeds,
         stream: n.stream.clone(),
         subject_prefix: n.subject_prefix.clone(),
         consumer: n.consumer.clone(),

@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, kv};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use super::kv_bucket;
 use super::publish::{PublishError, Publisher};
@@ -42,6 +43,10 @@ pub struct KeyStoreSettings {
     pub replicas: usize,
     /// How long a record is kept after its last write.
     pub max_age: Duration,
+    /// How long a write that found no responders (the bucket's stream without a
+    /// leader: a NATS cluster electing one) is sent again before it fails; the ingest
+    /// API's is `[api] publish_retry_for`, the bound its publishes ride elections by.
+    pub no_leader_wait: Duration,
 }
 
 /// What is under a key now.
@@ -169,7 +174,24 @@ impl KeyStore {
             expected.to_string().as_str(),
         );
         let subject = kv_bucket::subject(&self.settings.bucket, key);
-        match self.puts.publish(subject, value, Some(headers), None).await {
+        let mut answer = self
+            .puts
+            .publish(subject.clone(), value.clone(), Some(headers.clone()), None)
+            .await;
+        // No responders: the bucket's stream has no leader right now (a NATS cluster
+        // electing one, its replicas being raised) and nothing was stored, so the same
+        // write goes again, for a while (the compare-and-set refuses a second copy).
+        let until = Instant::now() + self.settings.no_leader_wait;
+        let mut pause = Duration::from_millis(100);
+        while matches!(answer, Err(PublishError::NoResponders(_))) && Instant::now() < until {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            answer = self
+                .puts
+                .publish(subject.clone(), value.clone(), Some(headers.clone()), None)
+                .await;
+        }
+        match answer {
             Ok(published) => Ok(published.sequence),
             Err(PublishError::WrongLastSequence) => Err(KeyStoreError::Conflict),
             Err(PublishError::QueueFull) => Err(KeyStoreError::Full {

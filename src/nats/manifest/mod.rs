@@ -18,7 +18,13 @@
 //! a confirmed ack covers the acks sent before it on that connection only, so a
 //! manifest is removed by `forget` only when the client has not reconnected since it
 //! was recorded (otherwise the collector removes it once the consumer's ack floor has
-//! passed it).
+//! passed it). On a NATS cluster (`[nats] replicas` above 1) `forget` always leaves it
+//! to the collector: a replicated consumer's leader confirms an ack before its peers
+//! have it, and a leader change in between (an election, a node frozen or restarted)
+//! delivers the rows again, which must then find their batch's record and be settled
+//! by it, not inserted anew. There the collector also takes the lower of the ack floors
+//! (and of the stream's first sequences) of its last two passes, so either is trusted
+//! only once it has held for a pass.
 //!
 //! When the store cannot be written (NATS down, the bucket full), `record` fails and
 //! the actors hold the batch: nothing is inserted unrecorded (see docs/operations.md,
@@ -114,6 +120,9 @@ pub(crate) struct Shared {
     recorded: Mutex<HashMap<String, u64>>,
     /// Manifests whose `forget` came after a reconnect: the collector removes them.
     deferred: Mutex<HashSet<String>>,
+    /// The consumer's ack floor and the stream's first sequence as the collector's
+    /// previous pass read them (see `collect::trusted`).
+    floor_before: Mutex<(u64, u64)>,
 }
 
 // === impl JsManifestStore ===
@@ -133,6 +142,7 @@ impl JsManifestStore {
             kv: RwLock::new(None),
             recorded: Mutex::default(),
             deferred: Mutex::default(),
+            floor_before: Mutex::default(),
             settings: settings.clone(),
             js: js.clone(),
         });
@@ -181,6 +191,17 @@ impl JsManifestStore {
     /// connection (what [`JsManifestStore::ready`] waits for), without waiting.
     pub fn caught_up(&self) -> bool {
         self.shared.index.caught_up_on(&self.shared.js.client())
+    }
+
+    /// Whether the index is caught up within `deadline` (without reading the stream,
+    /// unlike [`JsManifestStore::ready`]): the source's short wait while a watch that
+    /// was opened again rebuilds it.
+    pub async fn caught_up_within(&self, deadline: Duration) -> bool {
+        self.shared
+            .index
+            .wait_caught_up(&self.shared.js.client(), deadline)
+            .await
+            .is_ok()
     }
 
     /// The batch holding a message (the first claim on it), as this instance's index
@@ -333,6 +354,11 @@ impl Shared {
             lock(&self.deferred).insert(id.to_string());
             tracing::debug!(manifest = %id,
                 "the NATS client reconnected since this manifest was recorded: it is collected once its rows are known acked");
+            return Ok(());
+        }
+        if self.settings.replicas > 1 {
+            // A confirmed ack may not be on the consumer's other peers yet (see the
+            // module's doc): the collector removes it once the ack floor has held.
             return Ok(());
         }
         let key = self.key_of(id)?;

@@ -1,0 +1,247 @@
+//! Chaos on a three-node NATS JetStream cluster (the harness's `NatsCluster`, on the
+//! nats-server `SLUICE_TEST_NATS` names; `[nats] replicas = 3`, every node a seed).
+//!
+//! Every scenario runs two Sluice instances throughout, sharing the consumer; rows come
+//! through the first one's ingest API (100-row requests, retried with their
+//! `Idempotency-Key` after a 503) and straight to JetStream (one-row messages and
+//! 100-row ones), bad rows among them, into a `MergeTree` table and its
+//! `ReplicatedMergeTree` twin. While they flow one fault hits the cluster and heals.
+//! Each reports `lost=0`, `duplicates=0` in the twin, no good row parked, and
+//! `gap=` (the longest stretch without a new row in the twin) and `resumed_in=` (from
+//! the end of the fault to the next new row, failing past 30 s).
+//!
+//! | scenario                          | fault                                                        |
+//! |-----------------------------------|--------------------------------------------------------------|
+//! | `cluster_stream_leader_kill9`     | the `INGEST` stream's leader killed with -9, started again once another is elected |
+//! | `cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout |
+//! | `cluster_bucket_leader_kill9`     | the manifest bucket's leader killed with -9, started again once another is elected |
+//! | `cluster_rolling_restart`         | each node restarted in turn, its replicas current before the next |
+//! | `cluster_connected_node_sigstop`  | the node the first Sluice is connected to frozen 12 s        |
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, INGEST_STREAM};
+use sluice_harness::nats_cluster::{consumer_state, ClusterView};
+use sluice_harness::{wait_for, StackOptions};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+/// The table the rows go to; its Replicated twin (where exactly-once holds) is
+/// `events_r`.
+const TABLE: &str = "events";
+const TWIN: &str = "events_r";
+/// Rows per feed, and their pace: 100 every 250 ms, 24 s of rows, so they flow
+/// before, through and after each fault.
+const ROWS: u64 = 9_600;
+const CHUNK: usize = 100;
+const EVERY: Duration = Duration::from_millis(250);
+/// The manifest bucket's stream.
+const BUCKET: &str = "KV_SLUICE_MANIFESTS";
+/// An election takes a few seconds after the followers stop hearing the leader.
+const ELECTION: Duration = Duration::from_secs(30);
+
+/// What happens to the cluster while rows flow.
+#[derive(Clone, Copy, Debug)]
+enum ClusterFault {
+    /// The ingest stream's leader killed with -9, started again once another is elected.
+    StreamLeaderKill9,
+    /// The durable consumer's leader frozen past the election timeout.
+    ConsumerLeaderSigstop,
+    /// The manifest bucket's leader killed with -9, started again once another is elected.
+    BucketLeaderKill9,
+    /// Every node stopped and started again in turn.
+    RollingRestart,
+    /// The node the first Sluice is connected to frozen.
+    ConnectedNodeSigstop,
+}
+
+/// How long a node stays frozen: past the election timeout (a few seconds), the pull
+/// heartbeat (5 s) and `ack_wait` (5 s).
+const FROZEN: Duration = Duration::from_secs(12);
+
+async fn cluster_scenario(name: &str, fault: ClusterFault) -> Result<()> {
+    let options = StackOptions::default().with_nats_cluster();
+    let Some(mut s) = Scenario::start(name, SLUICE, options).await? else {
+        return Ok(());
+    };
+    s.create_tables(&[TABLE]).await?;
+    s.stack
+        .set("log.level", "info,sluice_actors=debug,sluice=debug");
+    let first = s.start_sluice().await?;
+    s.stack.fresh_ports()?;
+    s.start_sluice().await?;
+    let view = ClusterView::connect(&s.stack.nats).await?;
+
+    let through_api = s.feed_api_of(
+        first,
+        TABLE,
+        RowSet::good(0..ROWS).with_bad_spread(8),
+        Pace::new(CHUNK, EVERY),
+    )?;
+    let straight = s.feed_jetstream(
+        TABLE,
+        RowSet::good(ROWS..2 * ROWS).with_bad_spread(8),
+        Pace::new(CHUNK, EVERY),
+    );
+    s.stack
+        .wait_for_count(TWIN, 1_000, Duration::from_secs(30))
+        .await
+        .with_context(|| s.logs())?;
+    s.watch_flow(TWIN)?;
+    inject(&mut s, &view, first, fault)
+        .await
+        .with_context(|| format!("{fault:?}\n{}", s.stack.nats.log_tail(20)))?;
+    s.fault_over();
+    let published = [
+        s.published(through_api).await?,
+        s.published(straight).await?,
+    ];
+    let r = s.finish(&published).await;
+    if r.is_err() {
+        for (i, p) in s.stack.sluice.iter().enumerate() {
+            let _ = std::fs::copy(p.stderr_path(), format!("/tmp/w21-dbg-{name}-{i}.log"));
+        }
+    }
+    r?;
+    Ok(())
+}
+
+/// The fault itself, from the moment rows land to the moment it is over.
+async fn inject(
+    s: &mut Scenario,
+    view: &ClusterView,
+    first: usize,
+    fault: ClusterFault,
+) -> Result<()> {
+    let frozen_or_killed = match fault {
+        ClusterFault::StreamLeaderKill9 => view.stream(INGEST_STREAM).await?.leader,
+        ClusterFault::BucketLeaderKill9 => view.stream(BUCKET).await?.leader,
+        ClusterFault::ConsumerLeaderSigstop => view.consumer(INGEST_STREAM, CONSUMER).await?.leader,
+        ClusterFault::ConnectedNodeSigstop => connected_server(s, first, None).await?,
+        ClusterFault::RollingRestart => String::new(),
+    };
+    match fault {
+        ClusterFault::StreamLeaderKill9 | ClusterFault::BucketLeaderKill9 => {
+            let stream = match fault {
+                ClusterFault::BucketLeaderKill9 => BUCKET,
+                _ => INGEST_STREAM,
+            };
+            let nats = &mut s.stack.nats;
+            let node = nats.index_of(&frozen_or_killed)?;
+            nats.node_mut(node)?.kill9().await?;
+            // In effect once the others elected a leader without it.
+            let elected = view
+                .new_stream_leader(stream, &frozen_or_killed, ELECTION)
+                .await;
+            nats.node_mut(node)?.start_again().await?;
+            elected.context("no other leader while the old one was down")?;
+        }
+        ClusterFault::ConsumerLeaderSigstop => {
+            let nats = &mut s.stack.nats;
+            let node = nats.index_of(&frozen_or_killed)?;
+            nats.node_mut(node)?.sigstop().await?;
+            let frozen_at = tokio::time::Instant::now();
+            let moved = view
+                .new_consumer_leader(INGEST_STREAM, CONSUMER, &frozen_or_killed, ELECTION)
+                .await;
+            tokio::time::sleep_until(frozen_at + FROZEN).await;
+            nats.node_mut(node)?.sigcont().await?;
+            moved.context("no other consumer leader while the old one was frozen")?;
+        }
+        ClusterFault::ConnectedNodeSigstop => {
+            let node = s.stack.nats.index_of(&frozen_or_killed)?;
+            s.stack.nats.node_mut(node)?.sigstop().await?;
+            let frozen_at = tokio::time::Instant::now();
+            // In effect once the first Sluice left the frozen node for another.
+            let moved = connected_server(s, first, Some(&frozen_or_killed)).await;
+            tokio::time::sleep_until(frozen_at + FROZEN).await;
+            s.stack.nats.node_mut(node)?.sigcont().await?;
+            moved.context("the first Sluice never left the frozen node")?;
+        }
+        ClusterFault::RollingRestart => {
+            let nats = &mut s.stack.nats;
+            for node in 0..nats.len() {
+                nats.node_mut(node)?.restart().await?;
+                // As an operator would: the next node goes only once this one caught
+                // up (its /healthz says it runs, not that its replicas are current).
+                for (stream, consumer) in [(INGEST_STREAM, Some(CONSUMER)), (BUCKET, None)] {
+                    view.wait_current(stream, consumer, ELECTION).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `server_name` Sluice process `index` is connected to (other than `not`, when
+/// given), from its `/admin/actors` (the consumer's `nats` part, filled by the lag poll
+/// every 5 s).
+async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Result<String> {
+    let stack = &s.stack;
+    wait_for(
+        &format!("a connected server other than {not:?} in /admin/actors"),
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async move {
+            let (_, tree) = stack.admin_get_of(index, "/admin/actors").await?;
+            consumer_state(&tree)
+                .and_then(|c| c["nats"]["connected_server"].as_str().map(str::to_owned))
+                .filter(|name| !name.is_empty() && Some(name.as_str()) != not)
+                .context("not known yet")
+        },
+    )
+    .await
+}
+
+/// The ingest stream's leader killed with -9 under load: publishes wait out the
+/// election (the API sends them again under the same ids), the consumer follows the
+/// new leader; nothing lost, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_stream_leader_kill9() -> Result<()> {
+    cluster_scenario(
+        "cluster_stream_leader_kill9",
+        ClusterFault::StreamLeaderKill9,
+    )
+    .await
+}
+
+/// The consumer's leader frozen past the election timeout: its pull requests go with
+/// it, a new leader is elected and the pulls are replaced; the thawed node steps down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_consumer_leader_sigstop() -> Result<()> {
+    cluster_scenario(
+        "cluster_consumer_leader_sigstop",
+        ClusterFault::ConsumerLeaderSigstop,
+    )
+    .await
+}
+
+/// The manifest bucket's leader killed with -9: records wait for the election, the
+/// watch that kept the index is opened again where it broke, and no row is taken
+/// before the index is whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_bucket_leader_kill9() -> Result<()> {
+    cluster_scenario(
+        "cluster_bucket_leader_kill9",
+        ClusterFault::BucketLeaderKill9,
+    )
+    .await
+}
+
+/// All three nodes restarted one by one, each with its replicas current before the next: every leader
+/// moves at least once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rolling_restart() -> Result<()> {
+    cluster_scenario("cluster_rolling_restart", ClusterFault::RollingRestart).await
+}
+
+/// The node the first Sluice is connected to frozen with its sockets open: the client
+/// leaves it within a few pings and goes on through another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_connected_node_sigstop() -> Result<()> {
+    cluster_scenario(
+        "cluster_connected_node_sigstop",
+        ClusterFault::ConnectedNodeSigstop,
+    )
+    .await
+}
