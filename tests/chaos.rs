@@ -1695,18 +1695,28 @@ mod nats {
             RowSet::good(100_000..110_000),
             pace,
         )?;
-        landing(&s, "events", 1000).await?;
+        // Both feeds are under way (a tenth of their rows in: at their pace the rest
+        // takes seconds more), so the outage meets them: they cannot get past a row
+        // while NATS is down (the API answers 503 and they retry it under its key).
+        acme.wait_accepted(1000, secs(60)).await?;
+        globex.wait_accepted(1000, secs(60)).await?;
         s.stack.nats.stop().await?;
-        tokio::time::sleep(secs(3)).await; // the outage
-        s.stack.nats.start_again().await?;
+        let down = tokio::time::Instant::now();
         let met_the_outage = |feed: &Feed| {
             let progress = feed.progress();
             Progress::get(&progress.unavailable) + Progress::get(&progress.transport_errors)
         };
-        ensure!(
-            met_the_outage(&acme) + met_the_outage(&globex) > 0,
-            "the feeds ended before the outage: nothing was retried"
-        );
+        let (acme_ref, globex_ref) = (&acme, &globex);
+        wait_until(
+            "both feeds to meet the outage (a 503 or a refused connection)",
+            secs(30),
+            ms(50),
+            || async move { met_the_outage(acme_ref) > 0 && met_the_outage(globex_ref) > 0 },
+        )
+        .await
+        .with_context(|| s.logs())?;
+        tokio::time::sleep_until(down + secs(3)).await; // the outage lasts 3 s at least
+        s.stack.nats.start_again().await?;
         let acme = s.published(acme).await?;
         let globex = s.published(globex).await?;
         s.finish(&[acme, globex]).await?;
