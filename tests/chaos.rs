@@ -46,7 +46,7 @@
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
-//! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0 (ignored for now: see its doc) | 3 |
+//! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0        | 3     |
 //! | `split_interrupted_by_an_outage` | the twin's batch split (252), its first parts in, then every INSERT 502 for 5 s: resumed, never sent whole | 20 |
 //! | `replicated_default_window`      | Sluice kill -9 beside a Replicated copy left at 18.16's default window (100): reported at least once, as the docs' arithmetic says | 20 |
 //! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
@@ -1106,17 +1106,7 @@ const STOP_MARGIN: Duration = secs(2);
 /// hands their rows back and exits 0 within the deadline and a small margin; restarted
 /// with ClickHouse continued, nothing is lost (the frozen inserts ClickHouse finishes
 /// afterwards are duplicates).
-///
-/// Ignored until the ledger bug it found is fixed (issue 20's closing note): in one run
-/// of `scripts/test` under load (2026-12-02, 2.9.10), the restarted Sluice formed two
-/// split batches of the Replicated twin again and found their recorded splits did not
-/// cover the batches' 800 rows ("a recorded split does not fit its batch: nothing is
-/// sent", `actors/src/table/flight.rs`): those rows stayed in JetStream, never inserted,
-/// and the pipeline never went quiet. A split recorded while the first Sluice's
-/// shutdown deadline handed the flight back is the first suspect. Run it with
-/// `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "found a ledger bug (a recorded split that does not fit its batch after a SIGTERM mid-isolation): see the doc comment"]
 async fn sluice_sigterm_clickhouse_frozen() -> Result<()> {
     let Some(mut s) = Scenario::start(
         "sluice_sigterm_clickhouse_frozen",

@@ -78,10 +78,18 @@ where
         let result = match &record.state {
             ManifestState::Split(_) => {
                 let split = Split::of_progress(verdicts, untried);
-                let next = record.with_state(ManifestState::Split(split));
-                // A failure here costs nothing: the split recorded before stays true
-                // (a range judged since is sent again as it is and deduplicated).
-                store.update(&next).await.map(|_| next)
+                if !split.covers(verdicts.len()) {
+                    // The isolation stopped without saying which ranges it had not
+                    // judged (the shutdown deadline cancelled it mid-range): the split
+                    // recorded before stays true, this one would leave rows in no range
+                    // and the batch could never be formed again.
+                    Ok(record)
+                } else {
+                    let next = record.with_state(ManifestState::Split(split));
+                    // A failure here costs nothing: the split recorded before stays true
+                    // (a range judged since is sent again as it is and deduplicated).
+                    store.update(&next).await.map(|_| next)
+                }
             }
             _ => Ok(record),
         };
@@ -173,4 +181,47 @@ pub fn forget_soon(
                 "a settled manifest could not be removed now; the store collects it later");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{FakeManifestStore, Journal};
+
+    /// The shutdown deadline cancels an isolation mid-range: the flight knows its judged
+    /// rows but not the ranges the isolation held. Recording that would leave rows in
+    /// no range (the batch could never be formed again); the split recorded before is
+    /// kept.
+    #[tokio::test]
+    async fn a_cancelled_isolation_leaves_the_recorded_split_as_it_was() {
+        let journal = Journal::new();
+        let fake = FakeManifestStore::new(&journal);
+        let store: Arc<dyn ManifestStore> = fake.clone();
+        let batch = Batch::new(journal.rows("acme.events", 4), tokio::time::Instant::now());
+        let seqs: Vec<u64> = batch.deliveries().map(|d| d.seq).collect();
+        let split = Split {
+            untried: vec![RowRange::new(2, 4)],
+            inserted: vec![RowRange::new(0, 2)],
+            rejected: Vec::new(),
+        };
+        let record = Manifest::new(TableKey::new("acme", "events"), 1, seqs)
+            .with_state(ManifestState::Split(split.clone()));
+        store
+            .update(&record)
+            .await
+            .expect("the fake store takes it");
+        let mut verdicts = vec![
+            RowVerdict::Inserted,
+            RowVerdict::Inserted,
+            RowVerdict::Pending,
+            RowVerdict::Pending,
+        ];
+        let kept = record_verdicts(&store, record.clone(), &batch, &mut verdicts, Vec::new())
+            .await
+            .expect("nothing to write");
+        assert_eq!(kept.state, ManifestState::Split(split.clone()));
+        let stored = fake.get(&record.id).expect("still recorded");
+        assert_eq!(stored.state, ManifestState::Split(split));
+        assert!(verdicts.iter().all(|v| *v == RowVerdict::Pending));
+    }
 }

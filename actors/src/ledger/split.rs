@@ -108,6 +108,13 @@ impl Split {
         split
     }
 
+    /// Whether the split puts every row of a batch of `rows` rows in exactly one place
+    /// (an untried range, an inserted range, or rejected alone): only such a split may
+    /// be recorded, or the batch could not be formed again from it.
+    pub fn covers(&self, rows: usize) -> bool {
+        self.verdicts(rows).is_ok()
+    }
+
     /// Whether `lo..hi` is one of the recorded untried ranges (only those may be sent).
     pub fn may_send(&self, lo: usize, hi: usize) -> bool {
         self.untried.contains(&RowRange::new(lo, hi))
@@ -169,6 +176,20 @@ mod tests {
             status: None,
             message: "Cannot parse input".into(),
         }))
+    }
+
+    #[test]
+    fn progress_without_its_untried_ranges_does_not_cover_the_batch() {
+        // An isolation cancelled mid-range (the shutdown deadline) knows its judged
+        // rows but not the ranges it held: that progress must not replace the split.
+        let verdicts = vec![
+            RowVerdict::Inserted,
+            RowVerdict::Inserted,
+            RowVerdict::Pending,
+            RowVerdict::Pending,
+        ];
+        assert!(!Split::of_progress(&verdicts, Vec::new()).covers(4));
+        assert!(Split::of_progress(&verdicts, vec![RowRange::new(2, 4)]).covers(4));
     }
 
     #[test]
