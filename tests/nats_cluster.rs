@@ -12,9 +12,12 @@
 //! The faults under load (leaders killed, frozen, a rolling restart) are the chaos
 //! suite's `nats_cluster` scenarios.
 
+mod ingest_common;
+
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use ingest_common::{post, Reply, AS_TENANT, NDJSON};
 use serde_json::{json, Value};
 use sluice_harness::nats_cluster::{consumer_state, ClusterView};
 use sluice_harness::{wait_for, Stack, StackOptions};
@@ -236,9 +239,14 @@ async fn without_quorum_past_the_bound_the_api_answers_503_with_retry_after() ->
     stack.nats.node_mut(leader)?.kill9().await?;
     stack.nats.node_mut(other)?.kill9().await?;
 
-    let key = [("Idempotency-Key", "no-quorum")];
+    let headers_sent = [AS_TENANT, NDJSON, ("Idempotency-Key", "no-quorum")];
+    let http = stack.http().clone();
     let started = std::time::Instant::now();
-    let (status, headers, body) = post_with_headers(&stack, ndjson(10..20), &key).await?;
+    let Reply {
+        status,
+        headers,
+        body,
+    } = post(&http, &stack, "events", ndjson(10..20), &headers_sent).await?;
     let took = started.elapsed();
     assert_eq!(status, 503, "{body}");
     assert_eq!(
@@ -254,8 +262,10 @@ async fn without_quorum_past_the_bound_the_api_answers_503_with_retry_after() ->
     stack.nats.node_mut(leader)?.start_again().await?;
     stack.nats.node_mut(other)?.start_again().await?;
     let stack_ref = &stack;
+    let http = &http;
     wait_for("the retry to be accepted", DEADLINE, POLL, || async move {
-        let (status, _, body) = post_with_headers(stack_ref, ndjson(10..20), &key).await?;
+        let reply = post(http, stack_ref, "events", ndjson(10..20), &headers_sent).await?;
+        let (status, body) = (reply.status, reply.body);
         ensure!(status == 202, "{status} {body}");
         Ok(())
     })
@@ -304,31 +314,6 @@ async fn streams_made_then_connected_elsewhere(
     stack.fresh_ports()?;
     stack.start_sluice(SLUICE).await?;
     Ok(leader)
-}
-
-async fn post_with_headers(
-    stack: &Stack,
-    body: Vec<u8>,
-    headers: &[(&str, &str)],
-) -> Result<(u16, reqwest::header::HeaderMap, Value)> {
-    let mut request = stack
-        .http()
-        .post(format!("{}/v1/ingest/events", stack.api_url()))
-        .header("X-Tenant", sluice_harness::TENANT)
-        .header("Content-Type", "application/x-ndjson")
-        .body(body);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = request.send().await.context("POST /v1/ingest")?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap_or_default();
-    Ok((
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    ))
 }
 
 /// The consumer's leader moves (it steps down: no node goes, no client reconnects)
