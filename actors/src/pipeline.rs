@@ -28,6 +28,7 @@ use crate::consumer::{ConsumerDebug, ConsumerMsg};
 use crate::context::Common;
 use crate::ledger::ManifestStore;
 use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
+use crate::pool::PoolDebug;
 use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
 use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
@@ -329,6 +330,20 @@ impl<D: Delivery> PipelineHandle<D> {
     /// Debug hook: panic inside the PoolActor of every server of `target` (each
     /// respawned by its target with its breaker).
     pub async fn inject_pool_panic(&self, target: &str) -> Result<(), String> {
+        self.pool_fault(target, PoolDebug::Panic).await
+    }
+
+    /// Debug hook: the PoolActor of every server of `target` panics on the next
+    /// table's request for a flight, which it so never answers.
+    pub async fn inject_pool_panic_on_next_flight_request(
+        &self,
+        target: &str,
+    ) -> Result<(), String> {
+        self.pool_fault(target, PoolDebug::PanicOnNextFlightRequest)
+            .await
+    }
+
+    async fn pool_fault(&self, target: &str, how: PoolDebug) -> Result<(), String> {
         let actor = self.target_named(target).await?;
         let index = self
             .router
@@ -338,7 +353,7 @@ impl<D: Delivery> PipelineHandle<D> {
             let name = replica.clone();
             self.panic_child(
                 actor.clone(),
-                |tx| TargetDebug::PanicPool(name, tx),
+                |tx| TargetDebug::PanicPool(name, how, tx),
                 &replica,
             )
             .await?;
@@ -350,8 +365,12 @@ impl<D: Delivery> PipelineHandle<D> {
     pub async fn inject_replica_panic(&self, target: &str, replica: &str) -> Result<(), String> {
         let actor = self.target_named(target).await?;
         let name = replica.to_owned();
-        self.panic_child(actor, |tx| TargetDebug::PanicPool(name, tx), replica)
-            .await
+        self.panic_child(
+            actor,
+            |tx| TargetDebug::PanicPool(name, PoolDebug::Panic, tx),
+            replica,
+        )
+        .await
     }
 
     /// Debug hook: panic inside the TargetActor of `target` (its pools and tables go

@@ -14,6 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use serde_json::Value;
 use sluice_actors::context::Common;
 use sluice_actors::observe::{self, NodeKind, Registry, ROOT_ID};
+use sluice_actors::pool::PoolDebug;
 use sluice_actors::routing::Routed;
 use sluice_actors::table::TableReport;
 use sluice_actors::target::{
@@ -505,7 +506,7 @@ async fn the_breaker_outlives_its_pool_through_its_target() {
     let asked = r
         .target
         .call(
-            |tx| TargetMsg::Debug(TargetDebug::PanicPool(TARGET.into(), tx)),
+            |tx| TargetMsg::Debug(TargetDebug::PanicPool(TARGET.into(), PoolDebug::Panic, tx)),
             None,
         )
         .await

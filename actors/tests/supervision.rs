@@ -119,6 +119,40 @@ async fn a_pool_actor_panic_is_survived_and_its_tables_keep_their_rows() {
         .all(|s| r.journal.terminal(*s) == vec![Event::Acked]));
 }
 
+/// A pool dies with a table's request for a flight in its mailbox (CI's `pool_panic`
+/// chaos run: 4,000 rows stayed buffered with no flight for 90 s): the table does not
+/// wait for that answer. Its batch goes back to JetStream while the pool restarts (as
+/// any batch does then), and once JetStream redelivers it, it lands.
+#[tokio::test(start_paused = true)]
+async fn a_request_for_a_flight_lost_with_its_pool_is_not_waited_for() {
+    let r = simple(10).await;
+    r.handle
+        .inject_pool_panic_on_next_flight_request("main")
+        .await
+        .unwrap();
+    let rows = r.push(SUBJ, 10, &[]);
+    r.settled(10).await;
+    let restarting = settings().handback_while_restarting;
+    for s in &rows {
+        assert_eq!(r.journal.terminal(*s), vec![Event::Naked(restarting)]);
+    }
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .node("pool", "main")
+            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    // JetStream redelivers the batch to the table, which asks the new pool.
+    r.queue
+        .push(rows.iter().map(|s| r.journal.redeliver(*s, 2)));
+    r.settled(20).await;
+    assert_eq!(r.journal.acked(), 10);
+    assert_eq!(r.main().rows_inserted(), 10);
+    r.handle.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
     let r = simple(5).await;

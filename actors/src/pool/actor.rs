@@ -64,6 +64,8 @@ pub struct PoolState<I> {
     last_answer: Instant,
     /// The memory the target holds is out of date.
     memory_dirty: bool,
+    /// Fault injection: panic on the next table's request for a flight.
+    panic_on_next_flight_request: bool,
     throttle: SnapshotThrottle,
 }
 
@@ -93,6 +95,7 @@ impl<I: Inserter> PoolState<I> {
             own_probe_out: false,
             last_answer: now,
             memory_dirty: true,
+            panic_on_next_flight_request: false,
         }
     }
 
@@ -155,6 +158,13 @@ impl<I: Inserter> PoolState<I> {
     /// A table has a batch for this server: the breaker says go (maybe as the probe) or
     /// wait.
     fn on_wants_flight(&mut self, key: TableKey, id: ActorId, reply: DerivedActorRef<Permit>) {
+        if self.panic_on_next_flight_request {
+            panic!(
+                "injected panic in pool actor {} of {} on a flight request of {key}",
+                self.name(),
+                self.servers.target
+            );
+        }
         let now = Instant::now();
         let generation = self.breaker.generation();
         let answer = match self.breaker.admit(now) {
@@ -340,13 +350,14 @@ impl<I: Inserter> PoolState<I> {
         self.throttle.dirty = true;
     }
 
-    fn on_debug(&self, debug: PoolDebug) {
+    fn on_debug(&mut self, debug: PoolDebug) {
         match debug {
             PoolDebug::Panic => panic!(
                 "injected panic in pool actor {} of {}",
                 self.name(),
                 self.servers.target
             ),
+            PoolDebug::PanicOnNextFlightRequest => self.panic_on_next_flight_request = true,
         }
     }
 }

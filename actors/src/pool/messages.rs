@@ -29,10 +29,14 @@ pub enum PoolMsg {
     Debug(PoolDebug),
 }
 
-/// The PoolActor's one debug message.
+/// The PoolActor's debug messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolDebug {
     /// Panic in the pool itself.
     Panic,
+    /// Panic on the next table's request for a flight: the pool dies with a request in
+    /// hand that it never answers (the table must not wait for that answer forever).
+    PanicOnNextFlightRequest,
 }
 
 /// What a pool tells its target.

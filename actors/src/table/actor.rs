@@ -536,7 +536,29 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         link: Option<PoolLink>,
     ) {
         self.routes.set_pool(replica, link);
+        self.abandon_ask_of_a_gone_pool(myself, replica);
         self.pump(myself);
+    }
+
+    /// `replica`'s pool was replaced (it died, or died and came back): a request it
+    /// held died with its mailbox and will never be answered. The target's word comes
+    /// after anything that pool sent (its permit, if it answered, came first), so an
+    /// ask still out is one it never answered. It is asked again, of the pool that runs
+    /// now or of another replica; left waiting, the table would never ask again.
+    fn abandon_ask_of_a_gone_pool(&mut self, myself: &ActorRef<TableMsg<D>>, replica: usize) {
+        let Some(asking) = self.asking.take_if(|a| a.replica == replica) else {
+            return;
+        };
+        let now = Instant::now();
+        self.routes.backoff(replica).release(asking.ticket, now);
+        tracing::debug!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table, replica,
+            "the pool asked for a flight was replaced before it answered: asked again");
+        if self.routes.pool(replica).is_some() {
+            self.ask(myself, asking.next, replica, asking.turned, now);
+        } else {
+            let delay = self.ctx.common.settings.handback_while_restarting;
+            self.turned_away(myself, asking.next, replica, asking.turned, delay, now);
+        }
     }
 
     fn fly(

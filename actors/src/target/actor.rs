@@ -25,7 +25,7 @@ use crate::context::Common;
 use crate::ledger::LedgerChange;
 use crate::metrics::{self, TableMetrics};
 use crate::observe::{self, NodeKind, NodeState, SnapshotThrottle, TargetSnapshot};
-use crate::pool::{PoolActor, PoolArgs, PoolDebug, PoolMsg, PoolReport};
+use crate::pool::{PoolActor, PoolArgs, PoolMsg, PoolReport};
 use crate::ports::{Delivery, Inserter, TableKey};
 use crate::restart::child_gone;
 use crate::routing::{all_waiting, Routed};
@@ -609,14 +609,14 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
                     actor.is_some_and(|a| a.cast(TableMsg::Debug(TableDebug::Panic)).is_ok());
                 let _ = reply.send(found);
             }
-            TargetDebug::PanicPool(name, reply) => {
+            TargetDebug::PanicPool(name, how, reply) => {
                 let actor = self
                     .servers
                     .replicas
                     .iter()
                     .position(|r| *r.name == *name)
                     .and_then(|r| self.pools[r].actor.clone());
-                let found = actor.is_some_and(|a| a.cast(PoolMsg::Debug(PoolDebug::Panic)).is_ok());
+                let found = actor.is_some_and(|a| a.cast(PoolMsg::Debug(how)).is_ok());
                 let _ = reply.send(found);
             }
         }

@@ -3,7 +3,7 @@
 use ractor::RpcReplyPort;
 
 use super::memory::TargetMemory;
-use crate::pool::PoolReport;
+use crate::pool::{PoolDebug, PoolReport};
 use crate::ports::TableKey;
 use crate::routing::Routed;
 use crate::table::TableReport;
@@ -37,8 +37,9 @@ pub enum TargetDebug {
     Panic,
     /// Panic in the table's actor; answers whether one runs.
     PanicTable(TableKey, RpcReplyPort<bool>),
-    /// Panic in the pool of the replica of this name; answers whether one runs.
-    PanicPool(String, RpcReplyPort<bool>),
+    /// Panic in the pool of the replica of this name (at once, or on its next
+    /// request); answers whether one runs.
+    PanicPool(String, PoolDebug, RpcReplyPort<bool>),
 }
 
 /// What a target tells the root supervisor.
