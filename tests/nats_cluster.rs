@@ -140,7 +140,23 @@ async fn sluice_starts_and_moves_rows_with_its_first_seed_down() -> Result<()> {
     stack.wait_for_count("events", 10, DEADLINE).await?;
     stack.sluice[first].stop(Duration::from_secs(10)).await?;
 
+    let view = ClusterView::connect(&stack.nats).await?;
     stack.nats.node_mut(0)?.kill9().await?;
+    // The fault is a seed down, not an election: the others lead before Sluice starts
+    // (under load an election after a kill -9 took longer than Sluice's readiness wait).
+    view.wait_led_without(
+        &stack.nats,
+        stack.nats.name_of(0),
+        &[
+            "INGEST",
+            "DLQ",
+            "KV_SLUICE_MANIFESTS",
+            "KV_SLUICE_IDEMPOTENCY",
+        ],
+        &[("INGEST", "sluice")],
+        DEADLINE,
+    )
+    .await?;
     let url = stack.nats.url();
     assert!(url.starts_with(&stack.nats.node(0)?.url()), "{url}");
     let second = stack.start_sluice(SLUICE).await?;

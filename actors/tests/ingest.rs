@@ -873,3 +873,44 @@ async fn a_long_real_outage_never_parks_a_good_row() {
     );
     assert_eq!(r.journal.parked(), 0);
 }
+
+/// nats-server 2.9 can deliver a message again while a flight holds it (a copy handed
+/// back to a dropped pull request comes again as new). The copy must not fly beside it:
+/// into a table that records nothing that is a second insert, and a row ClickHouse
+/// crashes on would crash it twice and be parked twice (issue 19's
+/// `poison_row_crashes_clickhouse`). It goes back briefly instead, and the flight holding
+/// the message settles it.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_message_in_flight_does_not_fly_beside_it() {
+    let r = simple(10).await;
+    r.main().set_latency(Duration::from_secs(2));
+    let first = r.push(SUBJ, 10, &[]);
+    assert!(
+        r.until(Duration::from_secs(1), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["state"]["flights"] == 1))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+    // The copy of the first message, and nine more: a batch of ten is due.
+    r.queue.push([r.journal.redeliver(first[0], 1)]);
+    let second = r.push(SUBJ, 9, &[]);
+    r.settled(20).await;
+    assert_eq!(
+        r.main().rows_inserted(),
+        19,
+        "the copy was inserted beside its original"
+    );
+    let retry = settings().store_retry;
+    assert_eq!(
+        r.journal.terminal(first[0]),
+        vec![Event::Naked(retry), Event::Acked]
+    );
+    assert!(first[1..]
+        .iter()
+        .chain(&second)
+        .all(|s| r.journal.terminal(*s) == vec![Event::Acked]));
+    no_parks(&r);
+    r.handle.shutdown().await;
+}

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use async_nats::jetstream::{self, stream::ClusterInfo};
 
 use crate::nats::NatsCluster;
@@ -171,6 +171,40 @@ impl ClusterView {
                     bail!("still {old}");
                 }
                 Ok(leader)
+            },
+        )
+        .await
+    }
+
+    /// Waits until the cluster leads itself without node `gone` (down, not yet noticed
+    /// by its peers): a meta leader other than it (consumers are created through that
+    /// one) and a leader other than it for each of `streams` and for each consumer in
+    /// `consumers` (`(stream, consumer)`). A test whose fault is "a node down", not "an
+    /// election", establishes this before it goes on.
+    pub async fn wait_led_without(
+        &self,
+        cluster: &NatsCluster,
+        gone: &str,
+        streams: &[&str],
+        consumers: &[(&str, &str)],
+        deadline: Duration,
+    ) -> Result<()> {
+        wait_for(
+            &format!("the cluster led without {gone}"),
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                let meta = cluster.name_of(cluster.meta_leader().await?);
+                ensure!(meta != gone, "the meta leader is still {gone}");
+                for stream in streams {
+                    let leader = self.stream(stream).await?.leader;
+                    ensure!(leader != gone, "{stream}'s leader is still {gone}");
+                }
+                for (stream, consumer) in consumers {
+                    let leader = self.consumer(stream, consumer).await?.leader;
+                    ensure!(leader != gone, "{consumer}'s leader is still {gone}");
+                }
+                Ok(())
             },
         )
         .await

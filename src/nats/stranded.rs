@@ -13,7 +13,10 @@
 //! good, and its rows never reach ClickHouse.
 
 use async_nats::jetstream::consumer;
-use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{
+    DeleteMessageError, DeleteMessageErrorKind, RawMessageErrorKind, Stream,
+};
+use async_nats::jetstream::ErrorCode;
 
 /// The most messages one pass removes (two requests each); the rest wait for the next
 /// lag poll, so a crash that left many behind cannot hold the poll up for long.
@@ -43,6 +46,11 @@ fn done_through(info: &consumer::Info) -> u64 {
     }
 }
 
+fn is_no_message_found(e: &DeleteMessageError) -> bool {
+    matches!(e.kind(), DeleteMessageErrorKind::JetStream(js)
+        if js.error_code() == ErrorCode::NO_MESSAGE_FOUND)
+}
+
 /// Deletes the messages the consumer (`consumer`, its info just read) is done with
 /// that `stream` still keeps, one by one, and returns how many went. Best effort: a
 /// failure is logged and the next pass tries again.
@@ -67,11 +75,17 @@ pub async fn remove_stranded(stream: &Stream, consumer: &consumer::Info) -> u64 
         if seq > done {
             break;
         }
-        if let Err(e) = stream.delete_message(seq).await {
-            tracing::warn!(error = %e, seq, "could not delete an already-acked row left in the stream");
-            break;
+        match stream.delete_message(seq).await {
+            Ok(_) => removed += 1,
+            // Gone between the look and the delete: on a cluster the work queue's own
+            // removal of an acked message reaches the stream a moment after the ack
+            // floor shows it. What this pass wanted; nothing to say.
+            Err(e) if is_no_message_found(&e) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, seq, "could not delete an already-acked row left in the stream");
+                break;
+            }
         }
-        removed += 1;
         next = seq + 1;
     }
     if removed > 0 {

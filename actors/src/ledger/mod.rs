@@ -47,6 +47,7 @@ pub mod settled_lines;
 pub mod split;
 pub mod store;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -93,6 +94,17 @@ pub enum Cargo<D> {
     },
 }
 
+impl<D: Delivery> Cargo<D> {
+    /// The stream sequences of the messages it holds.
+    pub fn messages(&self) -> Vec<u64> {
+        let held = match self {
+            Cargo::Fresh { deliveries, .. } => deliveries,
+            Cargo::Reformed { held, .. } => held,
+        };
+        held.iter().map(|d| d.position().stream_sequence).collect()
+    }
+}
+
 impl<D> Cargo<D> {
     pub fn suspect(&self) -> bool {
         match self {
@@ -118,6 +130,12 @@ pub struct TableLedger<D> {
     index: BatchIndex,
     gatherings: Gatherings<D>,
     settled_lines: SettledLines,
+    /// The messages the table's flights hold now (by stream sequence). A second copy
+    /// of one (nats-server 2.9 delivers a message handed back to a dropped pull request
+    /// again as new) must not fly beside it: into a table that records nothing that is
+    /// a second insert, and a row ClickHouse crashes on would crash it again, and be
+    /// isolated and parked twice.
+    flying: HashSet<u64>,
 }
 
 impl<D> Default for TableLedger<D> {
@@ -126,6 +144,7 @@ impl<D> Default for TableLedger<D> {
             index: BatchIndex::default(),
             gatherings: Gatherings::default(),
             settled_lines: SettledLines::default(),
+            flying: HashSet::new(),
         }
     }
 }
@@ -245,18 +264,20 @@ impl<D: Delivery> TableLedger<D> {
     /// Messages of a fresh batch about to fly: looked up again (a batch may have been
     /// recorded with one of them since they arrived, by another flight or instance), and
     /// copies held twice (nats-server 2.9 delivers a message handed back to a dropped
-    /// pull request again as new) set aside. Returns the batch's messages and the ones
-    /// set aside, which go back briefly and come again as what they are.
+    /// pull request again as new), in the batch or in a flight, set aside. Returns the
+    /// batch's messages and the ones set aside, which go back briefly and come again as
+    /// what they are (or not at all, once the flight holding the other copy acks it).
     pub fn launch_fresh(&mut self, deliveries: Vec<D>) -> (Vec<D>, Vec<D>) {
         if !self.twice_or_recorded(&deliveries) {
             return (deliveries, Vec::new());
         }
-        let mut seen = std::collections::HashSet::with_capacity(deliveries.len());
+        let mut seen = HashSet::with_capacity(deliveries.len());
         let mut keep = Vec::with_capacity(deliveries.len());
         let mut aside = Vec::new();
         for d in deliveries {
             let seq = d.position().stream_sequence;
-            if self.index.holding(seq).is_some() || !seen.insert(seq) {
+            if self.index.holding(seq).is_some() || self.flying.contains(&seq) || !seen.insert(seq)
+            {
                 aside.push(d);
             } else {
                 keep.push(d);
@@ -275,8 +296,23 @@ impl<D: Delivery> TableLedger<D> {
         if !self.index.is_empty() && seqs.iter().any(|s| self.index.holding(*s).is_some()) {
             return true;
         }
+        if !self.flying.is_empty() && seqs.iter().any(|s| self.flying.contains(s)) {
+            return true;
+        }
         seqs.sort_unstable();
         seqs.windows(2).any(|w| w[0] == w[1])
+    }
+
+    /// A flight took these messages (see `flying`).
+    pub fn flew(&mut self, messages: &[u64]) {
+        self.flying.extend(messages.iter().copied());
+    }
+
+    /// The flight that took these messages is done: each is settled or went back.
+    pub fn landed(&mut self, messages: &[u64]) {
+        for seq in messages {
+            self.flying.remove(seq);
+        }
     }
 
     /// Lines of these messages an earlier (unrecorded) flight settled.

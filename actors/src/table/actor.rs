@@ -569,12 +569,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         tickets: Tickets,
     ) {
         let replica = self.ctx.servers.replica(tickets.replica);
-        let messages = match &cargo {
-            Cargo::Fresh { deliveries, .. } => deliveries.len(),
-            Cargo::Reformed { held, .. } => held.len(),
-        };
+        let messages = cargo.messages();
         self.routes
-            .flew(replica.shard, replica.name.to_string(), messages);
+            .flew(replica.shard, replica.name.to_string(), messages.len());
+        self.ledger.flew(&messages);
         self.flights += 1;
         let links = FlightLinks {
             table: myself.clone(),
@@ -582,7 +580,14 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             target: self.target.clone(),
             root: self.orphans.clone(),
         };
-        spawn_flight(self.ctx.clone(), cargo, held_since, tickets, links);
+        spawn_flight(
+            self.ctx.clone(),
+            cargo,
+            messages,
+            held_since,
+            tickets,
+            links,
+        );
     }
 
     /// A flight's verdict: the table's own backoff on the flight's replica learns its
@@ -713,6 +718,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if out.last_error.is_some() {
             self.totals.last_error = out.last_error;
         }
+        self.ledger.landed(&out.messages);
         self.ledger.remember_settled_lines(out.partly);
         self.strikes.strike(&out.struck);
         if let Some(dedup) = out.dedup {

@@ -69,17 +69,21 @@ pub struct FlightLinks<D> {
     pub root: DerivedActorRef<TableReport>,
 }
 
-/// Spawn a flight (a tracked task: a shutdown waits for it).
+/// Spawn a flight (a tracked task: a shutdown waits for it). `messages`: the stream
+/// sequences `cargo` holds, told back to the table with the outcome (its ledger keeps
+/// a second copy of them from flying meanwhile).
 pub fn spawn_flight<I: Inserter, D: Delivery>(
     ctx: Arc<FlightCtx<I>>,
     cargo: Cargo<D>,
+    messages: Vec<u64>,
     held_since: Instant,
     tickets: Tickets,
     links: FlightLinks<D>,
 ) {
     let tracker = ctx.common.tracker.clone();
     tracker.spawn(async move {
-        let outcome = run_flight(&ctx, cargo, held_since, tickets, &links).await;
+        let mut outcome = run_flight(&ctx, cargo, held_since, tickets, &links).await;
+        outcome.messages = messages;
         let _ = links.table.cast(TableMsg::FlightDone(outcome));
     });
 }
@@ -259,6 +263,8 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         dedup,
         struck,
         past_dedup_window,
+        // Told by `spawn_flight`, which knows them from before the cargo was formed.
+        messages: Vec::new(),
     }
 }
 

@@ -72,6 +72,8 @@ pub struct FlightOutcome {
     pub struck: Vec<u64>,
     /// A recorded batch was sent again past the table's deduplication window.
     pub past_dedup_window: bool,
+    /// The stream sequences of the messages the flight held: no longer out.
+    pub messages: Vec<u64>,
 }
 
 /// What becomes of a flight's pending rows, as the owner of the breaker that sent them
