@@ -41,7 +41,7 @@
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
 //! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
-//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone (ignored for now: see its doc) | 13 |
+//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone | 13, 19 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -869,13 +869,12 @@ async fn missing_table_grace_runs_out() -> Result<()> {
 /// few losses while ClickHouse took inserts it isolates the batch, parks the bomb alone
 /// with the reason, and every good row lands.
 ///
-/// Ignored until its known failure is explained (issue 19's closing note): in two runs
-/// under load (2026-12-02) ClickHouse crashed again after the bomb was parked. The first
-/// suspect is a second copy of the bomb (redelivered after `ack_wait` while ClickHouse
-/// was down) sent before the park's ack settled it; the scenario should then show
-/// whose insert it was. Run it with `--run-ignored all`.
+/// In two runs under load (2026-12-02) ClickHouse crashed again after the bomb was
+/// parked: only a second copy of the bomb can do that, and a table flew a copy of a
+/// message beside the flight that held it (nats-server 2.9 delivers a message handed
+/// back to a dropped pull request again as new). It no longer does
+/// (`TableLedger::launch_fresh`, `actors/tests/ingest.rs::a_copy_of_a_message_in_flight_does_not_fly_beside_it`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "ClickHouse crashed again after the bomb was parked, in 2 runs under load: see the doc comment"]
 async fn poison_row_crashes_clickhouse() -> Result<()> {
     let Some(mut s) = Scenario::start(
         "poison_row_crashes_clickhouse",
