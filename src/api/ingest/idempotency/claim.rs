@@ -72,8 +72,14 @@ impl Claim {
         self.hold.deadline
     }
 
-    /// Record how the request ended.
+    /// Record how the request ended. A final answer is recorded before it is given (a
+    /// retry must find it). A 503's end (the key released, or the chunks stored) is
+    /// written in the background: the bucket may well be why it is a 503 (a NATS
+    /// cluster without quorum), and the client must get its answer within
+    /// `[api] publish_retry_for`, not after the write's timeout too. A retry meanwhile
+    /// finds the claim (409) until it is written.
     pub async fn finish(self, end: End) {
+        let is_final = matches!(end, End::Answered { .. });
         let Claim { hold, body, .. } = self;
         let change = match end {
             End::Unused => Change::Release,
@@ -89,7 +95,11 @@ impl Claim {
                 .encode(),
             ),
         };
-        hold.settle(change).await;
+        if is_final {
+            hold.settle(change).await;
+        } else {
+            tokio::spawn(hold.settle(change));
+        }
     }
 }
 
