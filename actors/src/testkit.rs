@@ -121,6 +121,11 @@ impl Journal {
         self.payloads.lock().unwrap().get(&seq).cloned()
     }
 
+    /// Message `seq` leaves the stream unsettled (an operator deleting it by hand).
+    pub fn remove_from_stream(&self, seq: u64) {
+        self.payloads.lock().unwrap().remove(&seq);
+    }
+
     /// `n` rows `{"n":i}` on `subject`.
     pub fn rows(self: &Arc<Self>, subject: &str, n: usize) -> Vec<FakeDelivery> {
         let s: Arc<str> = Arc::from(subject);
@@ -723,6 +728,11 @@ pub struct FakeManifestStore {
     /// Every write (claim or update), in order.
     pub records: Mutex<Vec<crate::ledger::Manifest>>,
     pub forgotten: Mutex<Vec<String>>,
+    /// Manifests withdrawn (their batch could not be formed whole again).
+    pub withdrawn: Mutex<Vec<String>>,
+    /// `forget` leaves the removal to a collector, as the NATS store does on a cluster
+    /// or after a reconnect (the manifest stays).
+    pub defer_forget: AtomicBool,
     /// Writes fail while set (NATS down, the bucket full).
     pub fail_writes: AtomicBool,
     pub fetches: AtomicUsize,
@@ -745,6 +755,8 @@ impl FakeManifestStore {
             state: Mutex::default(),
             records: Mutex::default(),
             forgotten: Mutex::default(),
+            withdrawn: Mutex::default(),
+            defer_forget: AtomicBool::new(false),
             fail_writes: AtomicBool::new(false),
             fetches: AtomicUsize::new(0),
         })
@@ -894,8 +906,22 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
     ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
         Box::pin(async move {
             self.write_fails()?;
-            self.remove(id);
+            if !self.defer_forget.load(Ordering::Relaxed) {
+                self.remove(id);
+            }
             self.forgotten.lock().unwrap().push(id.to_owned());
+            Ok(())
+        })
+    }
+
+    fn withdraw<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
+        Box::pin(async move {
+            self.write_fails()?;
+            self.remove(id);
+            self.withdrawn.lock().unwrap().push(id.to_owned());
             Ok(())
         })
     }

@@ -238,11 +238,14 @@ async fn removed_meanwhile<D: Delivery>(io: &LedgerIo<'_>, id: &str, held: Vec<D
 }
 
 /// A message of an open (or split) batch left the stream. Its record is read directly
-/// from the store, so it is not a record lagging behind: only an operator removing
-/// messages by hand makes this (acks come only after a batch's verdicts are recorded).
-/// The batch can never be formed whole again: its record is withdrawn and what is held
-/// comes again as new messages (their rows may have gone in under the old record: the
-/// operator's removal costs exactly-once for this batch, never a row).
+/// from the store, so it is not a record lagging behind: acks come only after a batch's
+/// verdicts are recorded, so an operator removed it by hand, or nats-server lost it
+/// (seen once on a NATS cluster after its stream leader's kill -9, cause not known).
+/// The batch can never be formed whole again: its record is withdrawn at once (never
+/// left to the store's collector, which would keep it while its other messages wait:
+/// they would be gathered for it for ever) and what is held comes again as new
+/// messages (their rows may have gone in under the old record: the removal costs
+/// exactly-once for this batch, never a row).
 async fn incomplete<D: Delivery>(
     io: &LedgerIo<'_>,
     manifest: &Manifest,
@@ -251,8 +254,8 @@ async fn incomplete<D: Delivery>(
 ) -> Formed<D> {
     tracing::warn!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
         message = gone,
-        "a message of a recorded, unfinished batch was removed from the ingest stream by hand: the batch cannot be formed again; its record is withdrawn and its other messages come again as new ones (their rows may be inserted twice)");
-    if let Err(e) = io.store.forget(&manifest.id).await {
+        "a message of a recorded, unfinished batch left the ingest stream unsettled (removed by hand, or lost by nats-server): the batch cannot be formed again; its record is withdrawn and its other messages come again as new ones (their rows may be inserted twice)");
+    if let Err(e) = io.store.withdraw(&manifest.id).await {
         return Formed::Refused {
             messages: held,
             why: LedgerRefusal::StoreDown(e),

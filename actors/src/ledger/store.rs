@@ -120,8 +120,15 @@ pub trait ManifestStore: Send + Sync + 'static {
     /// by this.
     fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>>;
 
-    /// Remove the manifest: every row of it is settled and the settlement confirmed.
+    /// Remove the manifest: every row of it is settled and the settlement confirmed. A
+    /// store may leave the removal to its collector (after a reconnect, on a NATS
+    /// cluster: an ack confirmed may not be on every peer yet).
     fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Remove an unfinished manifest now, never left to a collector: its batch can never
+    /// be formed whole again (a message of it left the stream). A record left behind
+    /// would gather its other messages for ever, and nothing settled relies on it.
+    fn withdraw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The payloads of messages, read from the ingest stream by sequence, in the order
     /// asked (a batch formed again includes messages this instance does not hold).

@@ -240,6 +240,10 @@ impl ManifestStore for JsManifestStore {
         Box::pin(self.shared.forget(id))
     }
 
+    fn withdraw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.shared.withdraw(id))
+    }
+
     fn fetch<'a>(
         &'a self,
         stream_sequences: &'a [u64],
@@ -361,6 +365,17 @@ impl Shared {
             // module's doc): the collector removes it once the ack floor has held.
             return Ok(());
         }
+        let key = self.key_of(id)?;
+        self.purge_key(&key).await.map_err(StoreError)?;
+        self.index.remove(&key, None);
+        Ok(())
+    }
+
+    /// See [`ManifestStore::withdraw`]: removed now, on one server or a cluster, after
+    /// a reconnect or not (the deferrals of `forget` guard settled records only).
+    async fn withdraw(&self, id: &str) -> Result<(), StoreError> {
+        lock(&self.recorded).remove(id);
+        lock(&self.deferred).remove(id);
         let key = self.key_of(id)?;
         self.purge_key(&key).await.map_err(StoreError)?;
         self.index.remove(&key, None);
