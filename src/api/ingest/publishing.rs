@@ -8,7 +8,9 @@
 //! for up to `[api] publish_retry_for` from the request's first such failure: a NATS
 //! cluster electing a stream leader answers "no responders" for a few seconds, and a
 //! node that dies with an ack on its way leaves it unanswered. An accepted row is still
-//! a stored one; a client sees 503 only when the outage outlasts the bound. Sent again
+//! a stored one; a client sees 503 only when the outage outlasts the bound. The first
+//! wait for a chunk's ack is no longer than the bound either (not the client's request
+//! timeout), so a 503 comes within about twice `publish_retry_for`. Sent again
 //! are chunks nothing took, and chunks with a message id (an `Idempotency-Key`), which
 //! JetStream stores once whatever the first attempt did (`PublishError::may_send_again`).
 //!
@@ -195,7 +197,13 @@ impl<'a> Publishing<'a> {
     }
 
     async fn confirm(&mut self, (ack, chunk): (PendingPublish, Chunk)) {
-        match Publisher::confirm(ack).await {
+        // The first wait for an ack ends with the window's length too: a node gone with
+        // its socket open would otherwise keep it for the client's whole timeout before
+        // the window even starts, and the client's 503 would come that much later.
+        let acked = tokio::time::timeout(self.resend_for, Publisher::confirm(ack))
+            .await
+            .unwrap_or_else(|_| Err(self.no_ack_within_the_window()));
+        match acked {
             Ok(published) => self.accepted(&chunk, published.duplicate),
             Err(e) => self.resend(chunk, e, true).await,
         }
@@ -237,13 +245,7 @@ impl<'a> Publishing<'a> {
             // Cut off, the attempt may have reached NATS: counted as sent.
             let (went, acked) = tokio::time::timeout(left, attempt)
                 .await
-                .unwrap_or_else(|_| {
-                    let late = PublishError::Unavailable(format!(
-                        "no ack within [api] publish_retry_for ({})",
-                        humantime::format_duration(self.resend_for)
-                    ));
-                    (true, Err(late))
-                });
+                .unwrap_or_else(|_| (true, Err(self.no_ack_within_the_window())));
             if went && !counted {
                 counted = true;
                 self.outcome.sent += 1;
@@ -254,6 +256,13 @@ impl<'a> Publishing<'a> {
             }
         }
         self.outcome.stop.get_or_insert(error.into());
+    }
+
+    fn no_ack_within_the_window(&self) -> PublishError {
+        PublishError::Unavailable(format!(
+            "no ack within [api] publish_retry_for ({})",
+            humantime::format_duration(self.resend_for)
+        ))
     }
 
     fn accepted(&mut self, chunk: &Chunk, duplicate: bool) {

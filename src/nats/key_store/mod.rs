@@ -49,6 +49,9 @@ pub struct KeyStoreSettings {
     pub no_leader_wait: Duration,
 }
 
+/// The least time an attempt is given, even at the window's end.
+const MIN_ATTEMPT: Duration = Duration::from_millis(250);
+
 /// What is under a key now.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Slot {
@@ -123,9 +126,15 @@ impl KeyStore {
     /// What is under `key`.
     pub async fn get(&self, key: &str) -> Result<Slot, KeyStoreError> {
         let kv = self.bucket().await?;
-        let entry = match kv.entry(key).await {
-            Ok(entry) => entry,
-            Err(e) => return Err(self.lost(format!("reading {key}: {e}")).await),
+        let read = tokio::time::timeout(self.settings.no_leader_wait, kv.entry(key)).await;
+        let entry = match read {
+            Ok(Ok(entry)) => entry,
+            Ok(Err(e)) => return Err(self.lost(format!("reading {key}: {e}")).await),
+            Err(_) => {
+                return Err(self
+                    .lost(format!("reading {key}: {}", self.no_answer()))
+                    .await)
+            }
         };
         Ok(match entry {
             None => Slot::Vacant { revision: 0 },
@@ -174,22 +183,29 @@ impl KeyStore {
             expected.to_string().as_str(),
         );
         let subject = kv_bucket::subject(&self.settings.bucket, key);
-        let mut answer = self
-            .puts
-            .publish(subject.clone(), value.clone(), Some(headers.clone()), None)
-            .await;
+        // Every attempt ends with the window: a leader gone with its socket open would
+        // otherwise keep one for the client's whole request timeout.
+        let until = Instant::now() + self.settings.no_leader_wait;
+        let attempt = || async {
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .max(MIN_ATTEMPT);
+            let write =
+                self.puts
+                    .publish(subject.clone(), value.clone(), Some(headers.clone()), None);
+            tokio::time::timeout(left, write)
+                .await
+                .unwrap_or_else(|_| Err(PublishError::Unavailable(self.no_answer())))
+        };
+        let mut answer = attempt().await;
         // No responders: the bucket's stream has no leader right now (a NATS cluster
         // electing one, its replicas being raised) and nothing was stored, so the same
         // write goes again, for a while (the compare-and-set refuses a second copy).
-        let until = Instant::now() + self.settings.no_leader_wait;
         let mut pause = Duration::from_millis(100);
         while matches!(answer, Err(PublishError::NoResponders(_))) && Instant::now() < until {
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
             pause = (pause * 2).min(Duration::from_secs(1));
-            answer = self
-                .puts
-                .publish(subject.clone(), value.clone(), Some(headers.clone()), None)
-                .await;
+            answer = attempt().await;
         }
         match answer {
             Ok(published) => Ok(published.sequence),
@@ -209,11 +225,20 @@ impl KeyStore {
         if let Some(kv) = opened.as_ref() {
             return Ok(kv.clone());
         }
-        let kv = bucket::ensure_bucket(&self.js, &self.settings)
-            .await
-            .map_err(|e| self.unavailable(format!("{e:#}")))?;
+        let opening = bucket::ensure_bucket(&self.js, &self.settings);
+        let kv = match tokio::time::timeout(self.settings.no_leader_wait, opening).await {
+            Ok(opened) => opened.map_err(|e| self.unavailable(format!("{e:#}")))?,
+            Err(_) => return Err(self.unavailable(format!("opening: {}", self.no_answer()))),
+        };
         *opened = Some(kv.clone());
         Ok(kv)
+    }
+
+    fn no_answer(&self) -> String {
+        format!(
+            "no answer within {} ([api] publish_retry_for)",
+            humantime::format_duration(self.settings.no_leader_wait)
+        )
     }
 
     /// A failure that may mean the bucket is gone: set it up again next time.
