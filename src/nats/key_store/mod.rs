@@ -126,11 +126,10 @@ impl KeyStore {
     /// What is under `key`.
     pub async fn get(&self, key: &str) -> Result<Slot, KeyStoreError> {
         let kv = self.bucket().await?;
-        let read = tokio::time::timeout(self.settings.no_leader_wait, kv.entry(key)).await;
-        let entry = match read {
-            Ok(Ok(entry)) => entry,
-            Ok(Err(e)) => return Err(self.lost(format!("reading {key}: {e}")).await),
-            Err(_) => {
+        let entry = match self.within_the_window(kv.entry(key)).await {
+            Some(Ok(entry)) => entry,
+            Some(Err(e)) => return Err(self.lost(format!("reading {key}: {e}")).await),
+            None => {
                 return Err(self
                     .lost(format!("reading {key}: {}", self.no_answer()))
                     .await)
@@ -183,16 +182,20 @@ impl KeyStore {
             expected.to_string().as_str(),
         );
         let subject = kv_bucket::subject(&self.settings.bucket, key);
-        // Every attempt ends with the window: a leader gone with its socket open would
-        // otherwise keep one for the client's whole request timeout.
+        // Every attempt ends with the window (where the store has one): a leader gone
+        // with its socket open would otherwise keep one for the client's whole request
+        // timeout.
         let until = Instant::now() + self.settings.no_leader_wait;
         let attempt = || async {
-            let left = until
-                .saturating_duration_since(Instant::now())
-                .max(MIN_ATTEMPT);
             let write =
                 self.puts
                     .publish(subject.clone(), value.clone(), Some(headers.clone()), None);
+            if self.settings.no_leader_wait.is_zero() {
+                return write.await;
+            }
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .max(MIN_ATTEMPT);
             tokio::time::timeout(left, write)
                 .await
                 .unwrap_or_else(|_| Err(PublishError::Unavailable(self.no_answer())))
@@ -226,12 +229,22 @@ impl KeyStore {
             return Ok(kv.clone());
         }
         let opening = bucket::ensure_bucket(&self.js, &self.settings);
-        let kv = match tokio::time::timeout(self.settings.no_leader_wait, opening).await {
-            Ok(opened) => opened.map_err(|e| self.unavailable(format!("{e:#}")))?,
-            Err(_) => return Err(self.unavailable(format!("opening: {}", self.no_answer()))),
+        let kv = match self.within_the_window(opening).await {
+            Some(opened) => opened.map_err(|e| self.unavailable(format!("{e:#}")))?,
+            None => return Err(self.unavailable(format!("opening: {}", self.no_answer()))),
         };
         *opened = Some(kv.clone());
         Ok(kv)
+    }
+
+    /// `op`, or `None` once `no_leader_wait` passed (a store with none, zero, waits as
+    /// long as the client does).
+    async fn within_the_window<T>(&self, op: impl std::future::Future<Output = T>) -> Option<T> {
+        let window = self.settings.no_leader_wait;
+        if window.is_zero() {
+            return Some(op.await);
+        }
+        tokio::time::timeout(window, op).await.ok()
     }
 
     fn no_answer(&self) -> String {
