@@ -47,6 +47,18 @@ async fn a_table_actor_panic_is_survived_and_its_rows_are_handed_back() {
     r.handle.shutdown().await;
 }
 
+/// Waits until the `kind` node named `main` was restarted once and runs again.
+async fn restarted_once(r: &Rig, kind: &str) {
+    assert!(
+        r.until(Duration::from_secs(5), |r| r
+            .node(kind, "main")
+            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
+            .await,
+        "{}",
+        r.handle.tree_json()
+    );
+}
+
 /// Three rows buffered in table `clicks` (under its batch size): their sequences.
 async fn three_buffered_in_clicks(r: &Rig) -> Vec<u64> {
     let held = r.push("ingest.acme.clicks", 3, &[]);
@@ -75,14 +87,7 @@ async fn a_target_actor_panic_is_survived_and_a_flight_in_progress_still_settles
     for s in flying {
         assert_eq!(r.journal.terminal(s), vec![Event::Acked]);
     }
-    assert!(
-        r.until(Duration::from_secs(5), |r| r
-            .node("target", "main")
-            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
-            .await,
-        "{}",
-        r.handle.tree_json()
-    );
+    restarted_once(&r, "target").await;
     r.main().set_latency(Duration::ZERO);
     r.push(SUBJ, 10, &[]);
     r.settled(23).await;
@@ -98,14 +103,7 @@ async fn a_pool_actor_panic_is_survived_and_its_tables_keep_their_rows() {
     let r = simple(10).await;
     let held = three_buffered_in_clicks(&r).await;
     r.handle.inject_pool_panic("main").await.unwrap();
-    assert!(
-        r.until(Duration::from_secs(5), |r| r
-            .node("pool", "main")
-            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
-            .await,
-        "{}",
-        r.handle.tree_json()
-    );
+    restarted_once(&r, "pool").await;
     assert!(held.iter().all(|s| r.journal.terminal(*s).is_empty()));
     r.push(SUBJ, 10, &[]);
     r.settled(10).await;
@@ -136,14 +134,7 @@ async fn a_request_for_a_flight_lost_with_its_pool_is_not_waited_for() {
     for s in &rows {
         assert_eq!(r.journal.terminal(*s), vec![Event::Naked(restarting)]);
     }
-    assert!(
-        r.until(Duration::from_secs(5), |r| r
-            .node("pool", "main")
-            .is_some_and(|p| p["restarts"] == 1 && p["status"] == "running"))
-            .await,
-        "{}",
-        r.handle.tree_json()
-    );
+    restarted_once(&r, "pool").await;
     // JetStream redelivers the batch to the table, which asks the new pool.
     r.queue
         .push(rows.iter().map(|s| r.journal.redeliver(*s, 2)));
