@@ -41,7 +41,7 @@
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
 //! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
-//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone (ignored for now: see its doc) | 13, 19 |
+//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone, the twin's batches never split | 13, 19, 20 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -875,15 +875,12 @@ async fn missing_table_grace_runs_out() -> Result<()> {
 /// back to a dropped pull request again as new). It no longer does
 /// (`TableLedger::launch_fresh`, `actors/tests/ingest.rs::a_copy_of_a_message_in_flight_does_not_fly_beside_it`).
 ///
-/// Ignored again for what it found next (issue 19's closing note): in one run of
-/// `scripts/test` 37 good rows were twice in the Replicated twin. The twin's batches were
-/// in flight each time the bomb (in the other table) crashed ClickHouse, so they met
-/// the strike threshold too and were isolated; an attempt ClickHouse may have committed
-/// before it died was then sent again in halves, whose blocks it does not know. A
-/// deduplicating table must not split a batch after an ambiguous loss without first
-/// resending it whole (or knowing it went in). Run it with `--run-ignored all`.
+/// In one run of `scripts/test` 37 good rows were twice in the Replicated twin: the
+/// twin's batches, in flight each time the bomb crashed ClickHouse, met the strike
+/// threshold too and were isolated after a loss ClickHouse may have committed. A suspect
+/// now flies alone (`actors/src/solo.rs`,
+/// `actors/tests/ingest.rs::a_suspect_flies_alone_so_a_neighbour_lost_beside_a_crash_is_never_split`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a twin's batch isolated as a crash suspect was sent again in halves after an ambiguous loss: see the doc comment"]
 async fn poison_row_crashes_clickhouse() -> Result<()> {
     let Some(mut s) = Scenario::start(
         "poison_row_crashes_clickhouse",

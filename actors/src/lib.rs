@@ -55,6 +55,7 @@ pub mod routing;
 pub mod scoped_breaker;
 pub mod settings;
 pub mod settle;
+pub mod solo;
 pub mod supervisor;
 pub mod table;
 pub mod target;

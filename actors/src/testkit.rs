@@ -448,6 +448,11 @@ pub struct Recorded {
     pub body: Bytes,
     pub token: Option<String>,
     pub answer: Answer,
+    /// Whether its rows went in although the answer was lost: a request in flight when
+    /// [`ScriptedInserter::crash_on`]'s row took the server down.
+    pub committed_unanswered: bool,
+    /// Whether no other request was in flight at any moment of it.
+    pub alone: bool,
 }
 
 impl Recorded {
@@ -476,6 +481,60 @@ pub struct ScriptedInserter {
     /// What `deduplicates()` answers for every table.
     dedup: AtomicBool,
     dedup_window: Mutex<Option<DedupWindow>>,
+    /// The requests in flight, by their number: whether another overlapped them, and
+    /// whether a crash took their answer.
+    in_flight: Mutex<InFlight>,
+}
+
+#[derive(Default)]
+struct InFlight {
+    next: u64,
+    requests: std::collections::HashMap<u64, Overlap>,
+    /// `crash_on`'s needle, and how many requests carrying it are in flight.
+    crash_needle: Option<&'static str>,
+    crashing: usize,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Overlap {
+    overlapped: bool,
+    crashed: bool,
+}
+
+impl InFlight {
+    fn start(&mut self, carries_needle: bool) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        let overlapped = !self.requests.is_empty();
+        for other in self.requests.values_mut() {
+            other.overlapped = true;
+            other.crashed |= carries_needle;
+        }
+        if carries_needle {
+            self.crashing += 1;
+        }
+        let crashed = self.crashing > 0;
+        self.requests.insert(
+            id,
+            Overlap {
+                overlapped,
+                crashed,
+            },
+        );
+        id
+    }
+
+    fn end(&mut self, id: u64, carries_needle: bool) -> Overlap {
+        if carries_needle {
+            self.crashing -= 1;
+        }
+        self.requests.remove(&id).unwrap_or_default()
+    }
+
+    fn carries_needle(&self, body: &[u8]) -> bool {
+        self.crash_needle
+            .is_some_and(|n| body.windows(n.len()).any(|w| w == n.as_bytes()))
+    }
 }
 
 impl ScriptedInserter {
@@ -512,6 +571,15 @@ impl ScriptedInserter {
                 .any(|w| w == needle.as_bytes())
                 .then(|| Err(rejected(27)))
         });
+    }
+
+    /// A request whose body contains `needle` takes the server down, as a row that
+    /// crashes ClickHouse does: it and every request in flight beside it lose the
+    /// connection (answered like a reset), and those others went in before the server
+    /// died (`Recorded::committed_unanswered`, counted in `rows_inserted`). Scripts and
+    /// rules are not asked for these requests.
+    pub fn crash_on(&self, needle: &'static str) {
+        self.in_flight.lock().unwrap().crash_needle = Some(needle);
     }
 
     /// What every insert answers when nothing else matched (`None`: Ok).
@@ -574,12 +642,23 @@ impl ScriptedInserter {
 impl Inserter for ScriptedInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let latency = *self.latency.lock().unwrap();
+        let (id, bomb) = {
+            let mut in_flight = self.in_flight.lock().unwrap();
+            let bomb = in_flight.carries_needle(&request.body);
+            (in_flight.start(bomb), bomb)
+        };
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        let overlap = self.in_flight.lock().unwrap().end(id, bomb);
         self.count.fetch_add(1, Ordering::Relaxed);
-        let a = self.answer(&request);
-        if a.is_ok() {
+        let committed_unanswered = overlap.crashed && !bomb;
+        let a = if overlap.crashed {
+            Err(transport("connection closed before message completed"))
+        } else {
+            self.answer(&request)
+        };
+        if a.is_ok() || committed_unanswered {
             self.rows_ok.fetch_add(request.rows, Ordering::Relaxed);
         }
         if self.record {
@@ -589,6 +668,8 @@ impl Inserter for ScriptedInserter {
                 body: request.body.clone(),
                 token: request.dedup_token.clone(),
                 answer: a.clone(),
+                committed_unanswered,
+                alone: !overlap.overlapped,
             });
         }
         a

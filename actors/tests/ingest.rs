@@ -687,6 +687,25 @@ async fn a_missing_tables_grace_runs_on_through_a_table_restart() {
     r.handle.shutdown().await;
 }
 
+/// Ten rows `{"n":i}` on `SUBJ`, the fifth carrying "bomb" (what the crash rules key
+/// on): their stream sequences.
+fn push_with_a_bomb(r: &Rig) -> Vec<u64> {
+    let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
+    (0..10)
+        .map(|i| {
+            let body = if i == 4 {
+                "{\"n\":4,\"x\":[[[[\"bomb\"]]]]}".to_string()
+            } else {
+                format!("{{\"n\":{i}}}")
+            };
+            let d = r.journal.delivery(&subject, body);
+            let seq = d.seq;
+            r.queue.push([d]);
+            seq
+        })
+        .collect()
+}
+
 /// A row ClickHouse crashes on (a nesting bomb published straight to JetStream): every
 /// flight holding it loses the connection while ClickHouse took inserts a moment
 /// before, again and again. After `poison_strikes` such losses its batch is isolated:
@@ -702,20 +721,7 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
             .contains("bomb")
             .then(|| Err(transport("connection closed before message completed")))
     });
-    let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
-    let seqs: Vec<u64> = (0..10)
-        .map(|i| {
-            let body = if i == 4 {
-                "{\"n\":4,\"x\":[[[[\"bomb\"]]]]}".to_string()
-            } else {
-                format!("{{\"n\":{i}}}")
-            };
-            let d = r.journal.delivery(&subject, body);
-            let seq = d.seq;
-            r.queue.push([d]);
-            seq
-        })
-        .collect();
+    let seqs = push_with_a_bomb(&r);
     let settled = |r: &Rig, n: usize| {
         seqs.iter()
             .filter(|s| r.journal.terminal(**s).len() >= n)
@@ -765,6 +771,97 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
                 r.journal.terminal(*s).last(),
                 Some(&Event::Acked),
                 "row {i}"
+            );
+        }
+    }
+}
+
+/// Issue 20: a row that crashes ClickHouse takes down every insert in flight beside
+/// it, and those may have gone in before the server died. A neighbour's batch lost
+/// that way, on a table that deduplicates, collects the same strikes as the bomb's; were
+/// it isolated after such a loss, its rows would go in again in parts whose blocks
+/// ClickHouse does not know (rows twice). A suspect flies alone (`solo`): the twin's
+/// rows are each in one block, sent whole, and only the bomb is parked.
+#[tokio::test(start_paused = true)]
+async fn a_suspect_flies_alone_so_a_neighbour_lost_beside_a_crash_is_never_split() {
+    let mut s = settings();
+    s.idle_probe_after = Duration::from_secs(1);
+    let r = rig_with_store(&["main"], &[("acme", "main")], tables(10), s, true).await;
+    r.main().set_dedup(true);
+    r.main().set_latency(Duration::from_millis(100));
+    r.main().crash_on("bomb");
+    let mut seqs = push_with_a_bomb(&r);
+    seqs.extend(r.push("ingest.acme.twin", 10, &[]));
+    // Each cycle: both batches fly together, the bomb takes ClickHouse down with the
+    // twin's insert in flight (which went in), the pool's own probe finds it back,
+    // JetStream redelivers what was not acked.
+    for cycle in 1..=6u64 {
+        let open: Vec<u64> = seqs
+            .iter()
+            .copied()
+            .filter(|s| r.journal.terminal(*s).last() != Some(&Event::Acked))
+            .collect();
+        if r.journal.parked() == 1 && open.is_empty() {
+            break;
+        }
+        assert!(
+            r.until(Duration::from_secs(120), |r| open.iter().all(|s| r
+                .journal
+                .terminal(*s)
+                .len()
+                >= cycle as usize))
+                .await,
+            "cycle {cycle}: {:?}",
+            r.journal.events()
+        );
+        assert!(
+            r.until(Duration::from_secs(30), |r| r.pool_state("main")
+                == "closed")
+                .await
+        );
+        r.queue.push(
+            open.iter()
+                .filter(|s| r.journal.terminal(**s).last() != Some(&Event::Acked))
+                .map(|s| r.journal.redeliver(*s, cycle + 1)),
+        );
+    }
+    assert!(
+        r.until(Duration::from_secs(120), |r| r.journal.parked() == 1
+            && seqs.iter().all(|s| !r.journal.terminal(*s).is_empty()
+                && matches!(
+                    r.journal.terminal(*s).last(),
+                    Some(Event::Acked)
+                )))
+        .await,
+        "{:?}",
+        r.journal.events()
+    );
+    // What went into the twin: each distinct block once (ClickHouse deduplicates a
+    // block sent again), each row in exactly one block.
+    let mut blocks: Vec<Vec<String>> = r
+        .main()
+        .requests()
+        .into_iter()
+        .filter(|q| &*q.table.table == "twin" && (q.answer.is_ok() || q.committed_unanswered))
+        .map(|q| q.lines())
+        .collect();
+    blocks.sort();
+    blocks.dedup();
+    let mut lines: Vec<String> = blocks.concat();
+    let all = lines.len();
+    lines.sort();
+    lines.dedup();
+    assert_eq!(
+        (all, lines.len()),
+        (10, 10),
+        "the twin's rows went in as these blocks: {blocks:?}"
+    );
+    // Whenever the bomb went, it went alone once it was suspect: its parts did.
+    for q in r.main().requests() {
+        if q.rows < 10 && q.lines().iter().any(|l| l.contains("bomb")) {
+            assert!(
+                q.alone,
+                "a part of the suspect batch flew beside another insert"
             );
         }
     }

@@ -551,21 +551,29 @@ async fn judge<I: Inserter, D: Delivery>(
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
+    let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
+    // A suspect flies alone: only then is a lost connection its rows' doing (see
+    // `solo`). Its rows are kept alive meanwhile.
+    let turn = keepalive.run(replica.solo.turn(suspect), batch).await;
+    if suspect {
+        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, replica = %replica.name,
+            "a batch suspected of crashing ClickHouse flies alone");
+    }
     let mut iso = Isolation {
         inserter: &*replica.inserter,
         table: &ctx.key,
         skip_unknown_fields: ctx.settings.skip_unknown_fields,
         metrics: Some(&replica.metrics),
-        keepalive: Keepalive::new(ctx.common.settings.ack_wait, batch.held_since()),
+        keepalive,
         batch,
         record,
-        suspect: suspect.then_some(revive_within),
+        suspect: turn.is_alone().then_some(revive_within),
     };
     let report = match attempt {
         Attempt::Resume(untried) => resume(&mut iso, verdicts, &untried).await,
         Attempt::Whole => {
             let first = match iso.insert(0, n).await {
-                Err(e) if suspect => {
+                Err(e) if turn.is_alone() => {
                     tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
                         "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
                     Err(lost_on_rows(&*replica.inserter, e, revive_within).await)

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::metrics::ReplicaMetrics;
 use crate::observe::ReplicaBoard;
 use crate::routing::Layout;
+use crate::solo::SoloGate;
 
 /// One ClickHouse server of a target: a replica of one of its shards.
 pub struct Replica<I> {
@@ -19,6 +20,8 @@ pub struct Replica<I> {
     pub name: Arc<str>,
     pub inserter: Arc<I>,
     pub metrics: ReplicaMetrics,
+    /// The turns of the inserts to it: a suspect's flies alone (see [`SoloGate`]).
+    pub solo: SoloGate,
 }
 
 pub struct TargetServers<I> {
@@ -48,6 +51,7 @@ impl<I> TargetServers<I> {
                 metrics: ReplicaMetrics::new(target, &name),
                 name: Arc::from(name),
                 inserter,
+                solo: SoloGate::default(),
             })
             .collect();
         Self {
