@@ -12,6 +12,13 @@
 //! deliver are dropped once it has caught up. Until then the old entries keep
 //! answering: a manifest that has gone can only make a message wait for a batch that
 //! forms again, never send it twice.
+//!
+//! A nats-server that crashes can lose writes it had acknowledged (it flushes its file
+//! store in the background: nats-server#7564): the bucket then comes back behind what
+//! the index saw, its last sequence below revisions the index holds. A manifest lost
+//! that way is not a manifest removed (its batch's acks may be lost too, and the
+//! rows come back): the watch writes every one the bucket has neither a value nor a
+//! removal marker for again, from the index, before it reports itself caught up.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -25,7 +32,7 @@ use sluice_actors::{Changes, LedgerChange, LedgerSnapshot, Manifest, TableKey};
 use tokio::time::Instant;
 
 use super::bucket::{ensure_bucket, stream_name};
-use super::codec::decode;
+use super::codec::{decode, encode};
 use super::{incarnation_of, ManifestSettings};
 
 /// How often the watch checks for a reconnect and for a catch-up that takes too long.
@@ -175,6 +182,46 @@ impl Index {
         });
     }
 
+    /// The bucket's last sequence is `upto` as a new watch opens: below a revision
+    /// the index holds, the bucket lost writes (a nats-server crash, or the bucket
+    /// deleted under a running instance). The revisions above it mean nothing any more:
+    /// they are reset so the bucket's values replace them, removal markers above it are
+    /// dropped, and the watched revision goes back to `upto`. True when it fell behind.
+    fn fell_behind(&self, upto: u64) -> bool {
+        let mut state = self.write();
+        let highest = state
+            .by_key
+            .values()
+            .map(|v| v.revision)
+            .chain(state.tombstones.values().map(|(r, _)| *r))
+            .chain([*self.watched.borrow()])
+            .max()
+            .unwrap_or(0);
+        if highest <= upto {
+            return false;
+        }
+        for v in state.by_key.values_mut() {
+            if v.revision > upto {
+                v.revision = 0;
+            }
+        }
+        state.tombstones.retain(|_, (r, _)| *r <= upto);
+        drop(state);
+        self.watched.send_replace(upto);
+        true
+    }
+
+    /// The manifests a watch that opened behind (see [`Index::fell_behind`]) has not
+    /// delivered: lost by the bucket, or removed (the bucket says which).
+    fn unseen(&self, seen: &HashSet<String>) -> Vec<(String, Arc<Manifest>)> {
+        self.read()
+            .by_key
+            .iter()
+            .filter(|(k, _)| !seen.contains(*k))
+            .map(|(k, v)| (k.clone(), v.manifest.clone()))
+            .collect()
+    }
+
     /// Wait (at most `deadline`) until the watch has applied `revision`.
     pub async fn wait_watched(&self, revision: u64, deadline: Duration) -> bool {
         let mut watched = self.watched.subscribe();
@@ -264,7 +311,9 @@ impl Index {
 
     /// A watch opened on connection number `connects` has delivered everything the
     /// bucket held at `upto`: drop what it did not deliver and was indexed before.
-    fn caught_up(&self, seen: &HashSet<String>, upto: u64, connects: u64) {
+    /// After manifests were written again (`restored`), the claims are rebuilt from
+    /// their new revisions and the tables start again from snapshots.
+    fn caught_up(&self, seen: &HashSet<String>, upto: u64, connects: u64, restored: bool) {
         {
             let mut state = self.write();
             let gone: Vec<String> = state
@@ -275,6 +324,9 @@ impl Index {
                 .collect();
             for key in gone {
                 state.remove_key(&key, None);
+            }
+            if restored {
+                state.rebuild_claims();
             }
         }
         self.readiness.send_replace(Readiness {
@@ -437,10 +489,17 @@ async fn watch_once(
         Err(e) => return format!("reading the manifest bucket: {e}"),
     };
     let upto = bucket.last_sequence;
+    let behind = index.fell_behind(upto);
+    if behind {
+        tracing::warn!(bucket = %settings.bucket, last_sequence = upto,
+            "the manifest bucket came back behind what this instance had seen (nats-server lost writes it had acknowledged, in a crash): the manifests it lost are written again from this instance's index");
+    }
     let mut seen = HashSet::new();
     let mut caught_up = bucket.messages == 0;
     if caught_up {
-        index.caught_up(&seen, upto, connects);
+        if let Err(why) = catch_up(index, &store, &mut seen, upto, connects, behind).await {
+            return why;
+        }
     }
     let mut tick = tokio::time::interval(TICK);
     loop {
@@ -453,7 +512,9 @@ async fn watch_once(
                         seen.insert(entry.key.clone());
                         if entry.delta == 0 || entry.revision >= upto {
                             caught_up = true;
-                            index.caught_up(&std::mem::take(&mut seen), upto, connects);
+                            if let Err(why) = catch_up(index, &store, &mut seen, upto, connects, behind).await {
+                                return why;
+                            }
                         }
                     }
                 }
@@ -470,6 +531,63 @@ async fn watch_once(
             }
         }
     }
+}
+
+/// The watch has delivered everything the bucket held at `upto`. A watch that opened
+/// behind first writes again the manifests the bucket lost (see the module's doc).
+async fn catch_up(
+    index: &Index,
+    store: &kv::Store,
+    seen: &mut HashSet<String>,
+    upto: u64,
+    connects: u64,
+    behind: bool,
+) -> Result<(), String> {
+    let restored = if behind {
+        restore_lost(index, store, seen).await?
+    } else {
+        0
+    };
+    if restored > 0 {
+        tracing::warn!(manifests = restored,
+            "manifests the bucket had lost were written again: the batches they record are settled by them, not inserted anew");
+    }
+    index.caught_up(&std::mem::take(seen), upto, connects, restored > 0);
+    Ok(())
+}
+
+/// Every manifest the index holds and the watch did not deliver: read directly; one
+/// with neither a value nor a removal marker in the bucket is written again. Returns
+/// how many were.
+async fn restore_lost(
+    index: &Index,
+    store: &kv::Store,
+    seen: &mut HashSet<String>,
+) -> Result<usize, String> {
+    let mut restored = 0;
+    for (key, manifest) in index.unseen(seen) {
+        let entry = store
+            .entry(key.clone())
+            .await
+            .map_err(|e| format!("reading manifest {key} to restore it: {e}"))?;
+        match entry {
+            // Removed, or written since: the bucket knows better.
+            Some(entry) => {
+                apply(index, &entry);
+                seen.insert(key);
+            }
+            None => {
+                let revision = store
+                    .put(key.clone(), encode(&manifest))
+                    .await
+                    .map_err(|e| format!("writing lost manifest {key} again: {e}"))?;
+                index.put(&key, revision, (*manifest).clone());
+                seen.insert(key);
+                restored += 1;
+            }
+        }
+    }
+    Ok(restored)
 }
 
 /// One change of the bucket, into the index.
@@ -654,7 +772,7 @@ mod tests {
         let kf = index.key(7, &fresh.id);
         index.put(&kf, 50, fresh);
         // A watch opened when the bucket's last sequence was 40 delivered only `a`.
-        index.caught_up(&HashSet::from([ka.clone()]), 40, 3);
+        index.caught_up(&HashSet::from([ka.clone()]), 40, 3, false);
         assert!(held(&index, 1).is_some());
         assert_eq!(
             held(&index, 4),
@@ -669,6 +787,44 @@ mod tests {
                 connects: 3,
                 caught_up: true
             }
+        );
+    }
+
+    #[test]
+    fn a_bucket_behind_the_index_lost_writes_and_its_revisions_mean_nothing_any_more() {
+        let (index, ka, kb) = index();
+        assert!(
+            !index.fell_behind(11),
+            "the bucket holds what the index saw"
+        );
+        // nats-server came back with the bucket at sequence 10: `b`'s revision 11 was
+        // lost, and the revisions after 10 are written again by new values.
+        assert!(index.fell_behind(10));
+        assert_eq!(*index.watched.borrow(), 10);
+        let unseen = index.unseen(&HashSet::from([ka.clone()]));
+        assert_eq!(unseen.len(), 1, "b, to be read from the bucket");
+        assert_eq!(unseen[0].0, kb);
+        index.put(&kb, 4, manifest(vec![3, 4]));
+        let revision_of = |key: &str| {
+            index
+                .snapshot()
+                .into_iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.revision)
+        };
+        assert_eq!(
+            revision_of(&kb),
+            Some(4),
+            "a value the bucket has now replaces it"
+        );
+        // A removal marker above the bucket's last sequence was lost as well.
+        index.remove(&ka, Some(12));
+        assert!(index.fell_behind(10));
+        index.put(&ka, 5, manifest(vec![1, 2, 3]));
+        assert_eq!(revision_of(&ka), Some(5));
+        assert!(
+            !index.fell_behind(10),
+            "nothing above the bucket's last sequence now"
         );
     }
 }
