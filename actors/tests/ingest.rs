@@ -1011,3 +1011,37 @@ async fn a_copy_of_a_message_in_flight_does_not_fly_beside_it() {
     no_parks(&r);
     r.handle.shutdown().await;
 }
+
+/// Each flight out shows, in its table's snapshot (`/admin/actors`), the step it is in
+/// and for how long: a flight that does not end names the step that holds it.
+#[tokio::test(start_paused = true)]
+async fn a_flight_out_shows_its_step_and_for_how_long() {
+    let r = simple(5).await;
+    r.main().set_latency(Duration::from_secs(30));
+    r.push(SUBJ, 5, &[]);
+    let step = |r: &Rig| {
+        r.table("acme.events")
+            .map(|t| t["state"]["flights_out"].clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        r.until(Duration::from_secs(10), |r| step(r)[0]["stage"]
+            == "inserting")
+            .await,
+        "{:?}",
+        step(&r)
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let out = step(&r);
+    assert!(
+        out[0]["stage_ms"].as_u64().unwrap_or(0) >= 8_000,
+        "10 s into its insert: {out:?}"
+    );
+    r.settled(5).await;
+    assert!(
+        r.until(Duration::from_secs(10), |r| step(r).is_null())
+            .await,
+        "no flight out once the rows are settled: {:?}",
+        step(&r)
+    );
+}

@@ -19,8 +19,8 @@ pub use registry::{
     pool_id, table_id, target_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID,
 };
 pub use snapshots::{
-    BatchRoute, ConsumerSnapshot, MissingTableSnapshot, NodeKind, NodeState, NodeStatus,
-    PoolSnapshot, ReplicaBackoff, TableSnapshot, TargetSnapshot,
+    BatchRoute, ConsumerSnapshot, FlightSnapshot, FlightStage, MissingTableSnapshot, NodeKind,
+    NodeState, NodeStatus, PoolSnapshot, ReplicaBackoff, TableSnapshot, TargetSnapshot,
 };
 pub use stats::{Stats, StatsSnapshot};
 pub use throttle::SnapshotThrottle;

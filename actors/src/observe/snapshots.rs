@@ -127,6 +127,70 @@ pub struct BatchRoute {
     pub at: String,
 }
 
+/// The steps of a flight, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlightStage {
+    /// Forming the batch through the ledger: claiming it, or reading its record and
+    /// the messages it lacks.
+    Forming,
+    /// Waiting for its turn at the server (a suspect's flies alone: see `solo`).
+    WaitingTurn,
+    /// Inserting (and isolating rejected rows).
+    Inserting,
+    /// Telling the table its verdict and, with rows pending, hearing what becomes of
+    /// them.
+    Reporting,
+    /// Recording the verdicts in the manifest store.
+    Recording,
+    /// Parking rejected rows on the DLQ.
+    Parking,
+    /// Acking the messages settled.
+    Acking,
+}
+
+impl FlightStage {
+    const ALL: [FlightStage; 7] = [
+        FlightStage::Forming,
+        FlightStage::WaitingTurn,
+        FlightStage::Inserting,
+        FlightStage::Reporting,
+        FlightStage::Recording,
+        FlightStage::Parking,
+        FlightStage::Acking,
+    ];
+
+    /// The stage numbered `i` (as `stage as u8` numbers them).
+    pub fn from_index(i: u8) -> Self {
+        Self::ALL
+            .get(i as usize)
+            .copied()
+            .unwrap_or(FlightStage::Forming)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlightStage::Forming => "forming",
+            FlightStage::WaitingTurn => "waiting_turn",
+            FlightStage::Inserting => "inserting",
+            FlightStage::Reporting => "reporting",
+            FlightStage::Recording => "recording",
+            FlightStage::Parking => "parking",
+            FlightStage::Acking => "acking",
+        }
+    }
+}
+
+/// A flight as `/admin/actors` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FlightSnapshot {
+    pub stage: FlightStage,
+    /// How long it has been in that stage.
+    pub stage_ms: u64,
+    /// How long since it started.
+    pub age_ms: u64,
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TableSnapshot {
     pub tenant: String,
@@ -134,6 +198,9 @@ pub struct TableSnapshot {
     pub buffered_rows: usize,
     pub buffered_bytes: usize,
     pub flights: usize,
+    /// What each flight out is doing, and for how long.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flights_out: Vec<FlightSnapshot>,
     /// The table's own backoff: open while every replica's is (it sends nowhere).
     pub backoff: BreakerSnapshot,
     /// Per replica, when the target has more than one.

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::buffer::{weigh, Buffer};
 use super::flight::{spawn_flight, FlightCtx, FlightLinks};
+use super::flight_watch::FlightWatch;
 use super::messages::{
     FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
     VerdictReport,
@@ -108,6 +109,9 @@ pub struct TableState<I, D> {
     /// The table's backoff on each replica, the pools, whose turn it is.
     routes: TableRoutes,
     flights: usize,
+    /// What each flight out is doing (read for the snapshot, logged when one stays in
+    /// a stage far too long).
+    flights_out: Vec<Arc<FlightWatch>>,
     asking: Option<Asking>,
     age: AgeTimer,
     /// Shutdown: flush everything at once; answered once the buffer is empty.
@@ -159,6 +163,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             buffer: Buffer::default(),
             routes,
             flights: 0,
+            flights_out: Vec::new(),
             asking: None,
             age: AgeTimer::default(),
             draining: None,
@@ -182,6 +187,12 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             buffered_rows: self.buffer.len() + self.ledger.gathered(),
             buffered_bytes: self.buffer.bytes(),
             flights: self.flights,
+            flights_out: self
+                .flights_out
+                .iter()
+                .filter(|w| Arc::strong_count(w) > 1)
+                .map(|w| w.snapshot(Instant::now()))
+                .collect(),
             backoff: self.routes.summary(Instant::now()),
             replica_backoffs: self.routes.per_replica(&self.ctx, Instant::now()),
             shards: self.ctx.servers.layout.shards(),
@@ -574,6 +585,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             .flew(replica.shard, replica.name.to_string(), messages.len());
         self.ledger.flew(&messages);
         self.flights += 1;
+        let watch = FlightWatch::start();
+        self.flights_out.push(watch.clone());
         let links = FlightLinks {
             table: myself.clone(),
             pool: self.routes.pool(tickets.replica).cloned(),
@@ -587,6 +600,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             held_since,
             tickets,
             links,
+            watch,
         );
     }
 
@@ -710,6 +724,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     fn on_flight_done(&mut self, myself: &ActorRef<TableMsg<D>>, out: FlightOutcome) {
         self.flights = self.flights.saturating_sub(1);
+        self.flights_out.retain(|w| Arc::strong_count(w) > 1);
         self.totals.inserted += out.inserted as u64;
         self.totals.parked += out.parked as u64;
         self.totals.handed_back += out.handed_back as u64;
@@ -763,6 +778,22 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.keep_gathered_alive(now);
         self.ctx.common.registry.beat(&self.node_id);
         self.report_idle(myself, now);
+        self.warn_of_stuck_flights(now);
+    }
+
+    /// A flight in one stage for twice `ack_wait` (a minute at least) is logged once,
+    /// with the stage: every step of a flight has a bound, so one that does not end
+    /// names the step whose bound is missing.
+    fn warn_of_stuck_flights(&mut self, now: Instant) {
+        let after = (self.ctx.common.settings.ack_wait * 2).max(Duration::from_secs(60));
+        self.flights_out.retain(|w| Arc::strong_count(w) > 1);
+        for watch in &self.flights_out {
+            if let Some(s) = watch.stuck(now, after) {
+                tracing::warn!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table,
+                    stage = s.stage.as_str(), in_stage_s = s.stage_ms / 1000, age_s = s.age_ms / 1000,
+                    "a flight has been in one stage for long: it holds its rows until it ends");
+            }
+        }
     }
 
     /// Rows buffered past half of `ack_wait` get `progress()`, from a task: the

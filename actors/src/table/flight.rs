@@ -16,6 +16,7 @@ use std::time::Duration;
 use ractor::{ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
+use super::flight_watch::FlightWatch;
 use super::messages::{FlightRequest, PoolLink, TableMsg, TableReport, VerdictReport};
 use super::verdict::{
     outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
@@ -29,9 +30,11 @@ use crate::ledger::recording::{forget_soon, record_parked, record_verdicts, Spli
 use crate::ledger::split::RowRange;
 use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, ManifestState};
 use crate::metrics::{retry_reason, TableMetrics};
+use crate::observe::FlightStage;
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
 use crate::settings::{Failpoint, TableSettings};
 use crate::settle::hand_back;
+use crate::solo::Turn;
 use crate::target::{Replica, TargetServers};
 
 /// What every flight of one table needs.
@@ -79,10 +82,13 @@ pub fn spawn_flight<I: Inserter, D: Delivery>(
     held_since: Instant,
     tickets: Tickets,
     links: FlightLinks<D>,
+    watch: Arc<FlightWatch>,
 ) {
     let tracker = ctx.common.tracker.clone();
     tracker.spawn(async move {
-        let mut outcome = run_flight(&ctx, cargo, held_since, tickets, &links).await;
+        let mut outcome = run_flight(&ctx, cargo, held_since, tickets, &links, &watch).await;
+        // Before the table hears it is done, so the table no longer counts it.
+        drop(watch);
         outcome.messages = messages;
         let _ = links.table.cast(TableMsg::FlightDone(outcome));
     });
@@ -118,6 +124,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     held_since: Instant,
     tickets: Tickets,
     links: &FlightLinks<D>,
+    watch: &FlightWatch,
 ) -> FlightOutcome {
     let suspect = cargo.suspect();
     let replica = ctx.servers.replica(tickets.replica);
@@ -130,6 +137,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         Prepared::Nothing => {
             // Settled by a record (counted when its batch was), or nothing left: the
             // tickets go back.
+            watch.enter(FlightStage::Reporting);
             report(ctx, links, tickets, Verdict::Unfinished, false).await;
             return FlightOutcome {
                 dedup,
@@ -152,16 +160,23 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
             let mut recorder = record
                 .clone()
                 .and_then(|m| Some(SplitRecorder::new(ctx.common.manifests.as_ref()?, m)));
-            let judged = judge_or_cancel(
-                ctx,
-                replica,
-                &batch,
-                recorder.as_mut(),
-                &mut verdicts,
-                suspect,
-                attempt,
-            )
-            .await;
+            watch.enter(FlightStage::WaitingTurn);
+            let judged = match take_turn(ctx, replica, &batch, suspect).await {
+                Some(at) => {
+                    watch.enter(FlightStage::Inserting);
+                    judge_or_cancel(
+                        ctx,
+                        replica,
+                        &batch,
+                        recorder.as_mut(),
+                        &mut verdicts,
+                        attempt,
+                        at,
+                    )
+                    .await
+                }
+                None => (Verdict::Unfinished, None, Vec::new()),
+            };
             let (verdict, text, untried) = judged;
             let record = match (record, recorder) {
                 (Some(_), Some(recorder)) => Some(recorder.into_record()),
@@ -187,6 +202,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let unsent = matches!(verdict, Verdict::Unsent(_));
     let has_pending = verdicts.contains(&RowVerdict::Pending);
     let mut parked_missing = false;
+    watch.enter(FlightStage::Reporting);
     let mut pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
         PendingRows::HandBack(delay) => delay,
         PendingRows::Park(reason) => {
@@ -204,6 +220,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let mut last_error = last_error;
     let mut settled_record = None;
     if let (Some(m), Some(store)) = (&record, &ctx.common.manifests) {
+        watch.enter(FlightStage::Recording);
         crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
         match record_verdicts(store, m.clone(), &batch, &mut verdicts, untried).await {
             Ok(recorded) => settled_record = Some(recorded).filter(Manifest::is_settled),
@@ -221,6 +238,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let held_all = record
         .as_ref()
         .is_some_and(|m| batch.deliveries().count() == m.messages.len());
+    watch.enter(FlightStage::Parking);
     let parked = batch.park(verdicts, &plan).await;
     if let (Some(m), Some(store)) = (&settled_record, &ctx.common.manifests) {
         if !parked.parked_rows().is_empty() {
@@ -230,6 +248,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
             }
         }
     }
+    watch.enter(FlightStage::Acking);
     let settled = parked.ack(&plan).await;
     // A message that went back (a row pending, or rejected and not parked: the DLQ is
     // full) comes again: its batch's record must be there to settle it by, or its
@@ -513,6 +532,35 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
     }
 }
 
+/// A flight's turn at its server, and the keepalive of its rows, held while it talks
+/// to the server.
+struct AtServer {
+    turn: Turn,
+    keepalive: Keepalive,
+}
+
+/// Wait for the flight's turn at `replica` (a suspect's flies alone: see `solo`),
+/// keeping its rows alive meanwhile; `None` when the shutdown deadline came first.
+async fn take_turn<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    replica: &Replica<I>,
+    batch: &Batch<D>,
+    suspect: bool,
+) -> Option<AtServer> {
+    let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
+    let cancel = ctx.common.cancel_flights.clone();
+    let turn = tokio::select! {
+        biased;
+        turn = keepalive.run(replica.solo.turn(suspect), batch) => turn,
+        _ = cancel.cancelled() => return None,
+    };
+    if suspect {
+        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = batch.rows(), replica = %replica.name,
+            "a batch suspected of crashing ClickHouse flies alone");
+    }
+    Some(AtServer { turn, keepalive })
+}
+
 /// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
 /// last error's text and, when the isolation stopped short, the ranges it had not
 /// judged.
@@ -522,13 +570,13 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     batch: &Batch<D>,
     record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
-    suspect: bool,
     attempt: Attempt,
+    at: AtServer,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let cancel = ctx.common.cancel_flights.clone();
     let judged = tokio::select! {
         biased;
-        judged = judge(ctx, replica, batch, record, verdicts, suspect, attempt) => Some(judged),
+        judged = judge(ctx, replica, batch, record, verdicts, attempt, at) => Some(judged),
         _ = cancel.cancelled() => None,
     };
     judged.unwrap_or_else(|| {
@@ -546,19 +594,14 @@ async fn judge<I: Inserter, D: Delivery>(
     batch: &Batch<D>,
     record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
-    suspect: bool,
     attempt: Attempt,
+    at: AtServer,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
-    let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
-    // A suspect flies alone: only then is a lost connection its rows' doing (see
-    // `solo`). Its rows are kept alive meanwhile.
-    let turn = keepalive.run(replica.solo.turn(suspect), batch).await;
-    if suspect {
-        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, replica = %replica.name,
-            "a batch suspected of crashing ClickHouse flies alone");
-    }
+    // Held to the end: a suspect flies alone, and only then is a lost connection its
+    // rows' doing (see `solo`).
+    let AtServer { turn, keepalive } = at;
     let mut iso = Isolation {
         inserter: &*replica.inserter,
         table: &ctx.key,

@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod buffer;
 pub mod flight;
+pub mod flight_watch;
 pub mod messages;
 pub mod routes;
 pub mod strikes;

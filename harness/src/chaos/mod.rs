@@ -58,8 +58,8 @@ use tokio::time::Instant;
 pub use feed::{Feed, Pace, Progress, Published, Route};
 pub use flow::{Flow, FlowWatch, RESUME_LIMIT};
 pub use observe::{
-    held_in_tree, metric_value, table_state, Backlog, Held, JetStreamView, ParkedRow, CONSUMER,
-    DLQ_STREAM, INGEST_STREAM,
+    flights_out_in_tree, held_in_tree, metric_value, table_state, Backlog, Held, JetStreamView,
+    ParkedRow, CONSUMER, DLQ_STREAM, INGEST_STREAM,
 };
 pub use rows::{create_table_sql, id_of, RowSet};
 pub use tally::{counts, ids_in, Tally, REPORT_ENV};
@@ -356,6 +356,27 @@ impl Scenario {
         }
     }
 
+    /// What every flight out in each live sluice is doing (see `flights_out_in_tree`).
+    pub async fn flights_out(&mut self) -> String {
+        let live: Vec<usize> = self
+            .stack
+            .sluice
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, p)| p.is_running().then_some(i))
+            .collect();
+        let mut text = Vec::new();
+        for i in live {
+            let flights = match self.stack.admin_get_of(i, "/admin/actors").await {
+                Ok((200, tree)) => flights_out_in_tree(&tree).join("; "),
+                Ok((status, _)) => format!("/admin/actors answered {status}"),
+                Err(e) => format!("/admin/actors: {e:#}"),
+            };
+            text.push(format!("sluice #{i}: [{flights}]"));
+        }
+        text.join(", ")
+    }
+
     /// One look at the pipeline.
     pub async fn look(&mut self, tables: &[&str]) -> Look {
         let backlog = self.jet.backlog().await.ok();
@@ -408,7 +429,8 @@ impl Scenario {
                 quiet = 0;
             }
             if Instant::now() >= end {
-                bail!("not quiet after {deadline:?}; last look: {look:?}");
+                let flights = self.flights_out().await;
+                bail!("not quiet after {deadline:?}; last look: {look:?}; flights out: {flights}");
             }
             previous = Some(look);
             tokio::time::sleep_until((Instant::now() + QUIESCE_POLL).min(end)).await;

@@ -223,6 +223,32 @@ pub fn held_in_tree(tree: &Value) -> Held {
     held
 }
 
+/// Each flight out in an `/admin/actors` answer, as `table: stage for N ms (age M ms)`:
+/// what a pipeline that does not go quiet is doing.
+pub fn flights_out_in_tree(tree: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![tree];
+    // Bounded by the tree's size: each node is visited once.
+    while let Some(node) = stack.pop() {
+        if node.get("kind").and_then(Value::as_str) == Some("table") {
+            let state = &node["state"];
+            for f in state["flights_out"].as_array().into_iter().flatten() {
+                out.push(format!(
+                    "{}: {} for {} ms (age {} ms)",
+                    state["table"].as_str().unwrap_or("?"),
+                    f["stage"].as_str().unwrap_or("?"),
+                    f["stage_ms"].as_u64().unwrap_or(0),
+                    f["age_ms"].as_u64().unwrap_or(0),
+                ));
+            }
+        }
+        if let Some(children) = node.get("children").and_then(Value::as_array) {
+            stack.extend(children.iter());
+        }
+    }
+    out
+}
+
 /// The state of `table`'s node in an `/admin/actors` answer (the first one found).
 pub fn table_state<'a>(tree: &'a Value, table: &str) -> Option<&'a Value> {
     let mut stack = vec![tree];

@@ -184,6 +184,12 @@ function tableState(entry) {
   box.append(pill(n.status, tone));
   if (s.backoff && s.backoff.state !== "closed") box.append(" ", gatePill(s.backoff, "backoff"));
   if (n.restarts) box.append(" ", pill(n.restarts + " restarts", "warn"));
+  // A flight that stays in one step holds its rows: name the step (see flight_watch.rs).
+  const slow = (s.flights_out || []).filter((f) => f.stage_ms >= 10000);
+  for (const f of slow) {
+    box.append(el("div", { class: "facts", "data-field": "slow-flight" },
+      "a flight " + f.stage.replace("_", " ") + " for " + duration(f.stage_ms)));
+  }
   if (s.missing_table) {
     const m = s.missing_table;
     box.append(el("div", { class: "error", "data-field": "missing" }, m.grace_left_ms > 0
