@@ -356,15 +356,19 @@ impl Scenario {
         }
     }
 
-    /// What every flight out in each live sluice is doing (see `flights_out_in_tree`).
-    pub async fn flights_out(&mut self) -> String {
-        let live: Vec<usize> = self
-            .stack
+    /// The indexes of the sluice processes running now.
+    fn live_sluices(&mut self) -> Vec<usize> {
+        self.stack
             .sluice
             .iter_mut()
             .enumerate()
             .filter_map(|(i, p)| p.is_running().then_some(i))
-            .collect();
+            .collect()
+    }
+
+    /// What every flight out in each live sluice is doing (see `flights_out_in_tree`).
+    pub async fn flights_out(&mut self) -> String {
+        let live = self.live_sluices();
         let mut text = Vec::new();
         for i in live {
             let flights = match self.stack.admin_get_of(i, "/admin/actors").await {
@@ -381,13 +385,7 @@ impl Scenario {
     pub async fn look(&mut self, tables: &[&str]) -> Look {
         let backlog = self.jet.backlog().await.ok();
         let mut held = Vec::new();
-        let live: Vec<usize> = self
-            .stack
-            .sluice
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, p)| p.is_running().then_some(i))
-            .collect();
+        let live = self.live_sluices();
         for i in live {
             let tree = self.stack.admin_get_of(i, "/admin/actors").await;
             held.push(match tree {
