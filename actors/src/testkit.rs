@@ -438,7 +438,7 @@ pub fn transport(what: &str) -> ClickHouseError {
 // === Inserter ===
 
 pub type Answer = Result<(), ClickHouseError>;
-type Rule = Box<dyn Fn(&InsertRequest) -> Option<Answer> + Send + Sync>;
+type Rule = Arc<dyn Fn(&InsertRequest) -> Option<Answer> + Send + Sync>;
 
 /// One recorded insert request.
 #[derive(Clone, Debug)]
@@ -556,7 +556,7 @@ impl ScriptedInserter {
     }
 
     pub fn rule(&self, f: impl Fn(&InsertRequest) -> Option<Answer> + Send + Sync + 'static) {
-        self.rules.lock().unwrap().push(Box::new(f));
+        self.rules.lock().unwrap().push(Arc::new(f));
     }
 
     pub fn clear_rules(&self) {
@@ -627,7 +627,9 @@ impl ScriptedInserter {
         if let Some(a) = self.queue.lock().unwrap().pop_front() {
             return a;
         }
-        for rule in self.rules.lock().unwrap().iter() {
+        // Called outside the lock: a rule may panic (a flight's bug, injected).
+        let rules: Vec<Rule> = self.rules.lock().unwrap().clone();
+        for rule in rules {
             if let Some(a) = rule(r) {
                 return a;
             }

@@ -162,6 +162,57 @@ async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
     r.handle.shutdown().await;
 }
 
+/// A flight that panics (a bug in it) does not stop its table: the table hears it is
+/// done, the rows it held go back (dropped, so naked) and, delivered again, land; the
+/// table flies on. Without that, the table counted the flight out for ever and kept its
+/// messages from flying again.
+#[tokio::test(start_paused = true)]
+async fn a_flight_that_panics_gives_its_rows_back_and_its_table_flies_on() {
+    let r = simple(5).await;
+    let first = std::sync::atomic::AtomicBool::new(true);
+    r.main().rule(move |_| {
+        assert!(
+            !first.swap(false, Ordering::Relaxed),
+            "injected: a bug in the first insert"
+        );
+        None
+    });
+    let seqs = r.push(SUBJ, 5, &[]);
+    assert!(
+        r.until(Duration::from_secs(10), |r| {
+            seqs.iter()
+                .all(|s| r.journal.terminal(*s) == vec![Event::DroppedUnsettled])
+        })
+        .await,
+        "{:?}",
+        r.journal.events()
+    );
+    assert!(
+        r.until(Duration::from_secs(10), |r| r
+            .table("acme.events")
+            .is_some_and(|t| t["state"]["flights"] == 0
+                && t["state"]["last_error"].as_str().is_some_and(
+                    |e| e.contains("a flight panicked while inserting")
+                )))
+        .await,
+        "{:?}",
+        r.table("acme.events")
+    );
+    r.queue
+        .push(seqs.iter().map(|s| r.journal.redeliver(*s, 2)));
+    assert!(
+        r.until(Duration::from_secs(30), |r| seqs.iter().all(|s| r
+            .journal
+            .terminal(*s)
+            .last()
+            == Some(&Event::Acked)))
+            .await,
+        "{:?}",
+        r.journal.events()
+    );
+    assert_eq!(r.main().rows_inserted(), 5);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_consumer_panic_is_survived() {
     let r = simple(5).await;

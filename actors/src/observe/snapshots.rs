@@ -168,6 +168,11 @@ impl FlightStage {
             .unwrap_or(FlightStage::Forming)
     }
 
+    /// Whether this step comes before `other` in a flight.
+    pub fn before(self, other: FlightStage) -> bool {
+        (self as u8) < (other as u8)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FlightStage::Forming => "forming",

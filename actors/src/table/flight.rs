@@ -10,9 +10,12 @@
 //! owners of the breakers decide. It decides nothing about which batch a message
 //! belongs to either: the table's ledger did, and the store answers the rest.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use ractor::{ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
@@ -86,12 +89,55 @@ pub fn spawn_flight<I: Inserter, D: Delivery>(
 ) {
     let tracker = ctx.common.tracker.clone();
     tracker.spawn(async move {
-        let mut outcome = run_flight(&ctx, cargo, held_since, tickets, &links, &watch).await;
+        let flight = run_flight(&ctx, cargo, held_since, tickets, &links, &watch);
+        let mut outcome = match AssertUnwindSafe(flight).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                let text = panic_text(panic.as_ref());
+                after_a_panic(&ctx, &links, tickets, &watch, text).await
+            }
+        };
         // Before the table hears it is done, so the table no longer counts it.
         drop(watch);
         outcome.messages = messages;
         let _ = links.table.cast(TableMsg::FlightDone(outcome));
     });
+}
+
+/// A flight that panicked (a bug) must not stop its table: the table counts a flight
+/// done only when it hears so, and keeps the messages of a flight out from flying
+/// again. So it hears: the messages the flight held were dropped with it (a dropped
+/// delivery is naked, and comes again), and the breakers' tickets go back when the
+/// flight had not reported yet. The panic itself is logged by the panic hook.
+async fn after_a_panic<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    links: &FlightLinks<D>,
+    tickets: Tickets,
+    watch: &FlightWatch,
+    text: String,
+) -> FlightOutcome {
+    let stage = watch.stage();
+    tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, stage = stage.as_str(), panic = %text,
+        "a flight panicked: the rows it held go back to JetStream, and the table goes on");
+    if stage.before(FlightStage::Reporting) {
+        report(ctx, links, tickets, Verdict::Unfinished, false).await;
+    }
+    FlightOutcome {
+        last_error: Some(format!(
+            "a flight panicked while {}: {text}",
+            stage.as_str()
+        )),
+        ..Default::default()
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_text(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// How a batch is sent.

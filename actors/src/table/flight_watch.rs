@@ -39,9 +39,14 @@ impl FlightWatch {
         self.stage.store(stage as u8, Ordering::Relaxed);
     }
 
+    /// The stage it is in now.
+    pub fn stage(&self) -> FlightStage {
+        FlightStage::from_index(self.stage.load(Ordering::Relaxed))
+    }
+
     pub fn snapshot(&self, now: Instant) -> FlightSnapshot {
         let age = now.saturating_duration_since(self.started);
-        let stage = FlightStage::from_index(self.stage.load(Ordering::Relaxed));
+        let stage = self.stage();
         let at = Duration::from_millis(self.stage_at_ms.load(Ordering::Relaxed));
         FlightSnapshot {
             stage,
