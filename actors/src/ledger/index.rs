@@ -35,7 +35,10 @@ pub struct BatchIndex {
 /// bookkeeping (every message is indexed, re-indexed when its batch is settled, and
 /// removed). Sequences are not chosen by anyone who could aim at collisions.
 #[derive(Default)]
-struct SequenceHasher(u64);
+pub(crate) struct SequenceHasher(u64);
+
+/// A set of stream sequences, hashed as `by_seq` is (see [`SequenceHasher`]).
+pub(crate) type SequenceSet = std::collections::HashSet<u64, BuildHasherDefault<SequenceHasher>>;
 
 impl Hasher for SequenceHasher {
     fn finish(&self) -> u64 {

@@ -60,7 +60,7 @@ pub use store::{
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::ports::Delivery;
 use gathering::{Gathering, Gatherings};
-use index::BatchIndex;
+use index::{BatchIndex, SequenceSet};
 use settled_lines::SettledLines;
 
 /// Why a batch was not sent (its messages go back and come again).
@@ -134,8 +134,9 @@ pub struct TableLedger<D> {
     /// of one (nats-server 2.9 delivers a message handed back to a dropped pull request
     /// again as new) must not fly beside it: into a table that records nothing that is
     /// a second insert, and a row ClickHouse crashes on would crash it again, and be
-    /// isolated and parked twice.
-    flying: HashSet<u64>,
+    /// isolated and parked twice. Hashed as the index's sequences are: with SipHash
+    /// its three operations per message cost ~5% of Sluice's instructions per row.
+    flying: SequenceSet,
 }
 
 impl<D> Default for TableLedger<D> {
@@ -144,7 +145,7 @@ impl<D> Default for TableLedger<D> {
             index: BatchIndex::default(),
             gatherings: Gatherings::default(),
             settled_lines: SettledLines::default(),
-            flying: HashSet::new(),
+            flying: SequenceSet::default(),
         }
     }
 }
