@@ -76,6 +76,42 @@ fn start_dev(nats: &Path, args: &[&str]) -> Result<SluiceProcess> {
     SluiceProcess::start_spec(spec)
 }
 
+/// `sluice dev ARGS --api A --admin B` on ports free a moment ago, waited for until it
+/// says it is running. A port can be taken between its pick and sluice dev's bind (by
+/// another test's server, or by the servers sluice dev starts first): it then exits
+/// saying so, and is started again on fresh ports, a few times at most, as the
+/// harness's stacks do. Returns it with its API and admin ports.
+async fn start_dev_on_free_ports(nats: &Path, args: &[&str]) -> Result<(SluiceProcess, u16, u16)> {
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        let (api, admin) = (free_port()?, free_port()?);
+        let (api_text, admin_text) = (api.to_string(), admin.to_string());
+        let mut all = args.to_vec();
+        all.extend(["--api", api_text.as_str(), "--admin", admin_text.as_str()]);
+        let dev = start_dev(nats, &all)?;
+        let running = wait_for(
+            "sluice dev running, or saying a port was taken",
+            STARTUP,
+            Duration::from_millis(100),
+            || async {
+                if dev.logs_contain("sluice dev is running") {
+                    Ok(true)
+                } else if dev.logs_contain("Address already in use") {
+                    Ok(false)
+                } else {
+                    Err(anyhow!("starting"))
+                }
+            },
+        )
+        .await
+        .with_context(|| dev.log_tail(40))?;
+        if running {
+            return Ok((dev, api, admin));
+        }
+    }
+    bail!("sluice dev found a port it was given taken {ATTEMPTS} times in a row")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly() -> Result<()> {
     let Some(nats) =
@@ -83,17 +119,7 @@ async fn dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly() -> Resu
     else {
         return Ok(());
     };
-    let (api, admin) = (free_port()?, free_port()?);
-    let mut dev = start_dev(
-        &nats,
-        &[
-            "--demo-traffic",
-            "--api",
-            &api.to_string(),
-            "--admin",
-            &admin.to_string(),
-        ],
-    )?;
+    let (mut dev, api, admin) = start_dev_on_free_ports(&nats, &["--demo-traffic"]).await?;
     let http = sluice_harness::loopback_client(Duration::from_secs(5))?;
     let admin_url = format!("http://127.0.0.1:{admin}");
 
@@ -266,16 +292,7 @@ async fn dev_servers_die_with_it_when_it_is_killed() -> Result<()> {
     let Some(nats) = servers_or_skip("dev_servers_die_with_it_when_it_is_killed")? else {
         return Ok(());
     };
-    let mut dev = start_dev(
-        &nats,
-        &[
-            "--api",
-            &free_port()?.to_string(),
-            "--admin",
-            &free_port()?.to_string(),
-        ],
-    )?;
-    dev.wait_for_log("sluice dev is running", STARTUP).await?;
+    let (mut dev, _, _) = start_dev_on_free_ports(&nats, &[]).await?;
     assert!(
         dev.logs_contain(&nats.display().to_string()),
         "runs the nats-server of this test run ({}):\n{}",

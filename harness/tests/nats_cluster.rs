@@ -39,6 +39,27 @@ async fn r3_stream(js: &jetstream::Context, name: &str, count: u64) -> Result<()
     })
     .await
     .context("creating an R3 stream")?;
+    // The create answers once the stream is assigned; its own group may still be
+    // electing, and a publish meanwhile finds no responder ("no stream found").
+    wait_for(
+        &format!("stream {name} has a leader"),
+        ELECTION,
+        POLL,
+        || async {
+            let mut stream = js
+                .get_stream(name)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let info = stream.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            ensure!(
+                info.cluster.as_ref().is_some_and(|c| c.leader.is_some()),
+                "no leader yet: {:?}",
+                info.cluster
+            );
+            Ok(())
+        },
+    )
+    .await?;
     for i in 0..count {
         js.publish(format!("{name}.rows"), format!("row {i}").into())
             .await
