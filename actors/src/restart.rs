@@ -8,6 +8,15 @@ use tokio::time::Instant;
 
 use crate::settings::RestartPolicy;
 
+/// A panic's message, when its payload is text (`panic!` with a message makes a `&str`
+/// or a `String`): for a flight's caught panic and the log's panic hook alike.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}
+
 /// The child a supervision event reports gone, with why: a panic or error, or a stop
 /// nobody asked for. Other events (starts, state changes) are `None`.
 pub fn child_gone(evt: SupervisionEvent) -> Option<(ActorId, String)> {

@@ -34,10 +34,7 @@ pub fn init(format: LogFormat, level: &str) {
 fn log_panics_as_events() {
     std::panic::set_hook(Box::new(|info| {
         let payload = info.payload();
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
+        let message = sluice_actors::restart::panic_message(payload)
             .unwrap_or_else(|| "(a non-string panic payload)".to_string());
         let location = info
             .location()

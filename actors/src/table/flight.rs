@@ -10,7 +10,6 @@
 //! owners of the breakers decide. It decides nothing about which batch a message
 //! belongs to either: the table's ledger did, and the store answers the rest.
 
-use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +34,7 @@ use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, ManifestSt
 use crate::metrics::{retry_reason, TableMetrics};
 use crate::observe::FlightStage;
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
+use crate::restart::panic_message;
 use crate::settings::{Failpoint, TableSettings};
 use crate::settle::hand_back;
 use crate::solo::Turn;
@@ -93,7 +93,7 @@ pub fn spawn_flight<I: Inserter, D: Delivery>(
         let mut outcome = match AssertUnwindSafe(flight).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(panic) => {
-                let text = panic_text(panic.as_ref());
+                let text = panic_message(panic.as_ref()).unwrap_or_else(|| "a panic".into());
                 after_a_panic(&ctx, &links, tickets, &watch, text).await
             }
         };
@@ -129,15 +129,6 @@ async fn after_a_panic<I: Inserter, D: Delivery>(
         )),
         ..Default::default()
     }
-}
-
-/// A panic's message, when it has one.
-fn panic_text(panic: &(dyn Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
 }
 
 /// How a batch is sent.
