@@ -138,21 +138,32 @@ impl JetStreamView {
     /// Every row parked for `table` (tenant [`TENANT`]), oldest first, read without
     /// consuming anything. An absent DLQ stream means nothing is parked.
     pub async fn parked(&self, table: &str) -> Result<Vec<ParkedRow>> {
-        let mut stream = match self.js.get_stream(DLQ_STREAM).await {
-            Ok(s) => s,
-            Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
-            Err(e) => return Err(anyhow!("reading stream {DLQ_STREAM}: {e}")),
+        let started = tokio::time::Instant::now();
+        // Bounded by `DLQ_UNAVAILABLE`, as the reads below.
+        let (stream, last) = loop {
+            let read = async {
+                let mut stream = self.js.get_stream(DLQ_STREAM).await?;
+                let last = stream.info().await?.state.last_sequence;
+                Ok::<_, async_nats::Error>((stream, last))
+            };
+            match read.await {
+                Ok(read) => break read,
+                Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
+                Err(e) if started.elapsed() >= DLQ_UNAVAILABLE => {
+                    return Err(anyhow!(
+                        "reading stream {DLQ_STREAM}: {e} (for {DLQ_UNAVAILABLE:?})"
+                    ))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
         };
-        let last = stream
-            .info()
-            .await
-            .map_err(|e| anyhow!("reading stream {DLQ_STREAM}: {e}"))?
-            .state
-            .last_sequence;
         let subject = format!("{DLQ_PREFIX}.{TENANT}.{table}");
         let mut rows = Vec::new();
         let mut next = 1u64;
-        // Bounded: each step moves past one stored message.
+        // Bounded: each step moves past one stored message, and waits out a stream
+        // that cannot answer for a while (a NATS cluster electing its leader after a
+        // fault answers 503 "temporarily unavailable") for at most `DLQ_UNAVAILABLE`.
+        let mut unavailable_since: Option<tokio::time::Instant> = None;
         while next <= last {
             let message = match stream
                 .get_first_raw_message_by_subject(&subject, next)
@@ -160,8 +171,18 @@ impl JetStreamView {
             {
                 Ok(m) => m,
                 Err(e) if no_message(&e) => break,
-                Err(e) => return Err(anyhow!("reading the DLQ at {next}: {e}")),
+                Err(e) => {
+                    let since = *unavailable_since.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() >= DLQ_UNAVAILABLE {
+                        return Err(anyhow!(
+                            "reading the DLQ at {next}: {e} (for {DLQ_UNAVAILABLE:?})"
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
             };
+            unavailable_since = None;
             next = message.sequence + 1;
             let payload = String::from_utf8_lossy(&message.payload).into_owned();
             let id = serde_json::from_str::<Value>(&payload)
@@ -188,6 +209,9 @@ impl JetStreamView {
         Ok(rows)
     }
 }
+
+/// How long reading the DLQ waits for a stream that does not answer.
+const DLQ_UNAVAILABLE: Duration = Duration::from_secs(30);
 
 fn no_message(e: &async_nats::jetstream::stream::LastRawMessageError) -> bool {
     match e.kind() {
