@@ -765,6 +765,50 @@ async fn a_manifest_nats_server_lost_in_a_crash_is_written_again_from_the_index(
     Ok(())
 }
 
+/// A removal a client queues while it is disconnected goes out once it reconnects, and
+/// after a nats-server crash the acks the removal relied on may be lost (their rows
+/// come back and must find their batch's record: seen in `chaos::nats::nats_server_kill9`,
+/// rows twice in the twin). A settled batch forgotten while NATS is down is left to the
+/// collector, and nothing removes it behind the reconnect.
+#[tokio::test]
+async fn a_manifest_forgotten_while_nats_is_down_is_left_to_the_collector() -> Result<()> {
+    let Some(mut setup) =
+        Setup::start("a_manifest_forgotten_while_nats_is_down_is_left_to_the_collector").await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let open = a.batch(seqs.clone());
+    a.record(&open).await?;
+    let done = settled(open, Vec::new());
+    a.record(&done).await?;
+    let connects = a.connects();
+    setup.server.stop().await?;
+    wait_until("the instance disconnected", DEADLINE, POLL, || async {
+        a.js.client().connection_state() != async_nats::connection::State::Connected
+    })
+    .await?;
+    // What the flight does a moment after its acks were confirmed.
+    let _ = a.store.forget(&done.id).await;
+    setup.server.start_again().await?;
+    wait_until("the instance reconnected", DEADLINE, POLL, || async {
+        a.connects() > connects
+    })
+    .await?;
+    // Whatever the client queued while down has reached the server after this.
+    a.js.client().flush().await.context("flushing")?;
+    a.ready().await?;
+    let bucket = setup.bucket().await?;
+    assert_eq!(
+        bucket.values().collect::<Vec<_>>(),
+        vec![&done],
+        "the record is still there for the collector"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
     let Some(setup) = Setup::start("a_full_bucket_fails_the_record_with_the_reason").await? else {

@@ -256,6 +256,11 @@ impl Index {
         state.remove_key(key, marker);
     }
 
+    /// The manifest `key` holds, as the index knows it.
+    pub fn get(&self, key: &str) -> Option<Arc<Manifest>> {
+        self.read().by_key.get(key).map(|v| v.manifest.clone())
+    }
+
     /// Every manifest of our stream, for the collector.
     pub fn snapshot(&self) -> Vec<(String, Indexed)> {
         self.read()

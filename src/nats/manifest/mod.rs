@@ -352,7 +352,9 @@ impl Shared {
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
         let recorded_on = lock(&self.recorded).remove(id);
-        if recorded_on != Some(self.connects()) {
+        let connected =
+            self.js.client().connection_state() == async_nats::connection::State::Connected;
+        if recorded_on != Some(self.connects()) || !connected {
             // Acks sent before the reconnect may be lost, and the confirmed ack after it
             // does not cover them: the collector removes it once the ack floor says.
             lock(&self.deferred).insert(id.to_string());
@@ -366,7 +368,22 @@ impl Shared {
             return Ok(());
         }
         let key = self.key_of(id)?;
-        self.purge_key(&key).await.map_err(StoreError)?;
+        let connects = self.connects();
+        let purged = self.purge_key(&key).await;
+        if purged.is_err() || self.connects() != connects {
+            // The removal may go out (or have gone out) over a new connection, after a
+            // nats-server crash that lost the acks it relied on: a removal a client
+            // queued while disconnected is sent once it reconnects. The record is
+            // written again behind it and left to the collector, which judges by the
+            // ack floor as the server has it now.
+            if let Some(manifest) = self.index.get(&key) {
+                let _ = self.record(&manifest).await;
+            }
+            lock(&self.deferred).insert(id.to_string());
+            tracing::debug!(manifest = %id,
+                "a manifest's removal crossed a reconnect: written again, it is collected once its rows are known acked");
+            return purged.map_err(StoreError);
+        }
         self.index.remove(&key, None);
         Ok(())
     }
