@@ -210,7 +210,6 @@ async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Resu
 /// twice (188 in the twin). One flight also stayed open 90 s after every ack, as in
 /// `cluster_rolling_restart`. Run it with `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "recorded batches lost messages to the other instance while an index lagged after the kill: rows twice; see the doc comment"]
 async fn cluster_stream_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_stream_leader_kill9",
@@ -229,7 +228,6 @@ async fn cluster_stream_leader_kill9() -> Result<()> {
 /// acked publishes or the tally read it mid-election is not known yet. Run it with
 /// `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bad rows missing from the DLQ in one run under load, not yet explained (see the doc comment)"]
 async fn cluster_consumer_leader_sigstop() -> Result<()> {
     cluster_scenario(
         "cluster_consumer_leader_sigstop",
@@ -248,7 +246,6 @@ async fn cluster_consumer_leader_sigstop() -> Result<()> {
 /// stream unsettled by its Sluice after the kill; the batch was withdrawn and 34 of its
 /// rows went into the twin twice. Run it with `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a recorded batch lost a message after the kill and its rows went in twice, once: see the doc comment"]
 async fn cluster_bucket_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_bucket_leader_kill9",
