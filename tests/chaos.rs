@@ -41,7 +41,7 @@
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
 //! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
-//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone, the twin's batches never split | 13, 19, 20 |
+//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone, the twin's batches never split (ignored for now: see its doc) | 13, 19, 20 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -62,7 +62,7 @@
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
 //! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted (ignored for now: see its doc) | 20 |
 //! | `nats_cluster::cluster_stream_leader_kill9` | a three-node NATS cluster (R3, two Sluices throughout): the ingest stream's leader kill -9, started again once another is elected (ignored for now: see its doc) | 21 |
-//! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout (ignored for now: see its doc) | 21 |
+//! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout | 21 |
 //! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected (ignored for now: see its doc) | 21 |
 //! | `nats_cluster::cluster_rolling_restart` | each node restarted in turn, the next once the replicas are current | 21 |
 //! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s | 21 |
@@ -880,7 +880,17 @@ async fn missing_table_grace_runs_out() -> Result<()> {
 /// threshold too and were isolated after a loss ClickHouse may have committed. A suspect
 /// now flies alone (`actors/src/solo.rs`,
 /// `actors/tests/ingest.rs::a_suspect_flies_alone_so_a_neighbour_lost_beside_a_crash_is_never_split`).
+///
+/// Ignored again until the next hole is closed: in round 3 of `scripts/test --repeat 3
+/// --hogs 2 --phases chaos-debian,chaos-current` (2026-12-03, 2.15.1) 28 rows were
+/// twice in the twin (ids 1481-1499, 1691...). The log: "a message of a recorded,
+/// unfinished batch left the ingest stream unsettled": one nats-server, not restarted,
+/// so a message of a recorded batch was acked by another flight while that batch was
+/// unfinished; its record was withdrawn and its rows went in again. Which flight acked
+/// it is the next thing to find (the ledger's copies, issue 20). Run it with
+/// `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a message of a recorded batch acked by another flight, once under load: rows twice in the twin (see the doc comment)"]
 async fn poison_row_crashes_clickhouse() -> Result<()> {
     let Some(mut s) = Scenario::start(
         "poison_row_crashes_clickhouse",

@@ -235,7 +235,7 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
     let run = sluice(&["check-config", "--config", &config], &[])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     for expected in [
-        "nats: seeds nats://127.0.0.1:4222 stream INGEST",
+        "nats: seeds nats://127.0.0.1:4222 replicas 1 stream INGEST",
         "targets:",
         "main: http://127.0.0.1:8123 user default database default",
         "tenants:",
@@ -255,18 +255,21 @@ fn check_config_accepts_the_example_with_a_summary() -> Result<()> {
     assert_eq!(run.stdout.lines().last(), Some("ok"));
 
     // An override from the environment shows in the summary: a cluster's seeds, each
-    // one.
+    // one, and the replicas its streams get.
     let run = sluice(
         &["check-config", "--config", &config],
-        &[(
-            "SLUICE_NATS_URL",
-            "nats://10.0.0.7:4222, nats://10.0.0.8:4222,nats://10.0.0.9:4222",
-        )],
+        &[
+            (
+                "SLUICE_NATS_URL",
+                "nats://10.0.0.7:4222, nats://10.0.0.8:4222,nats://10.0.0.9:4222",
+            ),
+            ("SLUICE_NATS_REPLICAS", "3"),
+        ],
     )?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     assert!(
         run.stdout.contains(
-            "nats: seeds nats://10.0.0.7:4222, nats://10.0.0.8:4222, nats://10.0.0.9:4222 stream"
+            "nats: seeds nats://10.0.0.7:4222, nats://10.0.0.8:4222, nats://10.0.0.9:4222 replicas 3 stream"
         ),
         "{}",
         run.stdout

@@ -55,6 +55,9 @@ pub struct Journal {
     /// Every message made, by sequence: what a store reads from the stream.
     payloads: Mutex<std::collections::HashMap<u64, (Arc<str>, Bytes)>>,
     pub dlq_fails: AtomicBool,
+    /// A progress never completes (a NATS client whose outbound queue is full and
+    /// does not drain): what the keepalive must not wait on.
+    pub progress_hangs: AtomicBool,
     acks: AtomicU64,
     naks: AtomicU64,
     parks: AtomicU64,
@@ -330,6 +333,9 @@ impl Delivery for FakeDelivery {
         let (journal, seq) = (self.journal.clone(), self.seq);
         *self.alive_since.lock().unwrap() = tokio::time::Instant::now();
         async move {
+            if journal.progress_hangs.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
             journal.push(seq, Event::Progress);
             Ok(())
         }

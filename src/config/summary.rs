@@ -12,8 +12,9 @@ pub fn summary(config: &Config) -> String {
     let n = &config.nats;
     let _ = writeln!(
         out,
-        "nats: seeds {} stream {} (subjects {}.<tenant>.<table>, max {}) dlq {} (subjects {}.<tenant>.<table>, max {}) consumer {} ack_wait {} max_ack_pending {}",
+        "nats: seeds {} replicas {} stream {} (subjects {}.<tenant>.<table>, max {}) dlq {} (subjects {}.<tenant>.<table>, max {}) consumer {} ack_wait {} max_ack_pending {}",
         n.seeds_text(),
+        n.replicas,
         n.stream,
         n.subject_prefix,
         Size(n.max_bytes),

@@ -9,7 +9,7 @@
 //! | `cluster_replica_kill9`       | replica 1 of shard 1 kill -9 while rows flow: its twin takes the shard's rows (`shard1_took_during_fault=`), the query gateway answers meanwhile |
 //! | `cluster_replica_sigstop`     | replica 1 of shard 1 frozen past the insert timeout: the retry goes to its twin, deduplicated |
 //! | `cluster_shard_down`          | both replicas of shard 2 killed (-9) for a while: shard 1 takes the fresh batches, shard 2's recorded ones wait (ignored for now: see its doc) |
-//! | `cluster_zookeeper_stopped`   | ZooKeeper stopped: every replica read-only (242), everything waits, nothing parked (ignored for now: see its doc) |
+//! | `cluster_zookeeper_stopped`   | ZooKeeper stopped: every replica read-only (242), everything waits, nothing parked |
 
 use super::*;
 
@@ -137,15 +137,18 @@ async fn cluster_replica_sigstop() -> Result<()> {
 /// seconds): no row is parked, fresh batches go to shard 1, the batches recorded for
 /// shard 2 wait for it; once it is back they land there, deduplicated.
 ///
-/// Ignored until its known failure is explained (issue 22's closing note): in two runs
-/// under load (2026-12-02, one per nats-server version) 100 and 150 of the first rows
-/// were missing from the `Distributed` count at the end, none parked. Whether ClickHouse
-/// lost a part both replicas were killed around (its block id in ZooKeeper, so the
-/// retry of the same block was taken for a copy) or Sluice acked rows it had not
-/// inserted is not known yet: the next step is to count per replica and read
-/// `system.replication_queue` and Sluice's verdicts for those rows in a failing round.
+/// Ignored until its failure is explained (issue 22). It passes alone (6 of 6 beside two
+/// CPU hogs) and fails under load: 3 of 6 whole chaos rounds under two hogs (2026-12-03)
+/// lost exactly one 100-row batch, one of the first (ids 100-199, 200-299), and the
+/// earlier runs 100 and 150 rows: nothing parked, every row acked. The batch went to
+/// shard 2 just before both its replicas were killed with -9. Whether ClickHouse lost a
+/// part it had answered 200 for (its block id in ZooKeeper, so a retry would be taken
+/// for a copy) or the count through `Distributed` misses a part a restarted replica
+/// has not fetched yet is the next thing to find: count per replica, and read
+/// `system.parts`, `system.replication_queue` and ZooKeeper's blocks for that batch.
 /// Run it with `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "one 100-row batch missing at the end in half the rounds under load (see the doc comment)"]
 async fn cluster_shard_down() -> Result<()> {
     let Some(mut s) = on_a_cluster("cluster_shard_down").await? else {
         return Ok(());
@@ -178,14 +181,12 @@ async fn cluster_shard_down() -> Result<()> {
 /// backs off on its own, nothing is parked; once ZooKeeper is back (and ClickHouse has
 /// its session again, ~10 s on 18.16) everything lands, nothing twice.
 ///
-/// Ignored until its known failure is settled (issue 22's closing note): in a run of
-/// `scripts/test` (2026-12-02), a stop that cut an insert's commit (answered 319 "Unknown
-/// status" / 999 "Connection loss") left 100 rows counted twice through the
-/// `Distributed` table. The likely cause is ClickHouse's: 18.16 keeps such a part on
-/// the replica for up to 5 minutes (until its part check finds the block missing in
-/// ZooKeeper) while Sluice's retry of the same block lands; it is to be shown (the part
-/// in `system.parts` and absent from ZooKeeper) before the scenario checks it, rather
-/// than left to fail at random. Run it with `--run-ignored all`.
+/// Ignored for a while (issue 22): once, after a stop that cut an insert's commit
+/// (319 "Unknown status" / 999 "Connection loss"), 100 rows were counted twice through
+/// the `Distributed` table; 18.16 may keep such a part on its replica until its part
+/// check (up to 5 minutes) while Sluice's retry of the block lands. Not seen since it
+/// came back (alone beside two CPU hogs, and the whole chaos rounds on both versions);
+/// if it is, `system.parts` on each replica against ZooKeeper's block ids shows whose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_zookeeper_stopped() -> Result<()> {
     let Some(mut s) = on_a_cluster("cluster_zookeeper_stopped").await? else {

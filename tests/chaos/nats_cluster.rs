@@ -16,7 +16,7 @@
 //! | scenario                          | fault                                                        |
 //! |-----------------------------------|--------------------------------------------------------------|
 //! | `cluster_stream_leader_kill9`     | the `INGEST` stream's leader killed with -9, started again once another is elected (ignored for now: see its doc) |
-//! | `cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout (ignored for now: see its doc) |
+//! | `cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout |
 //! | `cluster_bucket_leader_kill9`     | the manifest bucket's leader killed with -9, started again once another is elected (ignored for now: see its doc) |
 //! | `cluster_rolling_restart`         | each node restarted in turn, its replicas current before the next |
 //! | `cluster_connected_node_sigstop`  | the node the first Sluice is connected to frozen 12 s |
@@ -200,16 +200,13 @@ async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Resu
 /// election (the API sends them again under the same ids), the consumer follows the
 /// new leader; nothing lost, nothing doubled.
 ///
-/// Ignored until its known failures are fixed (issue 21's closing note). In runs of
-/// `scripts/test` (2026-12-02) on both nats-servers, after the kill one Sluice's
-/// manifest index did not see batches it had just recorded within 5 s, and sent their
-/// rows back; messages of those recorded batches then left the stream unsettled by
-/// that Sluice (the other one took them while its own index lagged, is the suspect), so
-/// the batches could not be formed again. Kept, such a record gathered its other
-/// messages for ever (fixed: it is withdrawn at once); withdrawn, its rows went in
-/// twice (188 in the twin). One flight also stayed open 90 s after every ack, as in
-/// `cluster_rolling_restart`. Run it with `--run-ignored all`.
+/// Ignored until the hole `cluster_bucket_leader_kill9` shows is closed (same cause
+/// suspected: after the kill a manifest index lags, see there). It passed 6 of 6 alone
+/// beside two CPU hogs and 6 of 6 whole chaos rounds under two hogs (2026-12-03), but
+/// it failed before under load with 188 rows twice in the twin. Run it with
+/// `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a claim the lagging index did not confirm leaves its record unchecked: see cluster_bucket_leader_kill9"]
 async fn cluster_stream_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_stream_leader_kill9",
@@ -221,12 +218,10 @@ async fn cluster_stream_leader_kill9() -> Result<()> {
 /// The consumer's leader frozen past the election timeout: its pull requests go with
 /// it, a new leader is elected and the pulls are replaced; the thawed node steps down.
 ///
-/// Ignored until its known failure is explained (issue 21's closing note): in one run of
-/// `scripts/test` under load (2026-12-02, 2.9.10) two bad rows were neither in
-/// ClickHouse nor on the DLQ at the end and three were parked twice, while the DLQ's
-/// publishes met "no responders" during the election. Whether the R3 DLQ stream lost
-/// acked publishes or the tally read it mid-election is not known yet. Run it with
-/// `--run-ignored all`.
+/// Ignored for a while (issue 21): in one run under load two bad rows were missing
+/// from the DLQ and three parked twice while the DLQ's stream elected a leader; not
+/// seen again in 6 runs alone beside two CPU hogs nor in the whole chaos rounds since
+/// (the DLQ's count now waits out a stream that cannot answer yet, `cebd3cd`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_consumer_leader_sigstop() -> Result<()> {
     cluster_scenario(
@@ -240,12 +235,18 @@ async fn cluster_consumer_leader_sigstop() -> Result<()> {
 /// watch that kept the index is opened again where it broke, and no row is taken
 /// before the index is whole again.
 ///
-/// Ignored until its known failure is fixed (issue 21's closing note): in run 15 of
-/// `scripts/test` (2026-12-02, the current nats-server), as in
-/// `cluster_stream_leader_kill9`, a message of a recorded, unfinished batch left the
-/// stream unsettled by its Sluice after the kill; the batch was withdrawn and 34 of its
-/// rows went into the twin twice. Run it with `--run-ignored all`.
+/// Ignored until its hole is closed. Round 3 of `scripts/test --repeat 3 --hogs 2
+/// --phases chaos-debian,chaos-current` (2026-12-03, 2.9.10) had 146 rows twice in the
+/// twin. Both instances logged "the manifest index did not see batch … within 5s: its
+/// rows go back" for several batches: the claim wrote its record, the index (its watch
+/// broken by the bucket leader's kill) did not show it in time, and the claim gave up
+/// **before** the rule "the earlier record wins" was checked, leaving the record in the
+/// bucket. Two such records can share messages, and each, unchecked, is later gathered
+/// and inserted under its own token. The fix to make: a claim that gives up removes its
+/// record (as a conflicting one does), and a recorded batch is gathered only if no
+/// earlier record shares its messages. Run it with `--run-ignored all`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a claim the lagging index did not confirm leaves its record unchecked: rows twice (see the doc comment)"]
 async fn cluster_bucket_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_bucket_leader_kill9",
@@ -273,7 +274,12 @@ async fn cluster_rolling_restart() -> Result<()> {
 /// leaves it within a few pings and goes on through another node.
 ///
 /// Once under load (the current nats-server) a flight stayed open past the 90 s
-/// deadline after every ack: see `cluster_rolling_restart`.
+/// deadline after every ack: see `cluster_rolling_restart`. Seen again on 2.9.10 beside
+/// two CPU hogs (2026-12-03), now with its step: the plain table's flight, formed while
+/// the DLQ's stream had no leader, was `inserting` for 95 s. The one await there
+/// without a bound was the progress the flight sends for its rows (a NATS publish,
+/// which waits while the client's outbound queue is full); it is bounded now
+/// (`actors/src/keepalive.rs`, its tests). Whether that was this hang is not shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_connected_node_sigstop() -> Result<()> {
     cluster_scenario(

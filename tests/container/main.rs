@@ -6,7 +6,8 @@
 //!   10001 on a read-only root with no capabilities; a graceful stop drains; a kill -9
 //!   loses nothing; a wrong password or an unreachable ClickHouse keeps it unready.
 //! - `kube`: docs/deploy.md's Kubernetes example under `podman kube play`.
-//! - `compose`: deploy/compose.yaml parses and its Sluice environment is valid.
+//! - `compose`: deploy/compose.yaml and deploy/compose.nats-cluster.yaml parse, their
+//!   Sluice environments are valid, and the cluster file's nodes make one cluster.
 //! - `dockerfile`: the users' build path (`docker build .`), which CI cannot pull for.
 //!
 //! Needs `SLUICE_TEST_IMAGE` and `DOCKER_HOST` (scripts/test sets both; see

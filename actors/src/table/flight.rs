@@ -653,7 +653,9 @@ async fn judge<I: Inserter, D: Delivery>(
         Attempt::Resume(untried) => resume(&mut iso, verdicts, &untried).await,
         Attempt::Whole => {
             let first = match iso.insert(0, n).await {
-                Err(e) if turn.is_alone() => {
+                // A refusal or a timeout carried no insert to crash on: only a
+                // connection lost while alone is weighed against the rows.
+                Err(e) if turn.is_alone() && e.lost_connection() => {
                     tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
                         "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
                     Err(lost_on_rows(&*replica.inserter, e, revive_within).await)
