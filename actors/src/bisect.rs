@@ -104,10 +104,27 @@ impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
                 .map(|r| r.record().token_of(lo, hi, self.batch.rows())),
         };
         let started = Instant::now();
+        let traced = tracing::enabled!(tracing::Level::TRACE).then(|| {
+            (
+                request.dedup_token.clone(),
+                ends_of(&request.body),
+                self.batch.sequences(),
+            )
+        });
         let out = self
             .keepalive
             .run(self.inserter.insert(request), self.batch)
             .await;
+        if let Some((token, (first, last), sequences)) = traced {
+            // Where a row went, should it be found twice (what the chaos suite's
+            // failures are read with): the rows sent, the block's token, the answer.
+            tracing::trace!(table = %self.table.table, lo, hi, rows = self.batch.rows(),
+                first_seq = sequences.first().copied().unwrap_or(0),
+                last_seq = sequences.last().copied().unwrap_or(0),
+                messages = sequences.len(), token = token.as_deref().unwrap_or("-"),
+                first, last, answer = ?out.as_ref().map_err(|e| e.to_string()),
+                "insert");
+        }
         if let Some(m) = self.metrics {
             m.request(
                 out.as_ref().err().map(|e| e.class),
@@ -116,6 +133,16 @@ impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
         }
         out
     }
+}
+
+/// The first and the last row of a request's body, cut to 48 bytes each (trace only).
+fn ends_of(body: &bytes::Bytes) -> (String, String) {
+    let text = String::from_utf8_lossy(body);
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let cut = |l: &str| l.chars().take(48).collect::<String>();
+    let first = lines.next().map(cut).unwrap_or_default();
+    let last = lines.next_back().map(cut).unwrap_or_else(|| first.clone());
+    (first, last)
 }
 
 /// A rejection that judges rows: splitting can find the ones at fault. A rejection the

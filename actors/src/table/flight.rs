@@ -275,6 +275,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let held_all = record
         .as_ref()
         .is_some_and(|m| batch.deliveries().count() == m.messages.len());
+    let batch_messages = batch.deliveries().count();
     watch.enter(FlightStage::Parking);
     let parked = batch.park(verdicts, &plan).await;
     if let (Some(m), Some(store)) = (&settled_record, &ctx.common.manifests) {
@@ -287,6 +288,12 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     }
     watch.enter(FlightStage::Acking);
     let settled = parked.ack(&plan).await;
+    tracing::trace!(tenant = %ctx.key.tenant, table = %ctx.key.table,
+        record = record.as_ref().map_or("-", |m| m.id.as_str()),
+        settled_record = settled_record.is_some(),
+        messages = batch_messages, inserted = settled.inserted, parked = settled.parked,
+        handed_back = settled.handed_back, pending = settled.pending, confirmed = settled.confirmed,
+        "flight settled");
     // A message that went back (a row pending, or rejected and not parked: the DLQ is
     // full) comes again: its batch's record must be there to settle it by, or its
     // inserted rows would go into a new batch (and, after a restart, into ClickHouse
@@ -523,6 +530,8 @@ async fn settle_formed<I, D: Delivery>(
             for copy in copies {
                 // Its message left the stream (acked after its batch was settled): the
                 // ack is a no-op for JetStream, and nothing is inserted again.
+                tracing::trace!(table = %ctx.key.table, seq = copy.position().stream_sequence,
+                    "a copy of a message no longer in the stream acked");
                 let _ = copy.ack().await;
             }
             if let Some((manifest, held)) = by_record {

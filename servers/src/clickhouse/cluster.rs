@@ -118,7 +118,9 @@ impl ClickHouseCluster {
                     }
                 },
             )
-            .await?;
+            .await
+            // A server that stopped answering here died: its logs say why.
+            .with_context(|| node.log_tail(40))?;
         }
         Ok(())
     }
