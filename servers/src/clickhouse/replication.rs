@@ -43,8 +43,9 @@ impl Replication {
         self
     }
 
-    /// Writes `config.d/replication.xml` into the server's dir (once: the interserver
-    /// port picked then is the server's for good, restarts included).
+    /// Writes `config.d/replication.xml` into the server's dir, with an interserver port
+    /// of its own (at each start attempt; the one that started is the server's for good,
+    /// restarts included).
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let config_d = dir.join("config.d");
         std::fs::create_dir_all(&config_d)

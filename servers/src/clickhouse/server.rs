@@ -72,15 +72,17 @@ impl ClickHouseServer {
             .tempdir()
             .context("creating a temp dir for clickhouse-server")?;
         let http = crate::http::loopback_client(EXEC_TIMEOUT)?;
-        if let Some(replication) = &options.replication {
-            replication.write(dir.path())?;
-        }
-
         let prepare = || {
             let ports = Ports {
                 http: free_port()?,
                 tcp: free_port()?,
             };
+            // Written with each attempt: its interserver port is picked like the others,
+            // and a port taken meanwhile must not be tried again (a cluster's start failed
+            // on it three times in a row under load).
+            if let Some(replication) = &options.replication {
+                replication.write(dir.path())?;
+            }
             let config = config::write(dir.path(), ports)?;
             let mut spec = ProcessSpec::new(&binary).name("clickhouse-server");
             if binary.file_name().is_some_and(|name| name == "clickhouse") {
