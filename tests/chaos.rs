@@ -65,7 +65,7 @@
 //! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout | 21 |
 //! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected (ignored for now: see its doc) | 21 |
 //! | `nats_cluster::cluster_rolling_restart` | each node restarted in turn, the next once the replicas are current | 21 |
-//! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s | 21 |
+//! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s (ignored for now: see its doc) | 21 |
 //!
 //! The `nats_cluster` scenarios (tests/chaos/nats_cluster.rs) also print `gap=` (the
 //! longest stretch without a new row in the twin) and `resumed_in=` (from the end of the
