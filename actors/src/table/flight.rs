@@ -272,10 +272,10 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let plan = ctx.plan(pending_delay, record.is_some());
     // Only a flight that held every message of its batch knows them all acked; a batch
     // formed again with messages held elsewhere is left to the store's collection.
+    let batch_messages = batch.deliveries().count();
     let held_all = record
         .as_ref()
-        .is_some_and(|m| batch.deliveries().count() == m.messages.len());
-    let batch_messages = batch.deliveries().count();
+        .is_some_and(|m| batch_messages == m.messages.len());
     watch.enter(FlightStage::Parking);
     let parked = batch.park(verdicts, &plan).await;
     if let (Some(m), Some(store)) = (&settled_record, &ctx.common.manifests) {
