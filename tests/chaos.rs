@@ -371,7 +371,7 @@ async fn clickhouse_kill9() -> Result<()> {
     landing(&s, "events", 1000).await?;
     s.kill_clickhouse_mid_insert().await?;
     tokio::time::sleep(secs(3)).await; // the outage
-    s.stack.clickhouse.start_again().await?;
+    s.stack.clickhouse.start_again_after_crash().await?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
     Ok(())
@@ -409,7 +409,7 @@ async fn clickhouse_crash_loop() -> Result<()> {
         landing(&s, "events", before + 200).await?;
         s.kill_clickhouse_mid_insert().await?;
         tokio::time::sleep(ms(300)).await;
-        s.stack.clickhouse.start_again().await?;
+        s.stack.clickhouse.start_again_after_crash().await?;
     }
     let published = s.published(feed).await?;
     let tally = s.finish(&[published]).await?;
@@ -926,7 +926,7 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
             crashes += 1;
             // The bomb, retried the moment the HTTP port opens, can crash ClickHouse
             // before it counts as started: that is one more crash, not a failure.
-            if let Err(e) = s.stack.clickhouse.start_again().await {
+            if let Err(e) = s.stack.clickhouse.start_again_after_crash().await {
                 eprintln!("clickhouse-server crashed while starting (crash {crashes}): {e:#}");
             }
         }
@@ -966,7 +966,7 @@ async fn poison_row_crashes_clickhouse() -> Result<()> {
                 restarts_after <= 1,
                 "ClickHouse crashed again after the bomb was parked"
             );
-            s.stack.clickhouse.start_again().await?;
+            s.stack.clickhouse.start_again_after_crash().await?;
         }
         ensure!(
             tokio::time::Instant::now() < deadline,

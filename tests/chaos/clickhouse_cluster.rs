@@ -101,7 +101,7 @@ async fn cluster_replica_kill9() -> Result<()> {
     );
     s.note("query_while_down", status);
     let published = s.published(feed).await?;
-    s.stack.node_mut(0, 0).start_again().await?;
+    s.stack.node_mut(0, 0).start_again_after_crash().await?;
     s.finish(&[published]).await?;
     Ok(())
 }
@@ -146,14 +146,12 @@ async fn cluster_replica_sigstop() -> Result<()> {
 /// the rows. The tally counts a row a replica of its shard holds as inserted and names
 /// the gap (`on_one_replica_only=`); a row on no replica still fails it.
 ///
-/// Ignored again for the next thing the kill shows: in 2 of 10 whole chaos rounds
-/// beside two CPU hogs (2026-12-03, 2.15.1) a killed replica would not start again:
-/// "The local set of parts of table default.events doesn't look like the set of parts
-/// in ZooKeeper" (18.16's sanity check; the operator's remedy is the
-/// `flags/force_restore_data` file). The harness should restart it as an operator
-/// would, and docs/operations.md say so. Run it with `--run-ignored all`.
+/// The kill shows one more thing of 18.16's (2 of 10 whole chaos rounds beside two CPU
+/// hogs, 2026-12-03, 2.15.1): a killed replica may refuse to start again, "The local
+/// set of parts of table default.events doesn't look like the set of parts in
+/// ZooKeeper". The harness starts it as docs/operations.md tells an operator to
+/// (`start_again_after_crash`: the `flags/force_restore_data` file, then start again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a replica killed with -9 may refuse to start again until force_restore_data (see the doc comment)"]
 async fn cluster_shard_down() -> Result<()> {
     let Some(mut s) = on_a_cluster("cluster_shard_down").await? else {
         return Ok(());
@@ -175,8 +173,8 @@ async fn cluster_shard_down() -> Result<()> {
         "shard1_took_during_fault",
         format!("+{}", shard1_during - shard1_before),
     );
-    s.stack.node_mut(1, 0).start_again().await?;
-    s.stack.node_mut(1, 1).start_again().await?;
+    s.stack.node_mut(1, 0).start_again_after_crash().await?;
+    s.stack.node_mut(1, 1).start_again_after_crash().await?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
     Ok(())

@@ -23,6 +23,10 @@ pub const CLICKHOUSE_DEBIAN_BIN: &str = "/usr/sbin/clickhouse-server";
 /// How long a (re)started server gets to answer `/ping`.
 pub const CLICKHOUSE_READY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// What 18.16 logs when it refuses to start a Replicated table whose parts on disk
+/// differ too much from ZooKeeper's (after a kill -9 right after inserts).
+const PARTS_UNLIKE_ZOOKEEPER: &str = "doesn't look like the set of parts in ZooKeeper";
+
 /// How long one statement run through [`ClickHouseServer::exec`] may take.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -222,6 +226,34 @@ impl ClickHouseServer {
     /// The ZooKeeper root and macros it was started with, if any.
     pub fn replication(&self) -> Option<&Replication> {
         self.replication.as_ref()
+    }
+
+    /// Starts a server killed with -9 again as an operator would: if 18.16 refuses
+    /// because a Replicated table's parts on disk no longer match ZooKeeper's ("The
+    /// local set of parts of table … doesn't look like the set of parts in ZooKeeper",
+    /// its check after a crash), it creates `flags/force_restore_data` in the data
+    /// directory (the server then detaches the parts ZooKeeper does not know and
+    /// fetches the ones it lacks) and starts it once more. Any other failure is
+    /// returned as it is. docs/operations.md gives operators the same step.
+    pub async fn start_again_after_crash(&mut self) -> Result<()> {
+        let Err(refused) = self.start_again().await else {
+            return Ok(());
+        };
+        if !self.process.logs_contain(PARTS_UNLIKE_ZOOKEEPER) {
+            return Err(refused);
+        }
+        let flags = self.dir.path().join("data").join("flags");
+        std::fs::create_dir_all(&flags).with_context(|| format!("creating {}", flags.display()))?;
+        let flag = flags.join("force_restore_data");
+        std::fs::write(&flag, b"").with_context(|| format!("creating {}", flag.display()))?;
+        tracing::warn!(
+            server = %self.http_url(),
+            "clickhouse-server refused to start after a crash (parts unlike ZooKeeper's); \
+             starting it again with flags/force_restore_data"
+        );
+        self.start_again()
+            .await
+            .context("starting clickhouse-server again with flags/force_restore_data")
     }
 
     // --- lifecycle ---
