@@ -83,6 +83,7 @@ async fn record(store: &JsManifestStore, m: &Manifest) -> Result<()> {
         ManifestState::Open => store
             .claim(m)
             .await
+            .map(|_revision| ())
             .map_err(|e| anyhow!("claiming {}: {e}", m.id)),
         _ => store
             .update(m)
@@ -433,6 +434,66 @@ async fn of_two_batches_claiming_a_message_the_one_recorded_first_wins() -> Resu
     }
     // The winner's messages are still its own: it claims them again without conflict.
     a.record(&first).await?;
+    Ok(())
+}
+
+/// A batch that lost its claim and was left in the bucket (its claimer gave up before
+/// the store judged it, or could not remove it) stays behind the winner after the
+/// winner is written again with a later state, also for an instance that reads the
+/// bucket only then: the claim's revision travels with every state of a batch, and
+/// `current` tells it. Ordered by the revision of each one's latest state, the loser
+/// would pass for the first claim and be formed again beside the winner.
+#[tokio::test]
+async fn a_claim_keeps_its_place_when_its_batch_is_written_again() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_claim_keeps_its_place_when_its_batch_is_written_again").await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let seqs = setup.publish_rows(3).await?;
+    let winner = a.batch(seqs[..2].to_vec());
+    let revision = a
+        .store
+        .claim(&winner)
+        .await
+        .map_err(|e| anyhow!("claiming {}: {e}", winner.id))?;
+    // Written unjudged, as a record left behind is.
+    let loser = a.batch(seqs[1..].to_vec());
+    a.store
+        .update(&loser)
+        .await
+        .map_err(|e| anyhow!("recording {}: {e}", loser.id))?;
+    let winner = settled(winner.claimed_as(revision), Vec::new());
+    a.record(&winner).await?;
+
+    let c = setup.instance().await?;
+    c.ready().await?;
+    let current = |id: String| {
+        let store = c.store.clone();
+        async move {
+            store
+                .current(&id)
+                .await
+                .map_err(|e| anyhow!("reading {id}: {e}"))?
+                .with_context(|| format!("{id} is not in the bucket"))
+        }
+    };
+    let winner_now = current(winner.id.clone()).await?;
+    let loser_now = current(loser.id.clone()).await?;
+    assert_eq!(
+        winner_now.claim_revision, revision,
+        "kept by its later state"
+    );
+    assert!(
+        loser_now.claim_revision > revision,
+        "a record never written again is at its claim: {}",
+        loser_now.claim_revision
+    );
+    assert_eq!(c.store.earlier_claim(&loser_now), Some(winner.id.clone()));
+    assert_eq!(c.store.earlier_claim(&winner_now), None);
+    c.wait_holding(seqs[1], Some(&winner)).await?;
     Ok(())
 }
 
@@ -833,7 +894,7 @@ async fn a_full_bucket_fails_the_record_with_the_reason() -> Result<()> {
         let first = 1 + i * 10_000;
         let m = batch_of(&store, (first..first + 10_000).collect());
         match store.claim(&m).await {
-            Ok(()) => recorded.push(m),
+            Ok(_revision) => recorded.push(m),
             Err(e) => {
                 refusal = Some(e);
                 break;

@@ -896,7 +896,8 @@ impl FakeManifestStore {
         }
     }
 
-    fn put(&self, manifest: &crate::ledger::Manifest) {
+    /// Records `manifest`; returns the store's revision of it.
+    fn put(&self, manifest: &crate::ledger::Manifest) -> u64 {
         self.journal
             .push(0, Event::ManifestRecorded(manifest.is_settled()));
         self.records.lock().unwrap().push(manifest.clone());
@@ -910,6 +911,7 @@ impl FakeManifestStore {
         state
             .changes
             .push(crate::ledger::LedgerChange::Put { revision, manifest });
+        revision
     }
 
     fn remove(&self, id: &str) {
@@ -944,7 +946,7 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
     fn claim<'a>(
         &'a self,
         manifest: &'a crate::ledger::Manifest,
-    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::ClaimError>> {
+    ) -> futures::future::BoxFuture<'a, Result<u64, crate::ledger::ClaimError>> {
         Box::pin(async move {
             self.write_fails()
                 .map_err(crate::ledger::ClaimError::Unavailable)?;
@@ -963,9 +965,23 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
                     earlier,
                 });
             }
-            self.put(manifest);
-            Ok(())
+            Ok(self.put(manifest))
         })
+    }
+
+    fn earlier_claim(&self, manifest: &crate::ledger::Manifest) -> Option<String> {
+        let state = self.state.lock().unwrap();
+        let order = state
+            .manifests
+            .get(&manifest.id)
+            .map_or(manifest.claim_order(u64::MAX), |(r, m)| m.claim_order(*r));
+        state
+            .manifests
+            .values()
+            .filter(|(_, m)| m.id != manifest.id)
+            .filter(|(r, m)| m.claim_order(*r) < order)
+            .find(|(_, m)| manifest.messages.iter().any(|s| m.holds(*s)))
+            .map(|(_, m)| m.id.clone())
     }
 
     fn update<'a>(
@@ -986,7 +1002,13 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
         'a,
         Result<Option<crate::ledger::Manifest>, crate::ledger::StoreError>,
     > {
-        Box::pin(async move { Ok(self.get(id).map(|m| (*m).clone())) })
+        Box::pin(async move {
+            let state = self.state.lock().unwrap();
+            Ok(state.manifests.get(id).map(|(revision, m)| {
+                let order = m.claim_order(*revision);
+                (**m).clone().claimed_as(order)
+            }))
+        })
     }
 
     fn forget<'a>(

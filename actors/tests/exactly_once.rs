@@ -714,6 +714,56 @@ async fn copies_of_a_batch_removed_while_they_were_gathered_are_not_inserted() {
     r.handle.shutdown().await;
 }
 
+/// A batch that lost its claim to an earlier one and was left behind (its claimer gave
+/// up before the store judged it, or could not remove it; seen on a NATS cluster while
+/// the manifest bucket elected a leader) is never sent: formed again for its own
+/// message, it is withdrawn and its messages come again, the shared ones to be gathered
+/// for the earlier batch. Sent, it would insert the shared rows a second time under
+/// another token.
+#[tokio::test(start_paused = true)]
+async fn a_record_left_behind_by_a_lost_claim_is_withdrawn_never_sent() {
+    let r = eo_rig(100).await;
+    let seqs = made_elsewhere(&r, 4);
+    let winner = batch_of(&seqs[..3]);
+    futures::executor::block_on(store(&r).claim(&winner)).unwrap();
+    // Recorded after the winner, over two of its messages and one of its own, and never
+    // judged (written here as an update: the fake store's claim would refuse it).
+    let loser = batch_of(&seqs[1..]);
+    futures::executor::block_on(store(&r).update(&loser)).unwrap();
+    redeliver(&r, &seqs[3..], 2);
+    until(&r, Duration::from_secs(30), |r| {
+        !store(r).withdrawn.lock().unwrap().is_empty() && r.journal.terminal(seqs[3]).len() == 1
+    })
+    .await;
+    assert_eq!(*store(&r).withdrawn.lock().unwrap(), vec![loser.id.clone()]);
+    assert_eq!(r.main().request_count(), 0, "the loser was sent");
+    // Everything comes again: the winner is formed whole, the loser's own message anew.
+    redeliver(&r, &seqs, 3);
+    // The loser's own message alone is not a full batch: its age sends it.
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    until(&r, Duration::from_secs(30), |r| {
+        last_events(r, &seqs)
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed)))
+    })
+    .await;
+    let lines = inserted_lines(&r);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(
+        lines.values().all(|n| *n == 1),
+        "a row went in twice: {lines:?}"
+    );
+    let tokens: Vec<_> = r
+        .main()
+        .requests()
+        .iter()
+        .filter_map(|q| q.token.clone())
+        .collect();
+    assert!(tokens.contains(&winner.token()), "{tokens:?}");
+    assert!(!tokens.contains(&loser.token()), "{tokens:?}");
+    r.handle.shutdown().await;
+}
+
 /// A recorded batch sent again later than the table's deduplication window since it was
 /// claimed is sent all the same (its rows must go in) and counted; one within the window
 /// is not.

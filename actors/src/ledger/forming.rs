@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::manifest::Manifest;
+use super::manifest::{Manifest, ManifestState};
 use super::store::{ClaimError, FetchError, ManifestStore, StoreError};
 use super::LedgerRefusal;
 use crate::batch::Batch;
@@ -99,21 +99,26 @@ pub async fn claim_fresh<D: Delivery>(
     let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences())
         .claimed_at(unix_ms())
         .on_shard(u32::try_from(shard).unwrap_or(u32::MAX));
-    if let Err(e) = io.store.claim(&manifest).await {
-        let why = match e {
-            ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },
-            ClaimError::Unavailable(e) => LedgerRefusal::StoreDown(e),
-        };
-        let messages = batch.into_deliveries();
-        return (Formed::Refused { messages, why }, expired);
-    }
+    let manifest = match io.store.claim(&manifest).await {
+        Ok(revision) => manifest.claimed_as(revision),
+        Err(e) => {
+            let why = match e {
+                ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },
+                ClaimError::Unavailable(e) => LedgerRefusal::StoreDown(e),
+            };
+            let messages = batch.into_deliveries();
+            return (Formed::Refused { messages, why }, expired);
+        }
+    };
     // The record may have taken long (NATS slow or frozen), or this process stood
     // still: a message JetStream gave up on meanwhile may be in another batch already.
+    // Nothing of this one was sent: its record goes now (withdrawn, never left to a
+    // collector: a record left behind could be formed again beside that other batch).
     if batch
         .deliveries()
         .any(|d| lease_ran_out(d, io.ack_wait, Instant::now()))
     {
-        let _ = io.store.forget(&manifest.id).await;
+        let _ = io.store.withdraw(&manifest.id).await;
         let why = LedgerRefusal::LeaseLost { id: manifest.id };
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);
@@ -159,6 +164,12 @@ pub async fn reform<D: Delivery>(
             copies: Vec::new(),
             back: Vec::new(),
         };
+    }
+    // Only an open record can be of a batch that lost its claim: a split one was sent.
+    if manifest.state == ManifestState::Open {
+        if let Some(earlier) = io.store.earlier_claim(&manifest) {
+            return lost_its_claim(io, &manifest, &earlier, held).await;
+        }
     }
     let have: HashSet<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
     let missing: Vec<u64> = manifest
@@ -234,6 +245,34 @@ async fn removed_meanwhile<D: Delivery>(io: &LedgerIo<'_>, id: &str, held: Vec<D
         by_record: None,
         copies,
         back,
+    }
+}
+
+/// The record is of a batch that lost its claim to an earlier one holding one of its
+/// messages, and was left behind (its claimer could not tell the outcome, or could not
+/// remove it). Nothing of it was ever sent (a batch is sent only once its claim stood),
+/// and sending it now would insert the shared messages' rows a second time, under
+/// another token, beside the earlier batch: it is withdrawn, and what is held comes
+/// again, to be gathered for the earlier batch or formed anew.
+async fn lost_its_claim<D: Delivery>(
+    io: &LedgerIo<'_>,
+    manifest: &Manifest,
+    earlier: &str,
+    held: Vec<D>,
+) -> Formed<D> {
+    tracing::info!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
+        earlier = %earlier,
+        "a recorded batch that lost its claim to an earlier one was left behind: withdrawn, its messages come again");
+    if let Err(e) = io.store.withdraw(&manifest.id).await {
+        return Formed::Refused {
+            messages: held,
+            why: LedgerRefusal::StoreDown(e),
+        };
+    }
+    Formed::Settled {
+        by_record: None,
+        copies: Vec::new(),
+        back: held,
     }
 }
 

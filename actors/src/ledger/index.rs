@@ -18,6 +18,13 @@ struct Entry {
     manifest: Arc<Manifest>,
 }
 
+impl Entry {
+    /// Where its claim stands among others' (see [`Manifest::claim_revision`]).
+    fn claim_order(&self) -> u64 {
+        self.manifest.claim_order(self.revision)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct BatchIndex {
     /// Changes at or below this revision are in already (the snapshot it started from).
@@ -102,16 +109,22 @@ impl BatchIndex {
         self.by_id.is_empty()
     }
 
-    /// A batch recorded before `m` that holds one of its messages (the first claim on a
-    /// message wins: see [`BatchIndex::holding`]), once `m` is in the index.
+    /// A batch claimed before `m` that holds one of its messages (the first claim on a
+    /// message wins: see [`BatchIndex::holding`]). `m` need not be in the index: its
+    /// order is then its own [`Manifest::claim_revision`] (a batch that does not know it
+    /// comes after every batch indexed).
     pub fn earlier_claim(&self, m: &Manifest) -> Option<&Arc<Manifest>> {
-        if !self.overlapped {
-            return None;
-        }
+        let order = match self.by_id.get(&m.id) {
+            // Indexed: `by_seq` answers with the first claim, and only overlaps matter.
+            Some(_) if !self.overlapped => return None,
+            Some(entry) => entry.claim_order(),
+            None if m.claim_revision > 0 => m.claim_revision,
+            None => u64::MAX,
+        };
         m.messages
             .iter()
             .filter_map(|seq| self.by_seq.get(seq))
-            .find(|held| held.id != m.id)
+            .find(|held| held.id != m.id && self.claim_order_of(&held.id) < order)
     }
 
     /// Batches held.
@@ -137,9 +150,10 @@ impl BatchIndex {
             }
             return;
         }
+        let order = manifest.claim_order(revision);
         for &seq in &manifest.messages {
             match self.by_seq.get(&seq) {
-                Some(other) if self.revision_of(&other.id) < revision => {
+                Some(other) if self.claim_order_of(&other.id) < order => {
                     // Recorded first: it keeps the message.
                     self.overlapped = true;
                 }
@@ -182,15 +196,15 @@ impl BatchIndex {
         }
     }
 
-    fn revision_of(&self, id: &str) -> u64 {
-        self.by_id.get(id).map_or(u64::MAX, |e| e.revision)
+    fn claim_order_of(&self, id: &str) -> u64 {
+        self.by_id.get(id).map_or(u64::MAX, Entry::claim_order)
     }
 
     fn earliest_holding(&self, seq: u64) -> Option<Arc<Manifest>> {
         self.by_id
             .values()
             .filter(|e| e.manifest.holds(seq))
-            .min_by_key(|e| e.revision)
+            .min_by_key(|e| e.claim_order())
             .map(|e| e.manifest.clone())
     }
 }
@@ -269,6 +283,50 @@ mod tests {
         assert!(
             index.earlier_claim(&first).is_none(),
             "the first claim stands"
+        );
+    }
+
+    #[test]
+    fn a_claim_keeps_its_place_through_the_batch_s_later_states() {
+        // The winner claimed at 10, a batch that lost to it recorded at 11 (its removal
+        // failed), the winner settled at 12: a table starting from the store's snapshot
+        // sees the winner at 12, after the loser, and must still give it the message.
+        let winner = Arc::new((*manifest(vec![1, 2])).clone().claimed_as(10));
+        let later_state = Arc::new(winner.with_state(ManifestState::Settled { rejected: vec![] }));
+        let loser = manifest(vec![2, 3]);
+        for order in [
+            [(12, later_state.clone()), (11, loser.clone())],
+            [(11, loser.clone()), (12, later_state.clone())],
+        ] {
+            let mut index = BatchIndex::default();
+            index.load(LedgerSnapshot {
+                as_of: 12,
+                manifests: order.to_vec(),
+            });
+            assert_eq!(held(&index, 2), Some(winner.id.clone()));
+            assert_eq!(
+                index.earlier_claim(&loser).map(|m| m.id.clone()),
+                Some(winner.id.clone())
+            );
+            assert!(index.earlier_claim(&later_state).is_none());
+        }
+    }
+
+    #[test]
+    fn a_batch_not_indexed_is_judged_by_its_own_claim() {
+        let mut index = BatchIndex::default();
+        let first = manifest(vec![1, 2]);
+        index.apply(put(10, &first));
+        let later = (*manifest(vec![2, 3])).clone().claimed_as(11);
+        let earlier = (*manifest(vec![2, 3])).clone().claimed_as(9);
+        assert_eq!(
+            index.earlier_claim(&later).map(|m| m.id.clone()),
+            Some(first.id.clone())
+        );
+        assert!(index.earlier_claim(&earlier).is_none());
+        assert!(
+            index.earlier_claim(&manifest(vec![3, 4])).is_none(),
+            "nothing shared"
         );
     }
 

@@ -32,6 +32,12 @@ pub struct Manifest {
     /// when unknown (a record written before this was kept). A retry later than the
     /// table's deduplication window is counted: ClickHouse may take it twice.
     pub claimed_at_ms: u64,
+    /// The store's revision of the batch's claim (its first record): the order two
+    /// batches holding one message are judged by, the earlier winning. Kept through the
+    /// batch's later states, whose own revisions come after other batches' claims (a
+    /// store that ordered by those would let a batch that lost its claim win over one
+    /// whose rows went in). 0 until the store told it: then the revision it is read at.
+    pub claim_revision: u64,
     pub state: ManifestState,
 }
 
@@ -92,6 +98,7 @@ impl Manifest {
             messages,
             shard: 0,
             claimed_at_ms: 0,
+            claim_revision: 0,
             state: ManifestState::Open,
         }
     }
@@ -106,6 +113,24 @@ impl Manifest {
         Self {
             claimed_at_ms: ms,
             ..self
+        }
+    }
+
+    /// The same batch, whose claim the store recorded at `revision`.
+    pub fn claimed_as(self, revision: u64) -> Self {
+        Self {
+            claim_revision: revision,
+            ..self
+        }
+    }
+
+    /// The order of this batch's claim among others (see [`Manifest::claim_revision`]),
+    /// when the store holds this state of it at `revision`.
+    pub fn claim_order(&self, revision: u64) -> u64 {
+        if self.claim_revision > 0 {
+            self.claim_revision
+        } else {
+            revision
         }
     }
 

@@ -109,15 +109,25 @@ pub trait ManifestStore: Send + Sync + 'static {
 
     /// Record a new batch (its `Open` manifest) and claim its messages: `Ok` once no
     /// batch recorded before it holds one of them, so a conflict is told before anything
-    /// is sent. On a conflict this record is removed again.
-    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), ClaimError>>;
+    /// is sent, with the store's revision of the claim (the caller keeps it in the
+    /// batch's later states: [`Manifest::claimed_as`]). On a conflict, or when the store
+    /// could not tell (`Unavailable` after the record was written), this record is
+    /// removed again as far as the store can: a record left behind is refused when it
+    /// is formed again ([`ManifestStore::earlier_claim`]).
+    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>>;
+
+    /// A batch claimed before `manifest` that holds one of its messages, as far as the
+    /// store has read the records (`manifest` need not be among them: its
+    /// [`Manifest::claim_revision`] then tells its place). Such a batch lost its claim,
+    /// so nothing of it was ever sent: a batch formed again asks this first.
+    fn earlier_claim(&self, manifest: &Manifest) -> Option<String>;
 
     /// Record a later state of a claimed batch (its split, its verdicts).
     fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The manifest as the store holds it now (read from the store itself, not from what
-    /// the changes reported so far): `None` once removed. A batch formed again decides
-    /// by this.
+    /// the changes reported so far), its [`Manifest::claim_revision`] known: `None` once
+    /// removed. A batch formed again decides by this.
     fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>>;
 
     /// Remove the manifest: every row of it is settled and the settlement confirmed. A

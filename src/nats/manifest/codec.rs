@@ -7,12 +7,13 @@
 //! ascending sequences (a batch's messages are mostly consecutive: one byte each).
 //!
 //! ```text
-//! version (3)   u8
+//! version (4)   u8
 //! state         u8: 0 open, 1 settled, 2 split
 //! tenant, table varint length + UTF-8 each
 //! messages      varint count, varint first sequence, varint gap to each next one
 //! claimed at    varint ms since the epoch (0: unknown)
 //! shard         varint: the shard of its target the batch goes to (0-based)
+//! claimed as    varint: the bucket's revision of the batch's claim (0: not known yet)
 //! settled:      varint count, then per rejected row: varint stream sequence, varint
 //!               line, u8 class, varint code + 1 (0: none), varint length + UTF-8 error
 //!               (at most 1 KiB, as on the DLQ), u8 parked (0, 1)
@@ -25,7 +26,9 @@
 //! Version 1 (open and settled only, no parked flag) is still read: a record written
 //! before tokens named the stream's incarnation comes back with incarnation 0, so its
 //! batch keeps the token its first attempts carried. Version 2 (no shard) is read as
-//! shard 0: it was written when every target was one server (its shard 0).
+//! shard 0: it was written when every target was one server (its shard 0). Version 3
+//! (no claim revision) is read with 0: its claim is ordered by the revision it is read
+//! at, as that Sluice did.
 //!
 //! The id is not stored: it is a function of the messages, and the reader checks it
 //! against the key (a value that does not match its key is refused). Nor is the
@@ -37,11 +40,13 @@ use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
 use crate::nats::delivery::{truncate, MAX_ERROR_HEADER};
 
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 /// Open and settled only, no parked flag, and no incarnation in the token.
 const VERSION_1: u8 = 1;
 /// No shard.
 const VERSION_2: u8 = 2;
+/// No claim revision.
+const VERSION_3: u8 = 3;
 const OPEN: u8 = 0;
 const SETTLED: u8 = 1;
 const SPLIT: u8 = 2;
@@ -77,6 +82,7 @@ pub fn encode(m: &Manifest) -> Bytes {
     }
     put_varint(&mut out, m.claimed_at_ms);
     put_varint(&mut out, u64::from(m.shard));
+    put_varint(&mut out, m.claim_revision);
     match &m.state {
         ManifestState::Open => {}
         ManifestState::Settled { rejected } => {
@@ -110,7 +116,7 @@ pub fn encode(m: &Manifest) -> Bytes {
 pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
     let mut r = Reader(value);
     let version = r.u8()?;
-    if ![VERSION, VERSION_2, VERSION_1].contains(&version) {
+    if ![VERSION, VERSION_3, VERSION_2, VERSION_1].contains(&version) {
         return Err(DecodeError::Version(version));
     }
     let state = r.u8()?;
@@ -131,10 +137,12 @@ pub fn decode(value: &[u8], incarnation: u64) -> Result<Manifest, DecodeError> {
     }
     let incarnation = if version == VERSION_1 { 0 } else { incarnation };
     let claimed_at = if version == VERSION_1 { 0 } else { r.varint()? };
-    let shard = if version == VERSION { r.u32()? } else { 0 };
+    let shard = if version >= VERSION_3 { r.u32()? } else { 0 };
+    let claim_revision = if version == VERSION { r.varint()? } else { 0 };
     let mut manifest = Manifest::new(TableKey::new(tenant, table), incarnation, messages)
         .claimed_at(claimed_at)
-        .on_shard(shard);
+        .on_shard(shard)
+        .claimed_as(claim_revision);
     manifest.state = match state {
         OPEN => ManifestState::Open,
         SETTLED => {
@@ -397,6 +405,45 @@ mod tests {
     }
 
     #[test]
+    fn the_claim_revision_stays_with_every_state_of_the_batch() {
+        let m = manifest(vec![7, 8]).claimed_as(4242);
+        assert_eq!(round_trip(&m).claim_revision, 4242);
+        let settled = m.with_state(ManifestState::Settled { rejected: vec![] });
+        assert_eq!(round_trip(&settled).claim_revision, 4242);
+        assert_eq!(
+            settled.claim_order(9000),
+            4242,
+            "the claim's, not the state's"
+        );
+        assert_eq!(
+            manifest(vec![7, 8]).claim_order(9000),
+            9000,
+            "unknown: as read"
+        );
+    }
+
+    #[test]
+    fn a_version_3_record_is_ordered_by_the_revision_it_is_read_at() {
+        // Written by the Sluice before claim revisions: version 3, open, acme.events,
+        // [4, 5], claimed at 1000 ms, shard 1.
+        let v3 = [
+            3, OPEN, 4, b'a', b'c', b'm', b'e', 6, b'e', b'v', b'e', b'n', b't', b's', 2, 4, 1,
+            0xe8, 0x07, 1,
+        ];
+        let m = decode(&v3, INCARNATION).expect("decodes");
+        assert_eq!(
+            (
+                m.messages.clone(),
+                m.shard,
+                m.claimed_at_ms,
+                m.claim_revision
+            ),
+            (vec![4, 5], 1, 1000, 0)
+        );
+        assert_eq!(m.token(), manifest(vec![4, 5]).token());
+    }
+
+    #[test]
     fn a_version_2_record_goes_to_shard_0_with_its_token() {
         // Written by the Sluice before shards: version 2, open, acme.events, [4, 5],
         // claimed at 1000 ms.
@@ -491,7 +538,7 @@ mod tests {
         let m = manifest(vec![1, 2, 3]);
         let good = encode(&m);
         assert_eq!(decode(&[], INCARNATION), Err(DecodeError::Truncated));
-        assert_eq!(decode(&[4, 0], INCARNATION), Err(DecodeError::Version(4)));
+        assert_eq!(decode(&[5, 0], INCARNATION), Err(DecodeError::Version(5)));
         for cut in 1..good.len() {
             assert!(decode(&good[..cut], INCARNATION).is_err(), "cut at {cut}");
         }

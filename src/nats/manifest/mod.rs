@@ -224,8 +224,12 @@ impl ManifestStore for JsManifestStore {
         self.shared.index.incarnation()
     }
 
-    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), ClaimError>> {
+    fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>> {
         Box::pin(self.shared.claim(manifest))
+    }
+
+    fn earlier_claim(&self, manifest: &Manifest) -> Option<String> {
+        self.shared.index.earlier_claim(manifest)
     }
 
     fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -314,16 +318,23 @@ impl Shared {
     /// them, or the two would insert that message's rows in two different blocks that
     /// ClickHouse cannot tell for copies. The earlier claim wins: this one is removed
     /// and its rows go back, to come again and join that batch.
-    async fn claim(&self, m: &Manifest) -> Result<(), ClaimError> {
+    async fn claim(&self, m: &Manifest) -> Result<u64, ClaimError> {
         let (key, revision) = self.record(m).await.map_err(ClaimError::Unavailable)?;
         if !self.index.wait_watched(revision, CLAIM_WAIT).await {
+            // Not judged: the record goes, as a conflicting one does, so that nobody
+            // forms it again beside an earlier batch it may overlap (if the removal
+            // fails too, forming it again refuses it: `earlier_claim`).
+            if self.purge_key(&key).await.is_ok() {
+                self.index.remove(&key, None);
+                lock(&self.recorded).remove(&m.id);
+            }
             return Err(ClaimError::Unavailable(StoreError(format!(
-                "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its rows go back",
+                "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its record is removed and its rows go back",
                 m.id
             ))));
         }
         let Some(earlier) = self.index.earlier_claim(m) else {
-            return Ok(());
+            return Ok(revision);
         };
         if self.purge_key(&key).await.is_ok() {
             self.index.remove(&key, None);
@@ -339,15 +350,19 @@ impl Shared {
     async fn current(&self, id: &str) -> Result<Option<Manifest>, StoreError> {
         let key = self.key_of(id)?;
         let kv = self.bucket()?;
-        let value = kv
-            .get(&key)
+        let entry = kv
+            .entry(&key)
             .await
             .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))?;
+        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            return Ok(None);
+        };
         let incarnation = self.index.parse_key(&key).map_or(0, |(i, _)| i);
-        value
-            .map(|v| codec::decode(&v, incarnation))
-            .transpose()
-            .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))
+        let manifest = codec::decode(&entry.value, incarnation)
+            .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))?;
+        // A record never written again since its claim: this is its claim's revision.
+        let revision = manifest.claim_order(entry.revision);
+        Ok(Some(manifest.claimed_as(revision)))
     }
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
