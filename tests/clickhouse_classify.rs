@@ -13,7 +13,7 @@ use bytes::Bytes;
 use sluice::clickhouse::insert::HttpInserter;
 use sluice::clickhouse::redelivery::{Pace, Paces, Redelivery};
 use sluice::config::{Secret, TargetConfig};
-use sluice_actors::{Class, ClickHouseError, InsertRequest, Inserter, TableKey};
+use sluice_actors::{Class, ClickHouseError, InsertRequest, Inserter, NoAnswer, TableKey};
 use sluice_harness::{
     available, clickhouse, free_port, ClickHouseServer, FaultProxy, Mode, RequestRecord, Respond,
     Rule, INGEST_PASSWORD, INGEST_USER,
@@ -203,6 +203,8 @@ async fn a_refused_port_is_unavailable() -> Result<()> {
     assert_eq!(error.class, Class::Unavailable, "{error:?}");
     assert_eq!(error.code, None, "{error:?}");
     assert_eq!(error.status, None, "no answer, no status: {error:?}");
+    assert_eq!(error.no_answer, Some(NoAnswer::Refused), "{error:?}");
+    assert!(!error.lost_connection(), "the rows were never sent");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "a refusal is immediate: {:?}",
@@ -251,6 +253,8 @@ async fn a_server_that_never_answers_is_unavailable_after_the_insert_timeout() -
     let took = started.elapsed();
     assert_eq!(error.class, Class::Unavailable, "{error:?}");
     assert_eq!(error.code, None, "{error:?}");
+    assert_eq!(error.no_answer, Some(NoAnswer::TimedOut), "{error:?}");
+    assert!(!error.lost_connection(), "a frozen server is not a crash");
     assert!(
         took >= timeout,
         "gave up before the insert timeout: {took:?}"
@@ -808,6 +812,11 @@ async fn a_reset_connection_is_unavailable() -> Result<()> {
     let error = insert_err(&inserter, request("events", &[r#"{"id": 1}"#], false)).await?;
     assert_eq!(error.class, Class::Unavailable, "{error:?}");
     assert_eq!((error.code, error.status), (None, None), "{error:?}");
+    assert_eq!(error.no_answer, Some(NoAnswer::Lost), "{error:?}");
+    assert!(
+        error.lost_connection(),
+        "what a crash on the rows looks like"
+    );
     proxy.set_mode(Mode::PassThrough).await?;
     assert_eq!(ch.count("events").await?, 0);
     Ok(())

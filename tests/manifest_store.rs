@@ -1024,6 +1024,7 @@ impl Inserter for DedupTable {
                 splittable: false,
                 missing_table: false,
                 status: None,
+                no_answer: None,
                 message: "connection reset by peer after the body was sent".into(),
             });
         }

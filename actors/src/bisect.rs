@@ -168,6 +168,7 @@ pub async fn lost_on_rows<I: Inserter>(
         splittable: false,
         missing_table: false,
         status: None,
+        no_answer: None,
         message: format!(
             "ClickHouse dropped the connection each time these rows were sent, and answered again in between (it may crash on one of them): {}",
             err.message
@@ -478,7 +479,7 @@ async fn isolate<I: Inserter, D: Delivery>(
 mod tests {
     use super::*;
     use crate::batch::{SettlePlan, Settled};
-    use crate::testkit::{rejected, transport, unavailable, Event, Journal, ScriptedInserter};
+    use crate::testkit::{lost, rejected, unavailable, Event, Journal, ScriptedInserter};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -768,7 +769,7 @@ mod tests {
             Ok(()),
             Ok(()),
             Err(rejected(27)),
-            Err(transport("connection reset by peer")),
+            Err(lost("connection reset by peer")),
         ]);
         let journal = Journal::new();
         let r = run(&ins, &journal, 8, &[], true).await;

@@ -70,7 +70,7 @@ pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
     Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, GroupView, InsertRequest,
-    Inserter, NatsView, Parking, Position, ReplicaView, ServerInfo, SettleError, Source,
+    Inserter, NatsView, NoAnswer, Parking, Position, ReplicaView, ServerInfo, SettleError, Source,
     SourceError, SourceFactory, SourceStatus, SourceWait, StallReason, TableKey,
 };
 pub use settings::{

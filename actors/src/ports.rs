@@ -88,6 +88,23 @@ pub struct ClickHouseError {
     pub status: Option<u16>,
     /// ClickHouse's message (or the transport error), already capped by the adapter.
     pub message: String,
+    /// Why no answer came, for a transport failure (`status` is `None` then): told by
+    /// the adapter from its client's error, so nothing decides by the message's words.
+    #[serde(skip)]
+    pub no_answer: Option<NoAnswer>,
+}
+
+/// Why a request to ClickHouse got no answer at all. A ClickHouse that crashes on the
+/// rows it is sent loses the connection it took them on; one that is not there refuses
+/// it, and a frozen or slow one times out: only the first is weighed against the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// No connection was made (refused, unreachable, DNS): the rows were never sent.
+    Refused,
+    /// No answer within the request's timeout.
+    TimedOut,
+    /// The connection was made and went away with no answer (reset, closed mid-answer).
+    Lost,
 }
 
 impl ClickHouseError {
@@ -99,15 +116,9 @@ impl ClickHouseError {
     /// The connection was made and then went away with no answer (reset, closed
     /// mid-answer): what a ClickHouse that crashes on a request looks like. A connection
     /// never made (refused: the server was not there when the rows were sent) and a
-    /// timeout (a frozen or slow server) are not that. Read from the transport error's
-    /// text, as the adapter writes it (`cannot connect ...`, `... (timed out)`).
+    /// timeout (a frozen or slow server) are not that.
     pub fn lost_connection(&self) -> bool {
-        self.class == Class::Unavailable
-            && self.code.is_none()
-            && self.status.is_none()
-            && !self.message.contains("timed out")
-            && !self.message.contains("cannot connect")
-            && !self.message.contains("onnection refused")
+        self.no_answer == Some(NoAnswer::Lost)
     }
 }
 

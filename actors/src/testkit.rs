@@ -376,6 +376,7 @@ pub fn answer(class: Class, code: u32) -> ClickHouseError {
         splittable: false,
         missing_table: false,
         status: Some(500),
+        no_answer: None,
         message: format!("Code: {code}. DB::Exception: scripted"),
     }
 }
@@ -404,6 +405,7 @@ pub fn status(status: u16, class: Class) -> ClickHouseError {
         splittable: false,
         missing_table: false,
         status: Some(status),
+        no_answer: None,
         message: format!("HTTP {status}"),
     }
 }
@@ -428,8 +430,24 @@ impl ClickHouseError {
     }
 }
 
-/// A transport failure (refused, reset, timeout...).
-pub fn transport(what: &str) -> ClickHouseError {
+/// No connection made (the server was not there): the rows were never sent.
+pub fn refused(what: &str) -> ClickHouseError {
+    no_answer(crate::NoAnswer::Refused, what)
+}
+
+/// The connection lost with no answer (reset, closed mid-answer): what a ClickHouse
+/// that crashes on the rows looks like.
+pub fn lost(what: &str) -> ClickHouseError {
+    no_answer(crate::NoAnswer::Lost, what)
+}
+
+/// No answer within the request's timeout (a frozen or slow server).
+pub fn timed_out(what: &str) -> ClickHouseError {
+    no_answer(crate::NoAnswer::TimedOut, what)
+}
+
+/// A transport failure (no HTTP answer), for `why`.
+fn no_answer(why: crate::NoAnswer, what: &str) -> ClickHouseError {
     ClickHouseError {
         class: Class::Unavailable,
         code: None,
@@ -437,6 +455,7 @@ pub fn transport(what: &str) -> ClickHouseError {
         splittable: false,
         missing_table: false,
         status: None,
+        no_answer: Some(why),
         message: what.to_owned(),
     }
 }
@@ -662,7 +681,7 @@ impl Inserter for ScriptedInserter {
         self.count.fetch_add(1, Ordering::Relaxed);
         let committed_unanswered = overlap.crashed && !bomb;
         let a = if overlap.crashed {
-            Err(transport("connection closed before message completed"))
+            Err(lost("connection closed before message completed"))
         } else {
             self.answer(&request)
         };

@@ -14,7 +14,9 @@ use std::time::Duration;
 use common::*;
 
 const SUBJ: &str = "ingest.acme.events";
-use sluice_actors::testkit::{rejected, transport, Event, FakeManifestStore, FAKE_INCARNATION};
+use sluice_actors::testkit::{
+    lost, refused, rejected, timed_out, Event, FakeManifestStore, FAKE_INCARNATION,
+};
 use sluice_actors::DedupWindow;
 use sluice_actors::*;
 
@@ -153,7 +155,7 @@ async fn a_batch_is_recorded_before_its_first_attempt_and_its_verdicts_before_an
 async fn an_ambiguous_failure_sends_the_same_rows_again_with_the_same_token() {
     let r = eo_rig(5).await;
     // The first attempt times out: ClickHouse may or may not have taken it.
-    r.main().script([Err(transport(
+    r.main().script([Err(timed_out(
         "operation timed out after the body was sent",
     ))]);
     let seqs = r.push(SUBJ, 5, &[]);
@@ -400,7 +402,7 @@ async fn an_outage_mid_isolation_resumes_the_recorded_split_and_never_sends_the_
         let calls = calls.clone();
         r.main().rule(move |req| {
             if calls.fetch_add(1, Ordering::SeqCst) == 2 {
-                return Some(Err(transport("connection reset by peer")));
+                return Some(Err(lost("connection reset by peer")));
             }
             String::from_utf8_lossy(&req.body)
                 .contains("bad")
@@ -618,7 +620,7 @@ async fn an_outage_while_isolating_many_row_messages_inserts_no_row_twice_on_res
             // message) goes in; so does the first half of the second message's rows;
             // then the server goes away.
             if calls.fetch_add(1, Ordering::SeqCst) == 3 {
-                return Some(Err(transport("connection reset by peer")));
+                return Some(Err(lost("connection reset by peer")));
             }
             String::from_utf8_lossy(&req.body)
                 .contains("bad")
@@ -837,7 +839,7 @@ async fn dedup_cluster(batch_rows: usize) -> Rig {
 #[tokio::test(start_paused = true)]
 async fn a_batch_is_recorded_with_its_shard_and_its_retry_goes_to_the_twin_of_that_shard() {
     let r = dedup_cluster(5).await;
-    r.server("a1").script([Err(transport(
+    r.server("a1").script([Err(timed_out(
         "operation timed out after the body was sent",
     ))]);
     let first = r.push(SUBJ, 5, &[]);
@@ -877,10 +879,10 @@ async fn a_batch_is_recorded_with_its_shard_and_its_retry_goes_to_the_twin_of_th
 #[tokio::test(start_paused = true)]
 async fn a_batch_recorded_for_a_shard_that_is_down_waits_for_it_while_fresh_ones_go_to_the_other() {
     let r = dedup_cluster(5).await;
-    let down = Some(transport("operation timed out after the body was sent"));
+    let down = Some(timed_out("operation timed out after the body was sent"));
     r.server("a1").set_default(down.clone());
     r.server("a2")
-        .set_default(Some(transport("cannot connect: connection refused")));
+        .set_default(Some(refused("cannot connect: connection refused")));
     let stuck = r.push(SUBJ, 5, &[]);
     r.settled(5).await;
     let token = records(&r)
@@ -957,7 +959,7 @@ async fn a_batch_recorded_for_a_shard_that_is_down_waits_for_it_while_fresh_ones
 async fn a_batch_missing_a_message_is_withdrawn_at_once_where_forgets_are_deferred() {
     let r = eo_rig(5).await;
     store(&r).defer_forget.store(true, Ordering::SeqCst);
-    r.main().script([Err(transport(
+    r.main().script([Err(timed_out(
         "operation timed out after the body was sent",
     ))]);
     let seqs = r.push(SUBJ, 5, &[]);

@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sluice_actors::testkit::{denied, rejected, status, transport, unavailable, Event};
+use sluice_actors::testkit::{
+    denied, lost, refused, rejected, status, timed_out, unavailable, Event,
+};
 use sluice_actors::*;
 
 const SUBJ: &str = "ingest.acme.events";
@@ -22,9 +24,9 @@ fn no_parks(r: &Rig) {
 #[tokio::test(start_paused = true)]
 async fn availability_failures_in_eleven_shapes_never_park_and_nak_with_a_delay() {
     let shapes: Vec<(&str, ClickHouseError, usize, usize)> = vec![
-        ("refused", transport("connection refused"), 5, 1),
-        ("reset", transport("connection reset by peer"), 5, 1),
-        ("timeout", transport("operation timed out"), 5, 1),
+        ("refused", refused("connection refused"), 5, 1),
+        ("reset", lost("connection reset by peer"), 5, 1),
+        ("timeout", timed_out("operation timed out"), 5, 1),
         ("503 no code", status(503, Class::Unavailable), 5, 1),
         ("159", unavailable(159), 5, 1),
         ("210", unavailable(210), 5, 1),
@@ -131,12 +133,12 @@ async fn a_cannot_parse_row_is_isolated_and_parked_with_its_reason() {
 async fn an_outage_mid_isolation_retries_exactly_the_unsettled_rows() {
     let r = simple(8).await;
     r.main().script([
-        Err(rejected(27)),                  // whole batch
-        Err(rejected(27)),                  // [0,4)
-        Ok(()),                             // [0,2)
-        Ok(()),                             // [2,3)
-        Err(rejected(27)),                  // [3,4) alone: parked
-        Err(transport("connection reset")), // [4,8): the server went away
+        Err(rejected(27)),             // whole batch
+        Err(rejected(27)),             // [0,4)
+        Ok(()),                        // [0,2)
+        Ok(()),                        // [2,3)
+        Err(rejected(27)),             // [3,4) alone: parked
+        Err(lost("connection reset")), // [4,8): the server went away
     ]);
     let seqs = r.push(SUBJ, 8, &[]);
     r.settled(8).await;
@@ -172,7 +174,7 @@ async fn tables_on_a_down_pool_back_off_together_one_probe_closes_it_another_poo
     .await;
     let a = r.ins["a"].clone();
     let b = r.ins["b"].clone();
-    a.set_default(Some(transport("connection refused")));
+    a.set_default(Some(refused("connection refused")));
     r.push("ingest.t1.events", 3, &[]);
     r.settled(3).await;
     assert_eq!(a.request_count(), 1);
@@ -719,7 +721,7 @@ async fn a_row_that_crashes_clickhouse_is_isolated_and_parked_its_neighbours_lan
     r.main().rule(|req| {
         String::from_utf8_lossy(&req.body)
             .contains("bomb")
-            .then(|| Err(transport("connection closed before message completed")))
+            .then(|| Err(lost("connection closed before message completed")))
     });
     let seqs = push_with_a_bomb(&r);
     let settled = |r: &Rig, n: usize| {
@@ -883,7 +885,7 @@ async fn a_server_crashing_on_inserts_whatever_they_carry_parks_no_good_row() {
             || small
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 .is_multiple_of(2);
-        down.then(|| Err(transport("connection closed before message completed")))
+        down.then(|| Err(lost("connection closed before message completed")))
     });
     let seqs = r.push(SUBJ, 10, &[]);
     for round in 1..=12u64 {
@@ -937,8 +939,8 @@ async fn a_long_real_outage_never_parks_a_good_row() {
     let mut s = settings();
     s.idle_probe_after = Duration::from_secs(1);
     let r = rig(&["main"], &[("acme", "main")], tables(10), s).await;
-    r.main().set_default(Some(transport("connection refused")));
-    r.main().set_probe(Some(transport("connection refused")));
+    r.main().set_default(Some(refused("connection refused")));
+    r.main().set_probe(Some(refused("connection refused")));
     let seqs = r.push(SUBJ, 10, &[]);
     for round in 1..=20u64 {
         assert!(

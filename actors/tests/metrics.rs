@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use sluice_actors::metrics as m;
-use sluice_actors::testkit::transport;
+use sluice_actors::testkit::refused;
 use sluice_actors::TableKey;
 
 #[derive(Default, Clone)]
@@ -70,7 +70,7 @@ async fn every_ingest_metric_is_registered_with_its_labels() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    r.main().set_default(Some(transport("refused")));
+    r.main().set_default(Some(refused("refused")));
     r.push("ingest.acme.events", 4, &[]);
     r.settled(9).await;
     r.handle.shutdown().await;

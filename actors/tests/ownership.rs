@@ -21,7 +21,7 @@ use sluice_actors::target::{
     TargetActor, TargetArgs, TargetDebug, TargetMemory, TargetMsg, TargetReport, TargetServers,
 };
 use sluice_actors::testkit::{
-    transport, unavailable, Event, FakeDelivery, Journal, ScriptedInserter,
+    refused, unavailable, Event, FakeDelivery, Journal, ScriptedInserter,
 };
 use sluice_actors::*;
 use tokio::sync::mpsc;
@@ -310,7 +310,7 @@ impl TargetRig {
 
     /// Open the pool's breaker: one batch of `table` meets a refused connection.
     async fn open_breaker(&self, table: &str) -> Duration {
-        self.ins.set_default(Some(transport("connection refused")));
+        self.ins.set_default(Some(refused("connection refused")));
         let seqs = self.rows(table, 3);
         assert!(
             self.until(Duration::from_secs(5), |r| r.settled(&seqs))
@@ -418,7 +418,7 @@ async fn one_probe_when_several_tables_are_ready_the_instant_a_window_ends() {
 async fn a_late_failure_neither_escalates_nor_reopens() {
     let r = TargetRig::new(3).await;
     // Two flights leave while closed; ClickHouse refuses both, the second much later.
-    r.ins.set_default(Some(transport("connection refused")));
+    r.ins.set_default(Some(refused("connection refused")));
     r.ins.set_latency(Duration::from_millis(100));
     let first = r.rows("events", 3);
     tokio::time::advance(Duration::from_millis(10)).await;
@@ -608,7 +608,7 @@ async fn fresh_batches_take_the_shards_in_turn_and_a_replica_down_is_passed_over
     // a1 goes down: the batch it had goes back, its breaker opens, and shard 1's
     // batches go to a2 while the window lasts.
     r.server("a1")
-        .set_default(Some(transport("cannot connect: connection refused")));
+        .set_default(Some(refused("cannot connect: connection refused")));
     let lost = r.rows("events", 3);
     assert!(r.until(Duration::from_secs(1), |r| r.settled(&lost)).await);
     assert_eq!(r.naks(&lost).len(), 3);
@@ -640,7 +640,7 @@ async fn a_shard_with_every_replica_down_leaves_fresh_batches_to_the_other_shard
     let r = two_by_two(3).await;
     for name in ["a1", "a2"] {
         r.server(name)
-            .set_default(Some(transport("cannot connect: connection refused")));
+            .set_default(Some(refused("cannot connect: connection refused")));
     }
     let mut handed_back = 0;
     let mut acked = 0;
@@ -707,7 +707,7 @@ async fn a_replica_read_only_for_one_table_is_passed_over_for_that_table_only() 
 async fn the_admin_tree_names_every_replica_with_its_shard_and_breaker() {
     let r = two_by_two(3).await;
     r.server("b2")
-        .set_default(Some(transport("cannot connect: connection refused")));
+        .set_default(Some(refused("cannot connect: connection refused")));
     for _ in 0..4 {
         let seqs = r.rows("events", 3);
         assert!(r.until(Duration::from_secs(1), |r| r.settled(&seqs)).await);

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use sluice_actors::testkit::{transport, Event, FakeQueue, FakeSourceFactory, ScriptedInserter};
+use sluice_actors::testkit::{refused, Event, FakeQueue, FakeSourceFactory, ScriptedInserter};
 use sluice_actors::*;
 
 const SUBJ: &str = "ingest.acme.events";
@@ -148,7 +148,7 @@ async fn a_request_for_a_flight_lost_with_its_pool_is_not_waited_for() {
 async fn a_flight_outliving_its_pool_still_opens_the_breaker() {
     let r = simple(5).await;
     r.main().set_latency(Duration::from_secs(2));
-    r.main().set_default(Some(transport("connection refused")));
+    r.main().set_default(Some(refused("connection refused")));
     r.push(SUBJ, 5, &[]);
     tokio::time::sleep(Duration::from_millis(100)).await;
     r.handle.inject_pool_panic("main").await.unwrap();
@@ -268,7 +268,7 @@ async fn a_source_failure_reconnects_and_resumes() {
 async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_breaker() {
     let queue = FakeQueue::new();
     let ins = ScriptedInserter::new();
-    ins.set_probe(Some(transport("connection refused")));
+    ins.set_probe(Some(refused("connection refused")));
     let handle = start(PipelineConfig {
         source: FakeSourceFactory {
             queue: queue.clone(),
@@ -297,7 +297,7 @@ async fn readiness_waits_for_each_pools_first_probe_and_the_tree_shows_the_break
     }
     // The tree: breaker open while inserts fail, closed after.
     let journal = sluice_actors::testkit::Journal::new();
-    ins.set_default(Some(transport("connection refused")));
+    ins.set_default(Some(refused("connection refused")));
     queue.push(journal.rows(SUBJ, 2));
     // root > target > pool: the server's breaker.
     let breaker = |h: &PipelineHandle<_>| {
@@ -347,7 +347,7 @@ async fn an_idle_pool_closes_its_breaker_by_probing_itself() {
     let mut s = settings();
     s.idle_probe_after = Duration::from_secs(1);
     let r = rig(&["main"], &[("acme", "main")], tables(2), s).await;
-    r.main().set_default(Some(transport("refused")));
+    r.main().set_default(Some(refused("refused")));
     r.push(SUBJ, 2, &[]);
     r.settled(2).await;
     assert!(
@@ -372,7 +372,7 @@ async fn a_target_that_goes_down_while_idle_shows_as_down() {
     s.idle_probe_after = Duration::from_secs(1);
     let r = rig(&["main"], &[("acme", "main")], tables(2), s).await;
     let probes = r.main().probe_count();
-    r.main().set_probe(Some(transport("connection refused")));
+    r.main().set_probe(Some(refused("connection refused")));
     assert!(
         r.until(Duration::from_secs(15), |r| r.pool_state("main") == "open")
             .await,

@@ -5,7 +5,7 @@
 //! then the body's leading `Code: NNN`, then the HTTP status alone. A transport
 //! failure never reached ClickHouse's judgement, so it is an outage.
 
-use sluice_actors::{Class, ClickHouseError};
+use sluice_actors::{Class, ClickHouseError, NoAnswer};
 
 /// Error bodies are read up to this many bytes; the rest is never collected.
 pub const MAX_ERROR_BODY: usize = 4096;
@@ -79,6 +79,7 @@ pub fn from_code(code: u32, status: Option<u16>, message: String) -> ClickHouseE
         splittable: SPLITTABLE_CODES.contains(&code),
         missing_table: MISSING_TABLE_CODES.contains(&code),
         status,
+        no_answer: None,
         message,
     }
 }
@@ -101,6 +102,7 @@ pub fn from_response(status: u16, header: Option<&str>, body: &str) -> ClickHous
             splittable: false,
             missing_table: false,
             status: Some(status),
+            no_answer: None,
             message: if message.is_empty() {
                 format!("HTTP {status} with no body")
             } else {
@@ -111,8 +113,9 @@ pub fn from_response(status: u16, header: Option<&str>, body: &str) -> ClickHous
 }
 
 /// Classify a failure to get any answer: refused, reset, broken pipe, unreachable,
-/// DNS, timeouts, EOF. None of them means a row was judged.
-pub fn transport(message: impl Into<String>) -> ClickHouseError {
+/// DNS, timeouts, EOF. None of them means a row was judged; `why` tells which of them
+/// it was (the adapter knows it from its client's error).
+pub fn transport(why: NoAnswer, message: impl Into<String>) -> ClickHouseError {
     ClickHouseError {
         class: Class::Unavailable,
         code: None,
@@ -120,7 +123,17 @@ pub fn transport(message: impl Into<String>) -> ClickHouseError {
         splittable: false,
         missing_table: false,
         status: None,
+        no_answer: Some(why),
         message: message.into(),
+    }
+}
+
+/// An answer that came but could not be read as what was asked (a line of
+/// `system.tables` that is not its JSON): nothing was judged, nothing was lost.
+pub fn unreadable_answer(message: impl Into<String>) -> ClickHouseError {
+    ClickHouseError {
+        no_answer: None,
+        ..transport(NoAnswer::Refused, message)
     }
 }
 
@@ -150,28 +163,30 @@ pub fn from_text(text: &str) -> Option<ClickHouseError> {
             return Some(from_code(code, None, text.to_string()));
         }
     }
-    if looks_like_transport(&lower) {
-        return Some(transport(text));
-    }
-    None
+    looks_like_transport(&lower).map(|why| transport(why, text))
 }
 
-/// Words a transport failure is described with, by the OS, hyper, or a proxy.
-fn looks_like_transport(lower: &str) -> bool {
-    const WORDS: &[&str] = &[
-        "connection refused",
-        "connection reset",
-        "broken pipe",
-        "unreachable",
-        "timed out",
-        "timeout",
-        "dns",
-        "failed to lookup",
-        "unexpected eof",
-        "end of file",
-        "connection closed",
+/// Words a transport failure is described with, by the OS, hyper, or a proxy, and
+/// which failure each names. Only text pasted into `sluice classify` is read this way:
+/// the adapter knows the failure from its client's error.
+fn looks_like_transport(lower: &str) -> Option<NoAnswer> {
+    const WORDS: &[(&str, NoAnswer)] = &[
+        ("connection refused", NoAnswer::Refused),
+        ("unreachable", NoAnswer::Refused),
+        ("dns", NoAnswer::Refused),
+        ("failed to lookup", NoAnswer::Refused),
+        ("timed out", NoAnswer::TimedOut),
+        ("timeout", NoAnswer::TimedOut),
+        ("connection reset", NoAnswer::Lost),
+        ("broken pipe", NoAnswer::Lost),
+        ("unexpected eof", NoAnswer::Lost),
+        ("end of file", NoAnswer::Lost),
+        ("connection closed", NoAnswer::Lost),
     ];
-    WORDS.iter().any(|w| lower.contains(w))
+    WORDS
+        .iter()
+        .find(|(word, _)| lower.contains(word))
+        .map(|(_, why)| *why)
 }
 
 /// What Sluice does with a failure of this kind on the ingest path, in one sentence.
@@ -340,11 +355,14 @@ mod tests {
 
     #[test]
     fn transport_failures_are_unavailable() {
-        let e = transport("connection refused");
+        let e = transport(NoAnswer::Refused, "connection refused");
         assert_eq!(
             (e.class, e.code, e.status),
             (Class::Unavailable, None, None)
         );
+        assert!(!e.lost_connection());
+        assert!(transport(NoAnswer::Lost, "connection reset by peer").lost_connection());
+        assert!(!transport(NoAnswer::TimedOut, "operation timed out").lost_connection());
     }
 
     #[test]

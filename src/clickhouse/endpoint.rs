@@ -9,7 +9,7 @@ use std::sync::Once;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_actors::ClickHouseError;
+use sluice_actors::{ClickHouseError, NoAnswer};
 
 use super::classify::{self, MAX_ERROR_BODY};
 use crate::config::Secret;
@@ -150,5 +150,12 @@ pub fn transport_error(error: reqwest::Error) -> ClickHouseError {
     if connect {
         text = format!("cannot connect to ClickHouse: {text}");
     }
-    classify::transport(text)
+    let why = if connect {
+        NoAnswer::Refused
+    } else if timeout {
+        NoAnswer::TimedOut
+    } else {
+        NoAnswer::Lost
+    };
+    classify::transport(why, text)
 }

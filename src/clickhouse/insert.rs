@@ -17,7 +17,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
-use sluice_actors::{Class, ClickHouseError, Dedup, InsertRequest, Inserter, ServerInfo, TableKey};
+use sluice_actors::{
+    Class, ClickHouseError, Dedup, InsertRequest, Inserter, NoAnswer, ServerInfo, TableKey,
+};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::classify;
@@ -256,7 +258,7 @@ impl HttpInserter {
             return Ok(None);
         };
         let info: TableInfo = serde_json::from_str(line).map_err(|e| {
-            dedup_lookup_failed(classify::transport(format!(
+            dedup_lookup_failed(classify::unreadable_answer(format!(
                 "an unexpected line in system.tables ({e}): {line}"
             )))
         })?;
@@ -292,11 +294,9 @@ impl HttpInserter {
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let features = self.features().await?.clone();
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| classify::transport("the insert client is shutting down"))?;
+        let _permit = self.permits.acquire().await.map_err(|_| {
+            classify::transport(NoAnswer::Refused, "the insert client is shutting down")
+        })?;
         let sql = format!(
             "INSERT INTO `{}`.`{}` FORMAT JSONEachRow",
             self.database, request.table.table

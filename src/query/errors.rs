@@ -578,7 +578,7 @@ mod tests {
         );
         assert_eq!(b["code"], 745);
         let (s, ra, b) = reply(QueryError::ClickHouse {
-            error: classify::transport("connection refused"),
+            error: classify::transport(sluice_actors::NoAnswer::Refused, "connection refused"),
             attempts: 3,
             retry_after: Duration::from_millis(1500),
         });

@@ -410,7 +410,10 @@ mod tests {
         assert!(retry(classify::from_code(745, Some(500), String::new())));
         assert!(retry(classify::from_code(394, Some(500), String::new())));
         assert!(retry(classify::from_response(503, None, "")));
-        assert!(retry(classify::transport("connection refused")));
+        assert!(retry(classify::transport(
+            sluice_actors::NoAnswer::Refused,
+            "connection refused"
+        )));
         assert!(!retry(classify::from_code(159, Some(500), String::new())));
         assert!(!retry(classify::from_code(164, Some(500), String::new())));
         assert!(!retry(classify::from_code(60, Some(404), String::new())));

@@ -78,6 +78,7 @@ impl RejectedRow {
             splittable: false,
             missing_table: false,
             status: None,
+            no_answer: None,
             message: self.error.clone(),
         }
     }

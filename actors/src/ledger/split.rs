@@ -150,6 +150,7 @@ impl Split {
                 splittable: false,
                 missing_table: false,
                 status: None,
+                no_answer: None,
                 message: r.error.clone(),
             });
             let row = r.row as usize;
@@ -174,6 +175,7 @@ mod tests {
             splittable: false,
             missing_table: false,
             status: None,
+            no_answer: None,
             message: "Cannot parse input".into(),
         }))
     }

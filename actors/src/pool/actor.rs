@@ -151,7 +151,7 @@ impl<I: Inserter> PoolState<I> {
     fn on_table_request(&mut self, request: FlightRequest) {
         match request {
             FlightRequest::WantsFlight { key, id, reply } => self.on_wants_flight(key, id, reply),
-            FlightRequest::Verdict(report) => self.on_verdict(report),
+            FlightRequest::Verdict(report) => self.on_verdict(*report),
         }
     }
 

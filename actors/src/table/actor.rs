@@ -712,9 +712,9 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             reply,
         };
         let report = match self.routes.pool(replica) {
-            Some(pool) => match pool.send_message(FlightRequest::Verdict(report)) {
+            Some(pool) => match pool.send_message(FlightRequest::Verdict(Box::new(report))) {
                 Ok(()) => return,
-                Err(ractor::MessagingErr::SendErr(FlightRequest::Verdict(report))) => report,
+                Err(ractor::MessagingErr::SendErr(FlightRequest::Verdict(report))) => *report,
                 Err(_) => return,
             },
             None => report,

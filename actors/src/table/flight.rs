@@ -771,9 +771,9 @@ async fn report<I, D: Delivery>(
 /// or (the target restarting too) the root, which each hand it on to the successor.
 fn orphan_report<D>(links: &FlightLinks<D>, report: VerdictReport) {
     let report = match &links.pool {
-        Some(pool) => match pool.send_message(FlightRequest::Verdict(report)) {
+        Some(pool) => match pool.send_message(FlightRequest::Verdict(Box::new(report))) {
             Ok(()) => return,
-            Err(MessagingErr::SendErr(FlightRequest::Verdict(report))) => report,
+            Err(MessagingErr::SendErr(FlightRequest::Verdict(report))) => *report,
             Err(_) => return,
         },
         None => report,

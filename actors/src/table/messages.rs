@@ -89,8 +89,9 @@ pub enum FlightRequest {
         id: ActorId,
         reply: DerivedActorRef<Permit>,
     },
-    /// A flight's verdict for the replica's breaker.
-    Verdict(VerdictReport),
+    /// A flight's verdict for the replica's breaker (boxed: once per flight, and it
+    /// carries a whole ClickHouse error, while every flight's `WantsFlight` is small).
+    Verdict(Box<VerdictReport>),
 }
 
 /// A replica's pool's answer to [`FlightRequest::WantsFlight`]: go with its ticket, or

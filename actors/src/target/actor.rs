@@ -380,7 +380,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
             .get(report.replica)
             .and_then(|p| p.actor.as_ref());
         if let Some(pool) = pool {
-            let _ = pool.cast(PoolMsg::FromTable(FlightRequest::Verdict(report)));
+            let _ = pool.cast(PoolMsg::FromTable(FlightRequest::Verdict(Box::new(report))));
         }
     }
 
