@@ -194,13 +194,9 @@ async fn connected_server(s: &Scenario, index: usize, not: Option<&str>) -> Resu
 /// election (the API sends them again under the same ids), the consumer follows the
 /// new leader; nothing lost, nothing doubled.
 ///
-/// Ignored until the hole `cluster_bucket_leader_kill9` shows is closed (same cause
-/// suspected: after the kill a manifest index lags, see there). It passed 6 of 6 alone
-/// beside two CPU hogs and 6 of 6 whole chaos rounds under two hogs (2026-12-03), but
-/// it failed before under load with 188 rows twice in the twin. Run it with
-/// `--run-ignored all`.
+/// Ignored for a while (2026-12-03) for 188 rows twice in the twin once under load; the
+/// same hole as `cluster_bucket_leader_kill9` was suspected (see there; closed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a claim the lagging index did not confirm leaves its record unchecked: see cluster_bucket_leader_kill9"]
 async fn cluster_stream_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_stream_leader_kill9",
@@ -229,18 +225,19 @@ async fn cluster_consumer_leader_sigstop() -> Result<()> {
 /// watch that kept the index is opened again where it broke, and no row is taken
 /// before the index is whole again.
 ///
-/// Ignored until its hole is closed. Round 3 of `scripts/test --repeat 3 --hogs 2
-/// --phases chaos-debian,chaos-current` (2026-12-03, 2.9.10) had 146 rows twice in the
-/// twin. Both instances logged "the manifest index did not see batch … within 5s: its
-/// rows go back" for several batches: the claim wrote its record, the index (its watch
-/// broken by the bucket leader's kill) did not show it in time, and the claim gave up
-/// **before** the rule "the earlier record wins" was checked, leaving the record in the
-/// bucket. Two such records can share messages, and each, unchecked, is later gathered
-/// and inserted under its own token. The fix to make: a claim that gives up removes its
-/// record (as a conflicting one does), and a recorded batch is gathered only if no
-/// earlier record shares its messages. Run it with `--run-ignored all`.
+/// Ignored for a while: round 3 of `scripts/test --repeat 3 --hogs 2 --phases
+/// chaos-debian,chaos-current` (2026-12-03, 2.9.10) had 146 rows twice in the twin.
+/// Both instances logged "the manifest index did not see batch … within 5s": the claim
+/// wrote its record, the index (its watch broken by the kill) did not show it in time,
+/// and the claim gave up before "the earlier claim wins" was checked, leaving a record
+/// that shared messages with an earlier one; formed again later for a message only it
+/// held, it was inserted beside the earlier batch under its own token. Closed
+/// (`6dc3594`): a claim that gives up removes its record, an open record overlapped by
+/// an earlier claim is withdrawn when formed again, never sent
+/// (`actors/tests/exactly_once.rs::a_record_left_behind_by_a_lost_claim_is_withdrawn_never_sent`),
+/// and claims keep their order through their batches' later states
+/// (`tests/manifest_store.rs::a_claim_keeps_its_place_when_its_batch_is_written_again`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a claim the lagging index did not confirm leaves its record unchecked: rows twice (see the doc comment)"]
 async fn cluster_bucket_leader_kill9() -> Result<()> {
     cluster_scenario(
         "cluster_bucket_leader_kill9",
