@@ -112,13 +112,11 @@ pub async fn claim_fresh<D: Delivery>(
     };
     // The record may have taken long (NATS slow or frozen), or this process stood
     // still: a message JetStream gave up on meanwhile may be in another batch already.
-    // Nothing of this one was sent: its record goes now (withdrawn, never left to a
-    // collector: a record left behind could be formed again beside that other batch).
     if batch
         .deliveries()
         .any(|d| lease_ran_out(d, io.ack_wait, Instant::now()))
     {
-        let _ = io.store.withdraw(&manifest.id).await;
+        let _ = io.store.forget(&manifest.id).await;
         let why = LedgerRefusal::LeaseLost { id: manifest.id };
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);

@@ -110,10 +110,10 @@ pub trait ManifestStore: Send + Sync + 'static {
     /// Record a new batch (its `Open` manifest) and claim its messages: `Ok` once no
     /// batch recorded before it holds one of them, so a conflict is told before anything
     /// is sent, with the store's revision of the claim (the caller keeps it in the
-    /// batch's later states: [`Manifest::claimed_as`]). On a conflict, or when the store
-    /// could not tell (`Unavailable` after the record was written), this record is
-    /// removed again as far as the store can: a record left behind is refused when it
-    /// is formed again ([`ManifestStore::earlier_claim`]).
+    /// batch's later states: [`Manifest::claimed_as`]). On a conflict this record is
+    /// removed again. One the store could not judge in time (`Unavailable` after it was
+    /// written) stays, as another instance may be sending it; if it lost to an earlier
+    /// claim, forming it again refuses it ([`ManifestStore::earlier_claim`]).
     fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>>;
 
     /// A batch claimed before `manifest` that holds one of its messages, as far as the

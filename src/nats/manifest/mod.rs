@@ -321,15 +321,12 @@ impl Shared {
     async fn claim(&self, m: &Manifest) -> Result<u64, ClaimError> {
         let (key, revision) = self.record(m).await.map_err(ClaimError::Unavailable)?;
         if !self.index.wait_watched(revision, CLAIM_WAIT).await {
-            // Not judged: the record goes, as a conflicting one does, so that nobody
-            // forms it again beside an earlier batch it may overlap (if the removal
-            // fails too, forming it again refuses it: `earlier_claim`).
-            if self.purge_key(&key).await.is_ok() {
-                self.index.remove(&key, None);
-                lock(&self.recorded).remove(&m.id);
-            }
+            // Not judged, and not removed either: another instance may have gathered it
+            // meanwhile and be sending it (removed under that flight, its messages would
+            // come again as a new batch beside it). If it lost to an earlier claim,
+            // forming it again refuses it (`earlier_claim`).
             return Err(ClaimError::Unavailable(StoreError(format!(
-                "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its record is removed and its rows go back",
+                "the manifest index did not see batch {} within {CLAIM_WAIT:?}: its rows go back",
                 m.id
             ))));
         }
