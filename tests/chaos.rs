@@ -1690,20 +1690,14 @@ mod nats {
     /// no tenant's rows are taken for another's duplicates, and the retries after the
     /// restart store each row once.
     ///
-    /// Ignored until its known failure is settled (issue 20's closing note): in one run
-    /// of `scripts/test` (2026-12-02, 2.9.10) 200 rows of the Replicated twin were there
-    /// twice; on 2026-12-03 (2.15.1, beside two CPU hogs) 100 rows twice in 2 of 2
-    /// rounds, once in the plain table too: the stream held one chunk twice, so the hole
-    /// is before Sluice's ledger. A chunk whose publish ack was lost in the restart is
-    /// not in its key's record, so the retry sends it again under its message id,
-    /// counting on JetStream's duplicate check; but a restarted nats-server rebuilds that
-    /// check from the messages it still holds, and a consumed (acked, so removed) chunk's
-    /// id is gone with it. The fix to build: the consumer marks a keyed chunk as landed
-    /// in its key's record before it acks it, and a retry publishes only chunks neither
-    /// stored nor landed (while the first copy is in the stream, the rebuilt check still
-    /// holds its id). Run it with `--run-ignored all`.
+    /// It failed in 2 of 2 rounds beside two CPU hogs (2026-12-03, 2.15.1: 100 rows
+    /// twice, once in the plain table too, so the stream held one chunk twice): a chunk
+    /// whose publish ack the restart lost was sent again under its message id, and the
+    /// restarted nats-server, which rebuilds its duplicate check from the messages it
+    /// still holds, no longer knew the id of that chunk, consumed before. The consumer
+    /// now marks each keyed chunk landed before its ack and a retry sends no marked
+    /// chunk (`src/nats/landed.rs`, `tests/idempotency.rs`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "200 rows twice in the twin after the restart, once: see the doc comment"]
     async fn two_tenants_sharing_keys() -> Result<()> {
         let Some(mut s) =
             Scenario::start("two_tenants_sharing_keys", SLUICE, StackOptions::default()).await?

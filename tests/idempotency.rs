@@ -15,7 +15,10 @@ use ingest_common::{
     EVENTS, JSON, LAND, NDJSON, SLUICE,
 };
 use serde_json::{json, Value};
-use sluice_harness::{wait_for, wait_until, Metrics, Stack};
+use sluice::api::ingest::idempotency;
+use sluice::api::ingest::parse::Framing;
+use sluice::nats::chunk_message_id;
+use sluice_harness::{wait_for, wait_until, Metrics, Stack, TENANT};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -417,6 +420,161 @@ async fn a_request_ended_by_a_503_stores_only_its_missing_rows_even_after_a_nats
     // Now answered for good: the same body again gets that answer.
     let again = post(&http, &stack, "events", body, &keyed("order-9")).await?;
     assert_first_answer(&again, &done);
+    Ok(())
+}
+
+/// Marks chunk `index` of the keyed NDJSON request (`key`, `body`) to `events` landed,
+/// as the consumer does before it acks a keyed chunk (`nats::LandedChunks`).
+async fn plant_landed_mark(stack: &Stack, key: &str, body: &str, index: usize) -> Result<()> {
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert("idempotency-key", key.parse()?);
+    let key = idempotency::from_headers(&headers)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .context("no key")?;
+    let stem = idempotency::ScopedKey::new(TENANT, "events", key).message_stem(
+        &idempotency::Fingerprint::of(Framing::Ndjson, body.as_bytes()),
+    );
+    let client = async_nats::connect(stack.nats.url()).await?;
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("SLUICE_IDEMPOTENCY")
+        .await
+        .context("the idempotency bucket")?;
+    kv.put(
+        format!("landed.{}", chunk_message_id(&stem, index)),
+        bytes::Bytes::new(),
+    )
+    .await
+    .context("planting the mark")?;
+    Ok(())
+}
+
+/// The marks of keyed chunks in the idempotency bucket (`landed.<message id>`), sorted.
+async fn landed_marks(stack: &Stack) -> Result<Vec<String>> {
+    use futures::TryStreamExt as _;
+    let client = async_nats::connect(stack.nats.url()).await?;
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("SLUICE_IDEMPOTENCY")
+        .await
+        .context("the idempotency bucket")?;
+    let mut marks: Vec<String> = kv
+        .keys()
+        .await?
+        .try_filter(|k| std::future::ready(k.starts_with("landed.")))
+        .try_collect()
+        .await?;
+    marks.sort();
+    Ok(marks)
+}
+
+/// The consumer marks each keyed chunk landed before it acks it (what a retry asks,
+/// below), and the marks outlive a nats-server restart; a message without a key costs
+/// no mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_keyed_chunk_is_marked_landed_once_settled_and_the_marks_outlive_a_restart(
+) -> Result<()> {
+    let mut stack = stack_with(&[EVENTS], &[("api.chunk_rows", 10.into())]).await?;
+    let http = stack.http().clone();
+    let body = rows(0..25, "marked");
+    let keyed_reply = post(&http, &stack, "events", body.clone(), &keyed("mark-1")).await?;
+    assert_eq!(
+        (keyed_reply.status, keyed_reply.n("accepted")),
+        (202, 25),
+        "{keyed_reply}"
+    );
+    let plain = post(
+        &http,
+        &stack,
+        "events",
+        rows(100..105, "plain"),
+        &[AS_TENANT, NDJSON],
+    )
+    .await?;
+    assert_eq!(plain.status, 202, "{plain}");
+    wait_exactly(&stack, "SELECT count() FROM events", 30).await?;
+
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert("idempotency-key", "mark-1".parse()?);
+    let key = idempotency::from_headers(&headers)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .context("no key")?;
+    let stem = idempotency::ScopedKey::new(TENANT, "events", key).message_stem(
+        &idempotency::Fingerprint::of(Framing::Ndjson, body.as_bytes()),
+    );
+    let expected: Vec<String> = (0..3)
+        .map(|i| format!("landed.{}", chunk_message_id(&stem, i)))
+        .collect();
+    // Marked before the ack, and the rows counted once acked: there by now, but the
+    // last ack may trail the count by a moment.
+    let marks = wait_for(
+        "the three chunks marked",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let marks = landed_marks(&stack).await?;
+            ensure!(marks.len() >= expected.len(), "{marks:?}");
+            Ok(marks)
+        },
+    )
+    .await?;
+    assert_eq!(marks, expected);
+    stack.nats.stop().await?;
+    stack.nats.start_again().await?;
+    let after = wait_for(
+        "the bucket read after the restart",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || landed_marks(&stack),
+    )
+    .await?;
+    assert_eq!(after, expected, "the marks outlive the restart");
+    Ok(())
+}
+
+/// A retry sends no chunk the consumer marked landed. A chunk of the first request
+/// whose ack was lost (its key's record does not list it) may have been consumed and
+/// acked before nats-server restarted, and a restarted server no longer knows its
+/// message id: sent again, it would be stored and inserted twice. The consumer marks
+/// each keyed chunk landed before its ack, and a resumed request asks first. Here the
+/// mark is planted for the first chunk the first request did not store, so what the
+/// retry did shows in the table: that chunk's rows are counted as stored before and
+/// were not sent (they are not in the table); every other row is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_request_sends_no_chunk_the_consumer_marked_landed() -> Result<()> {
+    let mut stack = filling_stack("64KiB", &[("api.chunk_rows", 10.into())]).await?;
+    let http = stack.http().clone();
+    let pad = "p".repeat(300);
+    let padded = |ids: std::ops::Range<u64>| ndjson(ids.map(|id| json!({"id": id, "name": pad})));
+    let fill = post(&http, &stack, "events", padded(0..150), &keyed("fill-2")).await?;
+    assert_eq!((fill.status, fill.n("accepted")), (202, 150), "{fill}");
+    let body = padded(150..250);
+    let first = post(&http, &stack, "events", body.clone(), &keyed("order-7")).await?;
+    assert_eq!(first.status, 503, "{first}");
+    let stored = first.n("accepted");
+    assert!(stored > 0 && stored < 90, "not full mid-request: {first}");
+    // Chunks are stored in order: the first `stored / 10` of them.
+    let marked = usize::try_from(stored / 10)?;
+    plant_landed_mark(&stack, "order-7", &body, marked).await?;
+
+    stack.clickhouse.start_again().await?;
+    wait_exactly(&stack, "SELECT count() FROM events", 150 + stored).await?;
+    let done = post_until_answered(&http, &stack, "events", &body, &keyed("order-7")).await?;
+    assert_eq!(
+        (done.status, done.n("accepted"), done.n("duplicates")),
+        (202, 100, stored + 10),
+        "{done}"
+    );
+    wait_exactly(&stack, "SELECT count() FROM events", 250 - 10).await?;
+    let first_unsent = 150 + stored;
+    assert_eq!(
+        stack
+            .count(&format!(
+                "SELECT count() FROM events WHERE id >= {first_unsent} AND id < {}",
+                first_unsent + 10
+            ))
+            .await?,
+        0,
+        "the marked chunk was sent"
+    );
     Ok(())
 }
 

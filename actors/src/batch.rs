@@ -21,7 +21,12 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
+use futures::StreamExt as _;
+
 use crate::ports::{ClickHouseError, Delivery, Parking, TableKey};
+
+/// Acks of one batch sent at once at most (see [`Parked::ack`]).
+const ACKS_AT_ONCE: usize = 64;
 
 /// What the flight knows of one row.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -420,12 +425,24 @@ impl<D: Delivery> Parked<D> {
             mut acks, mut out, ..
         } = self;
         let last = if plan.confirm { acks.pop() } else { None };
-        for d in acks {
-            if let Err(e) = d.ack().await {
-                out.confirmed = false;
-                tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
-                    "ack after insert failed; the message may be delivered again");
-            }
+        // A few at a time: an ack may wait for a write of its own first (the delivery
+        // marks a keyed ingest chunk landed before its ack), which one after the other
+        // would cost a round trip per message. The confirmed one goes after all of them.
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        futures::stream::iter(acks)
+            .for_each_concurrent(ACKS_AT_ONCE, |d| {
+                let failed = &failed;
+                async move {
+                    if let Err(e) = d.ack().await {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
+                            "ack after insert failed; the message may be delivered again");
+                    }
+                }
+            })
+            .await;
+        if failed.into_inner() {
+            out.confirmed = false;
         }
         if let Some(d) = last {
             if let Err(e) = d.ack_confirmed().await {

@@ -13,6 +13,7 @@ use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 use tokio::time::Instant;
 
 use super::held::HeldToken;
+use super::landed::LandedChunks;
 use super::publish::{PublishError, Publisher};
 use super::reply::AckAddress;
 
@@ -28,12 +29,16 @@ const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
 
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
-/// delivery settles through. Shared by every delivery.
+/// delivery settles through (and where keyed chunks are marked landed). Shared by every
+/// delivery.
 pub struct DlqWriter {
     publisher: Publisher,
     subject_prefix: String,
     /// Acks, naks and progress are plain publishes to the row's reply subject.
     client: async_nats::Client,
+    /// Where a keyed request's chunk is marked landed before its ack (`None`: nothing
+    /// is marked, as in tests of the delivery alone).
+    landed: Option<Arc<LandedChunks>>,
 }
 
 impl DlqWriter {
@@ -42,7 +47,14 @@ impl DlqWriter {
             client: publisher.context().client(),
             publisher,
             subject_prefix: subject_prefix.into(),
+            landed: None,
         }
+    }
+
+    /// Marks keyed chunks landed in `landed` before their ack.
+    pub fn with_landed(mut self, landed: Arc<LandedChunks>) -> Self {
+        self.landed = Some(landed);
+        self
     }
 
     /// The DLQ headers (docs/architecture.md, "Contracts"), every one of them, and the row's line when one row
@@ -132,6 +144,9 @@ struct Row {
     subject: Subject,
     reply: Option<Subject>,
     payload: Bytes,
+    /// Its message id when it is a chunk of a keyed ingest request: marked landed before
+    /// it is acked (see [`super::landed`]).
+    chunk: Option<Box<str>>,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -182,6 +197,7 @@ impl JsDelivery {
         Self {
             position,
             row: Some(Row {
+                chunk: super::landed::chunk_id(message.headers.as_ref()),
                 subject: message.subject,
                 reply: message.reply,
                 payload: message.payload,
@@ -240,9 +256,30 @@ impl JsDelivery {
     }
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
+        if matches!(kind, AckKind::Ack) {
+            self.mark_landed().await;
+        }
         let result = self.send(kind).await;
         self.row = None;
         result
+    }
+
+    /// Before its ack, a keyed request's chunk is marked landed (see [`super::landed`]).
+    /// A mark that cannot be written (the bucket full or unreachable) is logged and the
+    /// row acked all the same: unacked, it would come again and, in a table that does
+    /// not deduplicate, be inserted again, while an unmarked chunk costs a copy only if
+    /// nats-server also restarts and the client sends the chunk again.
+    async fn mark_landed(&self) {
+        let (Some(row), Some(landed)) = (self.row.as_ref(), self.dlq.landed.as_ref()) else {
+            return;
+        };
+        let Some(chunk) = row.chunk.as_deref() else {
+            return;
+        };
+        if let Err(e) = landed.mark(chunk).await {
+            tracing::warn!(chunk, error = %e,
+                "a keyed chunk could not be marked landed before its ack: sent again after a nats-server restart, it could be stored twice");
+        }
     }
 }
 
@@ -276,6 +313,7 @@ impl Delivery for JsDelivery {
     /// The ack as a request: JetStream answers an ack that has a reply subject with an
     /// empty message once it has handled it (2.9.10 and current alike).
     async fn ack_confirmed(mut self) -> Result<(), SettleError> {
+        self.mark_landed().await;
         let Some(row) = self.row.take() else {
             return Ok(());
         };

@@ -10,6 +10,7 @@ mod dlq;
 mod held;
 mod key_store;
 mod kv_bucket;
+mod landed;
 mod lost_pull;
 mod manifest;
 mod placement;
@@ -25,6 +26,7 @@ pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
 pub use key_store::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
+pub use landed::{chunk_id, chunk_message_id, LandedChunks, STEM_HEX};
 pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,

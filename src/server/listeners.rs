@@ -21,7 +21,7 @@ use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
-use crate::nats::{Dlq, KeyStore, KeyStoreSettings, Publisher, StreamSettings};
+use crate::nats::{Dlq, KeyStore, KeyStoreSettings, LandedChunks, Publisher, StreamSettings};
 use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
@@ -66,6 +66,26 @@ pub struct Parts {
     pub table_rows: Arc<TableRows>,
 }
 
+/// The bucket of `Idempotency-Key` records, and of the marks of the keyed chunks the
+/// consumer settled (`nats::LandedChunks`): one bucket, written by the ingest API and
+/// by the consumer, so both build it from here.
+pub fn idempotency_keys(config: &Config, js: async_nats::jetstream::Context) -> Arc<KeyStore> {
+    let key_lease = idempotency::lease(config.api.limits.body_timeout);
+    Arc::new(KeyStore::new(
+        js,
+        KeyStoreSettings {
+            bucket: config.nats.idempotency_bucket.clone(),
+            purpose: "idempotency",
+            description: "Sluice Idempotency-Key records: each keyed ingest request's body fingerprint and answer, and the keyed chunks settled",
+            max_bytes: config.nats.idempotency_max_bytes,
+            full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
+            replicas: config.nats.replicas,
+            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+            no_leader_wait: config.api.publish_retry_for,
+        },
+    ))
+}
+
 pub async fn start(
     config: &Arc<Config>,
     parts: Parts,
@@ -82,19 +102,7 @@ pub async fn start(
     } = parts;
     let tenants = TenantResolver::new(config.clone());
     let key_lease = idempotency::lease(config.api.limits.body_timeout);
-    let keys = KeyStore::new(
-        publisher.context().clone(),
-        KeyStoreSettings {
-            bucket: config.nats.idempotency_bucket.clone(),
-            purpose: "idempotency",
-            description: "Sluice Idempotency-Key records: each keyed ingest request's body fingerprint and answer",
-            max_bytes: config.nats.idempotency_max_bytes,
-            full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
-            replicas: config.nats.replicas,
-            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
-            no_leader_wait: config.api.publish_retry_for,
-        },
-    );
+    let keys = idempotency_keys(config, publisher.context().clone());
     let ingest_state = Arc::new(IngestState {
         tenants,
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
@@ -116,6 +124,7 @@ pub async fn start(
         publish_retry_for: config.api.publish_retry_for,
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
+        landed: LandedChunks::new(keys.clone()),
         keys: Idempotency::new(keys, key_lease),
         key_lease,
     });

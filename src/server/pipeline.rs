@@ -15,8 +15,8 @@ use crate::admin::PipelineView;
 use crate::clickhouse::clients::TargetClients;
 use crate::config::{self, Config};
 use crate::nats::{
-    DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings, Publisher,
-    StreamSettings,
+    DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore, LandedChunks, ManifestSettings,
+    Publisher, StreamSettings,
 };
 
 /// Start the actor tree: a target per configured one with a pool per server
@@ -28,10 +28,15 @@ pub async fn start(
     streams: StreamSettings,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
-    let dlq = Arc::new(DlqWriter::new(
-        Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
-        streams.dlq_subject_prefix.clone(),
-    ));
+    // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
+    let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
+    let dlq = Arc::new(
+        DlqWriter::new(
+            Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
+            streams.dlq_subject_prefix.clone(),
+        )
+        .with_landed(Arc::new(landed)),
+    );
     // Exactly-once: the store shares the deliveries' client (a confirmed ack covers
     // the acks sent before it on that connection only).
     let manifests = config.exactly_once.then(|| {

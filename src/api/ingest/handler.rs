@@ -38,7 +38,7 @@ use super::tables::TenantTables;
 use crate::api::tenant::{Tenant, TenantResolver};
 use crate::clickhouse::catalog::Catalog;
 use crate::config::{is_table_name, TABLE_NAME_RULE};
-use crate::nats::{PublishError, Publisher};
+use crate::nats::{LandedChunks, PublishError, Publisher};
 use crate::telemetry::metrics as m;
 
 /// What the ingest endpoint needs.
@@ -67,6 +67,8 @@ pub struct IngestState {
     pub tables: TenantTables,
     /// The `Idempotency-Key` records.
     pub keys: Idempotency,
+    /// The keyed chunks the consumer settled (in the same bucket).
+    pub landed: LandedChunks,
     /// How long a claim holds a key (twice `[api] body_timeout`).
     pub key_lease: Duration,
 }
@@ -260,6 +262,8 @@ async fn publish(
         stored_before: claim.stored_before(),
         deadline: claim.deadline(),
         lease: state.key_lease,
+        landed: &state.landed,
+        resumed: claim.resumed(),
     });
     let chunks = ChunkLimits {
         rows: split.chunk_rows,
@@ -491,7 +495,7 @@ mod tests {
         assert!(row_limit(mib, keyed) < mib - PARK_HEADROOM - 40);
         assert_eq!(row_limit(mib, message_room(100, false)), 0);
         // The header of the longest id fits the room left.
-        let id = super::super::publishing::message_id(&"f".repeat(32), usize::MAX);
+        let id = crate::nats::chunk_message_id(&"f".repeat(32), usize::MAX);
         let header = "NATS/1.0\r\nNats-Msg-Id: ".len() + id.len() + 4;
         assert!(message_room(mib, true) + header <= mib);
     }

@@ -29,7 +29,9 @@ use tokio::time::Instant;
 
 use super::chunk::{Chunk, ChunkLimits, Chunker};
 use super::idempotency::ChunkSet;
-use crate::nats::{KeyStoreError, PendingPublish, PublishError, Publisher};
+use crate::nats::{
+    chunk_message_id, KeyStoreError, LandedChunks, PendingPublish, PublishError, Publisher,
+};
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
 /// permits and takes one back only when its ack is awaited, so requests that each hold
@@ -87,6 +89,22 @@ pub struct KeyedChunks<'a> {
     /// Nothing is sent after it (the key's lease ends).
     pub deadline: Instant,
     pub lease: Duration,
+    /// Where the consumer marks chunks it settled: a chunk that may have been stored
+    /// before (a resumed request's, or one sent again after a lost ack) is sent only if
+    /// not marked, since a restarted nats-server forgets the ids of chunks consumed.
+    pub landed: &'a LandedChunks,
+    /// The key's earlier request stored some chunks, or may have: its record was
+    /// resumed or taken over.
+    pub resumed: bool,
+}
+
+impl KeyedChunks<'_> {
+    /// Whether the consumer marked chunk `index` landed.
+    async fn landed(&self, index: usize) -> Result<bool, KeyStoreError> {
+        self.landed
+            .landed(&chunk_message_id(self.stem, index))
+            .await
+    }
 }
 
 /// The rows of one request, sent to one subject.
@@ -156,10 +174,16 @@ impl<'a> Publishing<'a> {
     async fn send(&mut self, chunk: Chunk) {
         if let Some(keyed) = &self.keyed {
             if keyed.stored_before.contains(chunk.index) {
-                self.outcome.accepted += chunk.rows;
-                self.outcome.duplicates += chunk.rows;
-                self.outcome.stored.insert(chunk.index);
-                return;
+                return self.accepted(&chunk, true);
+            }
+            if keyed.resumed && self.outcome.stop.is_none() {
+                match keyed.landed(chunk.index).await {
+                    Ok(true) => return self.accepted(&chunk, true),
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.outcome.stop.get_or_insert(Stop::Keys(e));
+                    }
+                }
             }
         }
         if self.pending.len() >= PIPELINE_WINDOW {
@@ -185,7 +209,10 @@ impl<'a> Publishing<'a> {
     }
 
     async fn publish(&self, chunk: &Chunk) -> Result<PendingPublish, PublishError> {
-        let id = self.keyed.as_ref().map(|k| message_id(k.stem, chunk.index));
+        let id = self
+            .keyed
+            .as_ref()
+            .map(|k| chunk_message_id(k.stem, chunk.index));
         self.publisher
             .send(
                 self.subject.clone(),
@@ -236,6 +263,16 @@ impl<'a> Publishing<'a> {
             let left = until
                 .saturating_duration_since(Instant::now())
                 .max(RESEND_MIN);
+            // Consumed and acked meanwhile, a first copy is no longer in the stream for
+            // JetStream's duplicate check to know after a restart: its mark tells.
+            if let Some(keyed) = &self.keyed {
+                match keyed.landed(chunk.index).await {
+                    Ok(true) => return self.accepted(&chunk, true),
+                    Ok(false) => {}
+                    // Not known: not sent this round.
+                    Err(_) => continue,
+                }
+            }
             let attempt = async {
                 match self.publish(&chunk).await {
                     Ok(ack) => (true, Publisher::confirm(ack).await),
@@ -273,25 +310,5 @@ impl<'a> Publishing<'a> {
         } else {
             self.outcome.messages += 1;
         }
-    }
-}
-
-/// The message id of a keyed request's chunk: the stem (hex digits) and the chunk's
-/// index, so two (stem, index) pairs never give one id.
-pub fn message_id(stem: &str, index: usize) -> String {
-    format!("{stem}-{index}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::ingest::idempotency::MAX_MESSAGE_ID_LEN;
-
-    #[test]
-    fn message_ids_are_the_stem_and_the_chunk_index() {
-        assert_eq!(message_id("0f3a", 0), "0f3a-0");
-        assert_eq!(message_id("0f3a", 12), "0f3a-12");
-        let stem = "f".repeat(32);
-        assert!(message_id(&stem, usize::MAX).len() <= MAX_MESSAGE_ID_LEN);
     }
 }

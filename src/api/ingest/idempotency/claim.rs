@@ -38,18 +38,36 @@ pub struct Claim {
     body: BodyUse,
     stem: String,
     stored_before: ChunkSet,
+    /// An earlier request under the key may have stored chunks (its record was
+    /// resumed or taken over).
+    resumed: bool,
 }
 
 // === impl Claim ===
 
 impl Claim {
-    pub(super) fn new(hold: Hold, scope: &ScopedKey, body: BodyUse, stored: ChunkSet) -> Self {
+    /// `resumed`: the key had an earlier request's record (see [`Claim::resumed`]).
+    pub(super) fn new(
+        hold: Hold,
+        scope: &ScopedKey,
+        body: BodyUse,
+        stored: ChunkSet,
+        resumed: bool,
+    ) -> Self {
         Self {
             stem: scope.message_stem(&body.fingerprint),
             hold,
             body,
             stored_before: stored,
+            resumed,
         }
+    }
+
+    /// Whether an earlier request under the key may have stored chunks: its record was
+    /// resumed or taken over. Such a request's chunks are sent only if the consumer did
+    /// not mark them landed (`nats::LandedChunks`).
+    pub fn resumed(&self) -> bool {
+        self.resumed
     }
 
     /// How the body is split (as when it was first sent under the key).

@@ -11,8 +11,9 @@ use crate::api::headers;
 pub const MAX_KEY_LEN: usize = 128;
 
 /// Hex digits of SHA-256 kept in a record key and in a message id: 128 bits, so two
-/// keys (or two bodies) share one only by a collision nobody will meet.
-const HASH_HEX: usize = 32;
+/// keys (or two bodies) share one only by a collision nobody will meet. The consumer
+/// knows a keyed chunk's id by this length (`nats::chunk_id`).
+const HASH_HEX: usize = crate::nats::STEM_HEX;
 
 /// The longest message id of a chunk: the stem, `-`, and the chunk's index.
 pub const MAX_MESSAGE_ID_LEN: usize = HASH_HEX + 1 + 20;

@@ -147,14 +147,11 @@ pub enum Decision {
 impl Idempotency {
     /// Keys kept in `store`, each claim holding its key for `lease`. Registers every
     /// outcome's series at 0.
-    pub fn new(store: KeyStore, lease: Duration) -> Self {
+    pub fn new(store: Arc<KeyStore>, lease: Duration) -> Self {
         for outcome in KeyOutcome::ALL {
             metrics::counter!(m::INGEST_IDEMPOTENCY, "outcome" => outcome.label()).increment(0);
         }
-        Self {
-            store: Arc::new(store),
-            lease,
-        }
+        Self { store, lease }
     }
 
     /// Look at a request's key before its body is read; claim it if it is free.
@@ -269,7 +266,8 @@ impl Keyed {
                 let record = Record::claim(hold.holder(), Some(body.clone()), ChunkSet::default());
                 return match hold.rewrite(record).await {
                     Ok(()) => {
-                        Decision::Publish(Claim::new(hold, &self.scope, body, ChunkSet::default()))
+                        let fresh = ChunkSet::default();
+                        Decision::Publish(Claim::new(hold, &self.scope, body, fresh, false))
                     }
                     Err(e) => refused(e),
                 };
@@ -311,7 +309,7 @@ impl Keyed {
         match Hold::take(&self.store, &self.key, claim, revision, &self.holder).await {
             Ok(hold) => count(
                 outcome,
-                Decision::Publish(Claim::new(hold, &self.scope, body, stored)),
+                Decision::Publish(Claim::new(hold, &self.scope, body, stored, true)),
             ),
             Err(e) => refused(e),
         }
