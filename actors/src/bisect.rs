@@ -111,6 +111,11 @@ impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
                 self.batch.sequences(),
             )
         });
+        if traced.is_some() {
+            // Its pair, "insert", comes with the answer: one without it is the await
+            // a flight that does not end is in.
+            tracing::trace!(table = %self.table.table, lo, hi, "insert sent");
+        }
         let out = self
             .keepalive
             .run(self.inserter.insert(request), self.batch)

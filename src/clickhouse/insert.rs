@@ -294,6 +294,9 @@ impl HttpInserter {
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let features = self.features().await?.clone();
+        // Each step of an insert, at TRACE: what a flight that never ends waits for.
+        tracing::trace!(pool = %self.target, replica = %self.replica, table = %request.table.table,
+            free = self.permits.available_permits(), "insert: waiting for a permit");
         let _permit = self.permits.acquire().await.map_err(|_| {
             classify::transport(NoAnswer::Refused, "the insert client is shutting down")
         })?;
@@ -336,6 +339,7 @@ impl Inserter for HttpInserter {
             None if features.insert_deduplicate => params.push(("insert_deduplicate", "0")),
             None => {}
         }
+        tracing::trace!(pool = %self.target, replica = %self.replica, query_id, "insert: sending");
         let sent = self
             .endpoint
             .post(&params, request.body)
@@ -343,6 +347,8 @@ impl Inserter for HttpInserter {
             .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
             .send()
             .await;
+        tracing::trace!(pool = %self.target, replica = %self.replica, query_id,
+            status = sent.as_ref().ok().map(|r| r.status().as_u16()), "insert: answered");
         let response = match sent {
             Ok(response) => response,
             Err(e) => {
