@@ -470,6 +470,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     let delay = self.ctx.common.settings.store_retry;
                     self.hand_back(aside, delay);
                 }
+                if deliveries.is_empty() {
+                    // Every message went back: nothing to fly.
+                    return None;
+                }
                 let sequences = || deliveries.iter().map(|d| d.position().stream_sequence);
                 let done = self.ledger.take_settled_lines(sequences());
                 let suspect = self.strikes.suspect(sequences(), threshold);
