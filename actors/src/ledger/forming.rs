@@ -261,17 +261,7 @@ async fn lost_its_claim<D: Delivery>(
     tracing::info!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
         earlier = %earlier,
         "a recorded batch that lost its claim to an earlier one was left behind: withdrawn, its messages come again");
-    if let Err(e) = io.store.withdraw(&manifest.id).await {
-        return Formed::Refused {
-            messages: held,
-            why: LedgerRefusal::StoreDown(e),
-        };
-    }
-    Formed::Settled {
-        by_record: None,
-        copies: Vec::new(),
-        back: held,
-    }
+    withdrawn(io, manifest, held).await
 }
 
 /// A message of an open (or split) batch left the stream. Its record is read directly
@@ -292,6 +282,12 @@ async fn incomplete<D: Delivery>(
     tracing::warn!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
         message = gone,
         "a message of a recorded, unfinished batch left the ingest stream unsettled (removed by hand, or lost by nats-server): the batch cannot be formed again; its record is withdrawn and its other messages come again as new ones (their rows may be inserted twice)");
+    withdrawn(io, manifest, held).await
+}
+
+/// The record withdrawn and what is held sent back, to come again as what it is then;
+/// if the store cannot withdraw it now, the messages go back under that refusal.
+async fn withdrawn<D: Delivery>(io: &LedgerIo<'_>, manifest: &Manifest, held: Vec<D>) -> Formed<D> {
     if let Err(e) = io.store.withdraw(&manifest.id).await {
         return Formed::Refused {
             messages: held,
