@@ -41,7 +41,7 @@
 //! | `read_only_table`                | 242 for one table: its neighbour keeps inserting        | 6     |
 //! | `missing_table_deploy_race`      | rows before their table exists: they wait, then land    | 12    |
 //! | `missing_table_grace_runs_out`   | a table that never comes: parked after the grace, batch by batch | 12 |
-//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone, the twin's batches never split (ignored for now: see its doc) | 13, 19, 20 |
+//! | `poison_row_crashes_clickhouse`  | a row crashes ClickHouse (restarted each time): parked alone, the twin's batches never split | 13, 19, 20 |
 //! | `slow_inserts_past_ack_wait`     | every INSERT answered after 7 s, ack_wait 5 s: no dup   | 3     |
 //! | `table_panic`                    | TableActor panics injected under load                   | 3 (g) |
 //! | `pool_panic`                     | PoolActor panics injected under load                    | 3     |
@@ -60,12 +60,12 @@
 //! | `nats::stream_full`              | the stream at `max_bytes`: 503 + Retry-After, retried   | 6     |
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
-//! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted (ignored for now: see its doc) | 20 |
-//! | `nats_cluster::cluster_stream_leader_kill9` | a three-node NATS cluster (R3, two Sluices throughout): the ingest stream's leader kill -9, started again once another is elected (ignored for now: see its doc) | 21 |
+//! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
+//! | `nats_cluster::cluster_stream_leader_kill9` | a three-node NATS cluster (R3, two Sluices throughout): the ingest stream's leader kill -9, started again once another is elected | 21 |
 //! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout | 21 |
-//! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected (ignored for now: see its doc) | 21 |
+//! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected | 21 |
 //! | `nats_cluster::cluster_rolling_restart` | each node restarted in turn, the next once the replicas are current | 21 |
-//! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s (ignored for now: see its doc) | 21 |
+//! | `nats_cluster::cluster_connected_node_sigstop` | the node the first Sluice is connected to frozen 12 s | 21 |
 //!
 //! The `nats_cluster` scenarios (tests/chaos/nats_cluster.rs) also print `gap=` (the
 //! longest stretch without a new row in the twin) and `resumed_in=` (from the end of the

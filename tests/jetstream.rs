@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, consumer, message::StreamMessage, stream};
 use bytes::Bytes;
 use serde_json::json;
 use sluice::nats::{
-    ensure_consumer, ensure_streams, remove_stranded, Dlq, DlqWriter, JetStreamSource,
+    ensure_consumer, ensure_streams, remove_stranded, AckedHere, Dlq, DlqWriter, JetStreamSource,
     JetStreamSourceFactory, JsDelivery, PublishError, Publisher, StreamSettings,
     ORIGINAL_LINE_HEADER,
 };
@@ -1210,6 +1210,40 @@ async fn fetch(consumer: &consumer::PullConsumer, n: usize) -> Result<Vec<jetstr
     Ok(got)
 }
 
+/// A limits stream `name` (it keeps acked messages, as a crashed or re-elected work
+/// queue can) with ten one-row messages, and its durable consumer `sluice`, explicit
+/// acks, nothing delivered yet.
+async fn ten_rows_kept_after_their_acks(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<(stream::Stream, consumer::PullConsumer)> {
+    let subject = name.to_lowercase();
+    js.create_stream(stream::Config {
+        name: name.into(),
+        subjects: vec![format!("{subject}.>")],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .context("creating the stream")?;
+    for i in 0..10 {
+        js.publish(format!("{subject}.rows"), format!("{{\"id\":{i}}}").into())
+            .await?
+            .await?;
+    }
+    let stream = js.get_stream(name).await?;
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("sluice".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow!("creating the consumer: {e}"))?;
+    Ok((stream, consumer))
+}
+
 /// Acked rows a crashed nats-server 2.9 kept in the stream are removed, and the rows
 /// still awaiting their ack are not touched: they stay pending and come back after a
 /// nak. (A stream purge, what Sluice did before, empties a 2.9 consumer's pending list:
@@ -1223,29 +1257,7 @@ async fn acked_rows_left_in_the_stream_go_and_rows_awaiting_their_ack_stay() -> 
         return Ok(());
     };
     let js = connect(&server).await?;
-    let stream = js
-        .create_stream(stream::Config {
-            name: "KEPT".into(),
-            subjects: vec!["kept.>".into()],
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .context("creating the stream")?;
-    for i in 0..10 {
-        js.publish("kept.rows", format!("{{\"id\":{i}}}").into())
-            .await?
-            .await?;
-    }
-    let mut consumer: consumer::PullConsumer = stream
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("sluice".into()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow!("creating the consumer: {e}"))?;
+    let (_, mut consumer) = ten_rows_kept_after_their_acks(&js, "KEPT").await?;
     let held = fetch(&consumer, 10).await?;
     for message in &held[..3] {
         message
@@ -1261,7 +1273,7 @@ async fn acked_rows_left_in_the_stream_go_and_rows_awaiting_their_ack_stay() -> 
 
     // Fresh stream info: the removal starts at the stream's first sequence.
     let stream = js.get_stream("KEPT").await?;
-    assert_eq!(remove_stranded(&stream, &info).await, 3);
+    assert_eq!(remove_stranded(&stream, &info, None).await, 3);
     let state = js.get_stream("KEPT").await?.cached_info().state.clone();
     assert_eq!((state.messages, state.first_sequence), (7, 4));
     let pending = consumer.info().await?.num_ack_pending;
@@ -1286,5 +1298,54 @@ async fn acked_rows_left_in_the_stream_go_and_rows_awaiting_their_ack_stay() -> 
     }
     sequences.sort_unstable();
     assert_eq!(sequences, (4..=10).collect::<Vec<u64>>());
+    Ok(())
+}
+
+/// A replicated stream can keep messages acked above the consumer's ack floor (its
+/// leader moved, nats-server 2.9): the ones this process acked at least the grace ago
+/// go, those acked just now and those it never acked stay. A limits stream keeps acked
+/// messages as that stream does.
+#[tokio::test]
+async fn messages_acked_here_above_the_floor_go_once_their_grace_is_over() -> Result<()> {
+    let Some(server) =
+        nats_or_skip("messages_acked_here_above_the_floor_go_once_their_grace_is_over").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&server).await?;
+    let (stream, mut consumer) = ten_rows_kept_after_their_acks(&js, "AHEAD").await?;
+    let held = fetch(&consumer, 10).await?;
+    for message in &held[6..9] {
+        message
+            .double_ack()
+            .await
+            .map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    let info = consumer.info().await?.clone();
+    assert_eq!(info.ack_floor.stream_sequence, 0, "1 to 6 await their acks");
+
+    let acked = AckedHere::default();
+    let now = tokio::time::Instant::now();
+    let long_ago = now
+        .checked_sub(Duration::from_secs(11))
+        .context("a clock this young")?;
+    acked.record(7, long_ago);
+    acked.record(8, long_ago);
+    // Acked just now (the server has not been told here; what counts is the grace).
+    acked.record(3, now);
+    assert_eq!(remove_stranded(&stream, &info, Some(&acked)).await, 2);
+    let mut kept = Vec::new();
+    for seq in 1..=10 {
+        if stream.get_raw_message(seq).await.is_ok() {
+            kept.push(seq);
+        }
+    }
+    assert_eq!(
+        kept,
+        vec![1, 2, 3, 4, 5, 6, 9, 10],
+        "nats-server {}: 7 and 8 acked here long enough ago go; 3 acked just now and the rest stay",
+        server.version()
+    );
+    assert_eq!(acked.spans(), 1, "3 is looked at by a later pass");
     Ok(())
 }

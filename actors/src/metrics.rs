@@ -22,7 +22,8 @@
 //!   `denied`, `unknown`.
 //! - `kind` on `sluice_actor_restarts_total`: `consumer`, `target`, `pool`, `table`.
 //! - `reason` on `sluice_consumer_stalls_total`: `heartbeats_missed`,
-//!   `leadership_change`, `pending_undelivered` (see `ports::StallReason`).
+//!   `leadership_change`, `pending_undelivered`, `stream_ahead_of_consumer`,
+//!   `acks_held_by_nobody` (see `ports::StallReason`).
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -59,7 +60,7 @@ pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
 pub const TABLE_MISSING: &str = "sluice_table_missing";
 pub const CONSUMER_PENDING: &str = "sluice_consumer_pending";
 /// Not in DESIGN's list: pulls found lost and replaced (a silent stall noticed), by
-/// stream and reason (`heartbeats_missed`, `leadership_change`, `pending_undelivered`).
+/// stream and reason (`ports::StallReason::as_str`).
 pub const CONSUMER_STALLS: &str = "sluice_consumer_stalls_total";
 pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
 /// A full DLQ makes parking fail, and an alert needs to see it ("an alert

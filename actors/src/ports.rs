@@ -397,13 +397,22 @@ pub enum StallReason {
     LeadershipChange,
     /// The stream held rows for the consumer, the request waited, and none came.
     PendingUndelivered,
+    /// The stream keeps messages past the last one the consumer delivered, while the
+    /// consumer says nothing is pending or awaits an ack: its leader no longer sees
+    /// them (a replicated consumer after its leader was frozen, nats-server 2.9).
+    StreamAheadOfConsumer,
+    /// The consumer holds `max_ack_pending` deliveries awaiting acks that no instance
+    /// holds, and redelivers none of them after `ack_wait`: rows wait that never come.
+    AcksHeldByNobody,
 }
 
 impl StallReason {
-    pub const ALL: [StallReason; 3] = [
+    pub const ALL: [StallReason; 5] = [
         StallReason::HeartbeatsMissed,
         StallReason::LeadershipChange,
         StallReason::PendingUndelivered,
+        StallReason::StreamAheadOfConsumer,
+        StallReason::AcksHeldByNobody,
     ];
 
     /// The `reason` label of `sluice_consumer_stalls_total`.
@@ -412,7 +421,21 @@ impl StallReason {
             Self::HeartbeatsMissed => "heartbeats_missed",
             Self::LeadershipChange => "leadership_change",
             Self::PendingUndelivered => "pending_undelivered",
+            Self::StreamAheadOfConsumer => "stream_ahead_of_consumer",
+            Self::AcksHeldByNobody => "acks_held_by_nobody",
         }
+    }
+
+    /// Whether an idle heartbeat ends the stall: it shows the request waits, which
+    /// answers a request lost; it does not answer rows that do not come.
+    pub fn ended_by_heartbeat(self) -> bool {
+        matches!(self, Self::HeartbeatsMissed | Self::LeadershipChange)
+    }
+
+    /// Whether the consumer's own state on the server is at fault, not the request: a
+    /// new request cannot help, a new consumer leader can (`$JS.API.CONSUMER.LEADER.STEPDOWN`).
+    pub fn needs_new_consumer_leader(self) -> bool {
+        matches!(self, Self::StreamAheadOfConsumer | Self::AcksHeldByNobody)
     }
 }
 

@@ -384,7 +384,7 @@ fn components() -> Value {
                     "reconnects": {"type": "integer", "minimum": 0},
                     "last_error": nullable_string,
                     "stalls": {"type": "integer", "minimum": 0, "description": "Pulls found lost and replaced without a restart (sluice_consumer_stalls_total)."},
-                    "last_stall": {"type": "string", "nullable": true, "enum": ["heartbeats_missed", "leadership_change", "pending_undelivered", null], "description": "Why the last lost pull was replaced."},
+                    "last_stall": {"type": "string", "nullable": true, "enum": ["heartbeats_missed", "leadership_change", "pending_undelivered", "stream_ahead_of_consumer", "acks_held_by_nobody", null], "description": "Why the last lost pull was replaced."},
                     "waiting_for": {"type": "string", "nullable": true, "enum": ["consumer_leader", "manifest_index", null], "description": "What the consumer waits for before it pulls again (an election, the manifest index), while it waits."},
                     "placement": {
                         "type": "object",

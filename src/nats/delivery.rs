@@ -12,6 +12,7 @@ use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 use tokio::time::Instant;
 
+use super::acked_here::AckedHere;
 use super::held::HeldToken;
 use super::landed::LandedChunks;
 use super::publish::{PublishError, Publisher};
@@ -39,6 +40,9 @@ pub struct DlqWriter {
     /// Where a keyed request's chunk is marked landed before its ack (`None`: nothing
     /// is marked, as in tests of the delivery alone).
     landed: Option<Arc<LandedChunks>>,
+    /// The stream sequences acked through this writer lately, so an acked message a
+    /// replicated stream kept can be removed (`super::stranded`).
+    acked: Arc<AckedHere>,
 }
 
 impl DlqWriter {
@@ -48,7 +52,13 @@ impl DlqWriter {
             publisher,
             subject_prefix: subject_prefix.into(),
             landed: None,
+            acked: Arc::default(),
         }
+    }
+
+    /// The sequences acked through this writer lately.
+    pub fn acked_here(&self) -> &AckedHere {
+        &self.acked
     }
 
     /// Marks keyed chunks landed in `landed` before their ack.
@@ -260,8 +270,17 @@ impl JsDelivery {
             self.mark_landed().await;
         }
         let result = self.send(kind).await;
+        if result.is_ok() && matches!(kind, AckKind::Ack) {
+            self.record_ack();
+        }
         self.row = None;
         result
+    }
+
+    fn record_ack(&self) {
+        self.dlq
+            .acked
+            .record(self.position.stream_sequence, Instant::now());
     }
 
     /// Before its ack, a keyed request's chunk is marked landed (see [`super::landed`]).
@@ -324,7 +343,10 @@ impl Delivery for JsDelivery {
         };
         let request = self.dlq.client.request(reply, AckKind::Ack.into());
         match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                self.record_ack();
+                Ok(())
+            }
             Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
             Err(_) => Err(SettleError(format!(
                 "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"

@@ -131,7 +131,7 @@ impl LostPull {
         let Some(stall) = self.open else {
             return;
         };
-        if what == Heard::Heartbeat && stall.reason == StallReason::PendingUndelivered {
+        if what == Heard::Heartbeat && !stall.reason.ended_by_heartbeat() {
             return;
         }
         self.open = None;

@@ -3,6 +3,7 @@
 //! actors' `Delivery`, the consumer as their `Source`, the bucket of batch
 //! manifests as their `ManifestStore`, and the ingest API's `Idempotency-Key` records.
 
+mod acked_here;
 mod budget;
 mod connect;
 mod delivery;
@@ -21,7 +22,9 @@ mod setup;
 mod source;
 mod stall;
 mod stranded;
+mod stuck_consumer;
 
+pub use acked_here::AckedHere;
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};

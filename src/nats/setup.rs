@@ -117,7 +117,7 @@ pub async fn ensure_consumer(
         )
     })?;
     if let Ok(info) = consumer.info().await {
-        remove_stranded(&stream, info).await;
+        remove_stranded(&stream, info, None).await;
     }
     Ok(consumer)
 }

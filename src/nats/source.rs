@@ -44,6 +44,7 @@ use super::placement;
 use super::pull_status::{self, EndedBy, PullStatus};
 use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
 use super::stranded::remove_stranded;
+use super::stuck_consumer::{self, ConsumerState, StuckWatch};
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at
 /// most a couple of pull batches).
@@ -188,6 +189,7 @@ impl SourceFactory for JetStreamSourceFactory {
             stream: self.settings.stream.clone(),
             manifests: self.manifests.clone(),
             lost: LostPull::new(&self.settings.stream, self.stalls.clone()),
+            stuck: StuckWatch::default(),
             stalls: self.stalls.clone(),
             waiting: None,
             ask_after: None,
@@ -246,6 +248,8 @@ pub struct JetStreamSource {
     manifests: Option<Arc<JsManifestStore>>,
     /// Notices requests lost without a word, and counts them into `stalls`.
     lost: LostPull,
+    /// Notices a consumer stuck on the server, which a new request cannot help.
+    stuck: StuckWatch,
     stalls: Arc<StallTally>,
     /// What the source waits for before it takes rows or asks for more.
     waiting: Option<SourceWait>,
@@ -367,6 +371,22 @@ impl JetStreamSource {
                 lost_pull::REPLACEMENTS_BEFORE_RECONNECT,
                 reason.as_str()
             ))),
+        }
+    }
+
+    /// The consumer's state on the server is stuck (`super::stuck_consumer`): its
+    /// leader is asked to step down, and its peers elect another.
+    async fn new_consumer_leader(&self, info: &consumer::Info, reason: StallReason) {
+        match stuck_consumer::step_down(&self.js, &self.stream, &info.name).await {
+            Ok(()) => {
+                tracing::warn!(stream = %self.stream, consumer = %info.name, reason = reason.as_str(),
+                num_pending = info.num_pending, ack_pending = info.num_ack_pending,
+                "the consumer was stuck on its leader: asked it to step down, another replica leads it now")
+            }
+            Err(e) => {
+                tracing::warn!(stream = %self.stream, consumer = %info.name, reason = reason.as_str(), error = %e,
+                "the consumer is stuck on its leader and the leader could not be asked to step down: asking again after another window")
+            }
         }
     }
 
@@ -521,7 +541,7 @@ impl Source for JetStreamSource {
             .ok()
             .and_then(Result::ok);
         if let Some(stream) = &stream {
-            remove_stranded(stream, &info).await;
+            remove_stranded(stream, &info, Some(self.dlq.acked_here())).await;
         }
         self.nats = Some(placement::view(
             &self.client.server_info().server_name,
@@ -540,8 +560,13 @@ impl Source for JetStreamSource {
                 now,
                 self.silence,
             );
-        if stuck {
-            if let Err(e) = self.replace(StallReason::PendingUndelivered) {
+        let state = ConsumerState::read(&info, stream.as_ref().map(|s| s.cached_info()));
+        let consumer_stuck = self.stuck.poll(&state, self.held.held(), now);
+        if let Some(reason) = consumer_stuck {
+            self.new_consumer_leader(&info, reason).await;
+        }
+        if let Some(reason) = consumer_stuck.or(stuck.then_some(StallReason::PendingUndelivered)) {
+            if let Err(e) = self.replace(reason) {
                 self.failed = Some(e);
             }
         }

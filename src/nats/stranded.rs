@@ -6,6 +6,10 @@
 //! full queue would refuse producers for rows long inserted. Sluice removes them when
 //! its consumer connects and with every lag poll.
 //!
+//! In a NATS cluster the stream can keep acked messages above the consumer's floor
+//! too (see `super::acked_here`): those this process acked itself, at least
+//! [`ACKED_GRACE`] ago, go the same way.
+//!
 //! They are deleted one by one, never purged: on nats-server 2.9.10 a stream purge
 //! (even one that removes nothing) empties every consumer's list of deliveries awaiting
 //! an ack. A delivery dropped from that list is never redelivered: one a Sluice then
@@ -17,10 +21,21 @@ use async_nats::jetstream::stream::{
     DeleteMessageError, DeleteMessageErrorKind, RawMessageErrorKind, Stream,
 };
 use async_nats::jetstream::ErrorCode;
+use tokio::time::{Duration, Instant};
+
+use super::acked_here::AckedHere;
 
 /// The most messages one pass removes (two requests each); the rest wait for the next
 /// lag poll, so a crash that left many behind cannot hold the poll up for long.
 const MAX_REMOVED_PER_PASS: u64 = 10_000;
+
+/// How long after its ack a message acked here may still be in the stream: the work
+/// queue's own removal reaches every replica a moment after the ack.
+pub const ACKED_GRACE: Duration = Duration::from_secs(10);
+
+/// The most spans of acked-here sequences one pass looks up (a request each, and one
+/// per message found); the rest wait for the next pass.
+const MAX_SPANS_PER_PASS: usize = 500;
 
 /// The last stream sequence the consumer is done with: everything up to it is acked.
 ///
@@ -52,27 +67,111 @@ fn is_no_message_found(e: &DeleteMessageError) -> bool {
 }
 
 /// Deletes the messages the consumer (`consumer`, its info just read) is done with
-/// that `stream` still keeps, one by one, and returns how many went. Best effort: a
-/// failure is logged and the next pass tries again.
-pub async fn remove_stranded(stream: &Stream, consumer: &consumer::Info) -> u64 {
+/// that `stream` still keeps, and those `acked` says this process acked at least
+/// [`ACKED_GRACE`] ago, one by one, and returns how many went. Best effort: a failure
+/// is logged and the next pass tries again.
+pub async fn remove_stranded(
+    stream: &Stream,
+    consumer: &consumer::Info,
+    acked: Option<&AckedHere>,
+) -> u64 {
     let done = done_through(consumer);
     let first = stream.cached_info().state.first_sequence;
-    if done == 0 || first == 0 || first > done {
-        return 0;
+    let mut removed = 0;
+    if done > 0 && first > 0 && first <= done {
+        removed += remove_range(stream, first, done, MAX_REMOVED_PER_PASS)
+            .await
+            .removed;
+        if removed > 0 {
+            tracing::warn!(
+                stream = %stream.cached_info().config.name,
+                removed,
+                done_through = done,
+                "removed rows the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)"
+            );
+        }
     }
+    if let Some(acked) = acked {
+        // The stream keeps no more than the consumer accounts for: nothing acked is
+        // left, and the spans are let go without a look (a look is a request each).
+        let accounted = consumer
+            .num_pending
+            .saturating_add(consumer.num_ack_pending as u64);
+        let kept = stream.cached_info().state.messages.saturating_sub(removed);
+        let floor = done.max(first.saturating_sub(1));
+        if kept > accounted {
+            removed += remove_acked_here(stream, acked, floor).await;
+        } else if let Some(cutoff) = Instant::now().checked_sub(ACKED_GRACE) {
+            acked.take_acked_before(cutoff);
+        }
+    }
+    removed
+}
+
+/// The messages this process acked at least [`ACKED_GRACE`] ago that the stream keeps
+/// above `done` (everything at or below it is the floor's pass).
+async fn remove_acked_here(stream: &Stream, acked: &AckedHere, done: u64) -> u64 {
+    let cutoff = Instant::now().checked_sub(ACKED_GRACE);
+    let Some(cutoff) = cutoff else {
+        return 0;
+    };
+    let spans: Vec<(u64, u64)> = acked
+        .take_acked_before(cutoff)
+        .into_iter()
+        .filter(|&(_, last)| last > done)
+        .map(|(first, last)| (first.max(done + 1), last))
+        .collect();
+    let (now, later) = spans.split_at(spans.len().min(MAX_SPANS_PER_PASS));
+    acked.put_back(later, cutoff);
+    let mut removed = 0;
+    for (i, &(first, last)) in now.iter().enumerate() {
+        let pass = remove_range(stream, first, last, MAX_REMOVED_PER_PASS - removed).await;
+        removed += pass.removed;
+        if pass.failed {
+            acked.put_back(&now[i..], cutoff);
+            break;
+        }
+        if removed >= MAX_REMOVED_PER_PASS {
+            acked.put_back(&now[i + 1..], cutoff);
+            break;
+        }
+    }
+    if removed > 0 {
+        tracing::warn!(
+            stream = %stream.cached_info().config.name,
+            removed,
+            ack_floor = done,
+            "removed rows this instance had acked that the stream still kept above the consumer's ack floor (a replicated stream after a leader change)"
+        );
+    }
+    removed
+}
+
+/// What one range's removal did.
+struct Removal {
+    removed: u64,
+    /// The stream could not be read or a delete failed (logged): the pass ends.
+    failed: bool,
+}
+
+/// Deletes what `stream` keeps from `first` through `last`, at most `most`.
+async fn remove_range(stream: &Stream, first: u64, last: u64, most: u64) -> Removal {
     let mut removed = 0;
     let mut next = first;
-    // Bounded by MAX_REMOVED_PER_PASS deletions (each step moves past one message).
-    while next <= done && removed < MAX_REMOVED_PER_PASS {
+    // Bounded by `most` deletions (each step moves past one message).
+    while next <= last && removed < most {
         let seq = match stream.get_first_raw_message_by_subject(">", next).await {
             Ok(message) => message.sequence,
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
             Err(e) => {
                 tracing::warn!(error = %e, "could not look for already-acked rows left in the stream");
-                break;
+                return Removal {
+                    removed,
+                    failed: true,
+                };
             }
         };
-        if seq > done {
+        if seq > last {
             break;
         }
         match stream.delete_message(seq).await {
@@ -83,18 +182,16 @@ pub async fn remove_stranded(stream: &Stream, consumer: &consumer::Info) -> u64 
             Err(e) if is_no_message_found(&e) => {}
             Err(e) => {
                 tracing::warn!(error = %e, seq, "could not delete an already-acked row left in the stream");
-                break;
+                return Removal {
+                    removed,
+                    failed: true,
+                };
             }
         }
         next = seq + 1;
     }
-    if removed > 0 {
-        tracing::warn!(
-            stream = %stream.cached_info().config.name,
-            removed,
-            done_through = done,
-            "removed rows the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)"
-        );
+    Removal {
+        removed,
+        failed: false,
     }
-    removed
 }

@@ -8,7 +8,7 @@
 //! |-------------------------------|-----------------------------------------------------------------------|
 //! | `cluster_replica_kill9`       | replica 1 of shard 1 kill -9 while rows flow: its twin takes the shard's rows (`shard1_took_during_fault=`), the query gateway answers meanwhile |
 //! | `cluster_replica_sigstop`     | replica 1 of shard 1 frozen past the insert timeout: the retry goes to its twin, deduplicated |
-//! | `cluster_shard_down`          | both replicas of shard 2 killed (-9) for a while: shard 1 takes the fresh batches, shard 2's recorded ones wait (ignored for now: see its doc) |
+//! | `cluster_shard_down`          | both replicas of shard 2 killed (-9) for a while: shard 1 takes the fresh batches, shard 2's recorded ones wait |
 //! | `cluster_zookeeper_stopped`   | ZooKeeper stopped: every replica read-only (242), everything waits, nothing parked |
 
 use super::*;

@@ -59,6 +59,10 @@ pub struct Tally {
     /// Messages left in the ingest stream although the consumer acked everything (see
     /// `Backlog::stranded`): reported, not failed, as their rows are accounted for.
     pub stranded: u64,
+    /// Messages the stream still kept after the wait for their removal: the backlog
+    /// as JetStream showed it. A failure, printed after the counts (which say whether
+    /// their rows are in ClickHouse: acked and kept, or never delivered).
+    pub stranded_left: Option<String>,
     /// The same counts for the scenario's `ReplicatedMergeTree` twins, where
     /// exactly-once holds: no duplicate may be there.
     pub replicated: Option<Box<Tally>>,
@@ -205,6 +209,9 @@ impl Tally {
         if self.stranded > 0 {
             line.push_str(&format!(" stranded_in_stream={}", self.stranded));
         }
+        if self.stranded_left.is_some() {
+            line.push_str(" STRANDED_LEFT");
+        }
         if let Some(twin) = &self.replicated {
             line.push_str(&format!(
                 " | replicated: inserted_distinct={} duplicates={} parked={} lost={}",
@@ -287,6 +294,9 @@ impl Tally {
         }
         if let Some(why) = &self.not_quiet {
             problems.push(format!("the pipeline never went quiet: {why}"));
+        }
+        if let Some(left) = &self.stranded_left {
+            problems.push(left.clone());
         }
         if self.exactly_once && self.duplicates_of_sluice() > 0 {
             problems.push(format!(
