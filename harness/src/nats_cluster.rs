@@ -210,6 +210,31 @@ impl ClusterView {
         .await
     }
 
+    /// Waits until each of `streams` and each consumer in `consumers` (`(stream,
+    /// consumer)`) has a leader: the cluster answers for all of them again.
+    pub async fn wait_leaders(
+        &self,
+        streams: &[&str],
+        consumers: &[(&str, &str)],
+        deadline: Duration,
+    ) -> Result<()> {
+        wait_for(
+            "a leader for every stream and consumer",
+            deadline,
+            Duration::from_millis(200),
+            || async move {
+                for stream in streams {
+                    self.stream(stream).await?;
+                }
+                for (stream, consumer) in consumers {
+                    self.consumer(stream, consumer).await?;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
     /// Waits until `consumer` has a leader other than `old`, and returns it.
     pub async fn new_consumer_leader(
         &self,

@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, INGEST_STREAM};
+use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, DLQ_STREAM, INGEST_STREAM};
 use sluice_harness::nats_cluster::{consumer_state, ClusterView};
 use sluice_harness::{wait_for, StackOptions};
 
@@ -42,6 +42,9 @@ const EVERY: Duration = Duration::from_millis(250);
 const BUCKET: &str = "KV_SLUICE_MANIFESTS";
 /// An election takes a few seconds after the followers stop hearing the leader.
 const ELECTION: Duration = Duration::from_secs(30);
+/// How long the scenario waits after the fault for every stream and consumer to have
+/// a leader again, before the resume bound runs from the fault's end alone.
+const LEADERS_BACK: Duration = Duration::from_secs(60);
 
 /// What happens to the cluster while rows flow.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +98,17 @@ async fn cluster_scenario(name: &str, fault: ClusterFault) -> Result<()> {
         .await
         .with_context(|| format!("{fault:?}\n{}", s.stack.nats.log_tail(20)))?;
     s.fault_over();
+    // Rows can flow only once NATS has leaders again: the resume bound runs from then.
+    let led = view
+        .wait_leaders(
+            &[INGEST_STREAM, BUCKET, DLQ_STREAM],
+            &[(INGEST_STREAM, CONSUMER)],
+            LEADERS_BACK,
+        )
+        .await;
+    if led.is_ok() {
+        s.leaders_back();
+    }
     let published = [
         s.published(through_api).await?,
         s.published(straight).await?,

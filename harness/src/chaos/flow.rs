@@ -5,7 +5,12 @@
 //! A scenario starts the watch ([`super::Scenario::watch_flow`]) once rows land, says
 //! when its fault is over ([`super::Scenario::fault_over`]), and its line gets
 //! `gap=` and `resumed_in=`; rows that come back later than [`RESUME_LIMIT`] after
-//! the fault ended fail it.
+//! the fault ended fail it. On a NATS cluster the scenario also says when every
+//! stream and consumer had a leader again ([`super::Scenario::leaders_back`],
+//! `leaders_back_in=`): the bound then runs from there, as no client can publish to
+//! a stream without a leader (nats-server 2.9.10 beside two CPU hogs took 4 to 12 s
+//! to elect leaders after a node thawed, and once rows came only 38 s after it, the
+//! manifest bucket answering "no responders" until then).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,6 +34,18 @@ pub struct Flow {
     /// From the end of the fault to the first new row after it (`None`: no row came
     /// after it, or the end was not marked).
     pub resumed_in: Option<Duration>,
+    /// From the end of the fault to the moment every stream and consumer had a leader
+    /// again (`None`: not watched, as on one server).
+    pub leaders_back_in: Option<Duration>,
+}
+
+impl Flow {
+    /// How long rows took to come again once NATS could take them: from the end of
+    /// the fault, or from the leaders' return when that came later.
+    pub fn resumed_after_nats(&self) -> Option<Duration> {
+        self.resumed_in
+            .map(|took| took.saturating_sub(self.leaders_back_in.unwrap_or_default()))
+    }
 }
 
 /// A table's count, sampled every [`EVERY`] until dropped.
@@ -36,6 +53,7 @@ pub struct FlowWatch {
     table: String,
     samples: Arc<Mutex<Vec<(Instant, u64)>>>,
     fault_over: Option<Instant>,
+    leaders_back: Option<Instant>,
     task: JoinHandle<()>,
 }
 
@@ -65,6 +83,7 @@ impl FlowWatch {
             table: table.to_owned(),
             samples,
             fault_over: None,
+            leaders_back: None,
             task,
         })
     }
@@ -78,9 +97,19 @@ impl FlowWatch {
         self.fault_over = Some(Instant::now());
     }
 
+    /// Every stream and consumer has a leader again, now.
+    pub fn leaders_back(&mut self) {
+        self.leaders_back = Some(Instant::now());
+    }
+
     /// What the samples so far say.
     pub fn flow(&self) -> Flow {
-        flow(&lock(&self.samples), self.fault_over)
+        let mut flow = flow(&lock(&self.samples), self.fault_over);
+        flow.leaders_back_in = self
+            .fault_over
+            .zip(self.leaders_back)
+            .map(|(over, back)| back.saturating_duration_since(over));
+        flow
     }
 }
 
@@ -126,7 +155,11 @@ fn flow(samples: &[(Instant, u64)], fault_over: Option<Instant>) -> Flow {
             .find(|at| **at > over)
             .map(|at| at.saturating_duration_since(over))
     });
-    Flow { gap, resumed_in }
+    Flow {
+        gap,
+        resumed_in,
+        leaders_back_in: None,
+    }
 }
 
 #[cfg(test)]
@@ -154,5 +187,35 @@ mod tests {
         assert_eq!(f.resumed_in, Some(Duration::from_millis(600)));
         assert_eq!(flow(&samples, None).resumed_in, None);
         assert_eq!(flow(&samples, Some(at(5000))).resumed_in, None);
+    }
+
+    #[test]
+    fn the_resume_bound_runs_from_the_leaders_return_when_it_came_later() {
+        let slow_election = Flow {
+            gap: Duration::from_secs(40),
+            resumed_in: Some(Duration::from_secs(38)),
+            leaders_back_in: Some(Duration::from_secs(36)),
+        };
+        assert_eq!(
+            slow_election.resumed_after_nats(),
+            Some(Duration::from_secs(2))
+        );
+        let leaders_at_once = Flow {
+            leaders_back_in: Some(Duration::ZERO),
+            ..slow_election
+        };
+        assert_eq!(
+            leaders_at_once.resumed_after_nats(),
+            Some(Duration::from_secs(38)),
+            "NATS had leaders when the fault ended: Sluice took the 38 s"
+        );
+        let one_server = Flow {
+            leaders_back_in: None,
+            ..slow_election
+        };
+        assert_eq!(
+            one_server.resumed_after_nats(),
+            Some(Duration::from_secs(38))
+        );
     }
 }

@@ -254,6 +254,14 @@ impl Scenario {
         }
     }
 
+    /// Every NATS stream and consumer has a leader again (after [`Scenario::fault_over`]):
+    /// the resume bound runs from now if this came later.
+    pub fn leaders_back(&mut self) {
+        if let Some(flow) = &mut self.flow {
+            flow.leaders_back();
+        }
+    }
+
     /// Starts a sluice process and waits until it is ready; returns its index.
     pub async fn start_sluice(&mut self) -> Result<usize> {
         let binary = self.binary.clone();

@@ -237,6 +237,9 @@ impl Tally {
                 Some(took) => line.push_str(&format!(" resumed_in={:.1}s", took.as_secs_f64())),
                 None => line.push_str(" resumed_in=-"),
             }
+            if let Some(back) = flow.leaders_back_in {
+                line.push_str(&format!(" leaders_back_in={:.1}s", back.as_secs_f64()));
+            }
         }
         line
     }
@@ -307,10 +310,16 @@ impl Tally {
                 self.duplicates_resent
             ));
         }
-        if let Some(took) = self.flow.and_then(|f| f.resumed_in) {
+        if let Some(flow) = self.flow {
+            let took = flow.resumed_after_nats().unwrap_or_default();
             if took > RESUME_LIMIT {
+                let leaders = flow
+                    .leaders_back_in
+                    .map(|back| format!(", {back:.1?} of it spent by NATS electing leaders"))
+                    .unwrap_or_default();
                 problems.push(format!(
-                    "rows flowed again only {took:.1?} after the fault ended (the bound is {RESUME_LIMIT:?})"
+                    "rows flowed again only {:.1?} after the fault ended{leaders} (the bound is {RESUME_LIMIT:?} from the end of the fault or of the elections)",
+                    flow.resumed_in.unwrap_or_default()
                 ));
             }
         }
