@@ -46,9 +46,24 @@ async fn stop_escalates_to_sigkill_when_sigterm_is_ignored() -> Result<()> {
     Ok(())
 }
 
+/// A child that ticks without starting processes of its own: Debian's `sh` (dash)
+/// starts `sleep` with `vfork`, and a SIGSTOP that lands between the `vfork` and the
+/// `exec` stops the child before it runs `sleep` while the shell waits for it in state
+/// `D`, never stopping itself (run 39, 2026-12-03: "did not stop within 20s; thread
+/// states: ['D']"). Perl is in every Debian (`perl-base` is essential).
+fn ticker() -> Result<SluiceProcess> {
+    SluiceProcess::start(
+        "/usr/bin/perl",
+        [
+            "-e",
+            r#"$| = 1; my $i = 0; while (1) { $i++; print "tick $i\n"; select(undef, undef, undef, 0.02) }"#,
+        ],
+    )
+}
+
 #[tokio::test]
 async fn sigstop_freezes_and_sigcont_resumes() -> Result<()> {
-    let mut child = sh("i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.02; done")?;
+    let mut child = ticker()?;
     child.wait_for_log("tick 2", DEADLINE).await?;
     child.sigstop().await?;
     assert!(child.is_running(), "a stopped child is still alive");

@@ -6,15 +6,25 @@
 //! connections on the machine (other tests, other servers) may be sitting on it:
 //! "Address already in use" at restart. Ports picked outside the ephemeral range are
 //! never taken that way; only another test picking the same random port could take
-//! one, and with thousands to choose from that is rare (the servers' `start` functions
-//! still retry with fresh ports when a child reports "address already in use").
+//! one (the servers' `start` functions still retry with fresh ports when a child
+//! reports "address already in use").
 //!
 //! Inside this process the ports handed out are remembered, so two servers started
-//! side by side never get the same one.
+//! side by side never get the same one. Across processes (nextest runs every test in
+//! a process of its own) a port handed out is claimed by a file named after it in
+//! `$TMPDIR/sluice-ports/` holding the claiming process's pid, created only if absent:
+//! a test whose server is stopped keeps its port while another test picks ports. Once
+//! random picks among thousands were taken to be enough; whole run 41 (2026-12-03)
+//! showed otherwise: a test stopped its ClickHouse, another test's new ClickHouse got
+//! that port, and the first test's Sluice inserted its 3,000 rows there (the second
+//! test then counted them as its duplicates). A claim whose process is gone is taken
+//! over.
 
 use std::collections::HashSet;
+use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
@@ -55,11 +65,69 @@ pub fn free_port() -> Result<u16> {
         let mut seen = handed_out()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if seen.insert(port) {
+        if !seen.insert(port) {
+            continue;
+        }
+        if claim(&claims_dir(), port) {
             return Ok(port);
         }
     }
     bail!("no unused loopback port found after {MAX_ATTEMPTS} attempts")
+}
+
+/// Where the ports handed out by every process on the machine are claimed.
+fn claims_dir() -> PathBuf {
+    std::env::temp_dir().join("sluice-ports")
+}
+
+/// Claims `port` for this process in `dir`: true when no other live process holds it
+/// (a claim of a process that is gone is taken over). A directory that cannot be
+/// written claims nothing and stops nothing: the port is this process's alone then.
+fn claim(dir: &Path, port: u16) -> bool {
+    if std::fs::create_dir_all(dir).is_err() {
+        return true;
+    }
+    let path = dir.join(port.to_string());
+    // Twice at most: once, and once more after taking over a dead process's claim.
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut file) => {
+                let _ = write!(file, "{}", std::process::id());
+                return true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u32>().ok());
+                match holder {
+                    Some(pid) if pid == std::process::id() || alive(pid) => return false,
+                    // Gone, or a claim being written this instant (no pid yet): a
+                    // claim without a pid is left alone.
+                    None => return false,
+                    Some(_) => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Whether a process with this pid exists.
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // Signal 0 checks existence only; EPERM means it exists under another user.
+    // SAFETY: kill with signal 0 sends nothing.
+    let answer = unsafe { libc::kill(pid, 0) };
+    answer == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A free loopback address (`127.0.0.1:PORT`).
@@ -71,10 +139,14 @@ pub fn free_addr() -> Result<SocketAddr> {
 /// harness's fault proxy's, which it closes and reopens), so [`free_port`] never hands
 /// it out.
 pub fn reserve(port: u16) {
-    handed_out()
+    let first = handed_out()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .insert(port);
+    if first {
+        // Bound already: claimed so other processes pass it over while it is closed.
+        claim(&claims_dir(), port);
+    }
 }
 
 /// The kernel's ephemeral port range (Linux), or the common default where it cannot
@@ -126,6 +198,26 @@ mod tests {
         assert_eq!(outside_ephemeral((1_024, 65_000)), None);
         assert_eq!(parse_range("garbage"), None);
         assert_eq!(parse_range("60999 32768"), None);
+    }
+
+    #[test]
+    fn a_port_claimed_by_a_live_process_is_refused_and_a_dead_ones_claim_taken_over() {
+        let dir = std::env::temp_dir().join(format!("sluice-ports-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(claim(&dir, 20_001), "a fresh port is claimed");
+        assert!(!claim(&dir, 20_001), "claimed already, by this process");
+        // pid 1 is always alive.
+        std::fs::write(dir.join("20002"), "1").expect("writing a claim");
+        assert!(!claim(&dir, 20_002), "held by a live process");
+        // A pid above the kernel's maximum belongs to no process.
+        std::fs::write(dir.join("20003"), "4194305").expect("writing a claim");
+        assert!(
+            claim(&dir, 20_003),
+            "the claim of a process that is gone is taken over"
+        );
+        let holder = std::fs::read_to_string(dir.join("20003")).expect("reading the claim");
+        assert_eq!(holder, std::process::id().to_string());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
