@@ -542,16 +542,7 @@ mod tests {
             .unwrap_err();
         let mut verdicts = vec![RowVerdict::Pending; n];
         let report = {
-            let mut iso = Isolation {
-                inserter: ins,
-                table: &key,
-                skip_unknown_fields: false,
-                metrics: None,
-                keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
-                batch: &batch,
-                record: None,
-                suspect: None,
-            };
+            let mut iso = test_isolation(ins, &key, &batch);
             bisect(&mut iso, &mut verdicts, first).await
         };
         let pending = batch
@@ -579,6 +570,24 @@ mod tests {
         }
     }
 
+    /// An isolation of `batch` into `key` without metrics, a record or a suspect row.
+    fn test_isolation<'a, I, D>(
+        inserter: &'a I,
+        key: &'a TableKey,
+        batch: &'a Batch<D>,
+    ) -> Isolation<'a, 'static, I, D> {
+        Isolation {
+            inserter,
+            table: key,
+            skip_unknown_fields: false,
+            metrics: None,
+            keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
+            batch,
+            record: None,
+            suspect: None,
+        }
+    }
+
     /// A batch with no rows ends its isolation at once, sending nothing (it used to
     /// send empty inserts for ever, each refused with code 381).
     #[tokio::test(start_paused = true)]
@@ -592,16 +601,7 @@ mod tests {
             ..rejected(381)
         };
         let mut verdicts = Vec::new();
-        let mut iso = Isolation {
-            inserter: &*ins,
-            table: &key,
-            skip_unknown_fields: false,
-            metrics: None,
-            keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
-            batch: &batch,
-            record: None,
-            suspect: None,
-        };
+        let mut iso = test_isolation(&*ins, &key, &batch);
         assert_eq!(iso.insert(0, 0).await, Ok(()));
         let report = tokio::time::timeout(
             Duration::from_secs(60),
