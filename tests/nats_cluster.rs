@@ -30,7 +30,11 @@ async fn cluster_stack(test: &str) -> Result<Option<Stack>> {
     if sluice_harness::available(test, sluice_harness::clickhouse::binary())?.is_none() {
         return Ok(None);
     }
-    let stack = Stack::start(StackOptions::default().with_nats_cluster()).await?;
+    let mut stack = Stack::start(StackOptions::default().with_nats_cluster()).await?;
+    // What Sluice waits for when it is not ready (the manifest index's watch, the
+    // streams' setup) is logged at debug: a failure's log tail must say it (whole run
+    // 44, 2026-12-03: not ready in 30 s with one seed down, the watch's tries unseen).
+    stack.set("log.level", "info,sluice::nats=debug");
     stack
         .clickhouse
         .exec("CREATE TABLE events (id UInt64, name String) ENGINE = MergeTree ORDER BY id")

@@ -198,7 +198,8 @@ pub struct PipelineSettings {
     pub reform_wait: Duration,
     /// A message that was in this many flights that lost ClickHouse's connection while
     /// ClickHouse was taking inserts (it answered in between) is suspected of crashing
-    /// it: its next batch is isolated, and a row that takes the server down on its own,
+    /// it: its next batch flies alone, is isolated once it has lost the connection alone
+    /// twice (see `solo::Suspicion`), and a row that takes the server down on its own,
     /// twice, is parked.
     pub poison_strikes: u32,
     /// In such an isolation, how long ClickHouse may take to answer again after a lost

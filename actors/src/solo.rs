@@ -5,9 +5,11 @@
 //! beside another may have been committed before the server died, so its loss says
 //! nothing about its rows; isolating it would send its rows again in parts, and a
 //! deduplicating table knows the whole batch's block, not its parts' (rows twice). A
-//! suspect that loses the server while nothing else was in flight did crash it, and its
-//! rows did not go in (a row the server crashes on is parsed before the block is
-//! written): only such a loss is taken as a rejection of its rows (`bisect::lost_on_rows`).
+//! suspect that loses the server while nothing else was in flight most likely crashed
+//! it, and that attempt's rows did not go in (a row the server crashes on is parsed
+//! before the block is written); an earlier attempt, lost beside others, may have gone
+//! in all the same. So only a second such loss is taken as a rejection of its rows
+//! (see [`Suspicion`] and `bisect::lost_on_rows`).
 //!
 //! One gate per server, shared by every flight of every table to it. A flight holds its
 //! turn only while it talks to the server (not while it reports or acks), so the wait
@@ -17,6 +19,33 @@
 use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+
+/// How far a batch is suspected of crashing ClickHouse, from its messages' strikes.
+///
+/// Why a loss alone is not enough: an insert ClickHouse committed just before it died
+/// (killed, or crashing for reasons of its own) ends as a lost connection too. Its
+/// batch, sent again, is deduplicated, unless it is split: the halves are other blocks
+/// (other tokens), and the rows the first attempt committed go in twice. In a crash loop
+/// that strikes whatever insert is out, a batch in flight at every crash collects its
+/// strikes without being at fault; the loss alone after them must be seen twice before
+/// its rows are judged (a row ClickHouse does crash on costs one crash more).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suspicion {
+    /// Flies beside the other flights.
+    Clear,
+    /// `poison_strikes` strikes: flies alone; a lost connection is one more strike.
+    FliesAlone,
+    /// Lost the connection alone as well: flies alone, and a lost connection after which
+    /// ClickHouse answers again is taken as a rejection of its rows (isolated).
+    IsolatedIfLostAlone,
+}
+
+impl Suspicion {
+    /// Whether the batch flies alone (see `solo`).
+    pub fn flies_alone(self) -> bool {
+        self != Suspicion::Clear
+    }
+}
 
 /// The turns of one server's inserts. A suspect waiting for its turn goes before
 /// flights that ask after it (the lock is fair), so traffic cannot starve it.

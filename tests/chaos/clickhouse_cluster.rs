@@ -184,18 +184,13 @@ async fn cluster_shard_down() -> Result<()> {
 /// backs off on its own, nothing is parked; once ZooKeeper is back (and ClickHouse has
 /// its session again, ~10 s on 18.16) everything lands, nothing twice.
 ///
-/// Ignored for a while (issue 22): once, after a stop that cut an insert's commit
-/// (319 "Unknown status" / 999 "Connection loss"), 100 rows were counted twice through
-/// the `Distributed` table; 18.16 may keep such a part on its replica until its part
-/// check (up to 5 minutes) while Sluice's retry of the block lands. Seen again in whole
-/// run 40 (2026-12-03, 2.15.1; 1 of the 12 runs of this scenario that day): 100 rows
-/// twice after one replica answered 999 (ZooKeeper connection loss) and another 319
-/// ("Unknown status, client must retry") as ZooKeeper stopped. 18.16 keeps a part
-/// whose commit to ZooKeeper is in doubt on that replica (`enqueuePartForCheck`, 300 s)
-/// while the retry, whose block id ZooKeeper never got, lands as a new part; the check
-/// then detaches the first. Sluice cannot tell which it is from the answer. Open in
-/// issue 22: the count could leave out parts a replica has not registered in
-/// ZooKeeper, or wait for the check; neither is built.
+/// 18.16 may keep, on a replica, the part of an insert whose commit ZooKeeper's stop cut
+/// (999 "Connection loss", 319 "Unknown status, client must retry") while the retry,
+/// whose block id ZooKeeper never got, lands as a new part: 100 rows twice in 2 of about
+/// 50 runs (one in whole run 40, 2026-12-03, 2.15.1), until the part check (300 s)
+/// detaches the first. Sluice cannot tell which it is from the answer. The count comes
+/// after that check, run at once (`set_aside_parts_in_doubt`, named on the line as
+/// `parts_in_doubt_set_aside=`): a duplicate left after it is Sluice's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_zookeeper_stopped() -> Result<()> {
     let Some(mut s) = on_a_cluster("cluster_zookeeper_stopped").await? else {

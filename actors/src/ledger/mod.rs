@@ -59,6 +59,7 @@ pub use store::{
 
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::ports::Delivery;
+use crate::solo::Suspicion;
 use gathering::{Gathering, Gatherings};
 use index::{BatchIndex, SequenceSet};
 use settled_lines::SettledLines;
@@ -83,14 +84,14 @@ pub enum Cargo<D> {
     Fresh {
         deliveries: Vec<D>,
         done: Vec<(u64, Vec<u32>)>,
-        /// A message of it is suspected of crashing ClickHouse (see `table::strikes`).
-        suspect: bool,
+        /// Whether a message of it is suspected of crashing ClickHouse.
+        suspicion: Suspicion,
     },
     /// A recorded batch, formed again: the messages of it this table holds.
     Reformed {
         manifest: Arc<Manifest>,
         held: Vec<D>,
-        suspect: bool,
+        suspicion: Suspicion,
     },
 }
 
@@ -106,9 +107,9 @@ impl<D: Delivery> Cargo<D> {
 }
 
 impl<D> Cargo<D> {
-    pub fn suspect(&self) -> bool {
+    pub fn suspicion(&self) -> Suspicion {
         match self {
-            Cargo::Fresh { suspect, .. } | Cargo::Reformed { suspect, .. } => *suspect,
+            Cargo::Fresh { suspicion, .. } | Cargo::Reformed { suspicion, .. } => *suspicion,
         }
     }
 }

@@ -448,13 +448,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         match next {
             Next::Recorded { id, .. } => {
                 let g = self.ledger.take_ready(id)?;
-                let suspect = self
+                let suspicion = self
                     .strikes
-                    .suspect(g.manifest.messages.iter().copied(), threshold);
+                    .suspicion(g.manifest.messages.iter().copied(), threshold);
                 let cargo = Cargo::Reformed {
                     manifest: g.manifest,
                     held: g.held,
-                    suspect,
+                    suspicion,
                 };
                 Some((cargo, g.since))
             }
@@ -476,11 +476,11 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                 }
                 let sequences = || deliveries.iter().map(|d| d.position().stream_sequence);
                 let done = self.ledger.take_settled_lines(sequences());
-                let suspect = self.strikes.suspect(sequences(), threshold);
+                let suspicion = self.strikes.suspicion(sequences(), threshold);
                 let cargo = Cargo::Fresh {
                     deliveries,
                     done,
-                    suspect,
+                    suspicion,
                 };
                 Some((cargo, held_since))
             }

@@ -37,7 +37,7 @@ use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
 use crate::restart::panic_message;
 use crate::settings::{Failpoint, TableSettings};
 use crate::settle::hand_back;
-use crate::solo::Turn;
+use crate::solo::{Suspicion, Turn};
 use crate::target::{Replica, TargetServers};
 
 /// What every flight of one table needs.
@@ -163,7 +163,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     links: &FlightLinks<D>,
     watch: &FlightWatch,
 ) -> FlightOutcome {
-    let suspect = cargo.suspect();
+    let suspicion = cargo.suspicion();
     let replica = ctx.servers.replica(tickets.replica);
     let Formation {
         prepared,
@@ -198,7 +198,7 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
                 .clone()
                 .and_then(|m| Some(SplitRecorder::new(ctx.common.manifests.as_ref()?, m)));
             watch.enter(FlightStage::WaitingTurn);
-            let judged = match take_turn(ctx, replica, &batch, suspect).await {
+            let judged = match take_turn(ctx, replica, &batch, suspicion).await {
                 Some(at) => {
                     watch.enter(FlightStage::Inserting);
                     judge_or_cancel(
@@ -223,9 +223,12 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         }
     };
     let n = batch.rows();
-    // Lost while ClickHouse was taking inserts (not a probe's loss): a strike.
+    // Lost while ClickHouse was taking inserts (not a probe's loss), or lost alone (a
+    // suspect's flight is the probe as often as not): a strike.
     let struck = match &verdict {
-        Verdict::PoolOutage(e) if e.lost_connection() && !tickets.pool.is_probe() => {
+        Verdict::PoolOutage(e)
+            if e.lost_connection() && (!tickets.pool.is_probe() || suspicion.flies_alone()) =>
+        {
             batch.sequences()
         }
         _ => Vec::new(),
@@ -583,6 +586,8 @@ fn failure_text(verdict: &Verdict) -> Option<String> {
 struct AtServer {
     turn: Turn,
     keepalive: Keepalive,
+    /// Whether a connection lost alone judges the batch's rows.
+    suspicion: Suspicion,
 }
 
 /// Wait for the flight's turn at `replica` (a suspect's flies alone: see `solo`),
@@ -591,20 +596,24 @@ async fn take_turn<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,
     batch: &Batch<D>,
-    suspect: bool,
+    suspicion: Suspicion,
 ) -> Option<AtServer> {
     let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
     let cancel = ctx.common.cancel_flights.clone();
     let turn = tokio::select! {
         biased;
-        turn = keepalive.run(replica.solo.turn(suspect), batch) => turn,
+        turn = keepalive.run(replica.solo.turn(suspicion.flies_alone()), batch) => turn,
         _ = cancel.cancelled() => return None,
     };
-    if suspect {
+    if suspicion.flies_alone() {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = batch.rows(), replica = %replica.name,
             "a batch suspected of crashing ClickHouse flies alone");
     }
-    Some(AtServer { turn, keepalive })
+    Some(AtServer {
+        turn,
+        keepalive,
+        suspicion,
+    })
 }
 
 /// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
@@ -645,9 +654,14 @@ async fn judge<I: Inserter, D: Delivery>(
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
-    // Held to the end: a suspect flies alone, and only then is a lost connection its
-    // rows' doing (see `solo`).
-    let AtServer { turn, keepalive } = at;
+    // Held to the end: a suspect flies alone, and only then, the second time, is a lost
+    // connection its rows' doing (see `solo::Suspicion`).
+    let AtServer {
+        turn,
+        keepalive,
+        suspicion,
+    } = at;
+    let judged_if_lost = turn.is_alone() && suspicion == Suspicion::IsolatedIfLostAlone;
     let mut iso = Isolation {
         inserter: &*replica.inserter,
         table: &ctx.key,
@@ -656,7 +670,7 @@ async fn judge<I: Inserter, D: Delivery>(
         keepalive,
         batch,
         record,
-        suspect: turn.is_alone().then_some(revive_within),
+        suspect: judged_if_lost.then_some(revive_within),
     };
     let report = match attempt {
         Attempt::Resume(untried) => resume(&mut iso, verdicts, &untried).await,
@@ -664,10 +678,15 @@ async fn judge<I: Inserter, D: Delivery>(
             let first = match iso.insert(0, n).await {
                 // A refusal or a timeout carried no insert to crash on: only a
                 // connection lost while alone is weighed against the rows.
+                Err(e) if judged_if_lost && e.lost_connection() => {
+                    tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
+                        "this batch lost ClickHouse's connection again and again, alone too, while ClickHouse answered in between: isolating it");
+                    Err(lost_on_rows(&*replica.inserter, e, revive_within).await)
+                }
                 Err(e) if turn.is_alone() && e.lost_connection() => {
                     tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = n, error = %e,
-                        "this batch lost ClickHouse's connection again and again while ClickHouse answered in between: isolating it");
-                    Err(lost_on_rows(&*replica.inserter, e, revive_within).await)
+                        "a batch suspected of crashing ClickHouse lost its connection alone: it is isolated if that happens again (an earlier attempt may have gone in before a crash)");
+                    Err(e)
                 }
                 answer => answer,
             };

@@ -3,10 +3,14 @@
 //! go back, ClickHouse restarts, the rows come again, and it crashes again. What tells
 //! it from a real outage is that it happens while ClickHouse was taking inserts — the
 //! flight went with the pool's breaker closed, not as a probe — again and again. Each
-//! such loss is a strike against every message of the flight; a batch holding a message
-//! with `poison_strikes` strikes is isolated (see `bisect::lost_on_rows`).
+//! such loss is a strike against every message of the flight. A batch holding a message
+//! with `poison_strikes` strikes flies alone; a loss alone is one more strike, and only
+//! a batch that lost the connection alone before is isolated when it loses it alone
+//! again (see [`Suspicion`] and `bisect::lost_on_rows`).
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::solo::Suspicion;
 
 /// At most this many messages carry strikes; the oldest are forgotten first.
 const MAX_TRACKED: usize = 100_000;
@@ -36,10 +40,23 @@ impl Strikes {
         }
     }
 
-    /// Whether any of these messages has `threshold` strikes or more.
-    pub fn suspect(&self, mut messages: impl Iterator<Item = u64>, threshold: u32) -> bool {
-        !self.counts.is_empty()
-            && messages.any(|seq| self.counts.get(&seq).is_some_and(|n| *n >= threshold))
+    /// The suspicion of a batch of these messages: by the most struck of them against
+    /// `threshold` (`poison_strikes`).
+    pub fn suspicion(&self, messages: impl Iterator<Item = u64>, threshold: u32) -> Suspicion {
+        if self.counts.is_empty() {
+            return Suspicion::Clear;
+        }
+        let most = messages
+            .filter_map(|seq| self.counts.get(&seq).copied())
+            .max()
+            .unwrap_or(0);
+        if most > threshold {
+            Suspicion::IsolatedIfLostAlone
+        } else if most == threshold {
+            Suspicion::FliesAlone
+        } else {
+            Suspicion::Clear
+        }
     }
 }
 
@@ -48,13 +65,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_message_is_suspect_from_its_threshold_on() {
+    fn a_batch_flies_alone_from_its_threshold_on_and_is_isolated_only_past_it() {
         let mut s = Strikes::default();
         s.strike(&[1, 2]);
         s.strike(&[1]);
-        assert!(!s.suspect([1, 2, 3].into_iter(), 3));
+        assert_eq!(s.suspicion([1, 2, 3].into_iter(), 3), Suspicion::Clear);
         s.strike(&[1]);
-        assert!(s.suspect([3, 1].into_iter(), 3));
-        assert!(!s.suspect([2, 3].into_iter(), 3));
+        assert_eq!(s.suspicion([3, 1].into_iter(), 3), Suspicion::FliesAlone);
+        assert_eq!(s.suspicion([2, 3].into_iter(), 3), Suspicion::Clear);
+        // Lost alone once: one strike more. Only the next loss alone judges its rows.
+        s.strike(&[1]);
+        assert_eq!(
+            s.suspicion([2, 1].into_iter(), 3),
+            Suspicion::IsolatedIfLostAlone
+        );
+        assert!(Suspicion::FliesAlone.flies_alone());
+        assert!(!Suspicion::Clear.flies_alone());
     }
 }
