@@ -337,14 +337,24 @@ impl Stack {
         let port = self.admin_port_of(index)?;
         let url = format!("http://127.0.0.1:{port}/readyz");
         let end = tokio::time::Instant::now() + deadline;
+        // What /readyz last said it waits for: the first thing to read when it never
+        // said 200.
         loop {
-            let ready = matches!(
-                tokio::time::timeout(Duration::from_secs(2), self.http.get(&url).send()).await,
-                Ok(Ok(r)) if r.status().is_success()
-            );
-            if ready {
-                return Ok(());
-            }
+            let last_answer = match tokio::time::timeout(
+                Duration::from_secs(2),
+                self.http.get(&url).send(),
+            )
+            .await
+            {
+                Ok(Ok(r)) if r.status().is_success() => return Ok(()),
+                Ok(Ok(r)) => {
+                    let status = r.status();
+                    let body = r.text().await.unwrap_or_default();
+                    format!("{status} {}", body.chars().take(2000).collect::<String>())
+                }
+                Ok(Err(e)) => format!("no answer: {e}"),
+                Err(_) => "no answer within 2 s".into(),
+            };
             let process = self
                 .sluice
                 .get_mut(index)
@@ -357,7 +367,7 @@ impl Stack {
             }
             if tokio::time::Instant::now() >= end {
                 bail!(
-                    "sluice /readyz did not answer 200 within {deadline:?}\nsluice log:\n{}",
+                    "sluice /readyz did not answer 200 within {deadline:?} (last: {last_answer})\nsluice log:\n{}",
                     process.log_tail(40)
                 );
             }

@@ -206,6 +206,53 @@ pub async fn sync_replicas(nodes: &[&ClickHouseServer], table: &str) -> Result<(
     Ok(())
 }
 
+/// Sets aside, on `node`, the active parts of its `table` (a `ReplicatedMergeTree`)
+/// that its replica never registered in ZooKeeper; returns how many there were.
+///
+/// Why: an insert whose commit to ZooKeeper was cut (ZooKeeper stopped: 999 "Connection
+/// loss", 319 "Unknown status") leaves its part on the replica while ZooKeeper may
+/// never have got its block id; the client's retry lands as a new part, and 18.16 keeps
+/// the first, in doubt, until its part check detaches it (up to 5 minutes). Detaching
+/// and attaching the table again runs that check now (the part goes to `detached/` as
+/// `ignored_*`), as an operator would: what is counted afterwards is what stays.
+pub async fn set_aside_parts_in_doubt(node: &ClickHouseServer, table: &str) -> Result<usize> {
+    let replica = node
+        .exec(&format!(
+            "SELECT zookeeper_path, replica_name FROM system.replicas \
+             WHERE database = 'default' AND table = '{table}' FORMAT TabSeparated"
+        ))
+        .await?;
+    let Some((zookeeper_path, replica_name)) = replica.trim().split_once('\t') else {
+        bail!("{table} is not a replicated table on {}", node.http_url());
+    };
+    let registered: std::collections::HashSet<String> = node
+        .exec(&format!(
+            "SELECT name FROM system.zookeeper \
+             WHERE path = '{zookeeper_path}/replicas/{replica_name}/parts' FORMAT TabSeparated"
+        ))
+        .await?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let active = node
+        .exec(&format!(
+            "SELECT name FROM system.parts \
+             WHERE database = 'default' AND table = '{table}' AND active FORMAT TabSeparated"
+        ))
+        .await?;
+    let in_doubt = active
+        .lines()
+        .filter(|part| !part.is_empty() && !registered.contains(*part))
+        .count();
+    if in_doubt > 0 {
+        node.exec(&format!("DETACH TABLE {table}")).await?;
+        node.exec(&format!("ATTACH TABLE {table}"))
+            .await
+            .with_context(|| format!("attaching {table} again on {}", node.http_url()))?;
+    }
+    Ok(in_doubt)
+}
+
 /// The HTTP URLs of `nodes` (shard by shard, `replicas` each), one comma-separated
 /// string per shard: what `[clickhouse.targets.NAME] shards` takes.
 pub fn shard_urls(nodes: &[&ClickHouseServer], replicas: usize) -> Vec<String> {

@@ -8,7 +8,8 @@ mod replication;
 mod server;
 
 pub use cluster::{
-    create_cluster_table, distributed, shard_urls, sync_replicas, ClickHouseCluster, CLUSTER,
+    create_cluster_table, distributed, set_aside_parts_in_doubt, shard_urls, sync_replicas,
+    ClickHouseCluster, CLUSTER,
 };
 pub use config::{
     DEFAULT_PASSWORD, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
