@@ -25,14 +25,23 @@ impl Entry {
     }
 }
 
+/// Where an indexed batch's [`Entry`] is kept in [`BatchIndex::entries`].
+type Slot = u32;
+
 #[derive(Debug, Default)]
 pub struct BatchIndex {
     /// Changes at or below this revision are in already (the snapshot it started from).
     as_of: u64,
-    by_id: HashMap<String, Entry>,
+    by_id: HashMap<String, Slot>,
+    /// The batches indexed, by slot (`None`: free, its number in `free`). A message
+    /// points at its batch's slot, not at the manifest itself: a later state of the
+    /// batch (its split, its verdicts) is swapped in the slot alone, without a step per
+    /// message, and no message holds a reference count to change.
+    entries: Vec<Option<Entry>>,
+    free: Vec<Slot>,
     /// The batch holding each message. Two batches may claim one message for a moment
     /// (the store removes the later one): the one recorded first answers.
-    by_seq: HashMap<u64, Arc<Manifest>, BuildHasherDefault<SequenceHasher>>,
+    by_seq: HashMap<u64, Slot, BuildHasherDefault<SequenceHasher>>,
     /// Two batches claimed one message at some point: a removal must look for the other.
     overlapped: bool,
 }
@@ -97,12 +106,14 @@ impl BatchIndex {
         if self.by_seq.is_empty() {
             return None;
         }
-        self.by_seq.get(&stream_sequence)
+        let slot = *self.by_seq.get(&stream_sequence)?;
+        self.entry(slot).map(|e| &e.manifest)
     }
 
     /// The recorded batch by id, as the index knows it now.
     pub fn get(&self, id: &str) -> Option<&Arc<Manifest>> {
-        self.by_id.get(id).map(|e| &e.manifest)
+        let slot = *self.by_id.get(id)?;
+        self.entry(slot).map(|e| &e.manifest)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,7 +125,7 @@ impl BatchIndex {
     /// order is then its own [`Manifest::claim_revision`] (a batch that does not know it
     /// comes after every batch indexed).
     pub fn earlier_claim(&self, m: &Manifest) -> Option<&Arc<Manifest>> {
-        let order = match self.by_id.get(&m.id) {
+        let order = match self.by_id.get(&m.id).and_then(|slot| self.entry(*slot)) {
             // Indexed: `by_seq` answers with the first claim, and only overlaps matter.
             Some(_) if !self.overlapped => return None,
             Some(entry) => entry.claim_order(),
@@ -123,8 +134,9 @@ impl BatchIndex {
         };
         m.messages
             .iter()
-            .filter_map(|seq| self.by_seq.get(seq))
-            .find(|held| held.id != m.id && self.claim_order_of(&held.id) < order)
+            .filter_map(|seq| self.by_seq.get(seq).and_then(|slot| self.entry(*slot)))
+            .find(|held| held.manifest.id != m.id && held.claim_order() < order)
+            .map(|held| &held.manifest)
     }
 
     /// Batches held.
@@ -132,57 +144,64 @@ impl BatchIndex {
         self.by_id.len()
     }
 
+    fn entry(&self, slot: Slot) -> Option<&Entry> {
+        self.entries.get(slot as usize).and_then(Option::as_ref)
+    }
+
     fn put(&mut self, revision: u64, manifest: Arc<Manifest>) {
-        if let Some(known) = self.by_id.get_mut(&manifest.id) {
-            if known.revision >= revision {
+        if let Some(&slot) = self.by_id.get(&manifest.id) {
+            if let Some(known) = self.entries.get_mut(slot as usize).and_then(Option::as_mut) {
+                if known.revision < revision {
+                    // A later state of the same batch: the same messages, which point
+                    // at this slot already.
+                    *known = Entry { revision, manifest };
+                }
                 return;
             }
-            // A later state of the same batch (its split, its verdicts): the same
-            // messages, swapped in place.
-            let previous = std::mem::replace(&mut known.manifest, manifest.clone());
-            known.revision = revision;
-            for seq in &manifest.messages {
-                if let Some(held) = self.by_seq.get_mut(seq) {
-                    if held.id == previous.id {
-                        *held = manifest.clone();
-                    }
-                }
-            }
-            return;
         }
         let order = manifest.claim_order(revision);
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.entries.push(None);
+                (self.entries.len() - 1) as Slot
+            }
+        };
+        self.by_seq.reserve(manifest.messages.len());
         for &seq in &manifest.messages {
             match self.by_seq.get(&seq) {
-                Some(other) if self.claim_order_of(&other.id) < order => {
+                Some(&other) if self.entry(other).is_some_and(|e| e.claim_order() < order) => {
                     // Recorded first: it keeps the message.
                     self.overlapped = true;
                 }
                 Some(_) => {
                     self.overlapped = true;
-                    self.by_seq.insert(seq, manifest.clone());
+                    self.by_seq.insert(seq, slot);
                 }
                 None => {
-                    self.by_seq.insert(seq, manifest.clone());
+                    self.by_seq.insert(seq, slot);
                 }
             }
         }
-        self.by_id
-            .insert(manifest.id.clone(), Entry { revision, manifest });
+        self.by_id.insert(manifest.id.clone(), slot);
+        self.entries[slot as usize] = Some(Entry { revision, manifest });
     }
 
     fn remove(&mut self, id: &str, revision: Option<u64>) {
-        let Some(known) = self.by_id.get(id) else {
+        let Some(&slot) = self.by_id.get(id) else {
             return;
         };
-        if revision.is_some_and(|r| known.revision > r) {
+        if revision.is_some_and(|r| self.entry(slot).is_some_and(|known| known.revision > r)) {
             // Recorded again after this removal: it stays.
             return;
         }
-        let Some(gone) = self.by_id.remove(id) else {
+        self.by_id.remove(id);
+        let Some(gone) = self.entries.get_mut(slot as usize).and_then(Option::take) else {
             return;
         };
+        self.free.push(slot);
         for seq in &gone.manifest.messages {
-            if self.by_seq.get(seq).is_some_and(|m| m.id == id) {
+            if self.by_seq.get(seq) == Some(&slot) {
                 self.by_seq.remove(seq);
                 if self.overlapped {
                     if let Some(other) = self.earliest_holding(*seq) {
@@ -193,19 +212,19 @@ impl BatchIndex {
         }
         if self.by_id.is_empty() {
             self.overlapped = false;
+            // Nothing indexed: the slots start again from the first.
+            self.entries.clear();
+            self.free.clear();
         }
     }
 
-    fn claim_order_of(&self, id: &str) -> u64 {
-        self.by_id.get(id).map_or(u64::MAX, Entry::claim_order)
-    }
-
-    fn earliest_holding(&self, seq: u64) -> Option<Arc<Manifest>> {
+    fn earliest_holding(&self, seq: u64) -> Option<Slot> {
         self.by_id
             .values()
-            .filter(|e| e.manifest.holds(seq))
-            .min_by_key(|e| e.claim_order())
-            .map(|e| e.manifest.clone())
+            .filter_map(|&slot| Some((slot, self.entry(slot)?)))
+            .filter(|(_, e)| e.manifest.holds(seq))
+            .min_by_key(|(_, e)| e.claim_order())
+            .map(|(slot, _)| slot)
     }
 }
 

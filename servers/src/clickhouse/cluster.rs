@@ -225,6 +225,13 @@ pub async fn set_aside_parts_in_doubt(node: &ClickHouseServer, table: &str) -> R
     let Some((zookeeper_path, replica_name)) = replica.trim().split_once('\t') else {
         bail!("{table} is not a replicated table on {}", node.http_url());
     };
+    // Active parts first: a part a merge commits meanwhile is then in ZooKeeper's list.
+    let active = node
+        .exec(&format!(
+            "SELECT name FROM system.parts \
+             WHERE database = 'default' AND table = '{table}' AND active FORMAT TabSeparated"
+        ))
+        .await?;
     let registered: std::collections::HashSet<String> = node
         .exec(&format!(
             "SELECT name FROM system.zookeeper \
@@ -234,12 +241,6 @@ pub async fn set_aside_parts_in_doubt(node: &ClickHouseServer, table: &str) -> R
         .lines()
         .map(str::to_owned)
         .collect();
-    let active = node
-        .exec(&format!(
-            "SELECT name FROM system.parts \
-             WHERE database = 'default' AND table = '{table}' AND active FORMAT TabSeparated"
-        ))
-        .await?;
     let in_doubt = active
         .lines()
         .filter(|part| !part.is_empty() && !registered.contains(*part))
