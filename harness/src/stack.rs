@@ -292,11 +292,22 @@ impl Stack {
     /// test's server may take one in between. Then sluice exits at once saying so, and
     /// it is started again on fresh ports (a few times at most).
     pub async fn start_sluice(&mut self, binary: impl AsRef<Path>) -> Result<usize> {
+        self.start_sluice_within(binary, Duration::from_secs(30))
+            .await
+    }
+
+    /// [`Stack::start_sluice`], ready within `deadline` (a test whose fault makes
+    /// Sluice's start slower by design says why it waits longer).
+    pub async fn start_sluice_within(
+        &mut self,
+        binary: impl AsRef<Path>,
+        deadline: Duration,
+    ) -> Result<usize> {
         const ATTEMPTS: usize = 3;
         let binary = binary.as_ref();
         for attempt in 1..=ATTEMPTS {
             let index = self.spawn_sluice(binary)?;
-            match self.wait_ready(index, Duration::from_secs(30)).await {
+            match self.wait_ready(index, deadline).await {
                 Ok(()) => return Ok(index),
                 Err(e)
                     if attempt < ATTEMPTS

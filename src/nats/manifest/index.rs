@@ -42,6 +42,25 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(20);
 /// Backoff between attempts to open a watch.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long opening the watch may take. nats-server places the watch's consumer
+/// (ephemeral, one replica) on a random peer of the bucket's stream, and a peer killed
+/// with -9 still counts as a place for it (2.9.10 and 2.15.1 had not marked it offline
+/// a minute later): placed there, the consumer never answers, and the request waits
+/// out its whole timeout (10 s; whole runs 44 and 47, 2026-12-03: Sluice started just
+/// after a seed's kill -9 was not ready in 30 s, its watch's tries timing out one after
+/// another). One try in three lands there; a short bound and a new try (another draw)
+/// get past it. After [`WATCH_OPEN_QUICK_TRIES`] timeouts in a row the bound doubles
+/// with each, up to [`WATCH_OPEN_MAX`], for a cluster that is only slow.
+const WATCH_OPEN_WITHIN: Duration = Duration::from_secs(3);
+const WATCH_OPEN_QUICK_TRIES: u32 = 4;
+const WATCH_OPEN_MAX: Duration = Duration::from_secs(12);
+
+/// The bound on opening the watch after `timeouts` timeouts in a row.
+fn watch_open_within(timeouts: u32) -> Duration {
+    let doublings = timeouts.saturating_sub(WATCH_OPEN_QUICK_TRIES - 1).min(8);
+    (WATCH_OPEN_WITHIN * 2u32.pow(doublings)).min(WATCH_OPEN_MAX)
+}
+
 /// Changes kept for the tables until the consumer takes them: past this many (nothing
 /// pulls for a long while), they are dropped and every table starts again from a
 /// snapshot instead.
@@ -445,9 +464,10 @@ pub async fn keep_watching(
     on_open: impl Fn(kv::Store) + Send + 'static,
 ) {
     let mut delay = RETRY_MIN;
+    let mut open_timeouts = 0;
     loop {
         let opened = Instant::now();
-        let why = watch_once(&index, &js, &settings, &on_open).await;
+        let why = watch_once(&index, &js, &settings, &on_open, &mut open_timeouts).await;
         index.not_caught_up();
         if opened.elapsed() > RETRY_MAX * 4 {
             delay = RETRY_MIN;
@@ -468,6 +488,7 @@ async fn watch_once(
     js: &jetstream::Context,
     settings: &ManifestSettings,
     on_open: &(impl Fn(kv::Store) + Send),
+    open_timeouts: &mut u32,
 ) -> String {
     let opened = Instant::now();
     let client = js.client();
@@ -483,9 +504,19 @@ async fn watch_once(
     }
     // `watch_with_history`: the last value of every key, then every change
     // (async-nats's `watch_all` only delivers changes made after it opens).
-    let mut watch = match store.watch_with_history(">").await {
-        Ok(watch) => watch,
-        Err(e) => return format!("opening a watch of the manifest bucket: {e}"),
+    let open_within = watch_open_within(*open_timeouts);
+    let mut watch = match tokio::time::timeout(open_within, store.watch_with_history(">")).await {
+        Ok(Ok(watch)) => {
+            *open_timeouts = 0;
+            watch
+        }
+        Ok(Err(e)) => return format!("opening a watch of the manifest bucket: {e}"),
+        Err(_) => {
+            *open_timeouts += 1;
+            return format!(
+                "opening a watch of the manifest bucket: no answer within {open_within:?} (its consumer may be placed on a server that is down: trying again)"
+            );
+        }
     };
     // Everything written before this point is delivered by the watch, at or below
     // `upto` (a value may be replaced before it is delivered: then by a later one).
@@ -616,6 +647,14 @@ fn apply(index: &Index, entry: &kv::Entry) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_watch_gets_quick_tries_first_then_longer_ones() {
+        let bounds: Vec<u64> = (0..8)
+            .map(|t| super::watch_open_within(t).as_secs())
+            .collect();
+        assert_eq!(bounds, [3, 3, 3, 3, 6, 12, 12, 12]);
+    }
+
     use sluice_actors::{ManifestState, TableKey};
 
     use super::*;
