@@ -433,7 +433,12 @@ impl<D: Delivery> Parked<D> {
             .for_each_concurrent(ACKS_AT_ONCE, |d| {
                 let failed = &failed;
                 async move {
-                    if let Err(e) = d.ack().await {
+                    let acked = if plan.confirm {
+                        d.ack_recorded().await
+                    } else {
+                        d.ack().await
+                    };
+                    if let Err(e) = acked {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
                             "ack after insert failed; the message may be delivered again");

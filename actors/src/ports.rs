@@ -305,7 +305,21 @@ pub trait Delivery: Send + Sync + 'static {
     /// Every row of the message is settled: remove it from the queue.
     fn ack(self) -> impl Future<Output = Result<(), SettleError>> + Send;
 
-    /// Ack, and wait until JetStream confirms it. JetStream handles a connection's acks
+    /// [`Delivery::ack`] for a message of a recorded batch (exactly-once). A message
+    /// whose ack waits for a write of its own first (a keyed ingest chunk's landed mark)
+    /// is not acked when that write fails: it comes again, its batch's record settles it
+    /// without another insert, and the write is tried again then. (A batch that records
+    /// nothing acks all the same: unacked, its rows would be inserted again.)
+    fn ack_recorded(self) -> impl Future<Output = Result<(), SettleError>> + Send
+    where
+        Self: Sized,
+    {
+        self.ack()
+    }
+
+    /// Ack, and wait until JetStream confirms it: the last ack of a recorded batch
+    /// (which waits for its own write first as [`Delivery::ack_recorded`] does).
+    /// JetStream handles a connection's acks
     /// in the order they were sent, so once this one is confirmed every ack sent before
     /// it on the same connection was handled too: one confirmed ack closes a batch.
     fn ack_confirmed(self) -> impl Future<Output = Result<(), SettleError>> + Send;

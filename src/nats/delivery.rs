@@ -267,7 +267,10 @@ impl JsDelivery {
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
         if matches!(kind, AckKind::Ack) {
-            self.mark_landed().await;
+            if let Err(e) = self.mark_landed().await {
+                tracing::warn!(error = %e,
+                    "a keyed chunk could not be marked landed before its ack: sent again after a nats-server restart, it could be stored twice (its table records no batch)");
+            }
         }
         let result = self.send(kind).await;
         if result.is_ok() && matches!(kind, AckKind::Ack) {
@@ -284,21 +287,32 @@ impl JsDelivery {
     }
 
     /// Before its ack, a keyed request's chunk is marked landed (see [`super::landed`]).
-    /// A mark that cannot be written (the bucket full or unreachable) is logged and the
-    /// row acked all the same: unacked, it would come again and, in a table that does
-    /// not deduplicate, be inserted again, while an unmarked chunk costs a copy only if
-    /// nats-server also restarts and the client sends the chunk again.
-    async fn mark_landed(&self) {
+    /// A mark that cannot be written (the bucket full or unreachable): in a recorded
+    /// batch the chunk is not acked (`ack_recorded`, `ack_confirmed`): it comes again
+    /// and its record settles it without another insert. In a table that records no
+    /// batch it is acked all the same (`ack`): unacked, it would come again and be
+    /// inserted again, while an unmarked chunk costs a copy only if nats-server also
+    /// restarts and the client sends the chunk again.
+    async fn mark_landed(&self) -> Result<(), String> {
         let (Some(row), Some(landed)) = (self.row.as_ref(), self.dlq.landed.as_ref()) else {
-            return;
+            return Ok(());
         };
         let Some(chunk) = row.chunk.as_deref() else {
-            return;
+            return Ok(());
         };
-        if let Err(e) = landed.mark(chunk).await {
-            tracing::warn!(chunk, error = %e,
-                "a keyed chunk could not be marked landed before its ack: sent again after a nats-server restart, it could be stored twice");
-        }
+        landed
+            .mark(chunk)
+            .await
+            .map_err(|e| format!("chunk {chunk}: {e}"))
+    }
+
+    /// The mark of a recorded batch's chunk, or why its ack waits (see `mark_landed`).
+    async fn mark_landed_or_wait(&self) -> Result<(), SettleError> {
+        self.mark_landed().await.map_err(|e| {
+            tracing::warn!(error = %e,
+                "a keyed chunk could not be marked landed: not acked, it comes again and its batch's record settles it");
+            SettleError(format!("marking a keyed chunk landed: {e}"))
+        })
     }
 }
 
@@ -329,10 +343,20 @@ impl Delivery for JsDelivery {
         self.settle(AckKind::Ack).await
     }
 
+    async fn ack_recorded(mut self) -> Result<(), SettleError> {
+        self.mark_landed_or_wait().await?;
+        let result = self.send(AckKind::Ack).await;
+        if result.is_ok() {
+            self.record_ack();
+        }
+        self.row = None;
+        result
+    }
+
     /// The ack as a request: JetStream answers an ack that has a reply subject with an
     /// empty message once it has handled it (2.9.10 and current alike).
     async fn ack_confirmed(mut self) -> Result<(), SettleError> {
-        self.mark_landed().await;
+        self.mark_landed_or_wait().await?;
         let Some(row) = self.row.take() else {
             return Ok(());
         };

@@ -12,8 +12,9 @@
 //!
 //! A mark is a record under `landed.<message id>` in the idempotency bucket (about 150
 //! bytes), kept as long as its records (`[nats] duplicate_window` at least). A mark
-//! that cannot be written is logged and the chunk acked all the same (see
-//! `JsDelivery::mark_landed`). Only chunks of the ingest
+//! that cannot be written is logged; the chunk is then not acked if its batch is
+//! recorded (its record settles it when it comes again), and acked all the same
+//! otherwise (see `JsDelivery::mark_landed`). Only chunks of the ingest
 //! API are marked (their ids have the API's shape, see [`chunk_message_id`]): a
 //! producer's own message ids cost no write.
 
