@@ -272,6 +272,11 @@ impl JsDelivery {
                     "a keyed chunk could not be marked landed before its ack: sent again after a nats-server restart, it could be stored twice (its table records no batch)");
             }
         }
+        self.send_once(kind).await
+    }
+
+    /// Sends `kind` and forgets the row (it is settled, or left to JetStream).
+    async fn send_once(&mut self, kind: AckKind) -> Result<(), SettleError> {
         let result = self.send(kind).await;
         if result.is_ok() && matches!(kind, AckKind::Ack) {
             self.record_ack();
@@ -345,12 +350,7 @@ impl Delivery for JsDelivery {
 
     async fn ack_recorded(mut self) -> Result<(), SettleError> {
         self.mark_landed_or_wait().await?;
-        let result = self.send(AckKind::Ack).await;
-        if result.is_ok() {
-            self.record_ack();
-        }
-        self.row = None;
-        result
+        self.send_once(AckKind::Ack).await
     }
 
     /// The ack as a request: JetStream answers an ack that has a reply subject with an
