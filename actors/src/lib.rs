@@ -73,6 +73,7 @@ pub use ports::{
     Inserter, NatsView, NoAnswer, Parking, Position, ReplicaView, ServerInfo, SettleError, Source,
     SourceError, SourceFactory, SourceStatus, SourceWait, StallReason, TableKey,
 };
+pub use routing::{MessageShards, ShardKey};
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,
     TableSettingsResolver,

@@ -55,6 +55,9 @@ pub const MANIFEST_FAILURES: &str = "sluice_manifest_failures_total";
 /// (`replicated_deduplication_window_seconds`) since they were claimed: ClickHouse may
 /// have forgotten their first attempt and take their rows twice.
 pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
+/// Messages whose rows belong to several shards (a table's `shard_key`), published
+/// again as one message per shard and acked.
+pub const MESSAGES_SPLIT: &str = "sluice_messages_split_total";
 /// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -248,6 +251,7 @@ pub struct TableMetrics {
     pub exactly_once: Gauge,
     pub manifest_failures: Counter,
     pub past_dedup_window: Counter,
+    pub messages_split: Counter,
 }
 
 impl TableMetrics {
@@ -278,6 +282,7 @@ impl TableMetrics {
             exactly_once: gauge!(TABLE_EXACTLY_ONCE, "tenant" => tenant.clone(), "table" => table.clone()),
             manifest_failures: tt(MANIFEST_FAILURES),
             past_dedup_window: tt(PAST_DEDUP_WINDOW),
+            messages_split: tt(MESSAGES_SPLIT),
         }
     }
 

@@ -361,6 +361,21 @@ pub trait Delivery: Send + Sync + 'static {
         parking: &Parking,
     ) -> impl Future<Output = Result<(), SettleError>> + Send;
 
+    /// The message's rows belong to several shards (its table's `shard_key`): publish
+    /// `parts`, each the rows of one shard (`(shard, rows)`, one row per line), as
+    /// messages of their own on this message's subject, then ack this one as
+    /// [`Delivery::ack_recorded`] does. A part's message id is made of this message's
+    /// place in its stream and the part's shard, so the parts of a message split again
+    /// (its ack lost, a crash) are stored once within the stream's duplicate window.
+    /// When a publish fails nothing is acked and the message comes back with the error,
+    /// for the caller to nak.
+    fn split(
+        self,
+        parts: Vec<(usize, Bytes)>,
+    ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
+    where
+        Self: Sized;
+
     /// Publish the message whole to the dead-letter stream, then ack it. When the DLQ
     /// publish fails it is not acked and comes back with the error, for the caller to
     /// nak.

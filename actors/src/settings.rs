@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::ports::TableKey;
+use crate::routing::ShardKey;
 
 /// How one table is batched and what happens to its rejected rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +24,9 @@ pub struct TableSettings {
     /// How long rows wait for a table (or database) ClickHouse says does not exist (a
     /// deploy race: rows before the migration) before they are parked.
     pub missing_table_grace: Duration,
+    /// On a target of several shards: the column whose value places each row on a
+    /// shard (`None`: whole batches go to the shards in turn).
+    pub shard_key: Option<ShardKey>,
 }
 
 impl Default for TableSettings {
@@ -34,6 +38,7 @@ impl Default for TableSettings {
             dlq: true,
             skip_unknown_fields: false,
             missing_table_grace: Duration::from_secs(600),
+            shard_key: None,
         }
     }
 }
@@ -47,6 +52,8 @@ pub struct TableOverrides {
     pub dlq: Option<bool>,
     pub skip_unknown_fields: Option<bool>,
     pub missing_table_grace: Option<Duration>,
+    /// The column that places rows on shards (a table's own: there is no default).
+    pub shard_key: Option<String>,
 }
 
 impl TableOverrides {
@@ -58,6 +65,11 @@ impl TableOverrides {
             dlq: self.dlq.unwrap_or(base.dlq),
             skip_unknown_fields: self.skip_unknown_fields.unwrap_or(base.skip_unknown_fields),
             missing_table_grace: self.missing_table_grace.unwrap_or(base.missing_table_grace),
+            shard_key: self
+                .shard_key
+                .as_deref()
+                .map(ShardKey::new)
+                .or_else(|| base.shard_key.clone()),
         }
     }
 }

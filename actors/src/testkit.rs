@@ -29,6 +29,9 @@ pub enum Event {
     Progress,
     /// Dropped without being settled (the real adapter naks it at once).
     DroppedUnsettled,
+    /// Split into parts of one shard each, published as messages of their own, then
+    /// acked (counted as an ack).
+    Split(Vec<(usize, Bytes)>),
     /// A manifest was recorded (by a [`FakeManifestStore`] over this journal; sequence 0):
     /// `true` once its verdicts are. Orders the store's writes among the acks.
     ManifestRecorded(bool),
@@ -139,7 +142,7 @@ impl Journal {
 
     fn push(&self, seq: u64, e: Event) {
         match e {
-            Event::Acked | Event::AckedConfirmed => &self.acks,
+            Event::Acked | Event::AckedConfirmed | Event::Split(_) => &self.acks,
             Event::Naked(_) => &self.naks,
             Event::Parked(_) | Event::ParkedRow(..) => &self.parks,
             Event::DroppedUnsettled => &self.dropped,
@@ -347,6 +350,11 @@ impl Delivery for FakeDelivery {
 
     async fn nak(self, delay: Duration) -> Result<(), SettleError> {
         self.settle(Event::Naked(delay));
+        Ok(())
+    }
+
+    async fn split(self, parts: Vec<(usize, Bytes)>) -> Result<(), (Self, SettleError)> {
+        self.settle(Event::Split(parts));
         Ok(())
     }
 

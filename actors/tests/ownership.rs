@@ -112,6 +112,14 @@ struct TargetRig {
 }
 
 fn common(batch_rows: usize) -> Arc<Common> {
+    common_with(batch_rows, |t| t)
+}
+
+/// [`common`], its tables' settings as `tables` makes them.
+fn common_with(
+    batch_rows: usize,
+    tables: impl FnOnce(TableSettingsResolver) -> TableSettingsResolver,
+) -> Arc<Common> {
     let settings = PipelineSettings {
         jitter_seed: Some(11),
         // The pool's own probes would close windows behind the tests' backs.
@@ -119,11 +127,11 @@ fn common(batch_rows: usize) -> Arc<Common> {
         idle_probe_every: Duration::from_secs(3600),
         ..Default::default()
     };
-    let tables = TableSettingsResolver::new(TableSettings {
+    let tables = tables(TableSettingsResolver::new(TableSettings {
         batch_rows,
         batch_age: Duration::from_secs(3600),
         ..Default::default()
-    });
+    }));
     let registry = Registry::new(settings.stale_after);
     registry.register(ROOT_ID, NodeKind::Root, "sluice", None);
     registry.register(
@@ -173,7 +181,13 @@ impl TargetRig {
         batch_rows: usize,
         shards: Vec<Vec<(String, Arc<ScriptedInserter>)>>,
     ) -> Self {
-        let common = common(batch_rows);
+        Self::with_common(common(batch_rows), shards).await
+    }
+
+    async fn with_common(
+        common: Arc<Common>,
+        shards: Vec<Vec<(String, Arc<ScriptedInserter>)>>,
+    ) -> Self {
         let ins = shards[0][0].1.clone();
         let target: Arc<str> = Arc::from(TARGET);
         let servers = Arc::new(TargetServers::new(
@@ -563,15 +577,18 @@ async fn the_breaker_and_a_tables_backoff_outlive_their_target_through_the_super
 
 /// A target of two shards of two replicas: a1, a2 | b1, b2.
 async fn two_by_two(batch_rows: usize) -> TargetRig {
-    let shards = [["a1", "a2"], ["b1", "b2"]]
+    TargetRig::with_servers(batch_rows, two_shards_of_two()).await
+}
+
+fn two_shards_of_two() -> Vec<Vec<(String, Arc<ScriptedInserter>)>> {
+    [["a1", "a2"], ["b1", "b2"]]
         .iter()
         .map(|s| {
             s.iter()
                 .map(|n| (n.to_string(), ScriptedInserter::new()))
                 .collect()
         })
-        .collect();
-    TargetRig::with_servers(batch_rows, shards).await
+        .collect()
 }
 
 impl TargetRig {
@@ -664,6 +681,108 @@ async fn a_shard_with_every_replica_down_leaves_fresh_batches_to_the_other_shard
         .pools()
         .iter()
         .any(|p| p["state"]["breaker"]["state"] == "closed"));
+}
+
+/// `acme.keyed` places its rows by `user` on [`two_by_two`]'s shards.
+async fn two_by_two_keyed(batch_rows: usize) -> TargetRig {
+    let common = common_with(batch_rows, |t| {
+        t.with_override(
+            "acme.keyed",
+            TableOverrides {
+                shard_key: Some("user".into()),
+                ..Default::default()
+            },
+        )
+    });
+    TargetRig::with_common(common, two_shards_of_two()).await
+}
+
+/// A user whose rows go to each shard of two, by the table's key.
+fn a_user_per_shard() -> [String; 2] {
+    let key = ShardKey::new("user");
+    let of = |u: &str| key.shard_of_row(format!(r#"{{"user":"{u}"}}"#).as_bytes(), 2);
+    let mut users = (0..100).map(|i| format!("u{i}"));
+    let first = users.find(|u| of(u) == 0).expect("a user of shard 1");
+    let second = users.find(|u| of(u) == 1).expect("a user of shard 2");
+    [first, second]
+}
+
+impl TargetRig {
+    /// One message to `acme.keyed` with a row per user given.
+    fn keyed_message(&self, users: &[&str]) -> u64 {
+        let subject: Arc<str> = Arc::from("ingest.acme.keyed");
+        let rows: Vec<String> = users
+            .iter()
+            .enumerate()
+            .map(|(n, u)| format!(r#"{{"user":"{u}","n":{n}}}"#))
+            .collect();
+        let d = self.journal.delivery(&subject, rows.join("\n"));
+        let seq = d.seq;
+        self.target
+            .cast(TargetMsg::Routed(Routed::Messages {
+                key: TableKey::new("acme", "keyed"),
+                messages: vec![d],
+            }))
+            .expect("the target runs");
+        seq
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_key_sends_each_users_rows_to_its_shard_and_a_shard_down_holds_back_its_own_only() {
+    let r = two_by_two_keyed(3).await;
+    let [on_a, on_b] = a_user_per_shard();
+    for name in ["a1", "a2"] {
+        r.server(name)
+            .set_default(Some(refused("cannot connect: connection refused")));
+    }
+    let mut b_messages = Vec::new();
+    let mut a_messages = Vec::new();
+    for _ in 0..4 {
+        b_messages.push(r.keyed_message(&[&on_b, &on_b, &on_b]));
+        a_messages.push(r.keyed_message(&[&on_a, &on_a, &on_a]));
+        let sent = [b_messages.clone(), a_messages.clone()].concat();
+        assert!(
+            r.until(Duration::from_secs(1), |r| r.settled(&sent)).await,
+            "{}",
+            r.tree()
+        );
+    }
+    // Shard 2's rows landed while shard 1 was down; shard 1's went back, every time.
+    assert!(r.acked(&b_messages), "{}", r.tree());
+    assert_eq!(r.naks(&a_messages).len(), 4, "{}", r.tree());
+    for name in ["b1", "b2"] {
+        for req in r.server(name).requests() {
+            let body = String::from_utf8_lossy(&req.body);
+            assert!(
+                !body.contains(&on_a),
+                "{name} was sent shard 1's rows: {body}"
+            );
+        }
+    }
+    assert_eq!(
+        r.server("b1").request_count() + r.server("b2").request_count(),
+        4
+    );
+
+    // A message holding both users' rows is split into a message per shard.
+    let both = r.keyed_message(&[&on_a, &on_b, &on_a]);
+    assert!(
+        r.until(Duration::from_secs(1), |r| r.settled(&[both]))
+            .await
+    );
+    let parts = match r.journal.terminal(both).as_slice() {
+        [Event::Split(parts)] => parts.clone(),
+        other => panic!("the message was not split: {other:?}"),
+    };
+    let row = |u: &str, n: usize| format!("{{\"user\":\"{u}\",\"n\":{n}}}\n");
+    assert_eq!(
+        parts,
+        vec![
+            (0, bytes::Bytes::from(row(&on_a, 0) + &row(&on_a, 2))),
+            (1, bytes::Bytes::from(row(&on_b, 1))),
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -202,6 +202,8 @@ pub struct TableFile {
     pub dlq: Option<bool>,
     pub skip_unknown_fields: Option<bool>,
     pub missing_table_grace: Option<Span>,
+    /// The column whose value places each row on a shard (a table's own setting).
+    pub shard_key: Option<String>,
 }
 
 // === [pipeline] ===

@@ -235,6 +235,8 @@ pub struct TableSettings {
     pub dlq: bool,
     pub skip_unknown_fields: bool,
     pub missing_table_grace: Duration,
+    /// On a target of several shards, the column whose value places each row.
+    pub shard_key: Option<String>,
 }
 
 #[derive(Clone, Debug)]

@@ -150,8 +150,13 @@ fn describe_limits(l: &ListenerLimits) -> String {
 }
 
 fn describe(s: &TableSettings) -> String {
+    let shard_key = s
+        .shard_key
+        .as_ref()
+        .map(|column| format!(" shard_key {column:?}"))
+        .unwrap_or_default();
     format!(
-        "batch_rows {} batch_bytes {} batch_age {} dlq {} skip_unknown_fields {} missing_table_grace {}",
+        "batch_rows {} batch_bytes {} batch_age {} dlq {} skip_unknown_fields {} missing_table_grace {}{shard_key}",
         s.batch_rows,
         Size(s.batch_bytes as u64),
         humantime::format_duration(s.batch_age),

@@ -605,6 +605,44 @@ fn a_missing_tables_grace_has_a_default_and_overrides_per_table() {
 }
 
 #[test]
+fn a_shard_key_is_a_tables_own_and_must_name_a_column() {
+    let config = Config::from_parts(
+        "x",
+        "[api]\nauth = \"none\"\n\n[tenants.acme]\n\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
+        &env(&[("SLUICE_TABLES_ACME__CLICKS_SHARD_KEY", "account")]),
+    )
+    .expect("a shard key per table");
+    let key = |table: &str| config.table_settings("acme", table).shard_key.clone();
+    assert_eq!(key("events").as_deref(), Some("user_id"));
+    assert_eq!(key("clicks").as_deref(), Some("account"));
+    assert_eq!(
+        key("other"),
+        None,
+        "no default: rows go to the shards in turn"
+    );
+    let summary = config.summary();
+    assert!(summary.contains("shard_key \"user_id\""), "{summary}");
+
+    let p = problems(
+        "[api]\nauth = \"none\"\n\n[tenants.acme]\n\n[tables.\"acme.events\"]\nshard_key = \"\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("shard_key") && l.contains("not a column name")),
+        "{p:?}"
+    );
+    let p = problems(
+        "[api]\nauth = \"none\"\n\n[tenants.acme]\n\n[ingest]\nshard_key = \"user_id\"\n",
+        &[],
+    );
+    assert!(
+        p.iter().any(|l| l.contains("shard_key")),
+        "a table's own: {p:?}"
+    );
+}
+
+#[test]
 fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
     let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
     assert_eq!(config.nats.idempotency_bucket, "SLUICE_IDEMPOTENCY");

@@ -29,6 +29,10 @@ const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// The DLQ header that tells which row of a many-row message a parked row was (0-based).
 pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
 
+/// The header of a part of a message split by shard: the stream sequence of the
+/// message it came from (see `Delivery::split`).
+pub const SPLIT_FROM_HEADER: &str = "Sluice-Split-From";
+
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
 /// delivery settles through (and where keyed chunks are marked landed). Shared by every
 /// delivery.
@@ -43,6 +47,9 @@ pub struct DlqWriter {
     /// The stream sequences acked through this writer lately, so an acked message a
     /// replicated stream kept can be removed (`super::stranded`).
     acked: Arc<AckedHere>,
+    /// Publishes the parts of a message split by shard into the ingest stream (`None`:
+    /// such a message cannot be split and goes back, as in tests of the delivery alone).
+    ingest: Option<Publisher>,
 }
 
 impl DlqWriter {
@@ -53,7 +60,14 @@ impl DlqWriter {
             subject_prefix: subject_prefix.into(),
             landed: None,
             acked: Arc::default(),
+            ingest: None,
         }
+    }
+
+    /// Publishes the parts of messages split by shard through `ingest`.
+    pub fn with_ingest(mut self, ingest: Publisher) -> Self {
+        self.ingest = Some(ingest);
+        self
     }
 
     /// The sequences acked through this writer lately.
@@ -239,14 +253,59 @@ impl JsDelivery {
     /// whole). The publish time is part of it so that a row of a stream recreated within
     /// the DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
     fn park_id(&self, line: Option<u32>) -> String {
+        let place = self.place();
+        match line {
+            None => format!("park-{place}"),
+            Some(line) => format!("park-{place}-{line}"),
+        }
+    }
+
+    /// `<stream>-<sequence>-<publish time>`: the message's place, for the ids of what is
+    /// published from it. The publish time tells a stream recreated within a duplicate
+    /// window, reusing a sequence, from the first.
+    fn place(&self) -> String {
         let (stream, sequence, published) = self
             .address()
             .map(|a| (a.stream, a.stream_sequence, a.published().unwrap_or(0)))
             .unwrap_or_default();
-        match line {
-            None => format!("park-{stream}-{sequence}-{published}"),
-            Some(line) => format!("park-{stream}-{sequence}-{published}-{line}"),
+        format!("{stream}-{sequence}-{published}")
+    }
+
+    /// Publish the parts of a message split by shard (see `Delivery::split`), each sent
+    /// before any is confirmed.
+    async fn publish_parts(&self, parts: Vec<(usize, Bytes)>) -> Result<(), SettleError> {
+        let (Some(row), Some(ingest)) = (self.row.as_ref(), self.dlq.ingest.as_ref()) else {
+            return Err(SettleError(
+                "a message spanning shards cannot be split here: no publisher into the ingest stream"
+                    .into(),
+            ));
+        };
+        let failed = |e: PublishError| {
+            SettleError(format!(
+                "publishing a part of a message split by shard: {e}"
+            ))
+        };
+        let place = self.place();
+        let mut sent = Vec::with_capacity(parts.len());
+        for (shard, rows) in parts {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                SPLIT_FROM_HEADER,
+                self.position.stream_sequence.to_string().as_str(),
+            );
+            let id = format!("part-{place}-{shard}");
+            let subject = row.subject.to_string();
+            sent.push(
+                ingest
+                    .send(subject, rows, Some(headers), Some(&id))
+                    .await
+                    .map_err(failed)?,
+            );
         }
+        for pending in sent {
+            Publisher::confirm(pending).await.map_err(failed)?;
+        }
+        Ok(())
     }
 
     async fn send(&self, kind: AckKind) -> Result<(), SettleError> {
@@ -428,6 +487,26 @@ impl Delivery for JsDelivery {
         self.dlq
             .publish(parking, payload, headers, &self.park_id(None))
             .await
+    }
+
+    async fn split(mut self, parts: Vec<(usize, Bytes)>) -> Result<(), (Self, SettleError)> {
+        if self.row.is_none() {
+            return Ok(());
+        }
+        if let Err(e) = self.publish_parts(parts).await {
+            return Err((self, e));
+        }
+        if let Err(e) = self.mark_landed_or_wait().await {
+            return Err((self, e));
+        }
+        // Its parts are in the stream. Should the ack be lost, the message comes back,
+        // is split again into the same parts under the same ids, and the stream keeps
+        // one copy of each (within its duplicate window).
+        if let Err(e) = self.send_once(AckKind::Ack).await {
+            tracing::warn!(error = %e,
+                "a message split by shard was published in parts but its ack failed; it will be split once more");
+        }
+        Ok(())
     }
 
     async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {

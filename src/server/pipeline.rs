@@ -35,7 +35,12 @@ pub async fn start(
             Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
             streams.dlq_subject_prefix.clone(),
         )
-        .with_landed(Arc::new(landed)),
+        .with_landed(Arc::new(landed))
+        .with_ingest(Publisher::new(
+            js.clone(),
+            &streams.stream,
+            streams.max_bytes,
+        )),
     );
     // Exactly-once: the store shares the deliveries' client (a confirmed ack covers
     // the acks sent before it on that connection only).
@@ -116,6 +121,7 @@ pub fn table_settings(config: &Config) -> TableSettingsResolver {
         dlq: s.dlq,
         skip_unknown_fields: s.skip_unknown_fields,
         missing_table_grace: s.missing_table_grace,
+        shard_key: s.shard_key.as_deref().map(sluice_actors::ShardKey::new),
     };
     let mut resolver = TableSettingsResolver::new(convert(&config.ingest));
     for ((tenant, table), s) in &config.tables {
@@ -129,6 +135,7 @@ pub fn table_settings(config: &Config) -> TableSettingsResolver {
                 dlq: Some(s.dlq),
                 skip_unknown_fields: Some(s.skip_unknown_fields),
                 missing_table_grace: Some(s.missing_table_grace),
+                shard_key: s.shard_key.as_ref().map(|k| k.column().to_owned()),
             },
         );
     }

@@ -10,6 +10,7 @@
 //! | `cluster_replica_sigstop`     | replica 1 of shard 1 frozen past the insert timeout: the retry goes to its twin, deduplicated |
 //! | `cluster_shard_down`          | both replicas of shard 2 killed (-9) for a while: shard 1 takes the fresh batches, shard 2's recorded ones wait |
 //! | `cluster_zookeeper_stopped`   | ZooKeeper stopped: every replica read-only (242), everything waits, nothing parked |
+//! | `cluster_shard_key_shard_down` | `shard_key = "id"`: both replicas of shard 2 killed (-9) for a while: shard 1 keeps taking its own ids, shard 2's wait; every row on its id's shard |
 
 use super::*;
 
@@ -133,6 +134,30 @@ async fn cluster_replica_sigstop() -> Result<()> {
     Ok(())
 }
 
+/// Once shard 2 took rows, both its replicas are killed (-9) for a while: nothing is
+/// parked meanwhile and shard 1 keeps taking rows (`shard1_took_during_fault=`); then
+/// both start again.
+async fn shard_2_down_for_a_while(s: &mut Scenario) -> Result<()> {
+    grows_past(s, 1, 0, 0).await?;
+    s.stack.node_mut(1, 0).kill9().await?;
+    s.stack.node_mut(1, 1).kill9().await?;
+    let shard1_before = held_by(s, 0, 0).await?;
+    s.expect_nothing_parked_for(&[TABLE], secs(6)).await?;
+    let shard1_during = held_by(s, 0, 0).await?;
+    ensure!(
+        shard1_during > shard1_before,
+        "shard 1 took no row while shard 2 was down\n{}",
+        s.logs()
+    );
+    s.note(
+        "shard1_took_during_fault",
+        format!("+{}", shard1_during - shard1_before),
+    );
+    s.stack.node_mut(1, 0).start_again_after_crash().await?;
+    s.stack.node_mut(1, 1).start_again_after_crash().await?;
+    Ok(())
+}
+
 /// Both replicas of shard 2 down for a while (killed: a graceful stop of 18.16 takes
 /// seconds): no row is parked, fresh batches go to shard 1, the batches recorded for
 /// shard 2 wait for it; once it is back they land there, deduplicated.
@@ -158,23 +183,7 @@ async fn cluster_shard_down() -> Result<()> {
     };
     s.start_sluice().await?;
     let feed = steady(&s, 6000, 10)?;
-    grows_past(&s, 1, 0, 0).await?;
-    s.stack.node_mut(1, 0).kill9().await?;
-    s.stack.node_mut(1, 1).kill9().await?;
-    let shard1_before = held_by(&s, 0, 0).await?;
-    s.expect_nothing_parked_for(&[TABLE], secs(6)).await?;
-    let shard1_during = held_by(&s, 0, 0).await?;
-    ensure!(
-        shard1_during > shard1_before,
-        "shard 1 took no row while shard 2 was down\n{}",
-        s.logs()
-    );
-    s.note(
-        "shard1_took_during_fault",
-        format!("+{}", shard1_during - shard1_before),
-    );
-    s.stack.node_mut(1, 0).start_again_after_crash().await?;
-    s.stack.node_mut(1, 1).start_again_after_crash().await?;
+    shard_2_down_for_a_while(&mut s).await?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
     Ok(())
@@ -217,5 +226,68 @@ async fn cluster_zookeeper_stopped() -> Result<()> {
     zookeeper.start_again().await?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// The ids replica `replica` of shard `shard` holds.
+async fn ids_on(s: &Scenario, shard: usize, replica: usize) -> Result<Vec<u64>> {
+    let text = s
+        .stack
+        .node(shard, replica)
+        .exec(&format!(
+            "SELECT DISTINCT id FROM {TABLE} FORMAT TabSeparated"
+        ))
+        .await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .collect())
+}
+
+/// A table placed by `shard_key = "id"`: each row goes to the shard of its id, the
+/// ingest API's chunks (which mix ids) are split into a message per shard, and with
+/// both replicas of shard 2 down, shard 1 keeps taking its own ids while shard 2's
+/// wait in the stream, nothing parked. Once shard 2 is back everything lands, nothing
+/// twice, and every row is on its id's shard and on no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_shard_key_shard_down() -> Result<()> {
+    let Some(mut s) = on_a_cluster("cluster_shard_key_shard_down").await? else {
+        return Ok(());
+    };
+    s.stack.set(
+        &format!("tables.\"{}.{TABLE}\".shard_key", sluice_harness::TENANT),
+        "id",
+    );
+    s.start_sluice().await?;
+    let feed = steady(&s, 4000, 10)?;
+    shard_2_down_for_a_while(&mut s).await?;
+    let published = s.published(feed).await?;
+    let metrics = s.stack.metrics_parsed().await?;
+    let split = metrics
+        .value("sluice_messages_split_total", &[])
+        .unwrap_or(0.0);
+    s.note("messages_split", split);
+    s.finish(&[published]).await?;
+    ensure!(
+        split > 0.0,
+        "no message was split: the API's chunks mix ids"
+    );
+    let key = sluice_actors::ShardKey::new("id");
+    for shard in 0..2 {
+        let mut ids = ids_on(&s, shard, 0).await?;
+        ids.extend(ids_on(&s, shard, 1).await?);
+        ensure!(!ids.is_empty(), "shard {} holds no row", shard + 1);
+        let elsewhere: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| key.shard_of_row(format!(r#"{{"id":{id}}}"#).as_bytes(), 2) != shard)
+            .take(5)
+            .collect();
+        ensure!(
+            elsewhere.is_empty(),
+            "shard {} holds ids of the other shard, e.g. {elsewhere:?}",
+            shard + 1
+        );
+    }
     Ok(())
 }

@@ -12,9 +12,10 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
-use super::buffer::{weigh, Buffer};
+use super::buffer::weigh;
 use super::flight::{spawn_flight, FlightCtx, FlightLinks};
 use super::flight_watch::FlightWatch;
+use super::lanes::Lanes;
 use super::messages::{
     FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
     VerdictReport,
@@ -74,8 +75,9 @@ struct AgeTimer {
 /// Which batch a permit is asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Next {
-    /// The buffer's next batch: any shard.
-    Fresh,
+    /// The next batch of a lane of the buffer: of the lane's shard (a table placed by a
+    /// shard key), or of any shard.
+    Fresh { lane: usize, shard: Option<usize> },
     /// A recorded batch (by id), gathered and ready: its own shard.
     Recorded { id: String, shard: usize },
 }
@@ -83,7 +85,7 @@ enum Next {
 impl Next {
     fn shard(&self) -> Option<usize> {
         match self {
-            Next::Fresh => None,
+            Next::Fresh { shard, .. } => *shard,
             Next::Recorded { shard, .. } => Some(*shard),
         }
     }
@@ -105,7 +107,8 @@ pub struct TableState<I, D> {
     target: DerivedActorRef<TableReport>,
     orphans: DerivedActorRef<TableReport>,
     node_id: String,
-    buffer: Buffer<D>,
+    /// The buffered messages: one lane, or one per shard (a table with a shard key).
+    lanes: Lanes<D>,
     /// The table's backoff on each replica, the pools, whose turn it is.
     routes: TableRoutes,
     flights: usize,
@@ -154,13 +157,14 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             None => (None, None),
         };
         let routes = TableRoutes::new(&ctx, &args.node_id, args.pools, carried, now);
+        let lanes = Lanes::new(ctx.settings.shard_key.clone(), ctx.servers.layout.shards());
         Self {
             throttle: SnapshotThrottle::new(ctx.common.settings.snapshot_every),
             ctx,
             target: args.target,
             orphans: args.orphans,
             node_id: args.node_id,
-            buffer: Buffer::default(),
+            lanes,
             routes,
             flights: 0,
             flights_out: Vec::new(),
@@ -184,8 +188,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         TableSnapshot {
             tenant: self.ctx.key.tenant.to_string(),
             table: self.ctx.key.table.to_string(),
-            buffered_rows: self.buffer.len() + self.ledger.gathered(),
-            buffered_bytes: self.buffer.bytes(),
+            buffered_rows: self.lanes.len() + self.ledger.gathered(),
+            buffered_bytes: self.lanes.bytes(),
             flights: self.flights,
             flights_out: self
                 .flights_out
@@ -235,7 +239,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     fn publish(&mut self, force: bool) {
         if self.throttle.due(force) {
-            self.ctx.metrics.buffered.set(self.buffer.len() as f64);
+            self.ctx.metrics.buffered.set(self.lanes.len() as f64);
             self.ctx
                 .common
                 .registry
@@ -262,16 +266,44 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let weight = weigh(&fresh);
         let s = &self.ctx.settings;
         let cap = self.ctx.common.settings.buffer_cap_batches.max(1);
-        let over = self.buffer.len() + weight.0 > s.batch_rows.saturating_mul(cap)
-            || self.buffer.bytes() + weight.1 > s.batch_bytes.saturating_mul(cap);
-        if self.draining.is_none() && over && !self.buffer.is_empty() {
+        let over = self.lanes.len() + weight.0 > s.batch_rows.saturating_mul(cap)
+            || self.lanes.bytes() + weight.1 > s.batch_bytes.saturating_mul(cap);
+        if self.draining.is_none() && over && !self.lanes.is_empty() {
             // Memory bound: the table is behind (flights full); let the queue keep them.
             let delay = self.ctx.common.settings.table_backoff.initial;
             self.hand_back(fresh, delay);
         } else {
-            self.buffer.push(fresh, weight, now);
+            let placed = self.lanes.place(fresh);
+            self.split_spanning(placed.spanning);
+            for (lane, messages) in placed.by_lane.into_iter().enumerate() {
+                self.lanes.push(lane, messages, now);
+            }
         }
         self.pump(myself);
+    }
+
+    /// Messages whose rows belong to several shards: each is published again as one
+    /// message per shard and acked, from a task (its parts come back as messages of
+    /// their own, each into its shard's lane); one that cannot be goes back.
+    fn split_spanning(&self, spanning: Vec<(D, Vec<(usize, bytes::Bytes)>)>) {
+        if spanning.is_empty() {
+            return;
+        }
+        let delay = self.ctx.common.settings.store_retry;
+        let split = self.ctx.metrics.messages_split.clone();
+        let key = self.ctx.key.clone();
+        self.ctx.common.tracker.spawn(async move {
+            for (d, parts) in spanning {
+                match d.split(parts).await {
+                    Ok(()) => split.increment(1),
+                    Err((d, e)) => {
+                        tracing::warn!(tenant = %key.tenant, table = %key.table, error = %e,
+                            "a message whose rows belong to several shards could not be split: it goes back");
+                        let _ = d.nak(delay).await;
+                    }
+                }
+            }
+        });
     }
 
     /// Messages may belong to a recorded batch: one whose verdicts are recorded is
@@ -340,11 +372,11 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let forced = self.draining.is_some() || self.retiring;
         while self.has_work() && self.asking.is_none() {
             let busy = self.flights >= self.ctx.common.settings.max_inflight_flushes.max(1);
-            let due = self.ledger.has_ready() || self.buffer.due(&self.ctx.settings, now).is_some();
+            let due = self.ledger.has_ready() || self.lanes.due(&self.ctx.settings, now).is_some();
             if !forced && (busy || !due) {
                 break;
             }
-            let next = self.next_batch();
+            let next = self.next_batch(now);
             match self.routes.pick(&self.ctx, next.shard(), &[], now) {
                 Pick::Replica(replica) => self.ask(myself, next, replica, Vec::new(), now),
                 Pick::Wait(delay) => self.hand_back_next(&next, delay),
@@ -354,14 +386,25 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         self.answer_drain();
     }
 
-    /// The batch that flies next: a recorded batch gathered and ready first.
-    fn next_batch(&self) -> Next {
+    /// The batch that flies next: a recorded batch gathered and ready first, then the
+    /// lane whose batch is due (or, flushing everything, the one holding the oldest).
+    fn next_batch(&self, now: Instant) -> Next {
         match self.ledger.peek_ready() {
             Some(m) => Next::Recorded {
                 id: m.id.clone(),
                 shard: self.ctx.servers.layout.recorded_shard(m.shard),
             },
-            None => Next::Fresh,
+            None => {
+                let lane = self
+                    .lanes
+                    .due(&self.ctx.settings, now)
+                    .or_else(|| self.lanes.oldest_lane())
+                    .unwrap_or(0);
+                Next::Fresh {
+                    lane,
+                    shard: self.lanes.shard_of(lane),
+                }
+            }
         }
     }
 
@@ -428,7 +471,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// Something to fly: buffered messages, or a recorded batch gathered and ready.
     fn has_work(&self) -> bool {
-        !self.buffer.is_empty() || self.ledger.has_ready()
+        !self.lanes.is_empty() || self.ledger.has_ready()
     }
 
     /// Turned away: with the remaining delay, or at once while shutting down (another
@@ -458,11 +501,11 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                 };
                 Some((cargo, g.since))
             }
-            Next::Fresh if self.buffer.is_empty() => None,
-            Next::Fresh => {
+            Next::Fresh { lane, .. } if self.lanes.lane_is_empty(*lane) => None,
+            Next::Fresh { lane, .. } => {
                 let s = &self.ctx.settings;
                 let (deliveries, _bytes, held_since) =
-                    self.buffer.take(s.batch_rows, s.batch_bytes);
+                    self.lanes.take(*lane, s.batch_rows, s.batch_bytes);
                 let (deliveries, aside) = self.ledger.launch_fresh(deliveries);
                 if !aside.is_empty() {
                     tracing::debug!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table, messages = aside.len(),
@@ -495,9 +538,9 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                 .take_ready(id)
                 .map(|g| g.held)
                 .unwrap_or_default(),
-            Next::Fresh => {
+            Next::Fresh { lane, .. } => {
                 let s = &self.ctx.settings;
-                self.buffer.take(s.batch_rows, s.batch_bytes).0
+                self.lanes.take(*lane, s.batch_rows, s.batch_bytes).0
             }
         };
         let delay = self.handback_delay(delay);
@@ -761,7 +804,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn arm_age(&mut self, myself: &ActorRef<TableMsg<D>>) {
-        let Some(deadline) = self.buffer.age_deadline(&self.ctx.settings) else {
+        let Some(deadline) = self.lanes.age_deadline(&self.ctx.settings) else {
             self.age.armed = None;
             return;
         };
@@ -804,7 +847,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     /// mailbox never waits on NATS for them.
     fn keep_buffered_rows_alive(&mut self, now: Instant) {
         let half = self.ctx.common.settings.ack_wait / 2;
-        let Some(oldest) = self.buffer.oldest() else {
+        let Some(oldest) = self.lanes.oldest() else {
             return;
         };
         let since = self.last_progress.map_or(oldest, |p| p.max(oldest));
@@ -813,7 +856,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         }
         let ack_wait = self.ctx.common.settings.ack_wait;
         let touches: Vec<_> = self
-            .buffer
+            .lanes
             .iter()
             .filter(|d| !lease_ran_out(*d, ack_wait, now))
             .map(Delivery::progress)
@@ -856,7 +899,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if !self.idle_reported
             && !self.retiring
             && self.draining.is_none()
-            && self.buffer.is_empty()
+            && self.lanes.is_empty()
             && self.ledger.is_idle()
             && self.flights == 0
             && self.asking.is_none()
@@ -888,7 +931,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     }
 
     fn on_hand_back_all(&mut self, reply: RpcReplyPort<usize>) {
-        let mut rows = self.buffer.take_all();
+        let mut rows = self.lanes.take_all();
         rows.extend(self.ledger.take_gathered());
         let n = rows.len();
         self.hand_back(rows, Duration::ZERO);
@@ -915,7 +958,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
     fn maybe_stop(&self, myself: &ActorRef<TableMsg<D>>) {
         if self.retiring
             && self.flights == 0
-            && self.buffer.is_empty()
+            && self.lanes.is_empty()
             && self.ledger.gathered() == 0
             && self.asking.is_none()
         {

@@ -8,6 +8,7 @@ pub mod actor;
 pub mod buffer;
 pub mod flight;
 pub mod flight_watch;
+pub mod lanes;
 pub mod messages;
 pub mod routes;
 pub mod strikes;

@@ -31,6 +31,7 @@ pub(super) fn table_settings(
             .missing_table_grace
             .unwrap_or(defaults.missing_table_grace)
             .get(),
+        shard_key: over.shard_key.clone(),
     };
     // Each value is checked where it is written: [ingest]'s once, a table's own ones.
     let own = |set: bool| set || section.path() == ["ingest"];
@@ -45,7 +46,23 @@ pub(super) fn table_settings(
     if own(over.batch_age.is_some()) {
         c.positive(&k("batch_age"), s.batch_age);
     }
+    if let Some(column) = &s.shard_key {
+        let key = k("shard_key");
+        if !is_column_name(column) {
+            c.problem(
+                &[&key],
+                format!("{key} = {column:?} is not a column name: {COLUMN_NAME_RULE}"),
+            );
+        }
+    }
     s
+}
+
+/// What a `shard_key` may be: the name a row's JSON gives the column.
+const COLUMN_NAME_RULE: &str = "1 to 256 characters, no control characters";
+
+fn is_column_name(column: &str) -> bool {
+    (1..=256).contains(&column.chars().count()) && !column.chars().any(char::is_control)
 }
 
 /// What the ingest API's chunks mean for the stream and the tables: a message is never
