@@ -94,6 +94,7 @@ pub const ALL: &[&str] = &[
     TABLE_EXACTLY_ONCE,
     MANIFEST_FAILURES,
     PAST_DEDUP_WINDOW,
+    MESSAGES_SPLIT,
     CONSUMER_PENDING,
     CONSUMER_STALLS,
     ACTOR_RESTARTS,
@@ -169,6 +170,11 @@ pub fn describe_all() {
         PAST_DEDUP_WINDOW,
         Unit::Count,
         "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice."
+    );
+    describe_counter!(
+        MESSAGES_SPLIT,
+        Unit::Count,
+        "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard."
     );
     describe_gauge!(
         CONSUMER_PENDING,

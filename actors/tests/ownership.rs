@@ -775,6 +775,7 @@ async fn a_shard_key_sends_each_users_rows_to_its_shard_and_a_shard_down_holds_b
         [Event::Split(parts)] => parts.clone(),
         other => panic!("the message was not split: {other:?}"),
     };
+    assert_eq!(r.table_node("keyed")["state"]["shard_key"], "user");
     let row = |u: &str, n: usize| format!("{{\"user\":\"{u}\",\"n\":{n}}}\n");
     assert_eq!(
         parts,

@@ -213,6 +213,9 @@ pub struct TableSnapshot {
     pub replica_backoffs: Vec<ReplicaBackoff>,
     /// The target's shards.
     pub shards: usize,
+    /// The column that places the table's rows on shards (`None`: its batches take
+    /// the shards in turn; a key on a target of one shard places nothing).
+    pub shard_key: Option<String>,
     /// Where the table's last batches went (newest last).
     pub last_batches: Vec<BatchRoute>,
     pub rows_inserted: u64,

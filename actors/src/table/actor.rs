@@ -200,6 +200,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             backoff: self.routes.summary(Instant::now()),
             replica_backoffs: self.routes.per_replica(&self.ctx, Instant::now()),
             shards: self.ctx.servers.layout.shards(),
+            shard_key: self.lanes.key().map(|k| k.column().to_owned()),
             last_batches: self.routes.last_batches(),
             rows_inserted: self.totals.inserted,
             rows_parked: self.totals.parked,

@@ -42,6 +42,12 @@ impl<D: Delivery> Lanes<D> {
         }
     }
 
+    /// The key placing the table's rows, when there is more than one shard to place
+    /// them on.
+    pub fn key(&self) -> Option<&ShardKey> {
+        self.key.as_ref()
+    }
+
     /// The shard a lane's batches go to (`None`: any, a table without a shard key).
     pub fn shard_of(&self, lane: usize) -> Option<usize> {
         self.key.as_ref().map(|_| lane)
