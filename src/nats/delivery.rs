@@ -364,8 +364,11 @@ impl JsDelivery {
         let Some(chunk) = row.chunk.as_deref() else {
             return Ok(());
         };
-        landed
-            .mark(chunk)
+        // Boxed: the write's future (a key-value put through JetStream) is kilobytes,
+        // and inline it would make every ack's future as big, also the acks of the
+        // messages that are no keyed chunk (nearly all): a batch's acks go through a
+        // `for_each_concurrent`, which moves each future several times (benchmark.md).
+        Box::pin(landed.mark(chunk))
             .await
             .map_err(|e| format!("chunk {chunk}: {e}"))
     }
