@@ -425,27 +425,38 @@ impl<D: Delivery> Parked<D> {
             mut acks, mut out, ..
         } = self;
         let last = if plan.confirm { acks.pop() } else { None };
-        // A few at a time: an ack may wait for a write of its own first (the delivery
-        // marks a keyed ingest chunk landed before its ack), which one after the other
-        // would cost a round trip per message. The confirmed one goes after all of them.
+        // An ack that waits for a write of its own first (the delivery marks a keyed
+        // ingest chunk landed) goes a few at a time: one after the other they would
+        // cost a round trip per message. The others (nearly all) one after the other:
+        // each is a send into the connection's queue, and a set of concurrent futures
+        // cost a fifth of Sluice's instructions per row (docs/benchmark.md). The
+        // confirmed one goes after all of them.
+        let (writing, plain): (Vec<D>, Vec<D>) =
+            acks.into_iter().partition(Delivery::ack_writes_first);
         let failed = std::sync::atomic::AtomicBool::new(false);
-        futures::stream::iter(acks)
-            .for_each_concurrent(ACKS_AT_ONCE, |d| {
-                let failed = &failed;
-                async move {
-                    let acked = if plan.confirm {
-                        d.ack_recorded().await
-                    } else {
-                        d.ack().await
-                    };
-                    if let Err(e) = acked {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
-                            "ack after insert failed; the message may be delivered again");
-                    }
+        let ack_one = |d: D| {
+            let failed = &failed;
+            async move {
+                let acked = if plan.confirm {
+                    d.ack_recorded().await
+                } else {
+                    d.ack().await
+                };
+                if let Err(e) = acked {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
+                        "ack after insert failed; the message may be delivered again");
                 }
-            })
-            .await;
+            }
+        };
+        for d in plain {
+            ack_one(d).await;
+        }
+        if !writing.is_empty() {
+            futures::stream::iter(writing)
+                .for_each_concurrent(ACKS_AT_ONCE, ack_one)
+                .await;
+        }
         if failed.into_inner() {
             out.confirmed = false;
         }

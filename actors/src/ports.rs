@@ -317,6 +317,12 @@ pub trait Delivery: Send + Sync + 'static {
         self.ack()
     }
 
+    /// Whether its ack first waits for a write of its own (a keyed ingest chunk's landed
+    /// mark): such acks are sent a few at a time, the others one after the other.
+    fn ack_writes_first(&self) -> bool {
+        false
+    }
+
     /// Ack, and wait until JetStream confirms it: the last ack of a recorded batch
     /// (which waits for its own write first as [`Delivery::ack_recorded`] does).
     /// JetStream handles a connection's acks

@@ -410,6 +410,10 @@ impl Delivery for JsDelivery {
         self.settle(AckKind::Ack).await
     }
 
+    fn ack_writes_first(&self) -> bool {
+        self.dlq.landed.is_some() && self.row.as_ref().is_some_and(|r| r.chunk.is_some())
+    }
+
     async fn ack_recorded(mut self) -> Result<(), SettleError> {
         self.mark_landed_or_wait().await?;
         self.send_once(AckKind::Ack).await

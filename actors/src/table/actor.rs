@@ -276,9 +276,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         } else {
             let placed = self.lanes.place(fresh);
             self.split_spanning(placed.spanning);
-            for (lane, messages) in placed.by_lane.into_iter().enumerate() {
-                self.lanes.push(lane, messages, now);
-            }
+            self.lanes.push_placed(placed.by_lane, weight, now);
         }
         self.pump(myself);
     }

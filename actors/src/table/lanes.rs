@@ -78,6 +78,23 @@ impl<D: Delivery> Lanes<D> {
         }
     }
 
+    /// Buffer what [`Lanes::place`] sorted; `weight`: of all of it, known already. One
+    /// lane (no key: every message is in it) takes it as it is, its messages not
+    /// counted again; the lanes of a key weigh each their own.
+    pub fn push_placed(&mut self, by_lane: Vec<Vec<D>>, weight: (usize, usize), now: Instant) {
+        if self.lanes.len() == 1 {
+            if let (Some(buffer), Some(messages)) =
+                (self.lanes.first_mut(), by_lane.into_iter().next())
+            {
+                buffer.push(messages, weight, now);
+            }
+            return;
+        }
+        for (lane, messages) in by_lane.into_iter().enumerate() {
+            self.push(lane, messages, now);
+        }
+    }
+
     /// Rows buffered, in every lane.
     pub fn len(&self) -> usize {
         self.lanes.iter().map(Buffer::len).sum()
