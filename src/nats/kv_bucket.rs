@@ -73,3 +73,46 @@ pub async fn ensure(js: &jetstream::Context, shape: &BucketShape<'_>) -> anyhow:
         .await
         .with_context(|| format!("opening the {purpose} bucket {bucket}"))
 }
+
+/// The last value of `key`, read from the bucket's stream leader (`None`: never written,
+/// or deleted or purged since).
+///
+/// Not `kv::Store::entry`: on a bucket with `allow_direct` (every bucket Sluice makes,
+/// as `create_key_value` makes them) that is a direct get, which any replica of an R3
+/// bucket answers, a lagging one with an older value: a batch's record read as still
+/// open after its settled state was written and its messages acked (the chaos round
+/// that found it: `cluster_consumer_leader_sigstop`, 2026-12-03, 49 rows twice). A
+/// decision taken on what a record says now must read it where writes are ordered.
+pub async fn read_from_leader(kv: &kv::Store, key: &str) -> Result<Option<kv::Entry>, String> {
+    let subject = format!("{}{key}", kv.prefix);
+    let message = match kv.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => message,
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let operation = match message.headers.get("KV-Operation") {
+        Some(op) => op
+            .as_str()
+            .parse::<kv::Operation>()
+            .map_err(|_| format!("{key}: an unknown KV-Operation {:?}", op.as_str()))?,
+        // A marker a newer server writes when it removes a value itself.
+        None if message
+            .headers
+            .get(async_nats::header::NATS_MARKER_REASON)
+            .is_some() =>
+        {
+            kv::Operation::Purge
+        }
+        None => kv::Operation::Put,
+    };
+    Ok(Some(kv::Entry {
+        bucket: kv.name.clone(),
+        key: key.to_owned(),
+        value: message.payload,
+        revision: message.sequence,
+        delta: 0,
+        created: message.time,
+        operation,
+        seen_current: false,
+    }))
+}

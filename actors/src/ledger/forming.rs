@@ -265,9 +265,9 @@ async fn lost_its_claim<D: Delivery>(
 }
 
 /// A message of an open (or split) batch left the stream. Its record is read directly
-/// from the store, so it is not a record lagging behind: acks come only after a batch's
-/// verdicts are recorded, so an operator removed it by hand, or nats-server lost it
-/// (seen once on a NATS cluster after its stream leader's kill -9, cause not known).
+/// from the store (its leader, on a NATS cluster: a replica may lag), so it is not a
+/// record lagging behind: acks come only after a batch's verdicts are recorded, so an
+/// operator removed it by hand, or nats-server lost it.
 /// The batch can never be formed whole again: its record is withdrawn at once (never
 /// left to the store's collector, which would keep it while its other messages wait:
 /// they would be gathered for it for ever) and what is held comes again as new

@@ -126,8 +126,9 @@ pub trait ManifestStore: Send + Sync + 'static {
     fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The manifest as the store holds it now (read from the store itself, not from what
-    /// the changes reported so far), its [`Manifest::claim_revision`] known: `None` once
-    /// removed. A batch formed again decides by this.
+    /// the changes reported so far, and where its writes are ordered, never from a copy
+    /// that may lag), its [`Manifest::claim_revision`] known: `None` once removed. A
+    /// batch formed again decides by this.
     fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>>;
 
     /// Remove the manifest: every row of it is settled and the settlement confirmed. A

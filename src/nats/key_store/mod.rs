@@ -126,7 +126,11 @@ impl KeyStore {
     /// What is under `key`.
     pub async fn get(&self, key: &str) -> Result<Slot, KeyStoreError> {
         let kv = self.bucket().await?;
-        let entry = match self.within_the_window(kv.entry(key)).await {
+        // From the leader: whether a key was seen decides a publish (`read_from_leader`).
+        let entry = match self
+            .within_the_window(crate::nats::kv_bucket::read_from_leader(&kv, key))
+            .await
+        {
             Some(Ok(entry)) => entry,
             Some(Err(e)) => return Err(self.lost(format!("reading {key}: {e}")).await),
             None => {

@@ -347,8 +347,8 @@ impl Shared {
     async fn current(&self, id: &str) -> Result<Option<Manifest>, StoreError> {
         let key = self.key_of(id)?;
         let kv = self.bucket()?;
-        let entry = kv
-            .entry(&key)
+        // From the leader: the ledger decides on what this says (see `read_from_leader`).
+        let entry = super::kv_bucket::read_from_leader(&kv, &key)
             .await
             .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
