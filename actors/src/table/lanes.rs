@@ -203,13 +203,22 @@ mod tests {
         journal.delivery(&subject, rows.join("\n"))
     }
 
+    /// The tests' key, on a target of 2 shards.
+    fn key() -> ShardKey {
+        ShardKey::new("user")
+    }
+
+    /// The lane (shard of 2) of `user`'s rows.
+    fn lane_of(user: &str) -> usize {
+        key().shard_of_row(format!(r#"{{"user":"{user}"}}"#).as_bytes(), 2)
+    }
+
     /// Two users that go to different shards of 2.
-    fn apart(key: &ShardKey) -> (String, String) {
-        let shard = |u: &str| key.shard_of_row(format!(r#"{{"user":"{u}"}}"#).as_bytes(), 2);
+    fn apart() -> (String, String) {
         let first = "u0".to_string();
         let other = (1..100)
             .map(|i| format!("u{i}"))
-            .find(|u| shard(u) != shard(&first))
+            .find(|u| lane_of(u) != lane_of(&first))
             .expect("some user hashes to the other shard");
         (first, other)
     }
@@ -219,7 +228,7 @@ mod tests {
         let journal = Journal::new();
         for lanes in [
             Lanes::<FakeDelivery>::new(None, 3),
-            Lanes::new(Some(ShardKey::new("user")), 1),
+            Lanes::new(Some(key()), 1),
         ] {
             assert_eq!(lanes.shard_of(0), None);
             let placed = lanes.place(vec![message(&journal, &["a", "b", "c"])]);
@@ -231,10 +240,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn messages_go_to_their_shards_lane_and_a_spanning_one_is_split() {
         let journal = Journal::new();
-        let key = ShardKey::new("user");
-        let (a, b) = apart(&key);
-        let lane_of = |u: &str| key.shard_of_row(format!(r#"{{"user":"{u}"}}"#).as_bytes(), 2);
-        let mut lanes = Lanes::new(Some(key.clone()), 2);
+        let (a, b) = apart();
+        let mut lanes = Lanes::new(Some(key()), 2);
         let placed = lanes.place(vec![
             message(&journal, &[&a, &a]),
             message(&journal, &[&b]),
@@ -268,10 +275,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_lane_is_due_first_then_the_oldest_by_age() {
         let journal = Journal::new();
-        let key = ShardKey::new("user");
-        let (a, b) = apart(&key);
-        let lane_of = |u: &str| key.shard_of_row(format!(r#"{{"user":"{u}"}}"#).as_bytes(), 2);
-        let mut lanes = Lanes::new(Some(key.clone()), 2);
+        let (a, b) = apart();
+        let mut lanes = Lanes::new(Some(key()), 2);
         let s = settings(3, 1000);
         let start = Instant::now();
         lanes.push(lane_of(&a), vec![message(&journal, &[&a])], start);
