@@ -431,8 +431,12 @@ impl<D: Delivery> Parked<D> {
         // each is a send into the connection's queue, and a set of concurrent futures
         // cost a fifth of Sluice's instructions per row (docs/benchmark.md). The
         // confirmed one goes after all of them.
-        let (writing, plain): (Vec<D>, Vec<D>) =
-            acks.into_iter().partition(Delivery::ack_writes_first);
+        // Nearly always none writes first: then the acks are not moved into two lists.
+        let (writing, plain): (Vec<D>, Vec<D>) = if acks.iter().any(D::ack_writes_first) {
+            acks.into_iter().partition(Delivery::ack_writes_first)
+        } else {
+            (Vec::new(), acks)
+        };
         let failed = std::sync::atomic::AtomicBool::new(false);
         let ack_one = |d: D| {
             let failed = &failed;

@@ -45,8 +45,10 @@ pub struct DlqWriter {
     /// is marked, as in tests of the delivery alone).
     landed: Option<Arc<LandedChunks>>,
     /// The stream sequences acked through this writer lately, so an acked message a
-    /// replicated stream kept can be removed (`super::stranded`).
-    acked: Arc<AckedHere>,
+    /// replicated stream kept can be removed (`super::stranded`). `None` for a stream
+    /// of one replica, which cannot keep one: the record costs ~2% of the
+    /// instructions per row (docs/benchmark.md).
+    acked: Option<Arc<AckedHere>>,
     /// Publishes the parts of a message split by shard into the ingest stream (`None`:
     /// such a message cannot be split and goes back, as in tests of the delivery alone).
     ingest: Option<Publisher>,
@@ -59,7 +61,7 @@ impl DlqWriter {
             publisher,
             subject_prefix: subject_prefix.into(),
             landed: None,
-            acked: Arc::default(),
+            acked: None,
             ingest: None,
         }
     }
@@ -70,9 +72,16 @@ impl DlqWriter {
         self
     }
 
-    /// The sequences acked through this writer lately.
-    pub fn acked_here(&self) -> &AckedHere {
-        &self.acked
+    /// Keeps the sequences acked through this writer (`acked_here`): for a stream of
+    /// several replicas, where a leader change can leave acked messages behind.
+    pub fn recording_acks(mut self) -> Self {
+        self.acked = Some(Arc::default());
+        self
+    }
+
+    /// The sequences acked through this writer lately (`None`: not recorded).
+    pub fn acked_here(&self) -> Option<&AckedHere> {
+        self.acked.as_deref()
     }
 
     /// Marks keyed chunks landed in `landed` before their ack.
@@ -325,7 +334,7 @@ impl JsDelivery {
     }
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
-        if matches!(kind, AckKind::Ack) {
+        if matches!(kind, AckKind::Ack) && self.ack_writes_first() {
             if let Err(e) = self.mark_landed().await {
                 tracing::warn!(error = %e,
                     "a keyed chunk could not be marked landed before its ack: sent again after a nats-server restart, it could be stored twice (its table records no batch)");
@@ -345,9 +354,9 @@ impl JsDelivery {
     }
 
     fn record_ack(&self) {
-        self.dlq
-            .acked
-            .record(self.position.stream_sequence, Instant::now());
+        if let Some(acked) = &self.dlq.acked {
+            acked.record(self.position.stream_sequence, Instant::now());
+        }
     }
 
     /// Before its ack, a keyed request's chunk is marked landed (see [`super::landed`]).
@@ -415,14 +424,18 @@ impl Delivery for JsDelivery {
     }
 
     async fn ack_recorded(mut self) -> Result<(), SettleError> {
-        self.mark_landed_or_wait().await?;
+        if self.ack_writes_first() {
+            self.mark_landed_or_wait().await?;
+        }
         self.send_once(AckKind::Ack).await
     }
 
     /// The ack as a request: JetStream answers an ack that has a reply subject with an
     /// empty message once it has handled it (2.9.10 and current alike).
     async fn ack_confirmed(mut self) -> Result<(), SettleError> {
-        self.mark_landed_or_wait().await?;
+        if self.ack_writes_first() {
+            self.mark_landed_or_wait().await?;
+        }
         let Some(row) = self.row.take() else {
             return Ok(());
         };

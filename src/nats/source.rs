@@ -541,7 +541,7 @@ impl Source for JetStreamSource {
             .ok()
             .and_then(Result::ok);
         if let Some(stream) = &stream {
-            remove_stranded(stream, &info, Some(self.dlq.acked_here())).await;
+            remove_stranded(stream, &info, self.dlq.acked_here()).await;
         }
         self.nats = Some(placement::view(
             &self.client.server_info().server_name,

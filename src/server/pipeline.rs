@@ -30,18 +30,21 @@ pub async fn start(
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
-    let dlq = Arc::new(
-        DlqWriter::new(
-            Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
-            streams.dlq_subject_prefix.clone(),
-        )
-        .with_landed(Arc::new(landed))
-        .with_ingest(Publisher::new(
-            js.clone(),
-            &streams.stream,
-            streams.max_bytes,
-        )),
-    );
+    let mut dlq = DlqWriter::new(
+        Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
+        streams.dlq_subject_prefix.clone(),
+    )
+    .with_landed(Arc::new(landed))
+    .with_ingest(Publisher::new(
+        js.clone(),
+        &streams.stream,
+        streams.max_bytes,
+    ));
+    // Only a replicated stream can keep a message acked here (`nats::AckedHere`).
+    if streams.replicas > 1 {
+        dlq = dlq.recording_acks();
+    }
+    let dlq = Arc::new(dlq);
     // Exactly-once: the store shares the deliveries' client (a confirmed ack covers
     // the acks sent before it on that connection only).
     let manifests = config.exactly_once.then(|| {
