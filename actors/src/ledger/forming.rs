@@ -74,9 +74,13 @@ pub async fn claim_fresh<D: Delivery>(
     shard: usize,
 ) -> (Formed<D>, Vec<D>) {
     let now = Instant::now();
-    let (mut live, expired): (Vec<D>, Vec<D>) = deliveries
-        .into_iter()
-        .partition(|d| !lease_ran_out(d, io.ack_wait, now));
+    let ran_out = |d: &D| lease_ran_out(d, io.ack_wait, now);
+    // Nearly always every lease is live: then the deliveries are not moved again.
+    let (mut live, expired): (Vec<D>, Vec<D>) = if deliveries.iter().any(ran_out) {
+        deliveries.into_iter().partition(|d| !ran_out(d))
+    } else {
+        (deliveries, Vec::new())
+    };
     // The order the manifest lists (and a batch formed again sends): isolation splits a
     // batch by position, so the same pieces need the same order.
     live.sort_unstable_by_key(|d| d.position().stream_sequence);
