@@ -852,6 +852,10 @@ pub struct FakeManifestStore {
     /// Writes fail while set (NATS down, the bucket full).
     pub fail_writes: AtomicBool,
     pub fetches: AtomicUsize,
+    /// Once, as the next fetch starts: this manifest written and these messages gone
+    /// from the stream (another instance gathering the same batch sent and settled it,
+    /// then acked the messages it held, while the batch was gathered here).
+    pub settled_elsewhere_before_fetch: Mutex<Option<(crate::ledger::Manifest, Vec<u64>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -875,6 +879,7 @@ impl FakeManifestStore {
             defer_forget: AtomicBool::new(false),
             fail_writes: AtomicBool::new(false),
             fetches: AtomicUsize::new(0),
+            settled_elsewhere_before_fetch: Mutex::default(),
         })
     }
 
@@ -1069,6 +1074,13 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
         stream_sequences: &'a [u64],
     ) -> futures::future::BoxFuture<'a, Result<Vec<Bytes>, crate::ledger::FetchError>> {
         Box::pin(async move {
+            let elsewhere = self.settled_elsewhere_before_fetch.lock().unwrap().take();
+            if let Some((manifest, acked)) = elsewhere {
+                self.put(&manifest);
+                for seq in acked {
+                    self.journal.remove_from_stream(seq);
+                }
+            }
             self.fetches
                 .fetch_add(stream_sequences.len(), Ordering::Relaxed);
             stream_sequences

@@ -220,6 +220,44 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
     r.handle.shutdown().await;
 }
 
+/// Two instances gather the same recorded batch, each holding some of its messages:
+/// here the record is read open, then the other instance sends and settles the batch
+/// and acks what it held before this one reads those messages from the stream. The
+/// gone message is no sign of a lost one: the record, read again, is settled, and the
+/// messages held here are settled by it. Never withdrawn, never inserted again (chaos
+/// `cluster_consumer_leader_sigstop`: 14 rows twice in the twin).
+#[tokio::test(start_paused = true)]
+async fn a_batch_settled_by_another_instance_while_it_was_gathered_here_is_settled_by_its_record() {
+    let r = eo_rig(100).await;
+    let seqs = made_elsewhere(&r, 4);
+    let open = batch_of(&seqs);
+    futures::executor::block_on(store(&r).update(&open)).unwrap();
+    let mut settled = open.clone();
+    settled.state = ManifestState::Settled {
+        rejected: Vec::new(),
+    };
+    // The other instance held the first message; this one gets the other three.
+    *store(&r).settled_elsewhere_before_fetch.lock().unwrap() = Some((settled, vec![seqs[0]]));
+    redeliver(&r, &seqs[1..], 2);
+    until(&r, Duration::from_secs(5), |r| {
+        last_events(r, &seqs[1..]).iter().all(Option::is_some)
+    })
+    .await;
+    assert!(
+        store(&r).withdrawn.lock().unwrap().is_empty(),
+        "a settled record is not withdrawn"
+    );
+    assert_eq!(r.main().request_count(), 0, "no insert again");
+    assert!(
+        last_events(&r, &seqs[1..])
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed))),
+        "{:?}",
+        last_events(&r, &seqs[1..])
+    );
+    r.handle.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_once() {
     let r = eo_rig(100).await;

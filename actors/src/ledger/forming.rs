@@ -186,7 +186,7 @@ pub async fn reform<D: Delivery>(
         match io.store.fetch(&missing).await {
             Ok(payloads) => missing.into_iter().zip(payloads).collect(),
             Err(FetchError::Gone { stream_sequence }) => {
-                return incomplete(io, &manifest, stream_sequence, held).await;
+                return gone_while_gathered(io, &manifest, stream_sequence, held).await;
             }
             Err(FetchError::Unavailable(e)) => {
                 return Formed::Refused {
@@ -268,7 +268,36 @@ async fn lost_its_claim<D: Delivery>(
     withdrawn(io, manifest, held).await
 }
 
-/// A message of an open (or split) batch left the stream. Its record is read directly
+/// A message of the batch left the stream after its record was read open. Another
+/// instance gathering the same batch (each holds some of its messages, and reads the
+/// others from the stream) may have sent and settled it meanwhile, then acked what it
+/// held: acks come only after a batch's verdicts are recorded, so the record read
+/// again says so, and what is held here is settled by it. Taken for a lost message,
+/// the record was withdrawn and what is held here inserted again as new rows (chaos
+/// `cluster_consumer_leader_sigstop`, 14 rows twice in the twin).
+async fn gone_while_gathered<D: Delivery>(
+    io: &LedgerIo<'_>,
+    read: &Manifest,
+    gone: u64,
+    held: Vec<D>,
+) -> Formed<D> {
+    match io.store.current(&read.id).await {
+        Ok(Some(now)) if now.is_settled() => Formed::Settled {
+            by_record: Some((Arc::new(now), held)),
+            copies: Vec::new(),
+            back: Vec::new(),
+        },
+        Ok(Some(_)) => incomplete(io, read, gone, held).await,
+        Ok(None) => removed_meanwhile(io, &read.id, held).await,
+        Err(e) => Formed::Refused {
+            messages: held,
+            why: LedgerRefusal::StoreDown(e),
+        },
+    }
+}
+
+/// A message of an open (or split) batch left the stream, and its record, read again,
+/// is still unfinished. Its record is read directly
 /// from the store (its leader, on a NATS cluster: a replica may lag), so it is not a
 /// record lagging behind: acks come only after a batch's verdicts are recorded, so an
 /// operator removed it by hand, or nats-server lost it.
