@@ -643,6 +643,41 @@ fn a_shard_key_is_a_tables_own_and_must_name_a_column() {
 }
 
 #[test]
+fn a_shard_key_on_a_target_of_one_shard_is_said_to_place_nothing() {
+    let text = |target: &str| {
+        format!(
+            r#"
+[api]
+auth = "none"
+[clickhouse.targets.one]
+url = "http://a1:8123, http://a2:8123"
+[clickhouse.targets.grid]
+shards = ["http://a1:8123", "http://b1:8123"]
+[tenants.acme]
+target = "{target}"
+[tables."acme.events"]
+shard_key = "user_id"
+"#
+        )
+    };
+    let placing = |w: &String| w.contains("shard_key") && w.contains("places nothing");
+    let config =
+        Config::from_parts("t", &text("one"), &env(&[])).expect("a warning, not a problem");
+    let warning = config.warnings.iter().find(|w| placing(w));
+    assert!(
+        warning.is_some_and(|w| w.contains("[tables.\"acme.events\"]") && w.contains("\"one\"")),
+        "{:?}",
+        config.warnings
+    );
+    let config = Config::from_parts("t", &text("grid"), &env(&[])).expect("config");
+    assert!(
+        !config.warnings.iter().any(placing),
+        "two shards: the key places rows ({:?})",
+        config.warnings
+    );
+}
+
+#[test]
 fn the_idempotency_bucket_has_defaults_and_refuses_a_bad_name_or_budget() {
     let config = Config::from_parts("x", "", &env(&[])).expect("defaults");
     assert_eq!(config.nats.idempotency_bucket, "SLUICE_IDEMPOTENCY");

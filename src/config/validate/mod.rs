@@ -127,6 +127,7 @@ pub(super) fn validate(
     }
 
     tables::chunk_advice(&mut c, &api, &nats, &ingest, &tables);
+    tables::shard_key_advice(&mut c, &tables, &tenants, &targets);
 
     let mut problems = c.problems;
     problems.retain(|p| !p.keys.iter().any(|k| refused.iter().any(|r| r.contains(k))));

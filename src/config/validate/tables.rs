@@ -8,7 +8,7 @@ use crate::config::file::{FileConfig, IngestFile, TableFile};
 use crate::config::units::Size;
 use crate::config::{
     is_table_name, is_tenant_name, ApiConfig, NatsConfig, PipelineConfig, TableSettings,
-    TenantConfig, TABLE_NAME_RULE, TENANT_NAME_RULE,
+    TargetConfig, TenantConfig, TABLE_NAME_RULE, TENANT_NAME_RULE,
 };
 
 /// One table's settings: `over` where it says, `[ingest]` (`defaults`) elsewhere;
@@ -56,6 +56,34 @@ pub(super) fn table_settings(
         }
     }
     s
+}
+
+/// A `shard_key` on a table whose tenant's target has one shard places nothing: every
+/// row goes to that shard. Said, since the key was written expecting otherwise (a
+/// target configured with one shard for now, or the wrong tenant's table).
+pub(super) fn shard_key_advice(
+    c: &mut Check,
+    tables: &BTreeMap<(String, String), TableSettings>,
+    tenants: &BTreeMap<String, TenantConfig>,
+    targets: &BTreeMap<String, TargetConfig>,
+) {
+    for ((tenant, table), s) in tables {
+        let Some(column) = &s.shard_key else {
+            continue;
+        };
+        let target = tenants
+            .get(tenant)
+            .and_then(|t| t.target.as_ref())
+            .and_then(|name| targets.get(name));
+        if let Some(target) = target.filter(|t| t.shards.len() == 1) {
+            let section = format!("{tenant}.{table}");
+            let key = Key::table(["tables", section.as_str()]).key("shard_key");
+            c.warn(format!(
+                "{key} = {column:?} places nothing: target \"{}\" has one shard, where every row of the table goes",
+                target.name
+            ));
+        }
+    }
 }
 
 /// What a `shard_key` may be: the name a row's JSON gives the column.
