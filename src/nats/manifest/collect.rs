@@ -11,7 +11,8 @@
 //! one whose messages are all at or below the consumer's ack floor (every row acked:
 //! none comes back); (c) any one whose messages are all below the stream's first
 //! sequence (none is left to come back). On a NATS cluster the floor and the first
-//! sequence are the lower of this pass's and the last one's (see [`trusted`]). An open manifest with a message still in the
+//! sequence are the lowest every pass read over the last minute (see
+//! [`super::trusted_floor`]). An open manifest with a message still in the
 //! stream is never removed: that message may come back and must join exactly that
 //! batch. Then the removal markers older than `marker_age` are dropped from the
 //! bucket, so that a new watch does not read a day of them.
@@ -21,7 +22,10 @@ use std::time::Duration;
 use async_nats::jetstream::consumer;
 use sluice_actors::StoreError;
 
+use tokio::time::Instant;
+
 use super::bucket::{stream_name, subject};
+use super::trusted_floor::Floor;
 use super::{incarnation_of, Shared};
 use crate::telemetry::metrics::MANIFESTS_COLLECTED;
 
@@ -117,17 +121,18 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             .unwrap_or(0),
         Err(_) => 0,
     };
-    let (floor, first) = {
-        let mut before = shared
-            .floor_before
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (floor_before, first_before) = std::mem::replace(&mut *before, (floor, first));
-        (
-            trusted(floor_before, floor, s.replicas),
-            trusted(first_before, first, s.replicas),
-        )
+    let read = Floor {
+        ack_floor: floor,
+        first_sequence: first,
     };
+    let Floor {
+        ack_floor: floor,
+        first_sequence: first,
+    } = shared
+        .floor_reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .read(Instant::now(), read, s.replicas);
     let mut out = Collected::default();
     let snapshot = shared.index.snapshot();
     shared.keep_only(
@@ -173,22 +178,6 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
     }
     drop_markers(shared, &mut out).await;
     Ok(out)
-}
-
-/// The ack floor a pass may remove settled manifests by, or the stream's first
-/// sequence it may remove manifests below. A replicated consumer's leader counts an ack
-/// in its floor before its peers have it, and a stream's leader removes an acked
-/// message from its work queue before its peers do: after a leader change (a node
-/// killed or frozen) the floor or the first sequence can be lower again, and the rows
-/// above it come back. So on a cluster either is trusted only as far as the previous
-/// pass (a `collect_every` earlier) saw it too: by then the peers have caught up, or
-/// the leader changed and the value read says so.
-fn trusted(before: u64, now: u64, replicas: usize) -> u64 {
-    if replicas > 1 {
-        before.min(now)
-    } else {
-        now
-    }
 }
 
 /// Drop the removal markers every watch has seen by now (up to and including the
@@ -239,21 +228,5 @@ pub async fn keep_collecting(shared: std::sync::Arc<Shared>, every: Duration) {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "manifest collection skipped"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_clustered_floor_counts_once_it_held_for_a_pass() {
-        // One server: the floor (or first sequence) as read.
-        assert_eq!(trusted(0, 50, 1), 50);
-        // A cluster: what the last pass saw too.
-        assert_eq!(trusted(0, 50, 3), 0);
-        assert_eq!(trusted(50, 80, 3), 50);
-        // A leader change that lost acks: the lower floor now.
-        assert_eq!(trusted(80, 60, 3), 60);
     }
 }

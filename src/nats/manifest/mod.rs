@@ -34,6 +34,7 @@ mod bucket;
 mod codec;
 mod collect;
 mod index;
+mod trusted_floor;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -54,6 +55,7 @@ pub use codec::decode as decode_manifest;
 pub use collect::Collected;
 
 use self::index::Index;
+use self::trusted_floor::TrustedFloor;
 use super::publish::{PublishError, Publisher};
 use crate::config::NatsConfig;
 
@@ -121,8 +123,8 @@ pub(crate) struct Shared {
     /// Manifests whose `forget` came after a reconnect: the collector removes them.
     deferred: Mutex<HashSet<String>>,
     /// The consumer's ack floor and the stream's first sequence as the collector's
-    /// previous pass read them (see `collect::trusted`).
-    floor_before: Mutex<(u64, u64)>,
+    /// passes read them (see `trusted_floor`).
+    floor_reads: Mutex<TrustedFloor>,
 }
 
 // === impl JsManifestStore ===
@@ -142,7 +144,7 @@ impl JsManifestStore {
             kv: RwLock::new(None),
             recorded: Mutex::default(),
             deferred: Mutex::default(),
-            floor_before: Mutex::default(),
+            floor_reads: Mutex::default(),
             settings: settings.clone(),
             js: js.clone(),
         });
