@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer;
 use sluice_actors::StoreError;
-
 use tokio::time::Instant;
 
 use super::bucket::{stream_name, subject};
