@@ -175,7 +175,13 @@ async fn shard_2_down_for_a_while(s: &mut Scenario, fault: ShardFault) -> Result
                 s.stack
                     .node_mut(1, replica)
                     .start_again_after_crash()
-                    .await?
+                    .await?;
+                for refusal in s.stack.node(1, replica).refused_starts() {
+                    s.note(
+                        "start_refused",
+                        format!("replica {}: {refusal}", replica + 1),
+                    );
+                }
             }
             ShardFault::Frozen => {
                 // Frozen past the insert timeout (3 s) and the ack_wait (5 s) at least.
@@ -280,10 +286,9 @@ async fn ids_on(s: &Scenario, shard: usize, replica: usize) -> Result<Vec<u64>> 
 /// everything lands, nothing twice (its late commits deduplicated), and every row is
 /// on its id's shard and on no other.
 ///
-/// Frozen rather than killed: `cluster_shard_down` kills a whole shard already, and a
-/// second scenario restarting 18.16 after -9 would only add its start-up failures
-/// (once, whole run 57: "Caught exception while loading metadata ... Invalid
-/// argument", not the part check `start_again_after_crash` knows).
+/// Frozen rather than killed: `cluster_shard_down` kills a whole shard already; a
+/// second scenario restarting 18.16 after -9 would walk the same start-up path again
+/// (`start_again_after_crash`) and nothing of Sluice's that this one does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_shard_key_shard_down() -> Result<()> {
     let Some(mut s) = on_a_cluster("cluster_shard_key_shard_down").await? else {

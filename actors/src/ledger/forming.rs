@@ -148,25 +148,10 @@ pub async fn reform<D: Delivery>(
     held: Vec<D>,
     held_since: Instant,
 ) -> Formed<D> {
-    let current = match io.store.current(id).await {
-        Ok(current) => current,
-        Err(e) => {
-            return Formed::Refused {
-                messages: held,
-                why: LedgerRefusal::StoreDown(e),
-            };
-        }
+    let (manifest, held) = match unsettled_record(io, id, held).await {
+        Ok(unsettled) => unsettled,
+        Err(formed) => return formed,
     };
-    let Some(manifest) = current else {
-        return removed_meanwhile(io, id, held).await;
-    };
-    if manifest.is_settled() {
-        return Formed::Settled {
-            by_record: Some((Arc::new(manifest), held)),
-            copies: Vec::new(),
-            back: Vec::new(),
-        };
-    }
     // Only an open record can be of a batch that lost its claim: a split one was sent.
     if manifest.state == ManifestState::Open {
         if let Some(earlier) = io.store.earlier_claim(&manifest) {
@@ -212,6 +197,31 @@ pub async fn reform<D: Delivery>(
         batch,
         record: Some(Box::new(manifest)),
         back: copies,
+    }
+}
+
+/// Batch `id`'s record as the store holds it now, if it is still unsettled (open or
+/// split), with `held`. Otherwise what becomes of `held`: settled by the record, or
+/// sorted as copies of settled rows and messages still queued (the record removed), or
+/// back (the store down). Both readings of a record (forming a batch again, and a
+/// message of it gone meanwhile) go through here, so they cannot disagree.
+async fn unsettled_record<D: Delivery>(
+    io: &LedgerIo<'_>,
+    id: &str,
+    held: Vec<D>,
+) -> Result<(Manifest, Vec<D>), Formed<D>> {
+    match io.store.current(id).await {
+        Ok(Some(manifest)) if manifest.is_settled() => Err(Formed::Settled {
+            by_record: Some((Arc::new(manifest), held)),
+            copies: Vec::new(),
+            back: Vec::new(),
+        }),
+        Ok(Some(manifest)) => Ok((manifest, held)),
+        Ok(None) => Err(removed_meanwhile(io, id, held).await),
+        Err(e) => Err(Formed::Refused {
+            messages: held,
+            why: LedgerRefusal::StoreDown(e),
+        }),
     }
 }
 
@@ -281,18 +291,9 @@ async fn gone_while_gathered<D: Delivery>(
     gone: u64,
     held: Vec<D>,
 ) -> Formed<D> {
-    match io.store.current(&read.id).await {
-        Ok(Some(now)) if now.is_settled() => Formed::Settled {
-            by_record: Some((Arc::new(now), held)),
-            copies: Vec::new(),
-            back: Vec::new(),
-        },
-        Ok(Some(_)) => incomplete(io, read, gone, held).await,
-        Ok(None) => removed_meanwhile(io, &read.id, held).await,
-        Err(e) => Formed::Refused {
-            messages: held,
-            why: LedgerRefusal::StoreDown(e),
-        },
+    match unsettled_record(io, &read.id, held).await {
+        Ok((_, held)) => incomplete(io, read, gone, held).await,
+        Err(formed) => formed,
     }
 }
 

@@ -50,6 +50,27 @@ pub(crate) fn write(dir: &Path, ports: Ports) -> Result<std::path::PathBuf> {
     Ok(config)
 }
 
+/// The level the servers log at: warnings and errors only (their logs are read when a
+/// test fails, and a loaded server's debug lines would slow the runs down).
+const LOG_LEVEL: &str = "warning";
+
+/// The level a server restarted after a crash logs at: its metadata load, table by
+/// table, so that a start 18.16 refuses names the step that threw.
+const DETAILED_LOG_LEVEL: &str = "debug";
+
+/// Makes the server in `dir` log at [`DETAILED_LOG_LEVEL`] from its next start on.
+pub(crate) fn log_in_detail(dir: &Path) -> Result<()> {
+    let config = dir.join("config.xml");
+    let text = std::fs::read_to_string(&config)
+        .with_context(|| format!("reading {}", config.display()))?;
+    let detailed = text.replacen(
+        &format!("<level>{LOG_LEVEL}</level>"),
+        &format!("<level>{DETAILED_LOG_LEVEL}</level>"),
+        1,
+    );
+    std::fs::write(&config, detailed).with_context(|| format!("writing {}", config.display()))
+}
+
 /// ClickHouse's own log files, for log tails.
 pub(crate) fn log_files(dir: &Path) -> [std::path::PathBuf; 2] {
     [dir.join("log/server.log"), dir.join("log/err.log")]
@@ -62,7 +83,7 @@ fn server_xml(dir: &Path, ports: Ports) -> String {
         r#"<?xml version="1.0"?>
 <yandex>
   <logger>
-    <level>warning</level>
+    <level>{LOG_LEVEL}</level>
     <log>{dir}/log/server.log</log>
     <errorlog>{dir}/log/err.log</errorlog>
     <size>10M</size>
