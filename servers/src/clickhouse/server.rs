@@ -288,14 +288,7 @@ impl ClickHouseServer {
     pub fn refused_starts(&self) -> Vec<String> {
         self.refused_starts
             .iter()
-            .map(|refusal| {
-                let lines: Vec<&str> = refusal.lines().collect();
-                match lines.iter().position(|line| line.contains("<Error>")) {
-                    Some(0) => lines[0].to_owned(),
-                    Some(at) => format!("{} / {}", lines[at - 1].trim(), lines[at].trim()),
-                    None => lines.first().copied().unwrap_or_default().to_owned(),
-                }
-            })
+            .map(|refusal| why_refused(refusal))
             .collect()
     }
 
@@ -351,6 +344,18 @@ async fn ping(http: &reqwest::Client, url: &str, timeout: Duration) -> Result<()
     }
 }
 
+/// From a refused start's error (its log tail included): the first line ClickHouse
+/// logged as an error, after the line logged before it (at `debug`, the step it was
+/// at); the error's first line when the tail has no `<Error>` line.
+fn why_refused(refusal: &str) -> String {
+    let lines: Vec<&str> = refusal.lines().collect();
+    match lines.iter().position(|line| line.contains("<Error>")) {
+        Some(0) => lines[0].trim().to_owned(),
+        Some(at) => format!("{} / {}", lines[at - 1].trim(), lines[at].trim()),
+        None => lines.first().map_or("", |line| line.trim()).to_owned(),
+    }
+}
+
 /// The first line of a statement, cut to 200 characters, for error messages.
 fn abbreviate(sql: &str) -> String {
     let first_line = sql.trim().lines().next().unwrap_or_default();
@@ -359,4 +364,39 @@ fn abbreviate(sql: &str) -> String {
         short.push('…');
     }
     short
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why_refused;
+
+    #[test]
+    fn a_refusal_is_named_by_its_first_error_and_the_step_logged_before_it() {
+        let refusal = "clickhouse-server exited during startup with exit status: 70\n\
+            --- logs of clickhouse-server ---\n\
+            [/tmp/x/log/server.log]\n\
+            2026.12.03 10:00:00.1 [ 1 ] {} <Debug> default.events: Loading data parts\n\
+            2026.12.03 10:00:00.2 [ 1 ] {} <Error> Application: Caught exception while loading metadata: Invalid argument\n\
+            2026.12.03 10:00:00.3 [ 1 ] {} <Error> Application: second\n";
+        assert_eq!(
+            why_refused(refusal),
+            "2026.12.03 10:00:00.1 [ 1 ] {} <Debug> default.events: Loading data parts / \
+             2026.12.03 10:00:00.2 [ 1 ] {} <Error> Application: Caught exception while \
+             loading metadata: Invalid argument"
+        );
+    }
+
+    #[test]
+    fn a_refusal_without_an_error_line_is_named_by_its_first_line() {
+        assert_eq!(
+            why_refused("clickhouse-server was not ready within 30s: /ping\nmore"),
+            "clickhouse-server was not ready within 30s: /ping"
+        );
+        assert_eq!(why_refused(""), "");
+    }
+
+    #[test]
+    fn an_error_on_the_first_line_is_named_alone() {
+        assert_eq!(why_refused(" <Error> at once \nnext"), "<Error> at once");
+    }
 }
