@@ -243,13 +243,13 @@ impl ClickHouseServer {
     /// A start refused for another reason is tried once more, as the service manager
     /// of a deployed server does (ClickHouse's packaged systemd unit has
     /// `Restart=always`; Debian's has no `Restart=`, docs/operations.md says to add
-    /// one): 18.16 has,
-    /// twice in some hundred restarts after a kill -9 of both replicas of a shard
-    /// under load, exited while loading its metadata ("std::system_error: Invalid
-    /// argument", exit 70), a crash of its own start rather than of its data. The
-    /// restarted server logs in detail (`config::log_in_detail`) so that such a
-    /// refusal, kept in the test's log as a warning, names the step that threw. A
-    /// second refusal is returned as it is.
+    /// one): 18.16 has, twice in some hundred restarts after a kill -9 of both
+    /// replicas of a shard under load, exited while loading its metadata
+    /// ("std::system_error: Invalid argument", exit 70), a crash of its own start
+    /// rather than of its data. The restarted server logs in detail
+    /// (`config::log_in_detail`), and the refusal is kept
+    /// ([`ClickHouseServer::refused_starts`], which a scenario puts on its line), so
+    /// that it names the step that threw. A second refusal is returned as it is.
     pub async fn start_again_after_crash(&mut self) -> Result<()> {
         config::log_in_detail(self.dir.path())?;
         let Err(refused) = self.start_again().await else {
