@@ -18,7 +18,26 @@ use crate::ports::Delivery;
 /// Whether JetStream may have given up on the row: `ack_wait`, less a tenth for the time
 /// a progress takes to arrive, has passed since it last heard of it.
 pub fn lease_ran_out<D: Delivery>(d: &D, ack_wait: Duration, now: Instant) -> bool {
-    now >= d.alive_since() + ack_wait - ack_wait / 10
+    ran_out(d.alive_since(), ack_wait, now)
+}
+
+/// Whether the lease of any of these rows ran out (see [`lease_ran_out`]). The row
+/// heard of longest ago decides, so a batch's check is one deadline and a comparison
+/// per row, not a deadline per row (each an `Instant` sum with its overflow checks).
+pub fn any_lease_ran_out<'a, D: Delivery + 'a>(
+    deliveries: impl IntoIterator<Item = &'a D>,
+    ack_wait: Duration,
+    now: Instant,
+) -> bool {
+    deliveries
+        .into_iter()
+        .map(Delivery::alive_since)
+        .min()
+        .is_some_and(|oldest| ran_out(oldest, ack_wait, now))
+}
+
+fn ran_out(alive_since: Instant, ack_wait: Duration, now: Instant) -> bool {
+    now >= alive_since + ack_wait - ack_wait / 10
 }
 
 #[derive(Debug)]

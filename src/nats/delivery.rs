@@ -317,22 +317,6 @@ impl JsDelivery {
         Ok(())
     }
 
-    async fn send(&self, kind: AckKind) -> Result<(), SettleError> {
-        let Some(row) = self.row.as_ref() else {
-            return Ok(());
-        };
-        let Some(reply) = row.reply.clone() else {
-            return Err(SettleError(
-                "no reply subject: not a JetStream message".into(),
-            ));
-        };
-        self.dlq
-            .client
-            .publish(reply, kind.into())
-            .await
-            .map_err(|e| SettleError(format!("settling a row: {e}")))
-    }
-
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
         if matches!(kind, AckKind::Ack) && self.ack_writes_first() {
             if let Err(e) = self.mark_landed().await {
@@ -343,14 +327,27 @@ impl JsDelivery {
         self.send_once(kind).await
     }
 
-    /// Sends `kind` and forgets the row (it is settled, or left to JetStream).
+    /// Sends `kind` and forgets the row (it is settled, or left to JetStream). The
+    /// reply subject is moved into the publish, not cloned: a clone of it is an
+    /// allocation per message (its bytes are shared on their first clone).
     async fn send_once(&mut self, kind: AckKind) -> Result<(), SettleError> {
-        let result = self.send(kind).await;
-        if result.is_ok() && matches!(kind, AckKind::Ack) {
+        let Some(row) = self.row.take() else {
+            return Ok(());
+        };
+        let Some(reply) = row.reply else {
+            return Err(SettleError(
+                "no reply subject: not a JetStream message".into(),
+            ));
+        };
+        self.dlq
+            .client
+            .publish(reply, kind.into())
+            .await
+            .map_err(|e| SettleError(format!("settling a row: {e}")))?;
+        if matches!(kind, AckKind::Ack) {
             self.record_ack();
         }
-        self.row = None;
-        result
+        Ok(())
     }
 
     fn record_ack(&self) {

@@ -19,7 +19,7 @@ use super::manifest::{Manifest, ManifestState};
 use super::store::{ClaimError, FetchError, ManifestStore, StoreError};
 use super::LedgerRefusal;
 use crate::batch::Batch;
-use crate::keepalive::lease_ran_out;
+use crate::keepalive::{any_lease_ran_out, lease_ran_out};
 use crate::ports::{Delivery, TableKey};
 
 /// What forming needs of the flight's table.
@@ -74,10 +74,12 @@ pub async fn claim_fresh<D: Delivery>(
     shard: usize,
 ) -> (Formed<D>, Vec<D>) {
     let now = Instant::now();
-    let ran_out = |d: &D| lease_ran_out(d, io.ack_wait, now);
     // Nearly always every lease is live: then the deliveries are not moved again.
-    let (mut live, expired): (Vec<D>, Vec<D>) = if deliveries.iter().any(ran_out) {
-        deliveries.into_iter().partition(|d| !ran_out(d))
+    let (mut live, expired): (Vec<D>, Vec<D>) = if any_lease_ran_out(&deliveries, io.ack_wait, now)
+    {
+        deliveries
+            .into_iter()
+            .partition(|d| !lease_ran_out(d, io.ack_wait, now))
     } else {
         (deliveries, Vec::new())
     };
@@ -116,10 +118,7 @@ pub async fn claim_fresh<D: Delivery>(
     };
     // The record may have taken long (NATS slow or frozen), or this process stood
     // still: a message JetStream gave up on meanwhile may be in another batch already.
-    if batch
-        .deliveries()
-        .any(|d| lease_ran_out(d, io.ack_wait, Instant::now()))
-    {
+    if any_lease_ran_out(batch.deliveries(), io.ack_wait, Instant::now()) {
         let _ = io.store.forget(&manifest.id).await;
         let why = LedgerRefusal::LeaseLost { id: manifest.id };
         let messages = batch.into_deliveries();

@@ -28,32 +28,53 @@ impl Entry {
 /// Where an indexed batch's [`Entry`] is kept in [`BatchIndex::entries`].
 type Slot = u32;
 
+/// A block holds the stream sequences that agree but for their lowest `BLOCK_BITS`
+/// bits. The index keeps the batches holding a message of each block, not the batch
+/// of each message: a batch's messages are mostly one run of consecutive sequences, so
+/// a batch of 1,000 messages is in ~16 blocks, and indexing, looking up and removing
+/// it touch a few hundred small entries instead of one scattered hash entry per
+/// message (which cost a cache miss each, with ~20,000 messages in flight:
+/// docs/benchmark.md, "Where the wall-clock extra goes").
+const BLOCK_BITS: u32 = 6;
+
+fn block_of(stream_sequence: u64) -> u64 {
+    stream_sequence >> BLOCK_BITS
+}
+
+/// The distinct blocks of ascending sequences, in order.
+fn blocks_of(sequences: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    let mut previous = None;
+    sequences.iter().filter_map(move |&seq| {
+        let block = block_of(seq);
+        (previous.replace(block) != Some(block)).then_some(block)
+    })
+}
+
 #[derive(Debug, Default)]
 pub struct BatchIndex {
     /// Changes at or below this revision are in already (the snapshot it started from).
     as_of: u64,
     by_id: HashMap<String, Slot>,
-    /// The batches indexed, by slot (`None`: free, its number in `free`). A message
-    /// points at its batch's slot, not at the manifest itself: a later state of the
-    /// batch (its split, its verdicts) is swapped in the slot alone, without a step per
-    /// message, and no message holds a reference count to change.
+    /// The batches indexed, by slot (`None`: free, its number in `free`). A block points
+    /// at its batches' slots, not at the manifests themselves: a later state of a batch
+    /// (its split, its verdicts) is swapped in the slot alone, and no block holds a
+    /// reference count to change.
     entries: Vec<Option<Entry>>,
     free: Vec<Slot>,
-    /// The batch holding each message. Two batches may claim one message for a moment
-    /// (the store removes the later one): the one recorded first answers.
-    by_seq: HashMap<u64, Slot, BuildHasherDefault<SequenceHasher>>,
-    /// Two batches claimed one message at some point: a removal must look for the other.
-    overlapped: bool,
+    /// The batches holding a message of each block (see [`BLOCK_BITS`]): mostly one,
+    /// two where one batch ends and the next begins. Two batches may claim one message
+    /// for a moment (the store removes the later one): the one recorded first answers.
+    by_block: HashMap<u64, Vec<Slot>, BuildHasherDefault<SequenceHasher>>,
 }
 
-/// The hash of a stream sequence for `by_seq`: one multiplication (the constant of
-/// rustc's FxHash), where the default SipHash took most of an exactly-once batch's
-/// bookkeeping (every message is indexed, re-indexed when its batch is settled, and
-/// removed). Sequences are not chosen by anyone who could aim at collisions.
+/// The hash of a stream sequence (or a block of them): one multiplication (the
+/// constant of rustc's FxHash), where the default SipHash took most of an
+/// exactly-once batch's bookkeeping. Sequences are not chosen by anyone who could aim
+/// at collisions.
 #[derive(Default)]
 pub(crate) struct SequenceHasher(u64);
 
-/// A set of stream sequences, hashed as `by_seq` is (see [`SequenceHasher`]).
+/// A set of stream sequences, hashed as the index's blocks are (see [`SequenceHasher`]).
 pub(crate) type SequenceSet = std::collections::HashSet<u64, BuildHasherDefault<SequenceHasher>>;
 
 impl Hasher for SequenceHasher {
@@ -101,13 +122,19 @@ impl BatchIndex {
         }
     }
 
-    /// The batch holding the message at this stream sequence, if any.
+    /// The batch holding the message at this stream sequence, if any: of two that
+    /// claim it, the one whose claim came first.
     pub fn holding(&self, stream_sequence: u64) -> Option<&Arc<Manifest>> {
-        if self.by_seq.is_empty() {
+        if self.by_block.is_empty() {
             return None;
         }
-        let slot = *self.by_seq.get(&stream_sequence)?;
-        self.entry(slot).map(|e| &e.manifest)
+        self.by_block
+            .get(&block_of(stream_sequence))?
+            .iter()
+            .filter_map(|&slot| self.entry(slot))
+            .filter(|e| e.manifest.holds(stream_sequence))
+            .min_by_key(|e| e.claim_order())
+            .map(|e| &e.manifest)
     }
 
     /// The recorded batch by id, as the index knows it now.
@@ -126,17 +153,40 @@ impl BatchIndex {
     /// comes after every batch indexed).
     pub fn earlier_claim(&self, m: &Manifest) -> Option<&Arc<Manifest>> {
         let order = match self.by_id.get(&m.id).and_then(|slot| self.entry(*slot)) {
-            // Indexed: `by_seq` answers with the first claim, and only overlaps matter.
-            Some(_) if !self.overlapped => return None,
             Some(entry) => entry.claim_order(),
             None if m.claim_revision > 0 => m.claim_revision,
             None => u64::MAX,
         };
-        m.messages
-            .iter()
-            .filter_map(|seq| self.by_seq.get(seq).and_then(|slot| self.entry(*slot)))
-            .find(|held| held.manifest.id != m.id && held.claim_order() < order)
-            .map(|held| &held.manifest)
+        let earlier = |slot: &Slot| {
+            self.entry(*slot)
+                .filter(|e| e.manifest.id != m.id && e.claim_order() < order)
+        };
+        // Only a block where an earlier batch holds something can hold a shared message:
+        // mostly none, or the one where the earlier batch ends.
+        let mut rest = m.messages.as_slice();
+        while let Some(&first) = rest.first() {
+            let block = block_of(first);
+            let in_block = rest.partition_point(|&seq| block_of(seq) == block);
+            let (these, after) = rest.split_at(in_block);
+            rest = after;
+            let Some(slots) = self.by_block.get(&block) else {
+                continue;
+            };
+            if !slots.iter().any(|slot| earlier(slot).is_some()) {
+                continue;
+            }
+            let shared = these.iter().find_map(|&seq| {
+                slots
+                    .iter()
+                    .filter_map(earlier)
+                    .filter(|e| e.manifest.holds(seq))
+                    .min_by_key(|e| e.claim_order())
+            });
+            if let Some(held) = shared {
+                return Some(&held.manifest);
+            }
+        }
+        None
     }
 
     /// Batches held.
@@ -152,14 +202,13 @@ impl BatchIndex {
         if let Some(&slot) = self.by_id.get(&manifest.id) {
             if let Some(known) = self.entries.get_mut(slot as usize).and_then(Option::as_mut) {
                 if known.revision < revision {
-                    // A later state of the same batch: the same messages, which point
-                    // at this slot already.
+                    // A later state of the same batch: the same messages, whose blocks
+                    // point at this slot already.
                     *known = Entry { revision, manifest };
                 }
                 return;
             }
         }
-        let order = manifest.claim_order(revision);
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -167,21 +216,8 @@ impl BatchIndex {
                 (self.entries.len() - 1) as Slot
             }
         };
-        self.by_seq.reserve(manifest.messages.len());
-        for &seq in &manifest.messages {
-            match self.by_seq.get(&seq) {
-                Some(&other) if self.entry(other).is_some_and(|e| e.claim_order() < order) => {
-                    // Recorded first: it keeps the message.
-                    self.overlapped = true;
-                }
-                Some(_) => {
-                    self.overlapped = true;
-                    self.by_seq.insert(seq, slot);
-                }
-                None => {
-                    self.by_seq.insert(seq, slot);
-                }
-            }
+        for block in blocks_of(&manifest.messages) {
+            self.by_block.entry(block).or_default().push(slot);
         }
         self.by_id.insert(manifest.id.clone(), slot);
         self.entries[slot as usize] = Some(Entry { revision, manifest });
@@ -200,31 +236,20 @@ impl BatchIndex {
             return;
         };
         self.free.push(slot);
-        for seq in &gone.manifest.messages {
-            if self.by_seq.get(seq) == Some(&slot) {
-                self.by_seq.remove(seq);
-                if self.overlapped {
-                    if let Some(other) = self.earliest_holding(*seq) {
-                        self.by_seq.insert(*seq, other);
-                    }
+        for block in blocks_of(&gone.manifest.messages) {
+            if let Some(slots) = self.by_block.get_mut(&block) {
+                slots.retain(|s| *s != slot);
+                if slots.is_empty() {
+                    self.by_block.remove(&block);
                 }
             }
         }
         if self.by_id.is_empty() {
-            self.overlapped = false;
             // Nothing indexed: the slots start again from the first.
             self.entries.clear();
             self.free.clear();
+            self.by_block.clear();
         }
-    }
-
-    fn earliest_holding(&self, seq: u64) -> Option<Slot> {
-        self.by_id
-            .values()
-            .filter_map(|&slot| Some((slot, self.entry(slot)?)))
-            .filter(|(_, e)| e.manifest.holds(seq))
-            .min_by_key(|(_, e)| e.claim_order())
-            .map(|(slot, _)| slot)
     }
 }
 
@@ -347,6 +372,39 @@ mod tests {
             index.earlier_claim(&manifest(vec![3, 4])).is_none(),
             "nothing shared"
         );
+    }
+
+    #[test]
+    fn batches_that_meet_in_a_block_each_keep_their_own_messages() {
+        // 1..=100 and 101..=200 meet in the block of 64..=127; 5 and 1000 are one batch
+        // far apart (a message delivered again, formed with fresh ones).
+        let mut index = BatchIndex::default();
+        let first = manifest((1..=100).collect());
+        let second = manifest((101..=200).collect());
+        let apart = manifest(vec![300, 1000]);
+        index.apply(put(10, &first));
+        index.apply(put(11, &second));
+        index.apply(put(12, &apart));
+        assert_eq!(held(&index, 100), Some(first.id.clone()));
+        assert_eq!(held(&index, 101), Some(second.id.clone()));
+        assert_eq!(held(&index, 1000), Some(apart.id.clone()));
+        assert_eq!(held(&index, 0), None);
+        assert_eq!(held(&index, 201), None);
+        assert_eq!(held(&index, 500), None, "between two messages of one batch");
+        assert!(index.earlier_claim(&second).is_none(), "nothing shared");
+        let overlapping = manifest((150..=310).collect());
+        assert_eq!(
+            index.earlier_claim(&overlapping).map(|m| m.id.clone()),
+            Some(second.id.clone()),
+            "its first shared message is 150"
+        );
+        index.apply(removed(&first, None));
+        assert_eq!(held(&index, 100), None);
+        assert_eq!(held(&index, 101), Some(second.id.clone()));
+        index.apply(removed(&second, None));
+        index.apply(removed(&apart, None));
+        assert!(index.is_empty());
+        assert!(index.by_block.is_empty());
     }
 
     #[test]

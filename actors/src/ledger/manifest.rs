@@ -182,8 +182,20 @@ impl Manifest {
         }
     }
 
-    /// Whether the batch holds the message at this stream sequence.
+    /// Whether the batch holds the message at this stream sequence. A batch's messages
+    /// are mostly one run of consecutive sequences, so the place the sequence would
+    /// have in such a run is tried before the search (an index asks this per message).
     pub fn holds(&self, stream_sequence: u64) -> bool {
+        let (Some(&first), Some(&last)) = (self.messages.first(), self.messages.last()) else {
+            return false;
+        };
+        if stream_sequence < first || stream_sequence > last {
+            return false;
+        }
+        let in_a_run = usize::try_from(stream_sequence - first).ok();
+        if in_a_run.and_then(|i| self.messages.get(i)) == Some(&stream_sequence) {
+            return true;
+        }
         self.messages.binary_search(&stream_sequence).is_ok()
     }
 
@@ -228,6 +240,14 @@ mod tests {
 
     fn key() -> TableKey {
         TableKey::new("acme", "events")
+    }
+
+    #[test]
+    fn a_batch_holds_its_messages_and_nothing_between_or_around_them() {
+        let m = Manifest::new(key(), 7, vec![10, 11, 12, 20, 22]);
+        let held: Vec<u64> = (0..30).filter(|s| m.holds(*s)).collect();
+        assert_eq!(held, vec![10, 11, 12, 20, 22]);
+        assert!(!Manifest::new(key(), 7, vec![]).holds(0));
     }
 
     #[test]

@@ -275,6 +275,14 @@ impl Index {
         state.remove_key(key, marker);
     }
 
+    /// Whether the index holds `key` at `revision` or later.
+    pub fn holds_revision(&self, key: &str, revision: u64) -> bool {
+        self.read()
+            .by_key
+            .get(key)
+            .is_some_and(|known| known.revision >= revision)
+    }
+
     /// The manifest `key` holds, as the index knows it.
     pub fn get(&self, key: &str) -> Option<Arc<Manifest>> {
         self.read().by_key.get(key).map(|v| v.manifest.clone())
@@ -632,6 +640,10 @@ fn apply(index: &Index, entry: &kv::Entry) {
         return;
     };
     match entry.operation {
+        // The echo of a value this instance recorded (or one seen already): the index
+        // holds it, so its messages are not decoded again (that was a varint and a step
+        // of the id's hash per message, twice per batch).
+        kv::Operation::Put if index.holds_revision(&entry.key, entry.revision) => {}
         kv::Operation::Put => match decode(&entry.value, incarnation) {
             Ok(manifest) if manifest.id == id => index.put(&entry.key, entry.revision, manifest),
             Ok(manifest) => tracing::warn!(key = %entry.key, id = %manifest.id,
