@@ -157,10 +157,6 @@ impl BatchIndex {
             None if m.claim_revision > 0 => m.claim_revision,
             None => u64::MAX,
         };
-        let earlier = |slot: &Slot| {
-            self.entry(*slot)
-                .filter(|e| e.manifest.id != m.id && e.claim_order() < order)
-        };
         // Only a block where an earlier batch holds something can hold a shared message:
         // mostly none, or the one where the earlier batch ends.
         let mut rest = m.messages.as_slice();
@@ -169,16 +165,20 @@ impl BatchIndex {
             let in_block = rest.partition_point(|&seq| block_of(seq) == block);
             let (these, after) = rest.split_at(in_block);
             rest = after;
-            let Some(slots) = self.by_block.get(&block) else {
-                continue;
-            };
-            if !slots.iter().any(|slot| earlier(slot).is_some()) {
+            let earlier: Vec<&Entry> = self
+                .by_block
+                .get(&block)
+                .into_iter()
+                .flatten()
+                .filter_map(|&slot| self.entry(slot))
+                .filter(|e| e.manifest.id != m.id && e.claim_order() < order)
+                .collect();
+            if earlier.is_empty() {
                 continue;
             }
             let shared = these.iter().find_map(|&seq| {
-                slots
+                earlier
                     .iter()
-                    .filter_map(earlier)
                     .filter(|e| e.manifest.holds(seq))
                     .min_by_key(|e| e.claim_order())
             });
@@ -376,7 +376,7 @@ mod tests {
 
     #[test]
     fn batches_that_meet_in_a_block_each_keep_their_own_messages() {
-        // 1..=100 and 101..=200 meet in the block of 64..=127; 5 and 1000 are one batch
+        // 1..=100 and 101..=200 meet in the block of 64..=127; 300 and 1000 are one batch
         // far apart (a message delivered again, formed with fresh ones).
         let mut index = BatchIndex::default();
         let first = manifest((1..=100).collect());
