@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use sluice_harness::chaos::{counts, metric_value, table_state, JetStreamView};
-use sluice_harness::{wait_for, Stack, StackOptions};
+use sluice_harness::{wait_for, Mode, Respond, Rule, Stack, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 const TABLE: &str = "events";
@@ -395,5 +395,87 @@ async fn a_table_with_a_materialized_view_is_inserted_at_least_once_on_18_16() -
     );
     let gauges = exactly_once_gauges(&stack, &[TABLE]).await?;
     ensure!(gauges == [0.0], "sluice_table_exactly_once: {gauges:?}");
+    Ok(())
+}
+
+/// Issue 36 (1): ClickHouse commits a batch and the answer is lost (the proxy forwards
+/// the INSERT, then resets the connection); the retry, the same rows under the same
+/// token, is answered 252 TOO_MANY_PARTS (ClickHouse counts a partition's parts before
+/// it looks at a block's id, on 18.16 as on current servers). Split then, its pieces
+/// would go in as new blocks: every row twice. A batch that may already be in is never
+/// split on an availability answer: the retry is waited out as an outage and sent whole
+/// again, and ClickHouse drops it as the block it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_answered_too_many_parts_after_a_committed_insert_is_not_split() -> Result<()> {
+    if sluice_harness::available(
+        "a_retry_answered_too_many_parts_after_a_committed_insert_is_not_split",
+        sluice_harness::clickhouse::binary(),
+    )?
+    .is_none()
+    {
+        return Ok(());
+    }
+    let mut stack = Stack::start(StackOptions::default().with_zookeeper().with_proxy()).await?;
+    stack
+        .clickhouse
+        .exec("CREATE TABLE events_plain (id UInt64, name String) ENGINE = MergeTree ORDER BY id")
+        .await?;
+    stack.create_replicated_table(TABLE, "events_plain").await?;
+    stack.set("ingest.batch_age", "200ms");
+    let insert = format!("`{TABLE}` FORMAT JSONEachRow");
+    {
+        let proxy = stack.proxy.as_ref().context("the stack's proxy")?;
+        proxy.add_rule(Rule::query_contains(&insert, Mode::AnswerLost).times(1));
+        proxy.add_rule(
+            Rule::query_contains(
+                &insert,
+                Respond::clickhouse_modern(
+                    252,
+                    "TOO_MANY_PARTS",
+                    "Too many parts (300). Merges are processing significantly slower than inserts",
+                ),
+            )
+            .times(1),
+        );
+    }
+    stack.start_sluice(SLUICE).await?;
+    let (status, body) = stack.ingest(TABLE, &rows(0..500)).await?;
+    ensure!(status == 202, "ingest answered {status}: {body}");
+    let jet = JetStreamView::connect(&stack.nats.url()).await?;
+    wait_for(
+        "both faults met, every row settled and the stream drained",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || {
+            let (jet, ch, proxy) = (&jet, &stack.clickhouse, stack.proxy.as_ref());
+            let insert = &insert;
+            async move {
+                let faults = proxy
+                    .context("the stack's proxy")?
+                    .requests()
+                    .iter()
+                    .filter(|r| {
+                        r.action != "pass"
+                            && r.query_param("query")
+                                .is_some_and(|q| q.contains(insert.as_str()))
+                    })
+                    .count();
+                let backlog = jet.backlog().await?;
+                let (total_rows, _) = counts(ch, TABLE).await?;
+                ensure!(
+                    faults == 2 && backlog.consumer_done() && total_rows >= 500,
+                    "{faults} faults met, {backlog:?}, {total_rows} rows"
+                );
+                Ok(())
+            }
+        },
+    )
+    .await
+    .with_context(|| stack.sluice[0].log_tail(60))?;
+    let (total, distinct) = counts(&stack.clickhouse, TABLE).await?;
+    ensure!(
+        (total, distinct) == (500, 500),
+        "count() = {total}, uniqExact(id) = {distinct}: the retry of a committed batch was split and its rows went in again"
+    );
     Ok(())
 }

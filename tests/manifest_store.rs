@@ -1353,3 +1353,180 @@ fn buffered_rows(tree: &serde_json::Value) -> u64 {
     walk(tree, &mut sum);
     sum
 }
+
+/// Issue 36 (7): two instances holding copies of one message both form a batch of it
+/// alone: the same message set, the same record key. The second claim must lose to the
+/// first (its messages go back to join it), never write over it and pass for a claim
+/// of its own: both would be sent, on two shards when the table has no shard key.
+#[tokio::test]
+async fn a_second_claim_of_the_same_messages_loses_to_the_first() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_second_claim_of_the_same_messages_loses_to_the_first").await?
+    else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let first = a.batch(seqs.clone()).on_shard(0);
+    let second = b.batch(seqs.clone()).on_shard(1);
+    let revision = a
+        .store
+        .claim(&first)
+        .await
+        .map_err(|e| anyhow!("the first claim: {e}"))?;
+    let refused = b.store.claim(&second).await;
+    assert_eq!(
+        refused,
+        Err(ClaimError::Conflict {
+            id: second.id.clone(),
+            earlier: first.id.clone()
+        }),
+        "the second claim of the same messages"
+    );
+    let stands = a
+        .store
+        .current(&first.id)
+        .await
+        .map_err(|e| anyhow!("reading {}: {e}", first.id))?
+        .context("the first claim's record is gone")?;
+    assert_eq!(
+        (stands.shard, stands.claim_revision),
+        (0, revision),
+        "the first claim's record, as it was written"
+    );
+    Ok(())
+}
+
+/// Issue 36 (6): two instances hold halves of a redelivered batch and each forms it
+/// again. B sends it and records its verdicts; A, slower, then records a split over
+/// them. Written over, the settled record would be gone: formed again, the batch's
+/// inserted rows would be sent once more under new blocks. A record written after its
+/// claim is written only over the state its writer read; a settled one is final.
+#[tokio::test]
+async fn a_settled_record_is_never_written_over() -> Result<()> {
+    let Some(setup) = Setup::start("a_settled_record_is_never_written_over").await? else {
+        return Ok(());
+    };
+    let (a, b) = setup.two_instances().await?;
+    let seqs = setup.publish_rows(4).await?;
+    let claimed = a.batch(seqs.clone());
+    let revision = a
+        .store
+        .claim(&claimed)
+        .await
+        .map_err(|e| anyhow!("claiming {}: {e}", claimed.id))?;
+    let claimed = claimed.claimed_as(revision);
+    // Both read it open.
+    for instance in [&a, &b] {
+        let read = instance
+            .store
+            .current(&claimed.id)
+            .await
+            .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?;
+        assert_eq!(read.as_ref(), Some(&claimed));
+    }
+    let done = settled(claimed.clone(), Vec::new());
+    b.record(&done).await?;
+    let split = claimed.with_state(ManifestState::Split(sluice_actors::ledger::split::Split {
+        untried: vec![
+            sluice_actors::ledger::split::RowRange::new(2, 4),
+            sluice_actors::ledger::split::RowRange::new(0, 2),
+        ],
+        ..Default::default()
+    }));
+    let late = a.store.update(&split).await;
+    assert!(
+        late.is_err(),
+        "a split recorded over the settled record was taken"
+    );
+    let stands = b
+        .store
+        .current(&claimed.id)
+        .await
+        .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?;
+    assert_eq!(stands, Some(done), "the settled record stands");
+    Ok(())
+}
+
+/// Issue 36 (8): a nats-server crash loses the bucket's records (nats-server#7564);
+/// the watch writes them back from its index. Among them, batches that claimed one
+/// message in turn: the earlier claim (sent) and a later one left behind unjudged
+/// (never sent). Written back in any order at new revisions, the later could pass for
+/// the earlier: the sent batch would be withdrawn as one that lost its claim, and its
+/// rows inserted again as new ones. They keep their order of claim.
+#[tokio::test]
+async fn records_written_back_after_a_loss_keep_their_order_of_claim() -> Result<()> {
+    let Some(mut setup) =
+        Setup::start("records_written_back_after_a_loss_keep_their_order_of_claim").await?
+    else {
+        return Ok(());
+    };
+    let a = setup.instance().await?;
+    a.ready().await?;
+    // Pairs of batches sharing a message: the first of each claimed, the second written
+    // after it, unjudged (left behind as a record the store could not judge is).
+    const PAIRS: usize = 6;
+    let seqs = setup.publish_rows(3 * PAIRS).await?;
+    let mut pairs = Vec::new();
+    for pair in seqs.chunks(3) {
+        let earlier = a.batch(pair[..2].to_vec());
+        a.store
+            .claim(&earlier)
+            .await
+            .map_err(|e| anyhow!("claiming {}: {e}", earlier.id))?;
+        pairs.push(earlier);
+    }
+    let mut later = Vec::new();
+    for pair in seqs.chunks(3) {
+        let behind = a.batch(pair[1..].to_vec());
+        a.store
+            .update(&behind)
+            .await
+            .map_err(|e| anyhow!("recording {}: {e}", behind.id))?;
+        later.push(behind);
+    }
+    let connects = a.connects();
+    setup.server.stop().await?;
+    let lost = setup
+        .server
+        .store_dir()
+        .join("jetstream/$G/streams")
+        .join(bucket_stream_name(BUCKET));
+    std::fs::remove_dir_all(&lost).with_context(|| format!("removing {}", lost.display()))?;
+    setup.server.start_again().await?;
+    wait_until("the instance reconnected", DEADLINE, POLL, || async {
+        a.connects() > connects
+    })
+    .await?;
+    a.ready().await?;
+    ensure!(
+        setup.bucket().await?.len() == 2 * PAIRS,
+        "every record written back"
+    );
+    // As another instance reads the bucket now.
+    let c = setup.instance().await?;
+    c.ready().await?;
+    for (earlier, behind) in pairs.iter().zip(&later) {
+        let read = |id: String| {
+            let store = c.store.clone();
+            async move {
+                store
+                    .current(&id)
+                    .await
+                    .map_err(|e| anyhow!("reading {id}: {e}"))?
+                    .with_context(|| format!("{id} is not in the bucket"))
+            }
+        };
+        let (earlier_now, behind_now) = (
+            read(earlier.id.clone()).await?,
+            read(behind.id.clone()).await?,
+        );
+        assert_eq!(
+            c.store.earlier_claim(&behind_now),
+            Some(earlier.id.clone()),
+            "the batch left behind still comes after the one claimed before it"
+        );
+        assert_eq!(c.store.earlier_claim(&earlier_now), None);
+    }
+    Ok(())
+}

@@ -154,7 +154,12 @@ async fn serve_one(
             if let Mode::Delay(by) = mode {
                 tokio::time::sleep(by).await;
             }
-            forward(client, &head, body, shared, upstream).await
+            forward(client, &head, body, shared, upstream, Answer::CopyBack).await
+        }
+        Mode::AnswerLost => {
+            let body = ensure_body(client, &head, &mut body).await?;
+            shared.record(record(&body.decoded));
+            forward(client, &head, body, shared, upstream, Answer::Lose).await
         }
     }
 }
@@ -231,12 +236,21 @@ async fn write_response(client: &mut TcpStream, respond: &Respond, keep_alive: b
 
 /// Sends the request to the upstream on a fresh connection and copies the answer back.
 /// Any failure on the way resets the client, as a dying server would.
+/// What becomes of the upstream's answer to a forwarded request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    CopyBack,
+    /// Read to its end (the upstream finished the request), then the client is reset.
+    Lose,
+}
+
 async fn forward(
     client: &mut Client,
     head: &RequestHead,
     body: &Body,
     shared: &Shared,
     upstream: SocketAddr,
+    answer: Answer,
 ) -> Result<Next> {
     let connected =
         tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(upstream)).await;
@@ -279,6 +293,10 @@ async fn forward(
         }
         break response;
     };
+    if answer == Answer::Lose {
+        http::copy_body(&mut server, &mut tokio::io::sink(), response.framing).await?;
+        return Ok(Next::End(End::Reset));
+    }
     client
         .get_mut()
         .write_all(&response.raw)

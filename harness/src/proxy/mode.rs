@@ -25,6 +25,11 @@ pub enum Mode {
     Delay(Duration),
     /// Read the whole request, then answer exactly this (the upstream never sees it).
     Respond(Respond),
+    /// Forward the request and wait for the upstream's whole answer, then reset the
+    /// client instead of copying it back: the request was carried out (an INSERT is
+    /// committed) and the client never hears so. The ambiguous failure an exactly-once
+    /// path must survive.
+    AnswerLost,
 }
 
 /// A canned HTTP answer.
@@ -127,6 +132,7 @@ impl Mode {
             Self::Stall => "stall".into(),
             Self::Delay(by) => format!("delay {by:?}"),
             Self::Respond(respond) => respond.describe(),
+            Self::AnswerLost => "forward, then lose the answer".into(),
         }
     }
 }
