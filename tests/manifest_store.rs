@@ -77,19 +77,26 @@ fn batch_of(store: &JsManifestStore, messages: Vec<u64>) -> Manifest {
 }
 
 /// Record a manifest as the ledger does: a new batch claims its messages, a later
-/// state of it is an update.
+/// state of it is written over the state the store holds now (or, where it holds none,
+/// as a record another instance made: written only where there is nothing, revision 0).
 async fn record(store: &JsManifestStore, m: &Manifest) -> Result<()> {
-    match m.state {
-        ManifestState::Open => store
+    if m.state == ManifestState::Open {
+        return store
             .claim(m)
             .await
             .map(|_revision| ())
-            .map_err(|e| anyhow!("claiming {}: {e}", m.id)),
-        _ => store
-            .update(m)
-            .await
-            .map_err(|e| anyhow!("recording {}: {e}", m.id)),
+            .map_err(|e| anyhow!("claiming {}: {e}", m.id));
     }
+    let over = store
+        .current(&m.id)
+        .await
+        .map_err(|e| anyhow!("reading {}: {e}", m.id))?
+        .map_or(0, |r| r.revision);
+    store
+        .update(m, over)
+        .await
+        .map(|_revision| ())
+        .map_err(|e| anyhow!("recording {}: {e}", m.id))
 }
 
 /// The manifest a value of `key` holds.
@@ -432,8 +439,15 @@ async fn of_two_batches_claiming_a_message_the_one_recorded_first_wins() -> Resu
         instance.wait_holding(seqs[1], Some(&first)).await?;
         instance.wait_holding(seqs[2], None).await?;
     }
-    // The winner's messages are still its own: it claims them again without conflict.
-    a.record(&first).await?;
+    // The winner's record stands: claiming the same messages again (a copy of each held
+    // elsewhere) loses to it rather than writing over it.
+    assert_eq!(
+        a.store.claim(&first).await,
+        Err(ClaimError::Conflict {
+            id: first.id.clone(),
+            earlier: first.id.clone()
+        })
+    );
     Ok(())
 }
 
@@ -462,7 +476,7 @@ async fn a_claim_keeps_its_place_when_its_batch_is_written_again() -> Result<()>
     // Written unjudged, as a record left behind is.
     let loser = a.batch(seqs[1..].to_vec());
     a.store
-        .update(&loser)
+        .update(&loser, 0)
         .await
         .map_err(|e| anyhow!("recording {}: {e}", loser.id))?;
     let winner = settled(winner.claimed_as(revision), Vec::new());
@@ -477,6 +491,7 @@ async fn a_claim_keeps_its_place_when_its_batch_is_written_again() -> Result<()>
                 .current(&id)
                 .await
                 .map_err(|e| anyhow!("reading {id}: {e}"))?
+                .map(|r| r.manifest)
                 .with_context(|| format!("{id} is not in the bucket"))
         }
     };
@@ -549,7 +564,7 @@ async fn after_a_reconnect_nothing_is_pulled_before_the_index_is_complete_again(
     let writes = (0..N).map(|i| {
         let m = settled(a.batch(vec![1_000_000 + i]), vec![]);
         let store = a.store.clone();
-        async move { store.update(&m).await }
+        async move { store.update(&m, 0).await }
     });
     let written: Vec<_> = futures::stream::iter(writes)
         .buffer_unordered(200)
@@ -1388,6 +1403,7 @@ async fn a_second_claim_of_the_same_messages_loses_to_the_first() -> Result<()> 
         .current(&first.id)
         .await
         .map_err(|e| anyhow!("reading {}: {e}", first.id))?
+        .map(|r| r.manifest)
         .context("the first claim's record is gone")?;
     assert_eq!(
         (stands.shard, stands.claim_revision),
@@ -1422,7 +1438,8 @@ async fn a_settled_record_is_never_written_over() -> Result<()> {
             .store
             .current(&claimed.id)
             .await
-            .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?;
+            .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?
+            .map(|r| r.manifest);
         assert_eq!(read.as_ref(), Some(&claimed));
     }
     let done = settled(claimed.clone(), Vec::new());
@@ -1434,7 +1451,7 @@ async fn a_settled_record_is_never_written_over() -> Result<()> {
         ],
         ..Default::default()
     }));
-    let late = a.store.update(&split).await;
+    let late = a.store.update(&split, revision).await;
     assert!(
         late.is_err(),
         "a split recorded over the settled record was taken"
@@ -1443,7 +1460,8 @@ async fn a_settled_record_is_never_written_over() -> Result<()> {
         .store
         .current(&claimed.id)
         .await
-        .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?;
+        .map_err(|e| anyhow!("reading {}: {e}", claimed.id))?
+        .map(|r| r.manifest);
     assert_eq!(stands, Some(done), "the settled record stands");
     Ok(())
 }
@@ -1480,7 +1498,7 @@ async fn records_written_back_after_a_loss_keep_their_order_of_claim() -> Result
     for pair in seqs.chunks(3) {
         let behind = a.batch(pair[1..].to_vec());
         a.store
-            .update(&behind)
+            .update(&behind, 0)
             .await
             .map_err(|e| anyhow!("recording {}: {e}", behind.id))?;
         later.push(behind);
@@ -1514,6 +1532,7 @@ async fn records_written_back_after_a_loss_keep_their_order_of_claim() -> Result
                     .current(&id)
                     .await
                     .map_err(|e| anyhow!("reading {id}: {e}"))?
+                    .map(|r| r.manifest)
                     .with_context(|| format!("{id} is not in the bucket"))
             }
         };

@@ -39,9 +39,9 @@ use tokio::time::Instant;
 
 use crate::batch::{Batch, RowVerdict};
 use crate::keepalive::Keepalive;
-use crate::ledger::recording::SplitRecorder;
+use crate::ledger::session::LedgerSession;
 use crate::ledger::split::RowRange;
-use crate::ledger::StoreError;
+use crate::ledger::LedgerRefusal;
 use crate::metrics::ReplicaMetrics;
 use crate::ports::{Class, ClickHouseError, Delivery, InsertRequest, Inserter, TableKey};
 
@@ -53,10 +53,11 @@ pub struct Isolation<'a, 's, I, D> {
     pub metrics: Option<&'a ReplicaMetrics>,
     pub keepalive: Keepalive,
     pub batch: &'a Batch<D>,
-    /// A recorded batch (exactly-once): every request carries the token of its range,
-    /// and a range is sent on its own only once a split listing it is recorded (see
-    /// `ledger::split`).
-    pub record: Option<&'a mut SplitRecorder<'s>>,
+    /// The batch's record (exactly-once; a no-op for a batch that is not recorded):
+    /// every request carries the token of its range, a range is sent on its own only
+    /// once a split listing it is recorded (see `ledger::split`), and an availability
+    /// answer splits only what nobody can have sent before (see `ledger::session`).
+    pub record: &'a mut LedgerSession<'s>,
     /// The batch has lost ClickHouse's connection again and again while ClickHouse
     /// answered in between (it may crash on a row of it): a lost connection is then
     /// taken as a rejection of what was sent, provided ClickHouse answers again within
@@ -80,9 +81,9 @@ pub struct BisectReport {
     pub answered: bool,
     /// The last rejection seen (for the table's last error).
     pub last_rejection: Option<ClickHouseError>,
-    /// A split could not be recorded: the isolation stopped before sending anything
-    /// unrecorded.
-    pub store_failed: Option<StoreError>,
+    /// A split could not be recorded (the store down, or another flight recorded the
+    /// batch meanwhile): the isolation stopped before sending anything unrecorded.
+    pub store_failed: Option<LedgerRefusal>,
     /// The ranges not judged when the isolation stopped, as it held them (each to be
     /// sent as it is when the batch is formed again).
     pub untried: Vec<RowRange>,
@@ -105,10 +106,7 @@ impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
             body: self.batch.slice(lo, hi),
             rows: hi - lo,
             skip_unknown_fields: self.skip_unknown_fields,
-            dedup_token: self
-                .record
-                .as_ref()
-                .map(|r| r.record().token_of(lo, hi, self.batch.rows())),
+            dedup_token: self.record.token_of(lo, hi, self.batch.rows()),
         };
         let started = Instant::now();
         let traced = tracing::enabled!(tracing::Level::TRACE).then(|| {
@@ -226,6 +224,10 @@ struct Range {
     known_at: Option<usize>,
     /// The single row a hint named: inserting fine alone proves the hint wrong.
     hinted: bool,
+    /// A range of a recorded split this isolation resumed: an earlier attempt may have
+    /// sent it, so an availability answer does not split it (its pieces would be new
+    /// blocks beside the one ClickHouse may have); only a rejection does.
+    inherited: bool,
 }
 
 impl Range {
@@ -238,6 +240,7 @@ impl Range {
             left: false,
             known_at: None,
             hinted: false,
+            inherited: false,
         }
     }
 }
@@ -333,7 +336,13 @@ pub async fn resume<I: Inserter, D: Delivery>(
     verdicts: &mut [RowVerdict],
     untried: &[RowRange],
 ) -> BisectReport {
-    let stack = untried.iter().map(|r| Range::new(r.lo(), r.hi())).collect();
+    let stack = untried
+        .iter()
+        .map(|r| Range {
+            inherited: true,
+            ..Range::new(r.lo(), r.hi())
+        })
+        .collect();
     isolate(iso, verdicts, stack, BisectReport::default()).await
 }
 
@@ -346,15 +355,12 @@ async fn send<I: Inserter, D: Delivery>(
     stack: &[Range],
     lo: usize,
     hi: usize,
-) -> Result<Result<(), ClickHouseError>, StoreError> {
+) -> Result<Result<(), ClickHouseError>, LedgerRefusal> {
     let rows = verdicts.len();
-    if let Some(record) = iso.record.as_mut() {
-        if !record.may_send(lo, hi, rows) {
-            let mut untried: Vec<RowRange> =
-                stack.iter().map(|r| RowRange::new(r.lo, r.hi)).collect();
-            untried.push(RowRange::new(lo, hi));
-            record.record_split(verdicts, untried).await?;
-        }
+    if !iso.record.may_send(lo, hi, rows) {
+        let mut untried: Vec<RowRange> = stack.iter().map(|r| RowRange::new(r.lo, r.hi)).collect();
+        untried.push(RowRange::new(lo, hi));
+        iso.record.record_split(verdicts, untried).await?;
     }
     Ok(iso.insert(lo, hi).await)
 }
@@ -436,7 +442,7 @@ async fn isolate<I: Inserter, D: Delivery>(
             Err(err) => err,
         };
         let rejected = judges_rows(&err);
-        if rejected || (err.splittable && size >= 2) {
+        if rejected || (err.splittable && size >= 2 && !r.inherited) {
             report.answered = true;
             if size == 1 {
                 report.rejected += judge(
@@ -583,7 +589,8 @@ mod tests {
             metrics: None,
             keepalive: Keepalive::new(Duration::from_secs(60), Instant::now()),
             batch,
-            record: None,
+            // A test's isolation lives as long as its test.
+            record: Box::leak(Box::new(LedgerSession::unrecorded())),
             suspect: None,
         }
     }

@@ -64,7 +64,7 @@ pub mod testkit;
 
 pub use ledger::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
-    ManifestStore, RejectedRow, StoreError,
+    ManifestStore, Recorded, RejectedRow, StoreError, UpdateError,
 };
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};

@@ -928,6 +928,12 @@ impl FakeManifestStore {
         }
     }
 
+    /// Records `manifest` as another instance would have (whatever the store held
+    /// before); returns the store's revision of it.
+    pub fn plant(&self, manifest: &crate::ledger::Manifest) -> u64 {
+        self.put(manifest)
+    }
+
     /// Records `manifest`; returns the store's revision of it.
     fn put(&self, manifest: &crate::ledger::Manifest) -> u64 {
         self.journal
@@ -944,6 +950,16 @@ impl FakeManifestStore {
             .changes
             .push(crate::ledger::LedgerChange::Put { revision, manifest });
         revision
+    }
+
+    /// The compare-and-set of every write after a claim: the record must still be at
+    /// `expected`.
+    fn expect(&self, id: &str, expected: u64) -> Result<(), crate::ledger::UpdateError> {
+        let state = self.state.lock().unwrap();
+        match state.manifests.get(id) {
+            Some((revision, _)) if *revision == expected => Ok(()),
+            _ => Err(crate::ledger::UpdateError::Superseded { id: id.to_owned() }),
+        }
     }
 
     fn remove(&self, id: &str) {
@@ -988,7 +1004,6 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
                 .unwrap()
                 .manifests
                 .values()
-                .filter(|(_, m)| m.id != manifest.id)
                 .find(|(_, m)| manifest.messages.iter().any(|s| m.holds(*s)))
                 .map(|(_, m)| m.id.clone());
             if let Some(earlier) = earlier {
@@ -1019,11 +1034,13 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
     fn update<'a>(
         &'a self,
         manifest: &'a crate::ledger::Manifest,
-    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
+        expected: u64,
+    ) -> futures::future::BoxFuture<'a, Result<u64, crate::ledger::UpdateError>> {
         Box::pin(async move {
-            self.write_fails()?;
-            self.put(manifest);
-            Ok(())
+            self.write_fails()
+                .map_err(crate::ledger::UpdateError::Unavailable)?;
+            self.expect(&manifest.id, expected)?;
+            Ok(self.put(manifest))
         })
     }
 
@@ -1032,13 +1049,16 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
         id: &'a str,
     ) -> futures::future::BoxFuture<
         'a,
-        Result<Option<crate::ledger::Manifest>, crate::ledger::StoreError>,
+        Result<Option<crate::ledger::Recorded>, crate::ledger::StoreError>,
     > {
         Box::pin(async move {
             let state = self.state.lock().unwrap();
             Ok(state.manifests.get(id).map(|(revision, m)| {
                 let order = m.claim_order(*revision);
-                (**m).clone().claimed_as(order)
+                crate::ledger::Recorded {
+                    manifest: (**m).clone().claimed_as(order),
+                    revision: *revision,
+                }
             }))
         })
     }
@@ -1060,9 +1080,12 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
     fn withdraw<'a>(
         &'a self,
         id: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::StoreError>> {
+        expected: u64,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::ledger::UpdateError>> {
         Box::pin(async move {
-            self.write_fails()?;
+            self.write_fails()
+                .map_err(crate::ledger::UpdateError::Unavailable)?;
+            self.expect(id, expected)?;
             self.remove(id);
             self.withdrawn.lock().unwrap().push(id.to_owned());
             Ok(())

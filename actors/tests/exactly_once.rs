@@ -202,7 +202,7 @@ async fn rows_redelivered_after_their_verdicts_were_recorded_are_settled_by_the_
             parked: false,
         }],
     };
-    futures::executor::block_on(store(&r).update(&m)).unwrap();
+    store(&r).plant(&m);
     redeliver(&r, &seqs, 2);
     until(&r, Duration::from_secs(5), |r| {
         last_events(r, &seqs).iter().all(Option::is_some)
@@ -231,7 +231,7 @@ async fn a_batch_settled_by_another_instance_while_it_was_gathered_here_is_settl
     let r = eo_rig(100).await;
     let seqs = made_elsewhere(&r, 4);
     let open = batch_of(&seqs);
-    futures::executor::block_on(store(&r).update(&open)).unwrap();
+    store(&r).plant(&open);
     let mut settled = open.clone();
     settled.state = ManifestState::Settled {
         rejected: Vec::new(),
@@ -265,7 +265,7 @@ async fn a_batch_whose_rows_went_to_two_instances_is_formed_whole_and_inserted_o
     // the other three went to another instance (or wait out a delay).
     let seqs = made_elsewhere(&r, 6);
     let m = batch_of(&seqs);
-    futures::executor::block_on(store(&r).update(&m)).unwrap();
+    store(&r).plant(&m);
     redeliver(&r, &seqs[..3], 2);
     until(&r, Duration::from_secs(5), |r| {
         last_events(r, &seqs[..3]).iter().all(Option::is_some)
@@ -301,7 +301,7 @@ async fn a_message_delivered_twice_while_its_batch_is_gathered_leaves_no_row_out
     let r = eo_rig(100).await;
     let seqs = made_elsewhere(&r, 4);
     let m = batch_of(&seqs);
-    futures::executor::block_on(store(&r).update(&m)).unwrap();
+    store(&r).plant(&m);
     // Four deliveries of three messages: the first comes twice, the last not at all.
     redeliver(&r, &[seqs[0], seqs[0], seqs[1], seqs[2]], 2);
     until(&r, Duration::from_secs(5), |r| {
@@ -767,9 +767,9 @@ async fn a_record_left_behind_by_a_lost_claim_is_withdrawn_never_sent() {
     let winner = batch_of(&seqs[..3]);
     futures::executor::block_on(store(&r).claim(&winner)).unwrap();
     // Recorded after the winner, over two of its messages and one of its own, and never
-    // judged (written here as an update: the fake store's claim would refuse it).
+    // judged (planted here: the fake store's claim would refuse it).
     let loser = batch_of(&seqs[1..]);
-    futures::executor::block_on(store(&r).update(&loser)).unwrap();
+    store(&r).plant(&loser);
     redeliver(&r, &seqs[3..], 2);
     until(&r, Duration::from_secs(30), |r| {
         !store(r).withdrawn.lock().unwrap().is_empty() && r.journal.terminal(seqs[3]).len() == 1
@@ -1020,5 +1020,77 @@ async fn a_batch_missing_a_message_is_withdrawn_at_once_where_forgets_are_deferr
     })
     .await;
     assert_eq!(*store(&r).withdrawn.lock().unwrap(), open);
+    r.handle.shutdown().await;
+}
+
+/// Issue 36 (1), as the flight decides it: the first attempt's answer is lost (it may
+/// be in), the retry is answered 252 TOO_MANY_PARTS. A retry is never split on an
+/// availability answer: it is waited out as an outage and sent whole again, with the
+/// same rows and token, until ClickHouse takes (or drops) it.
+#[tokio::test(start_paused = true)]
+async fn a_retry_answered_too_many_parts_is_sent_whole_again_never_split() {
+    let r = eo_rig(5).await;
+    let too_many_parts = || {
+        Err(sluice_actors::testkit::unavailable(252)
+            .table_scoped()
+            .splittable())
+    };
+    r.main().script([
+        Err(lost("connection reset after the body was sent")),
+        too_many_parts(),
+    ]);
+    let seqs = r.push(SUBJ, 5, &[]);
+    r.settled(5).await;
+    for round in 2..=3 {
+        // JetStream delivers the rows again, once the window is over.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        redeliver(&r, &seqs, round);
+        until(&r, Duration::from_secs(10), |r| {
+            r.main().request_count() >= round as usize
+        })
+        .await;
+    }
+    until(&r, Duration::from_secs(10), |r| {
+        last_events(r, &seqs)
+            .iter()
+            .all(|e| matches!(e, Some(Event::Acked | Event::AckedConfirmed)))
+    })
+    .await;
+    let requests = r.main().requests();
+    let whole = requests[0].token.clone();
+    assert!(
+        requests
+            .iter()
+            .all(|q| q.token == whole && q.body == requests[0].body),
+        "every attempt the whole batch under its token: {:?}",
+        requests
+            .iter()
+            .map(|q| (q.rows, q.token.clone()))
+            .collect::<Vec<_>>()
+    );
+    r.handle.shutdown().await;
+}
+
+/// The other side of the rule: the flight that claimed a batch sends it first, so a
+/// 252 to that attempt proves nothing of it is in, and the batch may be split (its
+/// pieces are new blocks no attempt sent before).
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_answered_too_many_parts_may_be_split() {
+    let r = eo_rig(4).await;
+    r.main()
+        .script([Err(sluice_actors::testkit::unavailable(252)
+            .table_scoped()
+            .splittable())]);
+    r.push(SUBJ, 4, &[]);
+    r.settled(4).await;
+    let requests = r.main().requests();
+    assert!(
+        requests.len() > 1 && requests[1..].iter().all(|q| q.rows < 4),
+        "split after the first answer: {:?}",
+        requests
+            .iter()
+            .map(|q| (q.rows, q.token.clone()))
+            .collect::<Vec<_>>()
+    );
     r.handle.shutdown().await;
 }

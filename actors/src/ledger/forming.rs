@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::manifest::{Manifest, ManifestState};
-use super::store::{ClaimError, FetchError, ManifestStore, StoreError};
+use super::session::Sent;
+use super::store::{ClaimError, FetchError, ManifestStore, Recorded};
 use super::LedgerRefusal;
 use crate::batch::Batch;
 use crate::keepalive::{any_lease_ran_out, lease_ran_out};
@@ -32,11 +33,13 @@ pub struct LedgerIo<'a> {
 /// What forming made of a cargo.
 pub enum Formed<D> {
     /// A batch to send, with the record it goes under (exactly-once) or none; `back`:
-    /// copies of its messages delivered twice, which go back beside it.
+    /// copies of its messages delivered twice, which go back beside it; `sent`: whether
+    /// an earlier attempt may have sent it (a batch formed again).
     Batch {
         batch: Batch<D>,
-        record: Option<Box<Manifest>>,
+        record: Option<Box<Recorded>>,
         back: Vec<D>,
+        sent: Sent,
     },
     /// The batch cannot be sent now: its messages go back (see the refusal).
     Refused {
@@ -90,9 +93,7 @@ pub async fn claim_fresh<D: Delivery>(
         return (Formed::nothing(), expired);
     }
     let Some(incarnation) = io.store.incarnation() else {
-        let why = LedgerRefusal::StoreDown(StoreError(
-            "the manifest store has not read the ingest stream yet (is NATS reachable?)".into(),
-        ));
+        let why = LedgerRefusal::NotReady;
         return (
             Formed::Refused {
                 messages: live,
@@ -105,8 +106,8 @@ pub async fn claim_fresh<D: Delivery>(
     let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences())
         .claimed_at(unix_ms())
         .on_shard(u32::try_from(shard).unwrap_or(u32::MAX));
-    let manifest = match io.store.claim(&manifest).await {
-        Ok(revision) => manifest.claimed_as(revision),
+    let (manifest, revision) = match io.store.claim(&manifest).await {
+        Ok(revision) => (manifest.claimed_as(revision), revision),
         Err(e) => {
             let why = match e {
                 ClaimError::Conflict { id, earlier } => LedgerRefusal::Conflict { id, earlier },
@@ -126,8 +127,9 @@ pub async fn claim_fresh<D: Delivery>(
     }
     let formed = Formed::Batch {
         batch,
-        record: Some(Box::new(manifest)),
+        record: Some(Box::new(Recorded { manifest, revision })),
         back: Vec::new(),
+        sent: Sent::Never,
     };
     (formed, expired)
 }
@@ -147,14 +149,15 @@ pub async fn reform<D: Delivery>(
     held: Vec<D>,
     held_since: Instant,
 ) -> Formed<D> {
-    let (manifest, held) = match unsettled_record(io, id, held).await {
+    let (recorded, held) = match unsettled_record(io, id, held).await {
         Ok(unsettled) => unsettled,
         Err(formed) => return formed,
     };
+    let manifest = &recorded.manifest;
     // Only an open record can be of a batch that lost its claim: a split one was sent.
     if manifest.state == ManifestState::Open {
-        if let Some(earlier) = io.store.earlier_claim(&manifest) {
-            return lost_its_claim(io, &manifest, &earlier, held).await;
+        if let Some(earlier) = io.store.earlier_claim(manifest) {
+            return lost_its_claim(io, &recorded, &earlier, held).await;
         }
     }
     let have: HashSet<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
@@ -170,7 +173,7 @@ pub async fn reform<D: Delivery>(
         match io.store.fetch(&missing).await {
             Ok(payloads) => missing.into_iter().zip(payloads).collect(),
             Err(FetchError::Gone { stream_sequence }) => {
-                return gone_while_gathered(io, &manifest, stream_sequence, held).await;
+                return gone_while_gathered(io, manifest, stream_sequence, held).await;
             }
             Err(FetchError::Unavailable(e)) => {
                 return Formed::Refused {
@@ -183,19 +186,19 @@ pub async fn reform<D: Delivery>(
     let (batch, copies) = Batch::reformed(&manifest.messages, held, fetched, held_since);
     // Every message must be in (its record's split fits the batch only then).
     if batch.sequences() != manifest.messages {
-        let why = LedgerRefusal::StoreDown(StoreError(format!(
-            "recorded batch {} formed again without all of its {} messages",
-            manifest.id,
-            manifest.messages.len()
-        )));
+        let why = LedgerRefusal::NotWhole {
+            id: manifest.id.clone(),
+            messages: manifest.messages.len(),
+        };
         let mut messages = copies;
         messages.extend(batch.into_deliveries());
         return Formed::Refused { messages, why };
     }
     Formed::Batch {
         batch,
-        record: Some(Box::new(manifest)),
+        record: Some(Box::new(recorded)),
         back: copies,
+        sent: Sent::Maybe,
     }
 }
 
@@ -208,14 +211,14 @@ async fn unsettled_record<D: Delivery>(
     io: &LedgerIo<'_>,
     id: &str,
     held: Vec<D>,
-) -> Result<(Manifest, Vec<D>), Formed<D>> {
+) -> Result<(Recorded, Vec<D>), Formed<D>> {
     match io.store.current(id).await {
-        Ok(Some(manifest)) if manifest.is_settled() => Err(Formed::Settled {
-            by_record: Some((Arc::new(manifest), held)),
+        Ok(Some(recorded)) if recorded.manifest.is_settled() => Err(Formed::Settled {
+            by_record: Some((Arc::new(recorded.manifest), held)),
             copies: Vec::new(),
             back: Vec::new(),
         }),
-        Ok(Some(manifest)) => Ok((manifest, held)),
+        Ok(Some(recorded)) => Ok((recorded, held)),
         Ok(None) => Err(removed_meanwhile(io, id, held).await),
         Err(e) => Err(Formed::Refused {
             messages: held,
@@ -267,14 +270,14 @@ async fn removed_meanwhile<D: Delivery>(io: &LedgerIo<'_>, id: &str, held: Vec<D
 /// again, to be gathered for the earlier batch or formed anew.
 async fn lost_its_claim<D: Delivery>(
     io: &LedgerIo<'_>,
-    manifest: &Manifest,
+    recorded: &Recorded,
     earlier: &str,
     held: Vec<D>,
 ) -> Formed<D> {
-    tracing::info!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
+    tracing::info!(tenant = %io.key.tenant, table = %io.key.table, manifest = %recorded.manifest.id,
         earlier = %earlier,
         "a recorded batch that lost its claim to an earlier one was left behind: withdrawn, its messages come again");
-    withdrawn(io, manifest, held).await
+    withdrawn(io, recorded, held).await
 }
 
 /// A message of the batch left the stream after its record was read open. Another
@@ -291,7 +294,7 @@ async fn gone_while_gathered<D: Delivery>(
     held: Vec<D>,
 ) -> Formed<D> {
     match unsettled_record(io, &read.id, held).await {
-        Ok((_, held)) => incomplete(io, read, gone, held).await,
+        Ok((now, held)) => incomplete(io, &now, gone, held).await,
         Err(formed) => formed,
     }
 }
@@ -308,23 +311,28 @@ async fn gone_while_gathered<D: Delivery>(
 /// exactly-once for this batch, never a row).
 async fn incomplete<D: Delivery>(
     io: &LedgerIo<'_>,
-    manifest: &Manifest,
+    recorded: &Recorded,
     gone: u64,
     held: Vec<D>,
 ) -> Formed<D> {
-    tracing::warn!(tenant = %io.key.tenant, table = %io.key.table, manifest = %manifest.id,
+    tracing::warn!(tenant = %io.key.tenant, table = %io.key.table, manifest = %recorded.manifest.id,
         message = gone,
         "a message of a recorded, unfinished batch left the ingest stream unsettled (removed by hand, or lost by nats-server): the batch cannot be formed again; its record is withdrawn and its other messages come again as new ones (their rows may be inserted twice)");
-    withdrawn(io, manifest, held).await
+    withdrawn(io, recorded, held).await
 }
 
-/// The record withdrawn and what is held sent back, to come again as what it is then;
+/// The record withdrawn (unless it was written since it was read: then a flight is
+/// sending it after all) and what is held sent back, to come again as what it is then;
 /// if the store cannot withdraw it now, the messages go back under that refusal.
-async fn withdrawn<D: Delivery>(io: &LedgerIo<'_>, manifest: &Manifest, held: Vec<D>) -> Formed<D> {
-    if let Err(e) = io.store.withdraw(&manifest.id).await {
+async fn withdrawn<D: Delivery>(io: &LedgerIo<'_>, recorded: &Recorded, held: Vec<D>) -> Formed<D> {
+    let withdrawn = io
+        .store
+        .withdraw(&recorded.manifest.id, recorded.revision)
+        .await;
+    if let Err(e) = withdrawn {
         return Formed::Refused {
             messages: held,
-            why: LedgerRefusal::StoreDown(e),
+            why: super::session::refusal(e),
         };
     }
     Formed::Settled {

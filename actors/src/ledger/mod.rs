@@ -25,8 +25,10 @@
 //! 3. **Form again** ([`forming::reform`]): a recorded batch is formed from its record
 //!    as the store holds it now: the same messages, the rows in the same order, the same
 //!    token; a split batch resumes its split ([`split`]), never whole.
-//! 4. **Record** ([`recording`]): a split before any range of it is sent on its own; the
-//!    verdicts before any row is settled; the rows parked before any message is acked.
+//! 4. **Record** ([`session`]): a split before any range of it is sent on its own; the
+//!    verdicts before any row is settled; the rows parked before any message is acked;
+//!    each write over the record as its flight last read it (compare-and-set), and a
+//!    batch formed again marks its attempt before it is sent.
 //! 5. **Release**: once every ack is confirmed, the record is removed (a moment later:
 //!    JetStream confirms an ack before it writes it down); the store collects the
 //!    records nothing removes.
@@ -42,7 +44,7 @@ pub mod forming;
 pub mod gathering;
 pub mod index;
 pub mod manifest;
-pub mod recording;
+pub mod session;
 pub mod settled_lines;
 pub mod split;
 pub mod store;
@@ -54,7 +56,8 @@ use tokio::time::Instant;
 
 pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use store::{
-    Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, ManifestStore, StoreError,
+    Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, ManifestStore, Recorded,
+    StoreError, UpdateError,
 };
 
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
@@ -67,14 +70,46 @@ use settled_lines::SettledLines;
 /// Why a batch was not sent (its messages go back and come again).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerRefusal {
+    /// The store could not be read or written (NATS down, the bucket full): the only
+    /// refusal counted as a store failure.
     #[error("the manifest store: {0}")]
     StoreDown(StoreError),
+    /// The store has not read the ingest stream yet (nothing can be recorded before).
+    #[error("the manifest store has not read the ingest stream yet (is NATS reachable?)")]
+    NotReady,
     #[error(
         "batch {id} shares messages with batch {earlier}, recorded first: they go back to join it"
     )]
     Conflict { id: String, earlier: String },
     #[error("batch {id} was held past ack_wait while it was recorded: its messages may be in another batch by now")]
     LeaseLost { id: String },
+    /// Another flight recorded the batch since this one read it: the rows go back, to
+    /// be formed from the record as it is now.
+    #[error("batch {id} was recorded by another flight meanwhile: its rows go back to be formed from the record as it is now")]
+    Superseded { id: String },
+    /// A recorded batch formed again without every one of its messages.
+    #[error("recorded batch {id} formed again without all of its {messages} messages")]
+    NotWhole { id: String, messages: usize },
+    /// A recorded split that does not fit its batch (a damaged record: a batch's rows
+    /// are a function of its messages).
+    #[error("the recorded split of batch {id} does not cover its {rows} rows exactly once: nothing is sent")]
+    SplitMismatch { id: String, rows: usize },
+    /// A recorded batch routed to another shard than its record's (1-based, as the
+    /// docs count shards).
+    #[error("batch {id} is recorded for shard {recorded}, and was about to go to shard {routed}: not sent")]
+    WrongShard {
+        id: String,
+        recorded: usize,
+        routed: usize,
+    },
+}
+
+impl LedgerRefusal {
+    /// Whether the refusal is the store's failure (counted, and waited out with the
+    /// store's retry delay), not a decision of the ledger.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(self, LedgerRefusal::StoreDown(_) | LedgerRefusal::NotReady)
+    }
 }
 
 /// What a table hands a flight.
@@ -354,7 +389,7 @@ pub async fn settle_by_record<D: Delivery>(
         .collect();
     let parked = batch.park(verdicts, plan).await;
     if let (Some(store), false) = (store, parked.parked_rows().is_empty()) {
-        let _ = recording::record_parked(store, manifest, parked.parked_rows()).await;
+        let _ = session::record_parked(store, &manifest.id, parked.parked_rows()).await;
     }
     let settled = parked.ack(plan).await;
     tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, manifest = %manifest.id,

@@ -20,12 +20,40 @@ use crate::ports::TableKey;
 #[error("{0}")]
 pub struct StoreError(pub String);
 
+/// A record as the store holds it, and the store's revision of that state: every write
+/// after a batch's claim names the revision its writer read, so that of two instances
+/// forming one batch again, the slower cannot write over what the faster recorded (a
+/// split over verdicts: the batch's inserted rows would be sent again under new
+/// blocks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub manifest: Manifest,
+    /// The store's revision of this state (not of the claim: see
+    /// [`Manifest::claim_revision`]).
+    pub revision: u64,
+}
+
+/// Why a later state of a batch was not recorded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// The record is no longer at the revision its writer read: another flight (here or
+    /// on another instance) recorded something of the batch since, or the record was
+    /// removed. Nothing was written; the writer stops and its rows go back, to come
+    /// again and be formed from the record as it is now.
+    #[error("batch {id} was recorded by someone else since it was read")]
+    Superseded { id: String },
+    #[error(transparent)]
+    Unavailable(StoreError),
+}
+
 /// Why a new batch could not claim its messages.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimError {
     /// A batch recorded before this one holds one of its messages (a copy delivered
     /// again, a record that landed late): the earlier one wins, this record is removed,
-    /// and its messages go back to come again as that batch's.
+    /// and its messages go back to come again as that batch's. `earlier` is `id` itself
+    /// when the same messages were claimed first by another flight (a copy of each held
+    /// elsewhere): a claim never writes over a record.
     #[error("batch {id} shares messages with batch {earlier}, recorded first")]
     Conflict { id: String, earlier: String },
     #[error(transparent)]
@@ -110,10 +138,13 @@ pub trait ManifestStore: Send + Sync + 'static {
     /// Record a new batch (its `Open` manifest) and claim its messages: `Ok` once no
     /// batch recorded before it holds one of them, so a conflict is told before anything
     /// is sent, with the store's revision of the claim (the caller keeps it in the
-    /// batch's later states: [`Manifest::claimed_as`]). On a conflict this record is
-    /// removed again. One the store could not judge in time (`Unavailable` after it was
-    /// written) stays, as another instance may be sending it; if it lost to an earlier
-    /// claim, forming it again refuses it ([`ManifestStore::earlier_claim`]).
+    /// batch's later states: [`Manifest::claimed_as`]; it is also the revision the
+    /// first later write names). Create-only: a record of the same batch already there
+    /// (the same messages claimed by another flight) is a conflict, never written over.
+    /// On a conflict this record is removed again. One the store could not judge in
+    /// time (`Unavailable` after it was written) stays, as another instance may be
+    /// sending it; if it lost to an earlier claim, forming it again refuses it
+    /// ([`ManifestStore::earlier_claim`]).
     fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>>;
 
     /// A batch claimed before `manifest` that holds one of its messages, as far as the
@@ -122,14 +153,21 @@ pub trait ManifestStore: Send + Sync + 'static {
     /// so nothing of it was ever sent: a batch formed again asks this first.
     fn earlier_claim(&self, manifest: &Manifest) -> Option<String>;
 
-    /// Record a later state of a claimed batch (its split, its verdicts).
-    fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Record a later state of a claimed batch (its split, its verdicts, its parked
+    /// rows), only over the state at `expected` (a compare-and-set): returns the new
+    /// state's revision. [`UpdateError::Superseded`] when the record moved on (or went)
+    /// since: nothing is written.
+    fn update<'a>(
+        &'a self,
+        manifest: &'a Manifest,
+        expected: u64,
+    ) -> BoxFuture<'a, Result<u64, UpdateError>>;
 
     /// The manifest as the store holds it now (read from the store itself, not from what
     /// the changes reported so far, and where its writes are ordered, never from a copy
-    /// that may lag), its [`Manifest::claim_revision`] known: `None` once removed. A
-    /// batch formed again decides by this.
-    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>>;
+    /// that may lag), its [`Manifest::claim_revision`] known, with the revision a later
+    /// write names: `None` once removed. A batch formed again decides by this.
+    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Recorded>, StoreError>>;
 
     /// Remove the manifest: every row of it is settled and the settlement confirmed. A
     /// store may leave the removal to its collector (after a reconnect, on a NATS
@@ -137,9 +175,12 @@ pub trait ManifestStore: Send + Sync + 'static {
     fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Remove an unfinished manifest now, never left to a collector: its batch can never
-    /// be formed whole again (a message of it left the stream). A record left behind
-    /// would gather its other messages for ever, and nothing settled relies on it.
-    fn withdraw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// be formed whole again (a message of it left the stream), or it lost its claim. A
+    /// record left behind would gather its other messages for ever, and nothing settled
+    /// relies on it. Only the state at `expected` is removed: one recorded since (a
+    /// flight sending it after all) is [`UpdateError::Superseded`] and stays.
+    fn withdraw<'a>(&'a self, id: &'a str, expected: u64)
+        -> BoxFuture<'a, Result<(), UpdateError>>;
 
     /// The payloads of messages, read from the ingest stream by sequence, in the order
     /// asked (a batch formed again includes messages this instance does not hold).

@@ -28,9 +28,9 @@ use crate::bisect::{bisect, lost_on_rows, resume, Isolation};
 use crate::context::Common;
 use crate::keepalive::Keepalive;
 use crate::ledger::forming::{claim_fresh, reform, Formed, LedgerIo};
-use crate::ledger::recording::{forget_soon, record_parked, record_verdicts, SplitRecorder};
+use crate::ledger::session::{Judged, LedgerSession, Sent};
 use crate::ledger::split::RowRange;
-use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, ManifestState};
+use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, Recorded};
 use crate::metrics::{retry_reason, TableMetrics};
 use crate::observe::FlightStage;
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
@@ -144,7 +144,9 @@ enum Prepared<D> {
     /// A batch to send.
     Send {
         batch: Batch<D>,
-        record: Option<Manifest>,
+        record: Option<Recorded>,
+        /// Whether an earlier attempt may have sent it.
+        sent: Sent,
         attempt: Attempt,
         verdicts: Vec<RowVerdict>,
     },
@@ -152,6 +154,17 @@ enum Prepared<D> {
     Failed { batch: Batch<D>, verdict: Verdict },
     /// Nothing to send: the messages were settled without an insert.
     Nothing,
+}
+
+/// What a flight's sending came to: the rows' verdicts, and how it ended.
+struct Flown<'a, D> {
+    batch: Batch<D>,
+    session: LedgerSession<'a>,
+    verdicts: Vec<RowVerdict>,
+    verdict: Verdict,
+    last_error: Option<String>,
+    /// The ranges an isolation had not judged when it stopped.
+    untried: Vec<RowRange>,
 }
 
 /// Run one flight to the end: every held message is settled when this returns.
@@ -165,135 +178,198 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
 ) -> FlightOutcome {
     let suspicion = cargo.suspicion();
     let replica = ctx.servers.replica(tickets.replica);
-    let Formation {
-        prepared,
+    let formation = prepare(ctx, replica, cargo, held_since).await;
+    let (dedup, past_dedup_window) = (formation.dedup, formation.past_dedup_window);
+    let Some(flown) = fly(ctx, replica, formation.prepared, suspicion, watch).await else {
+        // Settled by a record (counted when its batch was), or nothing left: the tickets
+        // go back.
+        watch.enter(FlightStage::Reporting);
+        report(ctx, links, tickets, Verdict::Unfinished, false).await;
+        return FlightOutcome {
+            dedup,
+            past_dedup_window,
+            ..Default::default()
+        };
+    };
+    let Flown {
+        batch,
+        mut session,
+        mut verdicts,
+        verdict,
+        mut last_error,
+        untried,
+    } = flown;
+    let struck = struck_rows(&batch, &verdict, tickets, suspicion);
+    let retry_class = verdict.retry_class();
+    let unsent = matches!(verdict, Verdict::Unsent(_));
+    watch.enter(FlightStage::Reporting);
+    let has_pending = verdicts.contains(&RowVerdict::Pending);
+    let pending = report(ctx, links, tickets, verdict, has_pending).await;
+    let (mut pending_delay, parked_missing) = pending.apply(&mut verdicts);
+    if unsent {
+        pending_delay = ctx.common.settings.store_retry;
+    }
+    watch.enter(FlightStage::Recording);
+    crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
+    let judged = match session
+        .record_verdicts(&batch, &mut verdicts, untried)
+        .await
+    {
+        Ok(judged) => judged,
+        Err(why) => {
+            ctx.refused(&why);
+            pending_delay = ctx.common.settings.store_retry;
+            last_error = Some(why.to_string());
+            Judged::Partly
+        }
+    };
+    crash_if(ctx, Failpoint::CrashAfterVerdicts, &verdicts);
+    let recorded = session.record().is_some();
+    let rows = batch.rows();
+    let (settled, released) = settle(
+        ctx,
+        batch,
+        verdicts,
+        &mut session,
+        judged,
+        pending_delay,
+        watch,
+    )
+    .await;
+    if released {
+        session.release(&ctx.common.tracker, &ctx.common.shutdown, &ctx.key);
+    }
+    count(ctx, &settled, retry_class, parked_missing);
+    FlightOutcome {
+        rows,
+        inserted: settled.inserted,
+        parked: settled.parked,
+        handed_back: settled.handed_back,
+        dlq_failures: settled.dlq_failures,
+        last_error,
+        partly: if recorded { Vec::new() } else { settled.partly },
         dedup,
+        struck,
         past_dedup_window,
-    } = prepare(ctx, replica, cargo, held_since).await;
-    let (batch, record, mut verdicts, verdict, last_error, untried) = match prepared {
-        Prepared::Nothing => {
-            // Settled by a record (counted when its batch was), or nothing left: the
-            // tickets go back.
-            watch.enter(FlightStage::Reporting);
-            report(ctx, links, tickets, Verdict::Unfinished, false).await;
-            return FlightOutcome {
-                dedup,
-                past_dedup_window,
-                ..Default::default()
-            };
-        }
-        Prepared::Failed { batch, verdict } => {
-            let text = failure_text(&verdict);
-            let verdicts = vec![RowVerdict::Pending; batch.rows()];
-            (batch, None, verdicts, verdict, text, Vec::new())
-        }
+        // Told by `spawn_flight`, which knows them from before the cargo was formed.
+        messages: Vec::new(),
+    }
+}
+
+/// Send what was prepared: its turn at the server, its attempt marked in its record,
+/// the insert and any isolation. `None`: nothing to send.
+async fn fly<'a, I: Inserter, D: Delivery>(
+    ctx: &'a FlightCtx<I>,
+    replica: &Replica<I>,
+    prepared: Prepared<D>,
+    suspicion: Suspicion,
+    watch: &FlightWatch,
+) -> Option<Flown<'a, D>> {
+    let (batch, record, sent, attempt, mut verdicts) = match prepared {
+        Prepared::Nothing => return None,
+        Prepared::Failed { batch, verdict } => return Some(unsent(batch, verdict)),
         Prepared::Send {
             batch,
             record,
+            sent,
             attempt,
-            mut verdicts,
-        } => {
-            ctx.metrics.batch_rows.record(batch.rows() as f64);
-            let mut recorder = record
-                .clone()
-                .and_then(|m| Some(SplitRecorder::new(ctx.common.manifests.as_ref()?, m)));
-            watch.enter(FlightStage::WaitingTurn);
-            let judged = match take_turn(ctx, replica, &batch, suspicion).await {
-                Some(at) => {
-                    watch.enter(FlightStage::Inserting);
-                    judge_or_cancel(
-                        ctx,
-                        replica,
-                        &batch,
-                        recorder.as_mut(),
-                        &mut verdicts,
-                        attempt,
-                        at,
-                    )
-                    .await
-                }
-                None => (Verdict::Unfinished, None, Vec::new()),
-            };
-            let (verdict, text, untried) = judged;
-            let record = match (record, recorder) {
-                (Some(_), Some(recorder)) => Some(recorder.into_record()),
-                (record, _) => record,
-            };
-            (batch, record, verdicts, verdict, text, untried)
-        }
+            verdicts,
+        } => (batch, record, sent, attempt, verdicts),
     };
-    let n = batch.rows();
-    // Lost while ClickHouse was taking inserts (not a probe's loss), or lost alone (a
-    // suspect's flight is the probe as often as not): a strike.
-    let struck = match &verdict {
+    let mut session = match (record, &ctx.common.manifests) {
+        (Some(record), Some(store)) => LedgerSession::recorded(store, record, sent),
+        _ => LedgerSession::unrecorded(),
+    };
+    if let Err(why) = session.mark_attempt().await {
+        ctx.refused(&why);
+        return Some(unsent(batch, Verdict::Unsent(why)));
+    }
+    ctx.metrics.batch_rows.record(batch.rows() as f64);
+    watch.enter(FlightStage::WaitingTurn);
+    let (verdict, last_error, untried) = match take_turn(ctx, replica, &batch, suspicion).await {
+        Some(at) => {
+            watch.enter(FlightStage::Inserting);
+            let how = Judging {
+                session: &mut session,
+                attempt,
+                at,
+            };
+            judge_or_cancel(ctx, replica, &batch, &mut verdicts, how).await
+        }
+        None => (Verdict::Unfinished, None, Vec::new()),
+    };
+    Some(Flown {
+        batch,
+        session,
+        verdicts,
+        verdict,
+        last_error,
+        untried,
+    })
+}
+
+/// A batch not sent: every row pending under `verdict`.
+fn unsent<'a, D: Delivery>(batch: Batch<D>, verdict: Verdict) -> Flown<'a, D> {
+    Flown {
+        verdicts: vec![RowVerdict::Pending; batch.rows()],
+        last_error: failure_text(&verdict),
+        batch,
+        session: LedgerSession::unrecorded(),
+        verdict,
+        untried: Vec::new(),
+    }
+}
+
+/// Lost while ClickHouse was taking inserts (not a probe's loss), or lost alone (a
+/// suspect's flight is the probe as often as not): a strike on the batch's messages.
+fn struck_rows<D: Delivery>(
+    batch: &Batch<D>,
+    verdict: &Verdict,
+    tickets: Tickets,
+    suspicion: Suspicion,
+) -> Vec<u64> {
+    match verdict {
         Verdict::PoolOutage(e)
             if e.lost_connection() && (!tickets.pool.is_probe() || suspicion.flies_alone()) =>
         {
             batch.sequences()
         }
         _ => Vec::new(),
-    };
-    let retry_class = match &verdict {
-        Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
-            Some(e.class)
-        }
-        _ => None,
-    };
-    let unsent = matches!(verdict, Verdict::Unsent(_));
-    let has_pending = verdicts.contains(&RowVerdict::Pending);
-    let mut parked_missing = false;
-    watch.enter(FlightStage::Reporting);
-    let mut pending_delay = match report(ctx, links, tickets, verdict, has_pending).await {
-        PendingRows::HandBack(delay) => delay,
-        PendingRows::Park(reason) => {
-            parked_missing = true;
-            let reason = Arc::new(reason);
-            for v in verdicts.iter_mut().filter(|v| **v == RowVerdict::Pending) {
-                *v = RowVerdict::Rejected(reason.clone());
-            }
-            Duration::ZERO
-        }
-    };
-    if unsent {
-        pending_delay = ctx.common.settings.store_retry;
     }
-    let mut last_error = last_error;
-    let mut settled_record = None;
-    if let (Some(m), Some(store)) = (&record, &ctx.common.manifests) {
-        watch.enter(FlightStage::Recording);
-        crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
-        match record_verdicts(store, m.clone(), &batch, &mut verdicts, untried).await {
-            Ok(recorded) => settled_record = Some(recorded).filter(Manifest::is_settled),
-            Err(e) => {
-                ctx.metrics.manifest_failures.increment(1);
-                pending_delay = ctx.common.settings.store_retry;
-                last_error = Some(format!("manifest store: {e}"));
-            }
-        }
-        crash_if(ctx, Failpoint::CrashAfterVerdicts, &verdicts);
-    }
-    let plan = ctx.plan(pending_delay, record.is_some());
+}
+
+/// Park the rejected rows, record which are parked, ack the rest (the last ack
+/// confirmed). Returns the counts, and whether the record may be released: every
+/// message of the batch held here, settled and its ack confirmed.
+async fn settle<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    batch: Batch<D>,
+    verdicts: Vec<RowVerdict>,
+    session: &mut LedgerSession<'_>,
+    judged: Judged,
+    pending_delay: Duration,
+    watch: &FlightWatch,
+) -> (Settled, bool) {
+    let plan = ctx.plan(pending_delay, session.record().is_some());
     // Only a flight that held every message of its batch knows them all acked; a batch
     // formed again with messages held elsewhere is left to the store's collection.
     let batch_messages = batch.deliveries().count();
-    let held_all = record
-        .as_ref()
+    let held_all = session
+        .record()
         .is_some_and(|m| batch_messages == m.messages.len());
     watch.enter(FlightStage::Parking);
     let parked = batch.park(verdicts, &plan).await;
-    if let (Some(m), Some(store)) = (&settled_record, &ctx.common.manifests) {
-        if !parked.parked_rows().is_empty() {
-            if let Err(e) = record_parked(store, m, parked.parked_rows()).await {
-                tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
-                    "could not record which rows are parked; a copy delivered again after the DLQ's duplicate window would park them again");
-            }
+    if judged == Judged::Whole {
+        if let Err(e) = session.record_parked(parked.parked_rows()).await {
+            tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
+                "could not record which rows are parked; a copy delivered again after the DLQ's duplicate window would park them again");
         }
     }
     watch.enter(FlightStage::Acking);
     let settled = parked.ack(&plan).await;
     tracing::trace!(tenant = %ctx.key.tenant, table = %ctx.key.table,
-        record = record.as_ref().map_or("-", |m| m.id.as_str()),
-        settled_record = settled_record.is_some(),
+        record = session.record().map_or("-", |m| m.id.as_str()),
+        judged = ?judged,
         messages = batch_messages, inserted = settled.inserted, parked = settled.parked,
         handed_back = settled.handed_back, pending = settled.pending, confirmed = settled.confirmed,
         "flight settled");
@@ -302,36 +378,8 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     // inserted rows would go into a new batch (and, after a restart, into ClickHouse
     // again). The collector removes the record once every message is acked.
     let all_acked = settled.confirmed && settled.handed_back == 0;
-    if let (Some(m), Some(store), true, true) =
-        (&settled_record, &ctx.common.manifests, held_all, all_acked)
-    {
-        forget_soon(
-            store,
-            &ctx.common.tracker,
-            &ctx.common.shutdown,
-            &ctx.key,
-            &m.id,
-        );
-    }
-    count(ctx, &settled, retry_class, parked_missing);
-    FlightOutcome {
-        rows: n,
-        inserted: settled.inserted,
-        parked: settled.parked,
-        handed_back: settled.handed_back,
-        dlq_failures: settled.dlq_failures,
-        last_error,
-        partly: if record.is_some() {
-            Vec::new()
-        } else {
-            settled.partly
-        },
-        dedup,
-        struck,
-        past_dedup_window,
-        // Told by `spawn_flight`, which knows them from before the cargo was formed.
-        messages: Vec::new(),
-    }
+    let release = judged == Judged::Whole && held_all && all_acked;
+    (settled, release)
 }
 
 /// What forming a cargo made, and what the flight learnt on the way.
@@ -406,8 +454,8 @@ async fn prepare<I: Inserter, D: Delivery>(
             );
             let past_dedup_window = match &formed {
                 Formed::Batch {
-                    record: Some(m), ..
-                } => past_window(ctx, replica, m).await,
+                    record: Some(r), ..
+                } => past_window(ctx, replica, &r.manifest).await,
                 _ => false,
             };
             Formation {
@@ -429,6 +477,7 @@ fn unrecorded<D: Delivery>(
     Prepared::Send {
         batch,
         record: None,
+        sent: Sent::Never,
         attempt: Attempt::Whole,
         verdicts,
     }
@@ -470,53 +519,13 @@ async fn settle_formed<I, D: Delivery>(
             batch,
             record,
             back,
+            sent,
         } => {
             back_for_now(ctx, back);
-            let rows = batch.rows();
-            let Some(m) = record.map(|m| *m) else {
-                let verdicts = vec![RowVerdict::Pending; rows];
-                return Prepared::Send {
-                    batch,
-                    record: None,
-                    attempt: Attempt::Whole,
-                    verdicts,
-                };
-            };
-            let attempt = match &m.state {
-                ManifestState::Split(split) => match split.verdicts(rows) {
-                    Ok(verdicts) => {
-                        let attempt = Attempt::Resume(split.untried.clone());
-                        return Prepared::Send {
-                            batch,
-                            record: Some(m),
-                            attempt,
-                            verdicts,
-                        };
-                    }
-                    Err(e) => {
-                        tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, error = %e,
-                            "a recorded split does not fit its batch: nothing is sent");
-                        let why =
-                            LedgerRefusal::StoreDown(crate::ledger::StoreError(e.to_string()));
-                        return Prepared::Failed {
-                            batch,
-                            verdict: Verdict::Unsent(why),
-                        };
-                    }
-                },
-                _ => Attempt::Whole,
-            };
-            Prepared::Send {
-                batch,
-                record: Some(m),
-                attempt,
-                verdicts: vec![RowVerdict::Pending; rows],
-            }
+            recorded_batch(ctx, batch, record.map(|r| *r), sent)
         }
         Formed::Refused { messages, why } => {
-            if !matches!(why, LedgerRefusal::Conflict { .. }) {
-                ctx.metrics.manifest_failures.increment(1);
-            }
+            ctx.refused(&why);
             tracing::warn!(tenant = %ctx.key.tenant, table = %ctx.key.table, reason = %why,
                 "the batch is not sent now: its messages go back (nothing is inserted unrecorded)");
             Prepared::Failed {
@@ -546,7 +555,58 @@ async fn settle_formed<I, D: Delivery>(
     }
 }
 
+/// A formed batch as it is sent: whole, or (a recorded split) its untried ranges with
+/// its judged rows' verdicts filled in.
+fn recorded_batch<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    batch: Batch<D>,
+    record: Option<Recorded>,
+    sent: Sent,
+) -> Prepared<D> {
+    let rows = batch.rows();
+    let whole = |batch, record| Prepared::Send {
+        batch,
+        record,
+        sent,
+        attempt: Attempt::Whole,
+        verdicts: vec![RowVerdict::Pending; rows],
+    };
+    let Some(split) = record.as_ref().and_then(|r| r.manifest.split()) else {
+        return whole(batch, record);
+    };
+    match split.verdicts(rows) {
+        Ok(verdicts) => Prepared::Send {
+            attempt: Attempt::Resume(split.untried.clone()),
+            batch,
+            record,
+            sent,
+            verdicts,
+        },
+        Err(_) => {
+            let why = LedgerRefusal::SplitMismatch {
+                id: record.map(|r| r.manifest.id).unwrap_or_default(),
+                rows,
+            };
+            tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, reason = %why,
+                "a recorded split does not fit its batch: nothing is sent");
+            ctx.refused(&why);
+            Prepared::Failed {
+                batch,
+                verdict: Verdict::Unsent(why),
+            }
+        }
+    }
+}
+
 impl<I> FlightCtx<I> {
+    /// A batch the ledger did not let go: counted as a store failure only when the
+    /// store failed (a conflict, a batch recorded elsewhere meanwhile are decisions).
+    fn refused(&self, why: &LedgerRefusal) {
+        if why.is_store_failure() {
+            self.metrics.manifest_failures.increment(1);
+        }
+    }
+
     fn ledger_io<'a>(&'a self, store: &'a Arc<dyn crate::ledger::ManifestStore>) -> LedgerIo<'a> {
         LedgerIo {
             store,
@@ -616,6 +676,13 @@ async fn take_turn<I: Inserter, D: Delivery>(
     })
 }
 
+/// How a batch is judged: its record, how it is sent, its turn at the server.
+struct Judging<'s, 'a> {
+    session: &'s mut LedgerSession<'a>,
+    attempt: Attempt,
+    at: AtServer,
+}
+
 /// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
 /// last error's text and, when the isolation stopped short, the ranges it had not
 /// judged.
@@ -623,15 +690,13 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,
     batch: &Batch<D>,
-    record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
-    attempt: Attempt,
-    at: AtServer,
+    how: Judging<'_, '_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let cancel = ctx.common.cancel_flights.clone();
     let judged = tokio::select! {
         biased;
-        judged = judge(ctx, replica, batch, record, verdicts, attempt, at) => Some(judged),
+        judged = judge(ctx, replica, batch, verdicts, how) => Some(judged),
         _ = cancel.cancelled() => None,
     };
     judged.unwrap_or_else(|| {
@@ -647,21 +712,26 @@ async fn judge<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,
     batch: &Batch<D>,
-    record: Option<&mut SplitRecorder<'_>>,
     verdicts: &mut [RowVerdict],
-    attempt: Attempt,
-    at: AtServer,
+    how: Judging<'_, '_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
     // Held to the end: a suspect flies alone, and only then, the second time, is a lost
     // connection its rows' doing (see `solo::Suspicion`).
-    let AtServer {
-        turn,
-        keepalive,
-        suspicion,
-    } = at;
+    let Judging {
+        session,
+        attempt,
+        at: AtServer {
+            turn,
+            keepalive,
+            suspicion,
+        },
+    } = how;
     let judged_if_lost = turn.is_alone() && suspicion == Suspicion::IsolatedIfLostAlone;
+    // An availability answer (too many parts, memory) to a batch someone may have sent
+    // before is no proof its rows are not in: it is waited out whole, never split.
+    let may_split_whole = session.whole_never_sent();
     let mut iso = Isolation {
         inserter: &*replica.inserter,
         table: &ctx.key,
@@ -669,7 +739,7 @@ async fn judge<I: Inserter, D: Delivery>(
         metrics: Some(&replica.metrics),
         keepalive,
         batch,
-        record,
+        record: session,
         suspect: judged_if_lost.then_some(revive_within),
     };
     let report = match attempt {
@@ -699,7 +769,9 @@ async fn judge<I: Inserter, D: Delivery>(
                     let text = e.to_string();
                     return (Verdict::MissingTable(e), Some(text), Vec::new());
                 }
-                Err(e) if e.class == Class::Rejected || (e.splittable && n > 1) => {
+                Err(e)
+                    if e.class == Class::Rejected || (e.splittable && n > 1 && may_split_whole) =>
+                {
                     bisect(&mut iso, verdicts, e).await
                 }
                 Err(e) => {
@@ -709,9 +781,8 @@ async fn judge<I: Inserter, D: Delivery>(
             }
         }
     };
-    if let Some(e) = report.store_failed {
-        ctx.metrics.manifest_failures.increment(1);
-        let why = LedgerRefusal::StoreDown(e);
+    if let Some(why) = report.store_failed {
+        ctx.refused(&why);
         let text = why.to_string();
         return (Verdict::Unsent(why), Some(text), report.untried);
     }
@@ -817,15 +888,16 @@ fn on_its_shard<I, D: Delivery>(
     match formed {
         Formed::Batch {
             batch,
-            record: Some(m),
+            record: Some(r),
             back,
-        } if layout.recorded_shard(m.shard) != replica.shard => {
-            let why = LedgerRefusal::StoreDown(crate::ledger::StoreError(format!(
-                "batch {} is recorded for shard {}, and was about to go to shard {}: not sent",
-                m.id,
-                layout.recorded_shard(m.shard) + 1,
-                replica.shard + 1
-            )));
+            ..
+        } if layout.recorded_shard(r.manifest.shard) != replica.shard => {
+            let m = &r.manifest;
+            let why = LedgerRefusal::WrongShard {
+                id: m.id.clone(),
+                recorded: layout.recorded_shard(m.shard) + 1,
+                routed: replica.shard + 1,
+            };
             tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, reason = %why,
                 "a recorded batch was routed to another shard than its own: it goes back");
             let mut messages = back;

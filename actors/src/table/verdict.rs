@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use ractor::RpcReplyPort;
 
+use std::sync::Arc;
+
+use crate::batch::RowVerdict;
 use crate::breaker::Ticket;
 use crate::ledger::LedgerRefusal;
-use crate::ports::{ClickHouseError, Dedup};
+use crate::ports::{Class, ClickHouseError, Dedup};
 
 /// The permissions a flight went with: the pool's of the replica it goes to (its
 /// outage breaker) and the table's own for that replica (its backoff there). Either
@@ -86,12 +89,41 @@ pub enum PendingRows {
     Park(ClickHouseError),
 }
 
+impl PendingRows {
+    /// Apply to a flight's verdicts: the delay its pending rows go back with, and
+    /// whether they were parked instead (their verdicts then say why).
+    pub fn apply(self, verdicts: &mut [RowVerdict]) -> (Duration, bool) {
+        match self {
+            PendingRows::HandBack(delay) => (delay, false),
+            PendingRows::Park(reason) => {
+                let reason = Arc::new(reason);
+                for v in verdicts.iter_mut().filter(|v| **v == RowVerdict::Pending) {
+                    *v = RowVerdict::Rejected(reason.clone());
+                }
+                (Duration::ZERO, true)
+            }
+        }
+    }
+}
+
 /// The pool's part of a verdict, with the pool's ticket.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PoolVerdict {
     Answered(Ticket),
     Outage(Ticket, ClickHouseError),
     Unfinished(Ticket),
+}
+
+impl Verdict {
+    /// The class of the failure its pending rows are retried for (counted by reason).
+    pub fn retry_class(&self) -> Option<Class> {
+        match self {
+            Verdict::PoolOutage(e) | Verdict::TableOutage(e) | Verdict::MissingTable(e) => {
+                Some(e.class)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A flight's verdict for its table. When rows are pending, `reply` gets what becomes

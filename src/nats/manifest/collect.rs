@@ -160,7 +160,7 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             None
         };
         let Some(reason) = reason else { continue };
-        match shared.purge_key(&key).await {
+        match shared.purge_key(&key, None).await {
             Ok(()) => {
                 shared.index.remove(&key, None);
                 shared.settled(&m.id);

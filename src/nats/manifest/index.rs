@@ -232,13 +232,23 @@ impl Index {
 
     /// The manifests a watch that opened behind (see [`Index::fell_behind`]) has not
     /// delivered: lost by the bucket, or removed (the bucket says which).
+    /// The manifests not in `seen`, in the order of their claims.
     fn unseen(&self, seen: &HashSet<String>) -> Vec<(String, Arc<Manifest>)> {
-        self.read()
+        let mut unseen: Vec<(u64, String, Arc<Manifest>)> = self
+            .read()
             .by_key
             .iter()
             .filter(|(k, _)| !seen.contains(*k))
-            .map(|(k, v)| (k.clone(), v.manifest.clone()))
-            .collect()
+            .map(|(k, v)| {
+                (
+                    v.manifest.claim_order(v.revision),
+                    k.clone(),
+                    v.manifest.clone(),
+                )
+            })
+            .collect();
+        unseen.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        unseen.into_iter().map(|(_, k, m)| (k, m)).collect()
     }
 
     /// Wait (at most `deadline`) until the watch has applied `revision`.
@@ -603,6 +613,14 @@ async fn catch_up(
 /// Every manifest the index holds and the watch did not deliver: read directly; one
 /// with neither a value nor a removal marker in the bucket is written again. Returns
 /// how many were.
+///
+/// They are written in the order of their claims, each as a claim at its new revision:
+/// the bucket numbers its writes again from below the loss, so a claim's old revision
+/// means nothing beside the new ones, and among batches claiming one message the
+/// earlier must stay earlier (written back in any order, a batch left behind unjudged
+/// could pass for the first claim, and the batch that was sent would be withdrawn as
+/// the loser: its rows inserted again as new ones). A record is only created, never
+/// written over one another instance wrote back (or wrote anew) first.
 async fn restore_lost(
     index: &Index,
     store: &kv::Store,
@@ -614,22 +632,30 @@ async fn restore_lost(
             .entry(key.clone())
             .await
             .map_err(|e| format!("reading manifest {key} to restore it: {e}"))?;
-        match entry {
+        if let Some(entry) = entry {
             // Removed, or written since: the bucket knows better.
-            Some(entry) => {
-                apply(index, &entry);
-                seen.insert(key);
-            }
-            None => {
-                let revision = store
-                    .put(key.clone(), encode(&manifest))
-                    .await
-                    .map_err(|e| format!("writing lost manifest {key} again: {e}"))?;
-                index.put(&key, revision, (*manifest).clone());
-                seen.insert(key);
+            apply(index, &entry);
+            seen.insert(key);
+            continue;
+        }
+        let rebased = (*manifest).clone().claimed_as(0);
+        match store.create(key.clone(), encode(&rebased)).await {
+            Ok(revision) => {
+                index.put(&key, revision, rebased);
                 restored += 1;
             }
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                if let Some(entry) = store
+                    .entry(key.clone())
+                    .await
+                    .map_err(|e| format!("reading manifest {key} to restore it: {e}"))?
+                {
+                    apply(index, &entry);
+                }
+            }
+            Err(e) => return Err(format!("writing lost manifest {key} again: {e}")),
         }
+        seen.insert(key);
     }
     Ok(restored)
 }

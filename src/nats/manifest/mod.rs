@@ -46,7 +46,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{StreamExt as _, TryStreamExt as _};
 use sluice_actors::{
-    Changes, ClaimError, FetchError, LedgerSnapshot, Manifest, ManifestStore, StoreError, TableKey,
+    Changes, ClaimError, FetchError, LedgerSnapshot, Manifest, ManifestStore, Recorded, StoreError,
+    TableKey, UpdateError,
 };
 use tokio::task::JoinHandle;
 
@@ -234,11 +235,20 @@ impl ManifestStore for JsManifestStore {
         self.shared.index.earlier_claim(manifest)
     }
 
-    fn update<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.shared.record(manifest).await.map(|_| ()) })
+    fn update<'a>(
+        &'a self,
+        manifest: &'a Manifest,
+        expected: u64,
+    ) -> BoxFuture<'a, Result<u64, UpdateError>> {
+        Box::pin(async move {
+            let written = self.shared.record(manifest, Write::Over(expected)).await;
+            written
+                .map(|(_, revision)| revision)
+                .map_err(|e| e.superseded(&manifest.id))
+        })
     }
 
-    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Manifest>, StoreError>> {
+    fn current<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Recorded>, StoreError>> {
         Box::pin(self.shared.current(id))
     }
 
@@ -246,8 +256,12 @@ impl ManifestStore for JsManifestStore {
         Box::pin(self.shared.forget(id))
     }
 
-    fn withdraw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.shared.withdraw(id))
+    fn withdraw<'a>(
+        &'a self,
+        id: &'a str,
+        expected: u64,
+    ) -> BoxFuture<'a, Result<(), UpdateError>> {
+        Box::pin(self.shared.withdraw(id, expected))
     }
 
     fn fetch<'a>(
@@ -294,26 +308,53 @@ impl Shared {
         Ok(self.index.key(incarnation, id))
     }
 
-    /// Write a manifest; returns its key and the bucket's revision of the value.
-    async fn record(&self, m: &Manifest) -> Result<(String, u64), StoreError> {
-        let key = self.key_of(&m.id)?;
+    /// Write a manifest as `how` says; returns its key and the bucket's revision of the
+    /// value.
+    async fn record(&self, m: &Manifest, how: Write) -> Result<(String, u64), WriteError> {
+        let key = self.key_of(&m.id).map_err(WriteError::Store)?;
         // Read before the write: a reconnect during it makes `forget` defer.
         let connects = self.connects();
         let subject = bucket::subject(&self.settings.bucket, &key);
         let published = self
             .puts
-            .publish(subject, codec::encode(m), None, None)
+            .publish(subject, codec::encode(m), how.headers(), None)
             .await
             .map_err(|e| match e {
-                PublishError::QueueFull => StoreError(format!(
+                PublishError::WrongLastSequence => WriteError::NotAsRead,
+                PublishError::QueueFull => WriteError::Store(StoreError(format!(
                     "the manifest bucket {} is full ([nats] manifest_max_bytes): batches wait until manifests are removed",
                     self.settings.bucket
-                )),
-                e => StoreError(format!("recording manifest {key}: {e}")),
+                ))),
+                e => WriteError::Store(StoreError(format!("recording manifest {key}: {e}"))),
             })?;
         self.index.put(&key, published.sequence, m.clone());
         lock(&self.recorded).insert(m.id.clone(), connects);
         Ok((key, published.sequence))
+    }
+
+    /// Write a new record only where the bucket holds none: over nothing, or over the
+    /// removal marker of an earlier record of the same batch (its messages claimed
+    /// again once it was withdrawn or lost its claim). `NotAsRead` when a record is
+    /// there.
+    async fn create(&self, m: &Manifest) -> Result<(String, u64), WriteError> {
+        match self.record(m, Write::New).await {
+            Err(WriteError::NotAsRead) => {
+                let key = self.key_of(&m.id).map_err(WriteError::Store)?;
+                let kv = self.bucket().map_err(WriteError::Store)?;
+                let entry = super::kv_bucket::read_from_leader(&kv, &key)
+                    .await
+                    .map_err(|e| {
+                        WriteError::Store(StoreError(format!("reading manifest {key}: {e}")))
+                    })?;
+                match entry {
+                    Some(marker) if marker.operation != kv::Operation::Put => {
+                        self.record(m, Write::Over(marker.revision)).await
+                    }
+                    _ => Err(WriteError::NotAsRead),
+                }
+            }
+            written => written,
+        }
     }
 
     /// A new batch claims its messages: no batch recorded before it may hold one of
@@ -321,7 +362,18 @@ impl Shared {
     /// ClickHouse cannot tell for copies. The earlier claim wins: this one is removed
     /// and its rows go back, to come again and join that batch.
     async fn claim(&self, m: &Manifest) -> Result<u64, ClaimError> {
-        let (key, revision) = self.record(m).await.map_err(ClaimError::Unavailable)?;
+        let (key, revision) = match self.create(m).await {
+            Ok(written) => written,
+            // The same messages were claimed first by another flight (copies of them
+            // held here and there): that record stands, these go back to join it.
+            Err(WriteError::NotAsRead) => {
+                return Err(ClaimError::Conflict {
+                    id: m.id.clone(),
+                    earlier: m.id.clone(),
+                })
+            }
+            Err(WriteError::Store(e)) => return Err(ClaimError::Unavailable(e)),
+        };
         if !self.index.wait_watched(revision, CLAIM_WAIT).await {
             // Not judged, and not removed either: another instance may have gathered it
             // meanwhile and be sending it (removed under that flight, its messages would
@@ -335,7 +387,7 @@ impl Shared {
         let Some(earlier) = self.index.earlier_claim(m) else {
             return Ok(revision);
         };
-        if self.purge_key(&key).await.is_ok() {
+        if self.purge_key(&key, Some(revision)).await.is_ok() {
             self.index.remove(&key, None);
             lock(&self.recorded).remove(&m.id);
         }
@@ -346,7 +398,7 @@ impl Shared {
     }
 
     /// The manifest's value in the bucket now, read directly (not from the index).
-    async fn current(&self, id: &str) -> Result<Option<Manifest>, StoreError> {
+    async fn current(&self, id: &str) -> Result<Option<Recorded>, StoreError> {
         let key = self.key_of(id)?;
         let kv = self.bucket()?;
         // From the leader: the ledger decides on what this says (see `read_from_leader`).
@@ -360,8 +412,11 @@ impl Shared {
         let manifest = codec::decode(&entry.value, incarnation)
             .map_err(|e| StoreError(format!("reading manifest {key}: {e}")))?;
         // A record never written again since its claim: this is its claim's revision.
-        let revision = manifest.claim_order(entry.revision);
-        Ok(Some(manifest.claimed_as(revision)))
+        let claim = manifest.claim_order(entry.revision);
+        Ok(Some(Recorded {
+            manifest: manifest.claimed_as(claim),
+            revision: entry.revision,
+        }))
     }
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
@@ -383,7 +438,7 @@ impl Shared {
         }
         let key = self.key_of(id)?;
         let connects = self.connects();
-        let purged = self.purge_key(&key).await;
+        let purged = self.purge_key(&key, None).await;
         if purged.is_err() || self.connects() != connects {
             // The removal may go out (or have gone out) over a new connection, after a
             // nats-server crash that lost the acks it relied on: a removal a client
@@ -391,24 +446,27 @@ impl Shared {
             // written again behind it and left to the collector, which judges by the
             // ack floor as the server has it now.
             if let Some(manifest) = self.index.get(&key) {
-                let _ = self.record(&manifest).await;
+                let _ = self.record(&manifest, Write::Anyway).await;
             }
             lock(&self.deferred).insert(id.to_string());
             tracing::debug!(manifest = %id,
                 "a manifest's removal crossed a reconnect: written again, it is collected once its rows are known acked");
-            return purged.map_err(StoreError);
+            return purged.map_err(|e| e.store());
         }
         self.index.remove(&key, None);
         Ok(())
     }
 
     /// See [`ManifestStore::withdraw`]: removed now, on one server or a cluster, after
-    /// a reconnect or not (the deferrals of `forget` guard settled records only).
-    async fn withdraw(&self, id: &str) -> Result<(), StoreError> {
+    /// a reconnect or not (the deferrals of `forget` guard settled records only), if it
+    /// is still at `expected`.
+    async fn withdraw(&self, id: &str, expected: u64) -> Result<(), UpdateError> {
+        let key = self.key_of(id).map_err(UpdateError::Unavailable)?;
+        self.purge_key(&key, Some(expected))
+            .await
+            .map_err(|e| e.superseded(id))?;
         lock(&self.recorded).remove(id);
         lock(&self.deferred).remove(id);
-        let key = self.key_of(id)?;
-        self.purge_key(&key).await.map_err(StoreError)?;
         self.index.remove(&key, None);
         Ok(())
     }
@@ -479,12 +537,16 @@ impl Shared {
             })
     }
 
-    /// Remove a key; every watch sees the removal marker.
-    async fn purge_key(&self, key: &str) -> Result<(), String> {
-        let kv = self.bucket().map_err(|e| e.0)?;
-        kv.purge(key)
+    /// Remove a key (only at revision `expected`, when given); every watch sees the
+    /// removal marker.
+    async fn purge_key(&self, key: &str, expected: Option<u64>) -> Result<(), WriteError> {
+        let kv = self.bucket().map_err(WriteError::Store)?;
+        kv.purge_expect_revision(key, expected)
             .await
-            .map_err(|e| format!("removing manifest {key}: {e}"))
+            .map_err(|e| match e.kind() {
+                kv::PurgeErrorKind::WrongLastRevision => WriteError::NotAsRead,
+                _ => WriteError::Store(StoreError(format!("removing manifest {key}: {e}"))),
+            })
     }
 
     /// Whether the manifest's `forget` was deferred by a reconnect.
@@ -503,6 +565,60 @@ impl Shared {
     fn settled(&self, id: &str) {
         lock(&self.deferred).remove(id);
         lock(&self.recorded).remove(id);
+    }
+}
+
+/// How a record is written.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// Only where the bucket holds nothing for its key (a claim).
+    New,
+    /// Only over the state at this revision (every write after a claim).
+    Over(u64),
+    /// Whatever is there (a settled record written back behind a removal that crossed
+    /// a reconnect: see `forget`).
+    Anyway,
+}
+
+impl Write {
+    fn headers(self) -> Option<async_nats::HeaderMap> {
+        let expected = match self {
+            Write::New => 0,
+            Write::Over(revision) => revision,
+            Write::Anyway => return None,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        Some(headers)
+    }
+}
+
+/// Why a write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WriteError {
+    /// The key is not at the revision the write expected: someone wrote it first.
+    #[error("the manifest was written by someone else meanwhile")]
+    NotAsRead,
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl WriteError {
+    fn superseded(self, id: &str) -> UpdateError {
+        match self {
+            WriteError::NotAsRead => UpdateError::Superseded { id: id.to_owned() },
+            WriteError::Store(e) => UpdateError::Unavailable(e),
+        }
+    }
+
+    fn store(self) -> StoreError {
+        match self {
+            WriteError::Store(e) => e,
+            not_as_read => StoreError(not_as_read.to_string()),
+        }
     }
 }
 
