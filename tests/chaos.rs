@@ -48,6 +48,7 @@
 //! | `sluice_sigterm`                 | SIGTERM under load: exit 0, restarted, no duplicate     | 3     |
 //! | `sluice_sigterm_clickhouse_frozen` | SIGTERM with inserts hanging: deadline, exit 0        | 3     |
 //! | `split_interrupted_by_an_outage` | the twin's batch split (252), its first parts in, then every INSERT 502 for 5 s: resumed, never sent whole | 20 |
+//! | `retry_252_after_a_committed_insert` | the twin's inserts carried out and their answers lost, then the retries answered 252: waited out and sent whole, never split | 36 |
 //! | `replicated_default_window`      | Sluice kill -9 beside a Replicated copy left at 18.16's default window (100): reported at least once, as the docs' arithmetic says | 20 |
 //! | `nats::sluice_kill9`             | Sluice kill -9 under load, restarted                    | 3 (f) |
 //! | `nats::nats_server_restart`      | nats-server stopped and started under load              | 6     |
@@ -1339,6 +1340,71 @@ async fn split_interrupted_by_an_outage() -> Result<()> {
     tokio::time::sleep(secs(5)).await; // the outage
     let proxy = s.stack.proxy.as_ref().context("no proxy")?;
     proxy.clear_rules();
+    let published = s.published(feed).await?;
+    s.finish(&[published]).await?;
+    Ok(())
+}
+
+/// Issue 36 (1): ClickHouse takes the twin's inserts and the answers are lost (the proxy
+/// forwards them, then resets the connection); the retries of those batches, the same
+/// rows under the same tokens, are answered 252 TOO_MANY_PARTS (ClickHouse counts parts
+/// before it looks at a block's id). Split, they would go in again as new blocks: the
+/// twin would hold their rows twice. Waited out and sent whole, ClickHouse drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_252_after_a_committed_insert() -> Result<()> {
+    let Some(mut s) = Scenario::start(
+        "retry_252_after_a_committed_insert",
+        SLUICE,
+        StackOptions::default().with_proxy(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    s.create_tables(&["events"]).await?;
+    s.start_sluice().await?;
+    let feed = s.feed_api(
+        "events",
+        RowSet::good(0..6000).with_bad_spread(6),
+        Pace::new(200, ms(100)),
+    )?;
+    landing(&s, "events", 400).await?;
+    let proxy = s.stack.proxy.as_ref().context("no proxy")?;
+    proxy.clear_requests();
+    // `INSERT INTO `<database>`.`<table>``: the table's part of the query.
+    let into_twin = format!("`.`{}`", twin_of("events"));
+    proxy.add_rule(Rule::query_contains(&into_twin, Mode::AnswerLost).times(3));
+    proxy.add_rule(
+        Rule::query_contains(
+            &into_twin,
+            Respond::clickhouse_modern(
+                252,
+                "TOO_MANY_PARTS",
+                "Too many parts (300). Merges are processing significantly slower than inserts",
+            ),
+        )
+        .times(6),
+    );
+    wait_for(
+        "the twin's answers lost, then its retries answered 252",
+        secs(60),
+        ms(100),
+        || async {
+            let log = proxy.requests();
+            let lost = log
+                .iter()
+                .filter(|r| r.action.contains("lose the answer"))
+                .count();
+            let refused = log.iter().filter(|r| r.action.contains("respond")).count();
+            if lost == 3 && refused == 6 {
+                Ok(())
+            } else {
+                anyhow::bail!("{lost} answers lost, {refused} retries answered 252")
+            }
+        },
+    )
+    .await
+    .with_context(|| s.logs())?;
     let published = s.published(feed).await?;
     s.finish(&[published]).await?;
     Ok(())

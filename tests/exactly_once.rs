@@ -479,3 +479,54 @@ async fn a_retry_answered_too_many_parts_after_a_committed_insert_is_not_split()
     );
     Ok(())
 }
+
+/// Issue 36, "also": a message delivered again that no record covers (here its batch's
+/// record was removed while the batch was open, as one that expired after the
+/// bucket's `max_age` would be) goes into a new batch: counted in
+/// `sluice_messages_uncovered_total` and logged, so a duplicate can be traced to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_delivered_again_that_no_record_covers_are_counted_and_logged() -> Result<()> {
+    let Some(mut stack) = stack().await? else {
+        return Ok(());
+    };
+    crash_at(&mut stack, "crash-after-insert", 0..200).await?;
+    // The crashed batch's record goes, as if it had expired.
+    let js = async_nats::jetstream::new(
+        async_nats::connect(stack.nats.url())
+            .await
+            .context("connecting to NATS")?,
+    );
+    let bucket = js
+        .get_key_value("SLUICE_MANIFESTS")
+        .await
+        .context("the manifest bucket")?;
+    let mut keys = bucket.keys().await.context("listing records")?;
+    let mut removed = 0;
+    while let Some(key) = futures::StreamExt::next(&mut keys).await {
+        bucket
+            .purge(key.context("a record's key")?)
+            .await
+            .context("removing a record")?;
+        removed += 1;
+    }
+    ensure!(removed == 1, "{removed} records found of the crashed batch");
+    let survivor = survive(&mut stack, 1000..1100, 300).await?;
+    let metrics = stack.metrics_of(survivor).await?;
+    let uncovered = metric_value(
+        &metrics,
+        "sluice_messages_uncovered_total",
+        &[("table", TABLE)],
+    );
+    // 200 rows in one request: two messages of `[api] chunk_rows` (100) rows.
+    ensure!(
+        uncovered == 2.0,
+        "sluice_messages_uncovered_total = {uncovered}; the crashed batch's 2 messages came again uncovered"
+    );
+    let log = stack.sluice_output(survivor)?;
+    ensure!(
+        log.contains("covered by no batch record"),
+        "no line of the uncovered messages in the log: {}",
+        stack.sluice[survivor].log_tail(40)
+    );
+    Ok(())
+}

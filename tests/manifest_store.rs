@@ -25,7 +25,7 @@ use sluice_actors::{
     RejectedRow, ServerInfo, Source, SourceFactory, TableKey, TableSettings, TableSettingsResolver,
     Target,
 };
-use sluice_harness::{available, wait_until, NatsFlavor, NatsServer};
+use sluice_harness::{available, wait_for, wait_until, NatsFlavor, NatsServer};
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -61,6 +61,7 @@ fn manifest_settings() -> ManifestSettings {
         // The tests collect when they mean to.
         collect_every: Duration::from_secs(3600),
         marker_age: Duration::from_secs(60),
+        max_age: MANIFEST_MAX_AGE,
     }
 }
 
@@ -1547,5 +1548,57 @@ async fn records_written_back_after_a_loss_keep_their_order_of_claim() -> Result
         );
         assert_eq!(c.store.earlier_claim(&earlier_now), None);
     }
+    Ok(())
+}
+
+/// Issue 36, "also": the bucket drops a record its `max_age` after its last write (24 h;
+/// 2 s here). Gone without a removal marker, it used to stay in every index, its
+/// messages gathered for it for ever and no one told. The collector sees it expired:
+/// out of the index, counted (`reason="expired"`) and logged.
+#[tokio::test]
+async fn a_record_the_bucket_expired_is_counted_and_leaves_the_index() -> Result<()> {
+    let Some(setup) =
+        Setup::start("a_record_the_bucket_expired_is_counted_and_leaves_the_index").await?
+    else {
+        return Ok(());
+    };
+    let js = connect(&setup.server).await?;
+    let store = JsManifestStore::start(
+        js,
+        ManifestSettings {
+            max_age: Duration::from_secs(2),
+            ..manifest_settings()
+        },
+    );
+    store
+        .ready(READY)
+        .await
+        .map_err(|e| anyhow!("the store is not ready: {e}"))?;
+    let seqs = setup.publish_rows(2).await?;
+    let open = batch_of(&store, seqs.clone());
+    store
+        .claim(&open)
+        .await
+        .map_err(|e| anyhow!("claiming {}: {e}", open.id))?;
+    ensure!(
+        store.holding(seqs[0]).is_some(),
+        "the index holds the claim"
+    );
+    let collected = wait_for(
+        "the record collected as expired",
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+        || async {
+            let collected = store
+                .collect()
+                .await
+                .map_err(|e| anyhow!("collecting: {e}"))?;
+            ensure!(collected.expired == 1, "{collected:?}");
+            Ok(collected)
+        },
+    )
+    .await?;
+    assert_eq!(collected.removed(), 1, "{collected:?}");
+    assert_eq!(store.holding(seqs[0]), None, "the index let it go");
     Ok(())
 }

@@ -58,6 +58,10 @@ pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
 /// Messages whose rows belong to several shards (a table's `shard_key`), published
 /// again as one message per shard and acked.
 pub const MESSAGES_SPLIT: &str = "sluice_messages_split_total";
+/// Messages delivered again (a nak, `ack_wait`) into an exactly-once table that no
+/// record covers, formed into a fresh batch: where a duplicate is traced to its cause
+/// (a record expired or removed while a copy of its message was still out).
+pub const MESSAGES_UNCOVERED: &str = "sluice_messages_uncovered_total";
 /// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -95,6 +99,7 @@ pub const ALL: &[&str] = &[
     MANIFEST_FAILURES,
     PAST_DEDUP_WINDOW,
     MESSAGES_SPLIT,
+    MESSAGES_UNCOVERED,
     CONSUMER_PENDING,
     CONSUMER_STALLS,
     ACTOR_RESTARTS,
@@ -175,6 +180,11 @@ pub fn describe_all() {
         MESSAGES_SPLIT,
         Unit::Count,
         "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard."
+    );
+    describe_counter!(
+        MESSAGES_UNCOVERED,
+        Unit::Count,
+        "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch."
     );
     describe_gauge!(
         CONSUMER_PENDING,
@@ -258,6 +268,7 @@ pub struct TableMetrics {
     pub manifest_failures: Counter,
     pub past_dedup_window: Counter,
     pub messages_split: Counter,
+    pub messages_uncovered: Counter,
 }
 
 impl TableMetrics {
@@ -289,6 +300,7 @@ impl TableMetrics {
             manifest_failures: tt(MANIFEST_FAILURES),
             past_dedup_window: tt(PAST_DEDUP_WINDOW),
             messages_split: tt(MESSAGES_SPLIT),
+            messages_uncovered: tt(MESSAGES_UNCOVERED),
         }
     }
 

@@ -157,7 +157,15 @@ pub struct Sorted<D> {
     pub settled: Vec<(Arc<Manifest>, Vec<D>)>,
     /// Batches whose gathering this opened: arm their `reform_wait`.
     pub opened: Vec<String>,
+    /// Fresh messages delivered before (a nak, `ack_wait`): no record covers them, so
+    /// they go into a new batch. On an exactly-once table that is where a duplicate
+    /// starts, should a record of theirs have expired or gone while a copy was out.
+    pub uncovered: usize,
 }
+
+/// How often a table logs messages delivered again that no record covers (they are
+/// counted every time).
+pub const UNCOVERED_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One table's part of the ledger: its index of recorded batches, the batches being
 /// gathered to fly again, and (for a table whose batches are not recorded) the lines
@@ -173,6 +181,8 @@ pub struct TableLedger<D> {
     /// isolated and parked twice. Hashed as the index's sequences are: with SipHash
     /// its three operations per message cost ~5% of Sluice's instructions per row.
     flying: SequenceSet,
+    /// When messages no record covers were last logged (see [`Sorted::uncovered`]).
+    uncovered_logged: Option<Instant>,
 }
 
 impl<D> Default for TableLedger<D> {
@@ -182,6 +192,7 @@ impl<D> Default for TableLedger<D> {
             gatherings: Gatherings::default(),
             settled_lines: SettledLines::default(),
             flying: SequenceSet::default(),
+            uncovered_logged: None,
         }
     }
 }
@@ -217,6 +228,7 @@ impl<D: Delivery> TableLedger<D> {
             fresh: Vec::new(),
             settled: Vec::new(),
             opened: Vec::new(),
+            uncovered: 0,
         };
         // Nearly always none is recorded: then the messages stay where they are (moving
         // each one into a new vector showed in the CPU per row).
@@ -226,6 +238,7 @@ impl<D: Delivery> TableLedger<D> {
                 .all(|d| self.index.holding(d.position().stream_sequence).is_none())
         {
             sorted.fresh = arrivals;
+            sorted.uncovered = delivered_before(&sorted.fresh);
             return sorted;
         }
         sorted.fresh.reserve(arrivals.len());
@@ -246,7 +259,20 @@ impl<D: Delivery> TableLedger<D> {
                 }
             }
         }
+        sorted.uncovered = delivered_before(&sorted.fresh);
         sorted
+    }
+
+    /// Whether messages no record covers are to be logged now (at most once every
+    /// [`UNCOVERED_LOG_EVERY`]).
+    pub fn log_uncovered(&mut self, now: Instant) -> bool {
+        let due = self
+            .uncovered_logged
+            .is_none_or(|at| now.duration_since(at) >= UNCOVERED_LOG_EVERY);
+        if due {
+            self.uncovered_logged = Some(now);
+        }
+        due
     }
 
     /// The wait for batch `id`'s messages is over: it flies with what came.
@@ -364,6 +390,14 @@ impl<D: Delivery> TableLedger<D> {
     pub fn remember_settled_lines(&mut self, partly: Vec<(u64, Vec<u32>)>) {
         self.settled_lines.remember(partly);
     }
+}
+
+/// How many of these messages JetStream delivered before.
+fn delivered_before<D: Delivery>(messages: &[D]) -> usize {
+    messages
+        .iter()
+        .filter(|d| d.position().deliveries > 1)
+        .count()
 }
 
 /// Messages of a batch whose verdicts are recorded, delivered again (their acks were

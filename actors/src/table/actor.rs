@@ -318,12 +318,31 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
             return rows;
         }
         let sorted = self.ledger.sort(rows, now);
+        self.count_uncovered(sorted.uncovered, now);
         for id in sorted.opened {
             let wait = self.ctx.common.settings.reform_wait;
             myself.send_after(wait, move || TableMsg::ReformDue(id));
         }
         self.settle_by_records(sorted.settled);
         sorted.fresh
+    }
+
+    /// Messages delivered again that no record covers, into a table reported
+    /// exactly-once: counted, and the first of each minute logged, so a duplicate can
+    /// be traced to its cause (a record expired, or removed while a copy was out).
+    fn count_uncovered(&mut self, uncovered: usize, now: Instant) {
+        let exactly_once = self.dedup.as_ref().is_some_and(|d| d.exactly_once);
+        if uncovered == 0 || !exactly_once {
+            return;
+        }
+        self.ctx
+            .metrics
+            .messages_uncovered
+            .increment(uncovered as u64);
+        if self.ledger.log_uncovered(now) {
+            tracing::warn!(tenant = %self.ctx.key.tenant, table = %self.ctx.key.table, messages = uncovered,
+                "messages delivered again are covered by no batch record: they go into a new batch (their rows are in ClickHouse twice if an earlier batch of theirs went in and its record expired or was removed; sluice_messages_uncovered_total counts them)");
+        }
     }
 
     /// Messages of batches whose verdicts are recorded: settled by them, from a task.

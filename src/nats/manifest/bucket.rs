@@ -31,8 +31,9 @@ pub async fn ensure_bucket(
         purpose: "manifest",
         description: "Sluice batch manifests: which rows each insert carried, for exactly-once",
         max_bytes: s.max_bytes,
-        max_age: MAX_AGE,
-        duplicate_window: DUPLICATE_WINDOW,
+        max_age: s.max_age,
+        // JetStream refuses a duplicate window longer than the age it keeps messages.
+        duplicate_window: DUPLICATE_WINDOW.min(s.max_age),
         replicas: s.replicas,
     };
     kv_bucket::ensure(js, &shape).await

@@ -39,6 +39,9 @@ enum Reason {
     ForgottenAfterReconnect,
     /// Nothing of it is left in the stream.
     Gone,
+    /// The bucket dropped it after its `max_age` (24 h): a batch held that long loses
+    /// its record, and its rows are sent as a new batch (at least once).
+    Expired,
 }
 
 impl Reason {
@@ -48,6 +51,7 @@ impl Reason {
             Reason::Acked => "acked",
             Reason::ForgottenAfterReconnect => "forgotten_after_reconnect",
             Reason::Gone => "gone_from_stream",
+            Reason::Expired => "expired",
         }
     }
 }
@@ -59,6 +63,9 @@ pub struct Collected {
     pub acked: u64,
     pub forgotten_after_reconnect: u64,
     pub gone_from_stream: u64,
+    /// Records the bucket dropped after its `max_age` (taken out of the index: the
+    /// tables hear they are gone).
+    pub expired: u64,
     /// Removal markers dropped from the bucket.
     pub markers: u64,
     /// Removals that failed (left for the next pass).
@@ -72,11 +79,16 @@ impl Collected {
             Reason::Acked => self.acked += 1,
             Reason::ForgottenAfterReconnect => self.forgotten_after_reconnect += 1,
             Reason::Gone => self.gone_from_stream += 1,
+            Reason::Expired => self.expired += 1,
         }
     }
 
     pub fn removed(&self) -> u64 {
-        self.old_incarnation + self.acked + self.forgotten_after_reconnect + self.gone_from_stream
+        self.old_incarnation
+            + self.acked
+            + self.forgotten_after_reconnect
+            + self.gone_from_stream
+            + self.expired
     }
 }
 
@@ -87,9 +99,41 @@ pub fn register_metrics() {
         Reason::Acked,
         Reason::ForgottenAfterReconnect,
         Reason::Gone,
+        Reason::Expired,
     ] {
         metrics::counter!(MANIFESTS_COLLECTED, "reason" => reason.as_str()).increment(0);
     }
+}
+
+/// Whether the record under `key`, taken by the index longer than the bucket's
+/// `max_age` ago, is gone from the bucket without a removal: the bucket dropped it.
+/// Then it leaves the index (the tables hear of it, and its messages no longer wait to
+/// be gathered for it), counted and logged: a batch held that long is sent as a new
+/// one, at least once.
+async fn expired(
+    shared: &Shared,
+    key: &str,
+    indexed: &super::index::Indexed,
+    out: &mut Collected,
+) -> bool {
+    let Ok(kv) = shared.bucket() else {
+        return false;
+    };
+    match super::super::kv_bucket::read_from_leader(&kv, key).await {
+        Ok(None) => {}
+        // There (written again since), removed by a marker the watch reports, or
+        // unreadable now: not this pass's to judge.
+        _ => return false,
+    }
+    let m = &indexed.manifest;
+    shared.index.remove(key, None);
+    shared.settled(&m.id);
+    out.count(Reason::Expired);
+    metrics::counter!(MANIFESTS_COLLECTED, "reason" => Reason::Expired.as_str()).increment(1);
+    tracing::warn!(tenant = %m.table.tenant, table = %m.table.table, manifest = %m.id,
+        state = if m.is_settled() { "settled" } else { "unsettled" },
+        "a batch record expired (the manifest bucket keeps one 24 h at most): its messages still in the stream are sent as a new batch, at least once");
+    true
 }
 
 /// One pass. Reads where the ingest stream and its consumer stand first: without
@@ -140,7 +184,12 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             .map(|(_, i)| i.manifest.id.as_str())
             .collect(),
     );
+    let max_age = s.max_age;
     for (key, indexed) in snapshot {
+        if indexed.taken_at.elapsed() >= max_age && expired(shared, &key, &indexed, &mut out).await
+        {
+            continue;
+        }
         let m = &indexed.manifest;
         let last = m.messages.last().copied().unwrap_or(0);
         let reason = if indexed.incarnation < incarnation {

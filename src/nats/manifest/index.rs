@@ -75,6 +75,10 @@ pub struct Indexed {
     /// The bucket's sequence of the value: a later one replaces an earlier one, never
     /// the other way round (a record and the watch's echo of it can cross).
     pub revision: u64,
+    /// When this instance took the value (at or after its write): the bucket drops a
+    /// value its `max_age` after its write, so one taken longer ago than that may have
+    /// expired (the collector looks).
+    pub taken_at: Instant,
 }
 
 /// Whether the index holds everything the bucket held when its watch opened.
@@ -183,6 +187,7 @@ impl Index {
                 incarnation,
                 manifest: manifest.clone(),
                 revision,
+                taken_at: Instant::now(),
             },
         );
         if Some(incarnation) == state.incarnation {

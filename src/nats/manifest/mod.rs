@@ -87,6 +87,9 @@ pub struct ManifestSettings {
     /// Removal markers older than this are dropped from the bucket by the collector,
     /// so that a new watch does not read a day of them.
     pub marker_age: Duration,
+    /// How long the bucket keeps a record at most ([`MANIFEST_MAX_AGE`]; a test may
+    /// shorten it): the collector tells records that expired.
+    pub max_age: Duration,
 }
 
 impl From<&NatsConfig> for ManifestSettings {
@@ -99,6 +102,7 @@ impl From<&NatsConfig> for ManifestSettings {
             consumer: c.consumer.clone(),
             collect_every: COLLECT_EVERY,
             marker_age: MARKER_AGE,
+            max_age: bucket::MAX_AGE,
         }
     }
 }
