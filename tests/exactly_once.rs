@@ -530,3 +530,86 @@ async fn messages_delivered_again_that_no_record_covers_are_counted_and_logged()
     );
     Ok(())
 }
+
+/// Issue 36 (1) on a real 18.16 answer: the table throws TOO_MANY_PARTS at 4 parts of a
+/// partition, 3 are made by hand with merges stopped, and Sluice's first insert is
+/// carried out with its answer lost (the fourth part). Every retry of that batch, the
+/// same rows and block, is refused with a real 252 until merges run again: it must be
+/// waited out whole, then dropped by ClickHouse as the block it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_refused_for_too_many_parts_by_clickhouse_itself_is_not_split() -> Result<()> {
+    if sluice_harness::available(
+        "a_retry_refused_for_too_many_parts_by_clickhouse_itself_is_not_split",
+        sluice_harness::clickhouse::binary(),
+    )?
+    .is_none()
+    {
+        return Ok(());
+    }
+    let mut stack = Stack::start(StackOptions::default().with_zookeeper().with_proxy()).await?;
+    let ch = &stack.clickhouse;
+    ch.exec(&format!(
+        "CREATE TABLE {TABLE} (id UInt64, name String) ENGINE = {} ORDER BY id \
+         SETTINGS replicated_deduplication_window = 1000, parts_to_delay_insert = 4, parts_to_throw_insert = 4",
+        sluice_harness::clickhouse::replicated_merge_tree("default", TABLE)
+    ))
+    .await?;
+    ch.exec(&format!("SYSTEM STOP MERGES {TABLE}")).await?;
+    for id in 0..3 {
+        ch.exec(&format!(
+            "INSERT INTO {TABLE} VALUES ({}, 'made by hand')",
+            1_000_000 + id
+        ))
+        .await?;
+    }
+    stack.set("ingest.batch_age", "200ms");
+    let insert = format!("`{TABLE}` FORMAT JSONEachRow");
+    stack
+        .proxy
+        .as_ref()
+        .context("the stack's proxy")?
+        .add_rule(Rule::query_contains(&insert, Mode::AnswerLost).times(1));
+    stack.start_sluice(SLUICE).await?;
+    let (status, body) = stack.ingest(TABLE, &rows(0..500)).await?;
+    ensure!(status == 202, "ingest answered {status}: {body}");
+    // The lost answer, then retries refused by the server itself.
+    wait_for(
+        "three retries of the batch refused for too many parts",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let proxy = stack.proxy.as_ref().context("the stack's proxy")?;
+            let inserts = proxy
+                .requests()
+                .iter()
+                .filter(|r| r.query_param("query").is_some_and(|q| q.contains(&insert)))
+                .count();
+            ensure!(inserts >= 4, "{inserts} inserts of the batch so far");
+            Ok(())
+        },
+    )
+    .await
+    .with_context(|| stack.sluice[0].log_tail(60))?;
+    let ch = &stack.clickhouse;
+    ch.exec(&format!("SYSTEM START MERGES {TABLE}")).await?;
+    ch.exec(&format!("OPTIMIZE TABLE {TABLE} FINAL")).await?;
+    let jet = JetStreamView::connect(&stack.nats.url()).await?;
+    wait_for(
+        "every row settled and the stream drained",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let backlog = jet.backlog().await?;
+            ensure!(backlog.consumer_done(), "{backlog:?}");
+            Ok(())
+        },
+    )
+    .await
+    .with_context(|| stack.sluice[0].log_tail(60))?;
+    let (total, distinct) = counts(&stack.clickhouse, TABLE).await?;
+    ensure!(
+        (total, distinct) == (503, 503),
+        "count() = {total}, uniqExact(id) = {distinct} (500 rows and 3 made by hand): the retry was split and its rows went in again"
+    );
+    Ok(())
+}
