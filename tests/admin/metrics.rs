@@ -44,6 +44,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
         &["tenant", "table"],
     ),
     ("sluice_messages_split_total", &["tenant", "table"]),
+    ("sluice_messages_uncovered_total", &["tenant", "table"]),
     ("sluice_consumer_pending", &["stream"]),
     ("sluice_consumer_stalls_total", &["stream", "reason"]),
     ("sluice_actor_restarts_total", &["kind"]),
