@@ -52,6 +52,9 @@ pub struct DlqWriter {
     /// Publishes the parts of a message split by shard into the ingest stream (`None`:
     /// such a message cannot be split and goes back, as in tests of the delivery alone).
     ingest: Option<Publisher>,
+    /// The tests' failpoint `crash-after-split-parts`: the process aborts once a split
+    /// message's parts are stored (`SLUICE_TEST_FAILPOINT`; never in production).
+    crash_after_split_parts: bool,
 }
 
 impl DlqWriter {
@@ -63,7 +66,15 @@ impl DlqWriter {
             landed: None,
             acked: None,
             ingest: None,
+            crash_after_split_parts: false,
         }
+    }
+
+    /// Aborts the process once a split message's parts are stored (the tests'
+    /// failpoint `crash-after-split-parts`).
+    pub fn crashing_after_split_parts(mut self, crash: bool) -> Self {
+        self.crash_after_split_parts = crash;
+        self
     }
 
     /// Publishes the parts of messages split by shard through `ingest`.
@@ -512,6 +523,12 @@ impl Delivery for JsDelivery {
         }
         if let Err(e) = self.publish_parts(parts).await {
             return Err((self, e));
+        }
+        if self.dlq.crash_after_split_parts {
+            tracing::error!(
+                "failpoint: crashing on purpose after a split message's parts are stored"
+            );
+            std::process::abort();
         }
         if let Err(e) = self.mark_landed_or_wait().await {
             return Err((self, e));

@@ -28,6 +28,7 @@ pub async fn start(
     streams: StreamSettings,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
+    let settings = pipeline_settings(config);
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
     let mut dlq = DlqWriter::new(
@@ -39,7 +40,8 @@ pub async fn start(
         js.clone(),
         &streams.stream,
         streams.max_bytes,
-    ));
+    ))
+    .crashing_after_split_parts(settings.failpoint == Some(Failpoint::CrashAfterSplitParts));
     // Only a replicated stream can keep a message acked here (`nats::AckedHere`).
     if streams.replicas > 1 {
         dlq = dlq.recording_acks();
@@ -70,7 +72,7 @@ pub async fn start(
         targets,
         tenants,
         tables: table_settings(config),
-        settings: pipeline_settings(config),
+        settings,
         manifests: manifests.map(|m| m as Arc<dyn sluice_actors::ManifestStore>),
     })
     .await
