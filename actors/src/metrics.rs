@@ -58,6 +58,12 @@ pub const PAST_DEDUP_WINDOW: &str = "sluice_batches_past_dedup_window_total";
 /// Messages whose rows belong to several shards (a table's `shard_key`), published
 /// again as one message per shard and acked.
 pub const MESSAGES_SPLIT: &str = "sluice_messages_split_total";
+/// Copies of a split message's part that its split's record does not count (another
+/// copy of the part is the one inserted): acked without their rows going in.
+pub const SPLIT_COPIES_DROPPED: &str = "sluice_split_copies_dropped_total";
+/// Parts of split messages that found no record of their split (it expired, or was
+/// removed once its parts were acked and one came again): inserted, at least once.
+pub const SPLIT_PARTS_UNRECORDED: &str = "sluice_split_parts_unrecorded_total";
 /// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -95,6 +101,8 @@ pub const ALL: &[&str] = &[
     MANIFEST_FAILURES,
     PAST_DEDUP_WINDOW,
     MESSAGES_SPLIT,
+    SPLIT_COPIES_DROPPED,
+    SPLIT_PARTS_UNRECORDED,
     CONSUMER_PENDING,
     CONSUMER_STALLS,
     ACTOR_RESTARTS,
@@ -175,6 +183,16 @@ pub fn describe_all() {
         MESSAGES_SPLIT,
         Unit::Count,
         "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard."
+    );
+    describe_counter!(
+        SPLIT_COPIES_DROPPED,
+        Unit::Count,
+        "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in."
+    );
+    describe_counter!(
+        SPLIT_PARTS_UNRECORDED,
+        Unit::Count,
+        "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once."
     );
     describe_gauge!(
         CONSUMER_PENDING,
@@ -258,6 +276,8 @@ pub struct TableMetrics {
     pub manifest_failures: Counter,
     pub past_dedup_window: Counter,
     pub messages_split: Counter,
+    pub split_copies_dropped: Counter,
+    pub split_parts_unrecorded: Counter,
 }
 
 impl TableMetrics {
@@ -289,6 +309,8 @@ impl TableMetrics {
             manifest_failures: tt(MANIFEST_FAILURES),
             past_dedup_window: tt(PAST_DEDUP_WINDOW),
             messages_split: tt(MESSAGES_SPLIT),
+            split_copies_dropped: tt(SPLIT_COPIES_DROPPED),
+            split_parts_unrecorded: tt(SPLIT_PARTS_UNRECORDED),
         }
     }
 

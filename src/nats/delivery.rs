@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::AckKind;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
-use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
+use sluice_actors::{Delivery, DeliveryMeta, Parking, PartCopy, Position, SettleError};
 use tokio::time::Instant;
 
 use super::acked_here::AckedHere;
@@ -17,6 +17,7 @@ use super::held::HeldToken;
 use super::landed::LandedChunks;
 use super::publish::{PublishError, Publisher};
 use super::reply::AckAddress;
+use super::split::{self, PartOf, SplitJob, SplitOutcome, SplitRecords};
 
 /// The most of ClickHouse's message a DLQ header carries.
 pub(crate) const MAX_ERROR_HEADER: usize = 1024;
@@ -30,7 +31,8 @@ const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
 
 /// The header of a part of a message split by shard: the stream sequence of the
-/// message it came from (see `Delivery::split`).
+/// message it came from (see `Delivery::split`; its record and shard are in the
+/// headers of `super::split`).
 pub const SPLIT_FROM_HEADER: &str = "Sluice-Split-From";
 
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
@@ -52,6 +54,9 @@ pub struct DlqWriter {
     /// Publishes the parts of a message split by shard into the ingest stream (`None`:
     /// such a message cannot be split and goes back, as in tests of the delivery alone).
     ingest: Option<Publisher>,
+    /// The records of messages split by shard (`None`: such a message cannot be split,
+    /// and a part is judged counted, as in tests of the delivery alone).
+    splits: Option<Arc<SplitRecords>>,
     /// The tests' failpoint `crash-after-split-parts`: the process aborts once a split
     /// message's parts are stored (`SLUICE_TEST_FAILPOINT`; never in production).
     crash_after_split_parts: bool,
@@ -66,6 +71,7 @@ impl DlqWriter {
             landed: None,
             acked: None,
             ingest: None,
+            splits: None,
             crash_after_split_parts: false,
         }
     }
@@ -80,6 +86,13 @@ impl DlqWriter {
     /// Publishes the parts of messages split by shard through `ingest`.
     pub fn with_ingest(mut self, ingest: Publisher) -> Self {
         self.ingest = Some(ingest);
+        self
+    }
+
+    /// Records the splits of messages by shard in `splits`, and judges their parts by
+    /// them.
+    pub fn with_splits(mut self, splits: Arc<SplitRecords>) -> Self {
+        self.splits = Some(splits);
         self
     }
 
@@ -191,6 +204,9 @@ struct Row {
     /// Its message id when it is a chunk of a keyed ingest request: marked landed before
     /// it is acked (see [`super::landed`]).
     chunk: Option<Box<str>>,
+    /// Which split and shard it is when it is a part of a message split by shard
+    /// (judged by its split's record before it joins a batch, see [`super::split`]).
+    part: Option<Box<PartOf>>,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -242,6 +258,7 @@ impl JsDelivery {
             position,
             row: Some(Row {
                 chunk: super::landed::chunk_id(message.headers.as_ref()),
+                part: PartOf::from_headers(message.headers.as_ref()).map(Box::new),
                 subject: message.subject,
                 reply: message.reply,
                 payload: message.payload,
@@ -269,6 +286,12 @@ impl JsDelivery {
         AckAddress::parse(self.row.as_ref()?.reply.as_ref()?.as_str())
     }
 
+    /// The key of its record when it is split by shard (see [`super::split`]).
+    fn split_key(&self) -> Option<String> {
+        let published = self.address()?.published()?;
+        Some(split::record_key(self.position.stream_sequence, published))
+    }
+
     /// The DLQ message id of this message's row `line` (`None`: the message is parked
     /// whole). The publish time is part of it so that a row of a stream recreated within
     /// the DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
@@ -291,41 +314,60 @@ impl JsDelivery {
         format!("{stream}-{sequence}-{published}")
     }
 
-    /// Publish the parts of a message split by shard (see `Delivery::split`), each sent
-    /// before any is confirmed.
-    async fn publish_parts(&self, parts: Vec<(usize, Bytes)>) -> Result<(), SettleError> {
-        let (Some(row), Some(ingest)) = (self.row.as_ref(), self.dlq.ingest.as_ref()) else {
+    /// Publish the parts of a message split by shard and record them (see
+    /// `Delivery::split`, [`super::split`]).
+    async fn split_by_record(
+        &self,
+        parts: Vec<(usize, Bytes)>,
+    ) -> Result<SplitOutcome, SettleError> {
+        let (Some(row), Some(ingest), Some(splits)) = (
+            self.row.as_ref(),
+            self.dlq.ingest.as_ref(),
+            self.dlq.splits.as_ref(),
+        ) else {
             return Err(SettleError(
                 "a message spanning shards cannot be split here: no publisher into the ingest stream"
                     .into(),
             ));
         };
-        let failed = |e: PublishError| {
-            SettleError(format!(
-                "publishing a part of a message split by shard: {e}"
-            ))
+        let Some(published) = self.address().and_then(|a| a.published()) else {
+            return Err(SettleError(
+                "a message spanning shards cannot be split: its ack address does not say when it was stored".into(),
+            ));
         };
-        let place = self.place();
-        let mut sent = Vec::with_capacity(parts.len());
-        for (shard, rows) in parts {
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                SPLIT_FROM_HEADER,
-                self.position.stream_sequence.to_string().as_str(),
-            );
-            let id = format!("part-{place}-{shard}");
-            let subject = row.subject.to_string();
-            sent.push(
-                ingest
-                    .send(subject, rows, Some(headers), Some(&id))
-                    .await
-                    .map_err(failed)?,
-            );
+        let job = SplitJob {
+            subject: row.subject.as_str(),
+            sequence: self.position.stream_sequence,
+            published,
+            place: &self.place(),
+            parts,
+            crash_after_parts: self.dlq.crash_after_split_parts,
+        };
+        split::split(splits, ingest, job).await.map_err(SettleError)
+    }
+
+    /// Sends the ack as a request and waits for JetStream's answer (see
+    /// `Delivery::ack_confirmed`).
+    async fn send_confirmed(&mut self) -> Result<(), SettleError> {
+        let Some(row) = self.row.take() else {
+            return Ok(());
+        };
+        let Some(reply) = row.reply else {
+            return Err(SettleError(
+                "no reply subject: not a JetStream message".into(),
+            ));
+        };
+        let request = self.dlq.client.request(reply, AckKind::Ack.into());
+        match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
+            Ok(Ok(_)) => {
+                self.record_ack();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
+            Err(_) => Err(SettleError(format!(
+                "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"
+            ))),
         }
-        for pending in sent {
-            Publisher::confirm(pending).await.map_err(failed)?;
-        }
-        Ok(())
     }
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
@@ -444,25 +486,24 @@ impl Delivery for JsDelivery {
         if self.ack_writes_first() {
             self.mark_landed_or_wait().await?;
         }
-        let Some(row) = self.row.take() else {
-            return Ok(());
+        self.send_confirmed().await
+    }
+
+    fn is_split_part(&self) -> bool {
+        self.row.as_ref().is_some_and(|r| r.part.is_some())
+    }
+
+    async fn judge_part(&self) -> Result<PartCopy, SettleError> {
+        let (Some(part), Some(splits)) = (
+            self.row.as_ref().and_then(|r| r.part.as_deref()),
+            self.dlq.splits.as_ref(),
+        ) else {
+            return Ok(PartCopy::Counted);
         };
-        let Some(reply) = row.reply else {
-            return Err(SettleError(
-                "no reply subject: not a JetStream message".into(),
-            ));
-        };
-        let request = self.dlq.client.request(reply, AckKind::Ack.into());
-        match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
-            Ok(Ok(_)) => {
-                self.record_ack();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
-            Err(_) => Err(SettleError(format!(
-                "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"
-            ))),
-        }
+        splits
+            .judge(part, self.position.stream_sequence)
+            .await
+            .map_err(|e| SettleError(format!("judging a part of a split message: {e}")))
     }
 
     async fn park_row(&self, line: u32, row: Bytes, parking: &Parking) -> Result<(), SettleError> {
@@ -521,24 +562,26 @@ impl Delivery for JsDelivery {
         if self.row.is_none() {
             return Ok(());
         }
-        if let Err(e) = self.publish_parts(parts).await {
-            return Err((self, e));
-        }
-        if self.dlq.crash_after_split_parts {
-            tracing::error!(
-                "failpoint: crashing on purpose after a split message's parts are stored"
-            );
-            std::process::abort();
-        }
+        let key = self.split_key();
+        let outcome = match self.split_by_record(parts).await {
+            Ok(outcome) => outcome,
+            Err(e) => return Err((self, e)),
+        };
         if let Err(e) = self.mark_landed_or_wait().await {
             return Err((self, e));
         }
-        // Its parts are in the stream. Should the ack be lost, the message comes back,
-        // is split again into the same parts under the same ids, and the stream keeps
-        // one copy of each (within its duplicate window).
-        if let Err(e) = self.send_once(AckKind::Ack).await {
-            tracing::warn!(error = %e,
-                "a message split by shard was published in parts but its ack failed; it will be split once more");
+        // Every part is recorded: should the ack be lost, the message comes back and
+        // finds them all, however late, and is acked with nothing published.
+        match self.send_confirmed().await {
+            Ok(()) => {
+                if let (SplitOutcome::Recorded, Some(key), Some(splits)) =
+                    (outcome, key, self.dlq.splits.as_ref())
+                {
+                    splits.acked(&key);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e,
+                "a message split by shard has every part recorded but its ack is not confirmed; should it come again, it is acked with nothing published"),
         }
         Ok(())
     }
