@@ -361,9 +361,10 @@ async fn cluster_shard_key_split_ack_lost() -> Result<()> {
     let feed = steady(&s, 4000, 10)?;
     grows_past(&s, 1, 0, 0).await?;
     s.stack.fresh_ports()?;
-    s.stack
-        .env
-        .push(("SLUICE_TEST_FAILPOINT".into(), "crash-after-split-parts".into()));
+    s.stack.env.push((
+        "SLUICE_TEST_FAILPOINT".into(),
+        "crash-after-split-parts".into(),
+    ));
     let doomed = s.spawn_sluice()?;
     s.stack.env.retain(|(k, _)| k != "SLUICE_TEST_FAILPOINT");
     let stack = &mut s.stack;
@@ -398,6 +399,9 @@ async fn cluster_shard_key_split_ack_lost() -> Result<()> {
     s.note("messages_split", split);
     s.note("split_copies_dropped", dropped);
     s.finish(&[published]).await?;
-    ensure!(split > 0.0, "no message was split: the API's chunks mix ids");
+    ensure!(
+        split > 0.0,
+        "no message was split: the API's chunks mix ids"
+    );
     Ok(())
 }

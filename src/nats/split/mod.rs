@@ -180,9 +180,10 @@ impl SplitRecords {
         ))
     }
 
-    /// Whether the message at `sequence`, stored at `published`, is still in the
-    /// ingest stream (a work queue: an acked message leaves it).
-    async fn original_in_stream(&self, sequence: u64, published: i128) -> Result<bool, String> {
+    /// Whether the message at `sequence` is still in the ingest stream (a work queue:
+    /// an acked message leaves it). Asked of a message this instance holds a delivery
+    /// of, so a message there at that sequence is that one.
+    async fn original_in_stream(&self, sequence: u64) -> Result<bool, String> {
         let name = &self.settings.stream;
         let stream = self
             .js
@@ -190,7 +191,7 @@ impl SplitRecords {
             .await
             .map_err(|e| format!("stream {name}: {e}"))?;
         match stream.get_raw_message(sequence).await {
-            Ok(message) => Ok(message.time.unix_timestamp_nanos() == published),
+            Ok(_) => Ok(true),
             Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(false),
             Err(e) => Err(format!("reading message {sequence} of stream {name}: {e}")),
         }

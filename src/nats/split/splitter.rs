@@ -110,10 +110,7 @@ async fn open(
         match records.read(key).await? {
             Read::Held(record, revision) => return Ok(Some((record, revision))),
             Read::Vacant(expected) => {
-                if !records
-                    .original_in_stream(job.sequence, job.published)
-                    .await?
-                {
+                if !records.original_in_stream(job.sequence).await? {
                     return Ok(None);
                 }
                 let empty = SplitRecord::default();
