@@ -18,10 +18,10 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use sluice_harness::chaos::{counts, JetStreamView};
+use sluice_harness::chaos::JetStreamView;
 use sluice_harness::{wait_for, Stack, StackOptions, TENANT};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -84,29 +84,19 @@ async fn publish(jet: &JetStreamView, table: &str, payload: Bytes) -> Result<u64
     Ok(ack.sequence)
 }
 
-/// Waits until the consumer has settled every message and `table` (over the shards)
-/// holds at least `n` rows; returns its `count()` and `uniqExact(id)`.
-async fn settled(stack: &Stack, index: usize, table: &str, n: u64) -> Result<(u64, u64)> {
-    let jet = JetStreamView::connect(&stack.nats.url()).await?;
-    wait_for(
-        "every message settled and the rows in ClickHouse",
-        Duration::from_secs(90),
-        Duration::from_millis(250),
-        || {
-            let (jet, ch) = (&jet, &stack.clickhouse);
-            async move {
-                let backlog = jet.backlog().await?;
-                let (total, distinct) = counts(ch, table).await?;
-                if backlog.consumer_done() && total >= n {
-                    Ok((total, distinct))
-                } else {
-                    bail!("{backlog:?}, {total} rows")
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| stack.sluice[index].log_tail(60))
+/// Waits until the consumer has settled every message and `n` rows are in the cluster
+/// (`ALL`), then checks each is there once.
+async fn every_row_once(stack: &Stack, index: usize, n: u64) -> Result<()> {
+    let (total, distinct) = stack
+        .wait_settled(ALL, n, Duration::from_secs(90))
+        .await
+        .with_context(|| stack.sluice[index].log_tail(60))?;
+    ensure!(
+        (total, distinct) == (n, n),
+        "count() = {total}, uniqExact(id) = {distinct}: a row went in twice or is missing\n{}",
+        stack.sluice[index].log_tail(60)
+    );
+    Ok(())
 }
 
 /// A message spanning both shards is split, and Sluice aborts once the parts are
@@ -139,23 +129,10 @@ async fn a_split_message_whose_ack_was_lost_is_not_stored_again_past_the_duplica
     stack.env.retain(|(k, _)| k != "SLUICE_TEST_FAILPOINT");
     let (status, body) = stack.ingest(TABLE, &spanning).await?;
     ensure!(status == 202, "ingest answered {status}: {body}");
-    wait_for(
-        "the instance to crash once the parts are stored",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || {
-            let running = stack.sluice[doomed].is_running();
-            async move {
-                if running {
-                    bail!("still running")
-                } else {
-                    Ok(())
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| stack.sluice[doomed].log_tail(40))?;
+    stack
+        .wait_exited(doomed, Duration::from_secs(30))
+        .await
+        .context("the instance to crash once the parts are stored")?;
     let crashed = tokio::time::Instant::now();
     let jet = JetStreamView::connect(&stack.nats.url()).await?;
     let backlog = jet.backlog().await?;
@@ -176,13 +153,7 @@ async fn a_split_message_whose_ack_was_lost_is_not_stored_again_past_the_duplica
     }
 
     let survivor = stack.start_sluice(SLUICE).await?;
-    let (total, distinct) = settled(&stack, survivor, ALL, 22).await?;
-    ensure!(
-        (total, distinct) == (22, 22),
-        "count() = {total}, uniqExact(id) = {distinct}: a row went in twice or is missing\n{}",
-        stack.sluice[survivor].log_tail(60)
-    );
-    Ok(())
+    every_row_once(&stack, survivor, 22).await
 }
 
 /// The stream near its `max_bytes`: a message spanning both shards whose part for the
@@ -248,11 +219,5 @@ async fn a_split_refused_part_by_part_by_a_full_stream_stores_each_part_once() -
         node.exec("CREATE TABLE filler (id UInt64, s String) ENGINE = MergeTree ORDER BY id")
             .await?;
     }
-    let (total, distinct) = settled(&stack, index, ALL, 21).await?;
-    ensure!(
-        (total, distinct) == (21, 21),
-        "count() = {total}, uniqExact(id) = {distinct}: a row went in twice or is missing\n{}",
-        stack.sluice[index].log_tail(60)
-    );
-    Ok(())
+    every_row_once(&stack, index, 21).await
 }

@@ -367,21 +367,10 @@ async fn cluster_shard_key_split_ack_lost() -> Result<()> {
     ));
     let doomed = s.spawn_sluice()?;
     s.stack.env.retain(|(k, _)| k != "SLUICE_TEST_FAILPOINT");
-    let stack = &mut s.stack;
-    let aborted = wait_for(
-        "the second instance to abort once its first split's parts are stored",
-        secs(60),
-        ms(100),
-        || {
-            let running = stack.sluice[doomed].is_running();
-            async move {
-                ensure!(!running, "still running");
-                Ok(())
-            }
-        },
-    )
-    .await;
-    aborted.with_context(|| s.logs())?;
+    s.stack
+        .wait_exited(doomed, secs(60))
+        .await
+        .context("the second instance to abort once its first split's parts are stored")?;
     let crashed = tokio::time::Instant::now();
     s.stack.nats.stop().await?;
     // Past the window: the parts' ids are older than it when the server rebuilds its
