@@ -62,6 +62,7 @@
 //! | `nats::two_instances_kill9`      | two Sluices share the consumer, one killed with -9      | 6     |
 //! | `nats::two_instances_sigstop`    | two Sluices, one frozen past ack_wait, then continued   | 6     |
 //! | `nats::two_tenants_sharing_keys` | two tenants, one `Idempotency-Key` sequence for both tenants and tables, nats-server restarted | 20 |
+//! | `clickhouse_cluster::cluster_shard_key_split_ack_lost` | keyed split, ack lost, nats-server restarted past the duplicate window: an instance aborts once a split's parts are stored, nats-server restarted past a 2 s window: nothing twice | 36 |
 //! | `nats_cluster::cluster_stream_leader_kill9` | a three-node NATS cluster (R3, two Sluices throughout): the ingest stream's leader kill -9, started again once another is elected | 21 |
 //! | `nats_cluster::cluster_consumer_leader_sigstop` | the consumer's leader frozen 12 s, past the election timeout | 21 |
 //! | `nats_cluster::cluster_bucket_leader_kill9` | the manifest bucket's leader kill -9, started again once another is elected | 21 |

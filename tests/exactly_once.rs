@@ -71,23 +71,10 @@ async fn crash_at(stack: &mut Stack, failpoint: &str, first: std::ops::Range<u64
     let n = first.end - first.start;
     let (status, body) = stack.ingest(TABLE, &rows(first)).await?;
     ensure!(status == 202, "ingest answered {status}: {body}");
-    wait_for(
-        "the instance to crash at its failpoint",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || {
-            let running = stack.sluice[doomed].is_running();
-            async move {
-                if running {
-                    anyhow::bail!("still running")
-                } else {
-                    Ok(())
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| stack.sluice[doomed].log_tail(40))?;
+    stack
+        .wait_exited(doomed, Duration::from_secs(30))
+        .await
+        .context("the instance to crash at its failpoint")?;
     ensure!(
         stack.count(TABLE).await? == n,
         "the crashed instance's batch is not in ClickHouse"
@@ -101,26 +88,10 @@ async fn survive(stack: &mut Stack, fresh: std::ops::Range<u64>, total: u64) -> 
     let survivor = stack.start_sluice(SLUICE).await?;
     let (status, body) = stack.ingest(TABLE, &rows(fresh)).await?;
     ensure!(status == 202, "ingest answered {status}: {body}");
-    let jet = JetStreamView::connect(&stack.nats.url()).await?;
-    wait_for(
-        "every row settled and the stream drained",
-        Duration::from_secs(60),
-        Duration::from_millis(250),
-        || {
-            let (jet, ch) = (&jet, &stack.clickhouse);
-            async move {
-                let backlog = jet.backlog().await?;
-                let (total_rows, _) = counts(ch, TABLE).await?;
-                if backlog.consumer_done() && total_rows >= total {
-                    Ok(())
-                } else {
-                    anyhow::bail!("{backlog:?}, {total_rows} rows")
-                }
-            }
-        },
-    )
-    .await
-    .with_context(|| stack.sluice[survivor].log_tail(60))?;
+    stack
+        .wait_settled(TABLE, total, Duration::from_secs(60))
+        .await
+        .with_context(|| stack.sluice[survivor].log_tail(60))?;
     Ok(survivor)
 }
 

@@ -70,8 +70,9 @@ pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
 pub use ports::{
     Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, GroupView, InsertRequest,
-    Inserter, NatsView, NoAnswer, Parking, Position, ReplicaView, ServerInfo, SettleError, Source,
-    SourceError, SourceFactory, SourceStatus, SourceWait, StallReason, TableKey,
+    Inserter, NatsView, NoAnswer, Parking, PartCopy, Position, ReplicaView, ServerInfo,
+    SettleError, Source, SourceError, SourceFactory, SourceStatus, SourceWait, StallReason,
+    TableKey,
 };
 pub use routing::{MessageShards, ShardKey};
 pub use settings::{

@@ -62,6 +62,12 @@ pub const MESSAGES_SPLIT: &str = "sluice_messages_split_total";
 /// record covers, formed into a fresh batch: where a duplicate is traced to its cause
 /// (a record expired or removed while a copy of its message was still out).
 pub const MESSAGES_UNCOVERED: &str = "sluice_messages_uncovered_total";
+/// Copies of a split message's part that its split's record does not count (another
+/// copy of the part is the one inserted): acked without their rows going in.
+pub const SPLIT_COPIES_DROPPED: &str = "sluice_split_copies_dropped_total";
+/// Parts of split messages that found no record of their split (it expired, or was
+/// removed once its parts were acked and one came again): inserted, at least once.
+pub const SPLIT_PARTS_UNRECORDED: &str = "sluice_split_parts_unrecorded_total";
 /// A table that does not exist is waited for:
 /// 1 while ClickHouse says a table does not exist and its rows wait for it.
 pub const TABLE_MISSING: &str = "sluice_table_missing";
@@ -100,6 +106,8 @@ pub const ALL: &[&str] = &[
     PAST_DEDUP_WINDOW,
     MESSAGES_SPLIT,
     MESSAGES_UNCOVERED,
+    SPLIT_COPIES_DROPPED,
+    SPLIT_PARTS_UNRECORDED,
     CONSUMER_PENDING,
     CONSUMER_STALLS,
     ACTOR_RESTARTS,
@@ -186,6 +194,16 @@ pub fn describe_all() {
         Unit::Count,
         "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch."
     );
+    describe_counter!(
+        SPLIT_COPIES_DROPPED,
+        Unit::Count,
+        "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in."
+    );
+    describe_counter!(
+        SPLIT_PARTS_UNRECORDED,
+        Unit::Count,
+        "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once."
+    );
     describe_gauge!(
         CONSUMER_PENDING,
         Unit::Count,
@@ -269,6 +287,8 @@ pub struct TableMetrics {
     pub past_dedup_window: Counter,
     pub messages_split: Counter,
     pub messages_uncovered: Counter,
+    pub split_copies_dropped: Counter,
+    pub split_parts_unrecorded: Counter,
 }
 
 impl TableMetrics {
@@ -301,6 +321,8 @@ impl TableMetrics {
             past_dedup_window: tt(PAST_DEDUP_WINDOW),
             messages_split: tt(MESSAGES_SPLIT),
             messages_uncovered: tt(MESSAGES_UNCOVERED),
+            split_copies_dropped: tt(SPLIT_COPIES_DROPPED),
+            split_parts_unrecorded: tt(SPLIT_PARTS_UNRECORDED),
         }
     }
 

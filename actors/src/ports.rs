@@ -369,18 +369,48 @@ pub trait Delivery: Send + Sync + 'static {
 
     /// The message's rows belong to several shards (its table's `shard_key`): publish
     /// `parts`, each the rows of one shard (`(shard, rows)`, one row per line), as
-    /// messages of their own on this message's subject, then ack this one as
-    /// [`Delivery::ack_recorded`] does. A part's message id is made of this message's
-    /// place in its stream and the part's shard, so the parts of a message split again
-    /// (its ack lost, a crash) are stored once within the stream's duplicate window.
-    /// When a publish fails nothing is acked and the message comes back with the error,
-    /// for the caller to nak.
+    /// messages of their own on this message's subject, then ack this one (its own
+    /// write first, as [`Delivery::ack_recorded`] does) and wait for the ack's
+    /// confirmation.
+    ///
+    /// The split is recorded where every instance reads it, keyed by this message's
+    /// place in its stream: for each part, the stream sequence of the one copy of it
+    /// that counts. A part already recorded is never published again (this message
+    /// split a second time, after its ack was lost or the split failed half way); a
+    /// part is published only while unrecorded, and recorded by the first writer (this
+    /// split, or the consumer of a copy: [`Delivery::judge_part`]). The message is
+    /// acked only once every part is recorded, so a message that comes back finds the
+    /// parts it had, however late, whatever JetStream's duplicate window remembers.
+    /// When a publish or a write fails, what was stored is recorded, nothing is acked,
+    /// and the message comes back with the error, for the caller to nak.
     fn split(
         self,
         parts: Vec<(usize, Bytes)>,
     ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
     where
         Self: Sized;
+
+    /// Whether the message is a part of a message split by shard, published with a
+    /// record of its split (see [`Delivery::split`]): such a part is judged by
+    /// [`Delivery::judge_part`] before it joins a batch. Known without I/O or
+    /// allocation; false for every other message (nearly all), which costs nothing
+    /// more.
+    fn is_split_part(&self) -> bool {
+        false
+    }
+
+    /// For a part of a split message ([`Delivery::is_split_part`]): whether this copy's
+    /// rows are to go in. Its split's record names the one copy of each part that
+    /// counts: this one ([`PartCopy::Counted`]), another ([`PartCopy::Surplus`]: acked
+    /// without an insert), or none yet, and then this copy is recorded as the one, if
+    /// no other was first (first writer wins). With no record left at all it goes in
+    /// ([`PartCopy::Unrecorded`]). An error (the record could not be read or written)
+    /// says nothing about the copy: it goes back and is judged again. Any other message
+    /// is [`PartCopy::Counted`] at once. Called before the message joins a batch that
+    /// is claimed or sent, never after: a copy judged surplus must never be inserted.
+    fn judge_part(&self) -> impl Future<Output = Result<PartCopy, SettleError>> + Send {
+        std::future::ready(Ok(PartCopy::Counted))
+    }
 
     /// Publish the message whole to the dead-letter stream, then ack it. When the DLQ
     /// publish fails it is not acked and comes back with the error, for the caller to
@@ -391,6 +421,22 @@ pub trait Delivery: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), (Self, SettleError)>> + Send
     where
         Self: Sized;
+}
+
+/// What the record of its split says of a copy of a split message's part (see
+/// [`Delivery::judge_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartCopy {
+    /// The copy the record counts (or, being the first to ask, now counts): its rows
+    /// go in. Also any message that is no part.
+    Counted,
+    /// No record of its split is left (it expired after its bucket's `max_age`, or was
+    /// removed once its parts were acked and this one came again): its rows go in, at
+    /// least once.
+    Unrecorded,
+    /// Another copy of the same part is the one counted (the part was published twice,
+    /// past JetStream's duplicate window): acked without its rows going in.
+    Surplus,
 }
 
 // === Source ===

@@ -232,6 +232,9 @@ pub enum Failpoint {
     CrashAfterInsert,
     /// After the verdicts are recorded, before any message is acked.
     CrashAfterVerdicts,
+    /// After the parts of a message split by shard (`Delivery::split`) are stored in
+    /// the stream, before anything else of the split is written or the message acked.
+    CrashAfterSplitParts,
 }
 
 impl std::str::FromStr for Failpoint {
@@ -241,8 +244,9 @@ impl std::str::FromStr for Failpoint {
         match s {
             "crash-after-insert" => Ok(Failpoint::CrashAfterInsert),
             "crash-after-verdicts" => Ok(Failpoint::CrashAfterVerdicts),
+            "crash-after-split-parts" => Ok(Failpoint::CrashAfterSplitParts),
             other => Err(format!(
-                "unknown failpoint {other:?}: expected crash-after-insert or crash-after-verdicts"
+                "unknown failpoint {other:?}: expected crash-after-insert, crash-after-verdicts or crash-after-split-parts"
             )),
         }
     }

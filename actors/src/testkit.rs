@@ -103,6 +103,7 @@ impl Journal {
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
+            part: None,
         }
     }
 
@@ -119,6 +120,7 @@ impl Journal {
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
+            part: None,
         }
     }
 
@@ -254,9 +256,18 @@ pub struct FakeDelivery {
     /// Published to the DLQ whole (`park_message`): its ack is recorded as
     /// [`Event::Parked`], as [`Delivery::park`] records it.
     parked_whole: Mutex<Option<Parking>>,
+    /// What its split's record says of it, when it is a part of a message split by
+    /// shard ([`FakeDelivery::as_part`]).
+    part: Option<Result<PartCopy, SettleError>>,
 }
 
 impl FakeDelivery {
+    /// A part of a split message that its split's record judges `judged`.
+    pub fn as_part(mut self, judged: Result<PartCopy, SettleError>) -> Self {
+        self.part = Some(judged);
+        self
+    }
+
     fn settle(mut self, e: Event) {
         self.settled = true;
         let e = match (&e, self.parked_whole.lock().unwrap().take()) {
@@ -307,6 +318,14 @@ impl Delivery for FakeDelivery {
     async fn ack_confirmed(self) -> Result<(), SettleError> {
         self.settle(Event::AckedConfirmed);
         Ok(())
+    }
+
+    fn is_split_part(&self) -> bool {
+        self.part.is_some()
+    }
+
+    async fn judge_part(&self) -> Result<PartCopy, SettleError> {
+        self.part.clone().unwrap_or(Ok(PartCopy::Counted))
     }
 
     async fn park_row(&self, line: u32, _row: Bytes, parking: &Parking) -> Result<(), SettleError> {

@@ -1094,3 +1094,31 @@ async fn a_first_attempt_answered_too_many_parts_may_be_split() {
     );
     r.handle.shutdown().await;
 }
+
+/// A surplus copy of a split message's part, or one not judged now, is never claimed:
+/// the batch recorded holds only the copies that go in.
+#[tokio::test(start_paused = true)]
+async fn a_surplus_copy_of_a_part_is_never_claimed_in_a_batch() {
+    let r = eo_rig(4).await;
+    let seqs = r.push_parts(
+        SUBJ,
+        vec![
+            Some(Ok(PartCopy::Counted)),
+            Some(Ok(PartCopy::Surplus)),
+            None,
+            Some(Err(SettleError("the split bucket is away".into()))),
+        ],
+    );
+    r.settled(4).await;
+    // Every state the store kept of the one batch (claimed, then settled).
+    let mut claimed: Vec<Vec<u64>> = records(&r).iter().map(|m| m.messages.clone()).collect();
+    claimed.dedup();
+    assert_eq!(claimed, [vec![seqs[0], seqs[2]]]);
+    assert_eq!(r.main().rows_inserted(), 2);
+    assert_eq!(r.journal.terminal(seqs[1]), [Event::Acked]);
+    assert_eq!(
+        r.journal.terminal(seqs[3]),
+        [Event::Naked(Duration::from_secs(1))]
+    );
+    r.handle.shutdown().await;
+}

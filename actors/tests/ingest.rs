@@ -1049,3 +1049,42 @@ async fn a_flight_out_shows_its_step_and_for_how_long() {
         step(&r)
     );
 }
+
+/// The parts of messages split by shard, in a table inserted at least once: each is
+/// judged by its split's record before it joins a batch. The copy the record counts
+/// and one whose record is gone go in beside an ordinary message; a surplus copy is
+/// acked without going in; one whose record cannot be read now goes back.
+#[tokio::test(start_paused = true)]
+async fn only_the_copies_of_parts_their_split_counts_go_in() {
+    let r = simple(5).await;
+    let seqs = r.push_parts(
+        SUBJ,
+        vec![
+            None,
+            Some(Ok(PartCopy::Counted)),
+            Some(Ok(PartCopy::Surplus)),
+            Some(Ok(PartCopy::Unrecorded)),
+            Some(Err(SettleError("the split bucket is away".into()))),
+        ],
+    );
+    r.settled(5).await;
+    let bodies: Vec<String> = r
+        .main()
+        .requests()
+        .iter()
+        .map(|req| String::from_utf8_lossy(&req.body).into_owned())
+        .collect();
+    assert_eq!(bodies, ["{\"n\":0}\n{\"n\":1}\n{\"n\":3}\n"], "{bodies:?}");
+    assert_eq!(
+        r.journal.terminal(seqs[2]),
+        [Event::Acked],
+        "the surplus copy"
+    );
+    assert_eq!(
+        r.journal.terminal(seqs[4]),
+        [Event::Naked(Duration::from_secs(1))],
+        "the copy not judged goes back for store_retry"
+    );
+    no_parks(&r);
+    r.handle.shutdown().await;
+}

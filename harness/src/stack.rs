@@ -386,6 +386,31 @@ impl Stack {
         }
     }
 
+    /// Wait until sluice process `index` has exited (a test's failpoint aborted it);
+    /// fails with the tail of its log if it still runs after `deadline`.
+    pub async fn wait_exited(&mut self, index: usize, deadline: Duration) -> Result<()> {
+        let process = self
+            .sluice
+            .get_mut(index)
+            .ok_or_else(|| anyhow!("no sluice process {index}"))?;
+        let exited = wait_for(
+            &format!("sluice process {index} to exit"),
+            deadline,
+            Duration::from_millis(100),
+            || {
+                let running = process.is_running();
+                async move {
+                    if running {
+                        bail!("still running")
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await;
+        exited.with_context(|| process.log_tail(40))
+    }
+
     /// The admin port of a sluice process (a second instance beside the first gets
     /// ports of its own, see [`Stack::fresh_ports`]).
     pub fn admin_port_of(&self, index: usize) -> Result<u16> {
@@ -619,6 +644,34 @@ impl Stack {
                     Ok(c)
                 } else {
                     Err(anyhow!("{c} rows so far"))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Wait until the consumer has settled every message (nothing pending or awaiting
+    /// an ack) and `table` holds at least `n` rows; returns its `count()` and
+    /// `uniqExact(id)` then.
+    pub async fn wait_settled(
+        &self,
+        table: &str,
+        n: u64,
+        deadline: Duration,
+    ) -> Result<(u64, u64)> {
+        let jet = crate::chaos::JetStreamView::connect(&self.nats.url()).await?;
+        let (jet, ch) = (&jet, &self.clickhouse);
+        wait_for(
+            &format!("every message settled and {n} rows in {table}"),
+            deadline,
+            Duration::from_millis(250),
+            || async move {
+                let backlog = jet.backlog().await?;
+                let (total, distinct) = crate::chaos::counts(ch, table).await?;
+                if backlog.consumer_done() && total >= n {
+                    Ok((total, distinct))
+                } else {
+                    bail!("{backlog:?}, {total} rows")
                 }
             },
         )

@@ -20,6 +20,7 @@ mod pull_status;
 mod reply;
 mod setup;
 mod source;
+mod split;
 mod stall;
 mod stranded;
 mod stuck_consumer;
@@ -37,4 +38,7 @@ pub use manifest::{
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
 pub use source::{JetStreamSource, JetStreamSourceFactory};
+pub use split::{
+    keep_collecting as keep_collecting_splits, split_bucket, SplitRecords, SplitSettings,
+};
 pub use stranded::remove_stranded;

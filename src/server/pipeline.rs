@@ -15,8 +15,8 @@ use crate::admin::PipelineView;
 use crate::clickhouse::clients::TargetClients;
 use crate::config::{self, Config};
 use crate::nats::{
-    DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore, LandedChunks, ManifestSettings,
-    Publisher, StreamSettings,
+    keep_collecting_splits, DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore,
+    LandedChunks, ManifestSettings, Publisher, SplitRecords, SplitSettings, StreamSettings,
 };
 
 /// Start the actor tree: a target per configured one with a pool per server
@@ -28,8 +28,16 @@ pub async fn start(
     streams: StreamSettings,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
+    let settings = pipeline_settings(config);
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
+    // Messages split by shard are recorded, their parts judged by the records; an
+    // instance removes the records of the splits it finished (`nats::split`).
+    let splits = Arc::new(SplitRecords::new(
+        js.clone(),
+        SplitSettings::from(&config.nats),
+    ));
+    tokio::spawn(keep_collecting_splits(Arc::downgrade(&splits)));
     let mut dlq = DlqWriter::new(
         Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
         streams.dlq_subject_prefix.clone(),
@@ -39,7 +47,9 @@ pub async fn start(
         js.clone(),
         &streams.stream,
         streams.max_bytes,
-    ));
+    ))
+    .with_splits(splits.clone())
+    .crashing_after_split_parts(settings.failpoint == Some(Failpoint::CrashAfterSplitParts));
     // Only a replicated stream can keep a message acked here (`nats::AckedHere`).
     if streams.replicas > 1 {
         dlq = dlq.recording_acks();
@@ -70,7 +80,7 @@ pub async fn start(
         targets,
         tenants,
         tables: table_settings(config),
-        settings: pipeline_settings(config),
+        settings,
         manifests: manifests.map(|m| m as Arc<dyn sluice_actors::ManifestStore>),
     })
     .await

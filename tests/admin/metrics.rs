@@ -45,6 +45,8 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ),
     ("sluice_messages_split_total", &["tenant", "table"]),
     ("sluice_messages_uncovered_total", &["tenant", "table"]),
+    ("sluice_split_copies_dropped_total", &["tenant", "table"]),
+    ("sluice_split_parts_unrecorded_total", &["tenant", "table"]),
     ("sluice_consumer_pending", &["stream"]),
     ("sluice_consumer_stalls_total", &["stream", "reason"]),
     ("sluice_actor_restarts_total", &["kind"]),

@@ -32,6 +32,9 @@ use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
 use crate::routing::Pick;
 use crate::settle::hand_back;
 
+/// Messages spanning shards split at once by one table (see `split_spanning`).
+const SPLITS_AT_ONCE: usize = 16;
+
 pub struct TableActor<I, D>(PhantomData<fn() -> (I, D)>);
 
 impl<I, D> Default for TableActor<I, D> {
@@ -292,16 +295,26 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let split = self.ctx.metrics.messages_split.clone();
         let key = self.ctx.key.clone();
         self.ctx.common.tracker.spawn(async move {
-            for (d, parts) in spanning {
-                match d.split(parts).await {
-                    Ok(()) => split.increment(1),
-                    Err((d, e)) => {
-                        tracing::warn!(tenant = %key.tenant, table = %key.table, error = %e,
-                            "a message whose rows belong to several shards could not be split: it goes back");
-                        let _ = d.nak(delay).await;
+            // Each split is a few round trips (its record read and written, its parts
+            // published, its ack confirmed): a pull's worth go side by side.
+            futures::StreamExt::for_each_concurrent(
+                futures::stream::iter(spanning),
+                SPLITS_AT_ONCE,
+                |(d, parts)| {
+                    let (split, key) = (&split, &key);
+                    async move {
+                        match d.split(parts).await {
+                            Ok(()) => split.increment(1),
+                            Err((d, e)) => {
+                                tracing::warn!(tenant = %key.tenant, table = %key.table, error = %e,
+                                    "a message whose rows belong to several shards could not be split: it goes back");
+                                let _ = d.nak(delay).await;
+                            }
+                        }
                     }
-                }
-            }
+                },
+            )
+            .await;
         });
     }
 

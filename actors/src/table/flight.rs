@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::flight_watch::FlightWatch;
 use super::messages::{FlightRequest, PoolLink, TableMsg, TableReport, VerdictReport};
+use super::split_parts::keep_counted;
 use super::verdict::{
     outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
 };
@@ -413,6 +414,12 @@ async fn prepare<I: Inserter, D: Delivery>(
         Cargo::Fresh {
             deliveries, done, ..
         } => {
+            // Parts of split messages: only the copies their split counts go on (before
+            // any claim or send; see `split_parts`).
+            let deliveries = keep_counted(&ctx.common, &ctx.key, &ctx.metrics, deliveries).await;
+            if deliveries.is_empty() {
+                return Formation::of(Prepared::Nothing, None);
+            }
             let Some(store) = store else {
                 return Formation::of(unrecorded(deliveries, done, held_since), None);
             };

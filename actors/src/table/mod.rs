@@ -11,6 +11,7 @@ pub mod flight_watch;
 pub mod lanes;
 pub mod messages;
 pub mod routes;
+pub mod split_parts;
 pub mod strikes;
 pub mod verdict;
 

@@ -180,6 +180,30 @@ impl Rig {
         seqs
     }
 
+    /// Publish one-row messages `{"n":i}` on `subject`, each a part of a split message
+    /// that its split's record judges as given (`None`: no part): their sequences.
+    pub fn push_parts(
+        &self,
+        subject: &str,
+        judged: Vec<Option<Result<PartCopy, SettleError>>>,
+    ) -> Vec<u64> {
+        let s: Arc<str> = Arc::from(subject);
+        let rows: Vec<FakeDelivery> = judged
+            .into_iter()
+            .enumerate()
+            .map(|(i, judged)| {
+                let d = self.journal.delivery(&s, format!("{{\"n\":{i}}}"));
+                match judged {
+                    Some(judged) => d.as_part(judged),
+                    None => d,
+                }
+            })
+            .collect();
+        let seqs = rows.iter().map(|d| d.seq).collect();
+        self.queue.push(rows);
+        seqs
+    }
+
     /// Poll `cond` until it holds or `within` (paused time) passed.
     pub async fn until(&self, within: Duration, cond: impl Fn(&Rig) -> bool) -> bool {
         let deadline = tokio::time::Instant::now() + within;

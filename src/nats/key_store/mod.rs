@@ -171,6 +171,35 @@ impl KeyStore {
             .map(drop)
     }
 
+    /// Remove what is under `key` and leave no removal marker: the key's messages are
+    /// purged from the bucket's stream, so the bucket keeps nothing of it (a marker
+    /// would stay `max_age`) and a write that takes it again expects revision 0. Not a
+    /// compare-and-set: only for a record nothing writes any more.
+    pub async fn purge(&self, key: &str) -> Result<(), KeyStoreError> {
+        self.bucket().await?;
+        let bucket = &self.settings.bucket;
+        let purging = async {
+            let stream = self
+                .js
+                .get_stream_no_info(kv_bucket::stream_name(bucket))
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .purge()
+                .filter(kv_bucket::subject(bucket, key))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        match self.within_the_window(purging).await {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(self.lost(format!("purging {key}: {e}")).await),
+            None => Err(self
+                .lost(format!("purging {key}: {}", self.no_answer()))
+                .await),
+        }
+    }
+
     async fn publish(
         &self,
         key: &str,

@@ -56,7 +56,8 @@ pub use codec::decode as decode_manifest;
 pub use collect::Collected;
 
 use self::index::Index;
-use self::trusted_floor::TrustedFloor;
+/// Also the floor the split records' collector removes by (`nats::split`).
+pub(crate) use self::trusted_floor::{Floor, TrustedFloor};
 use super::publish::{PublishError, Publisher};
 use crate::config::NatsConfig;
 

@@ -1,25 +1,27 @@
 //! A row delivered by JetStream, as the actors' `Delivery`: ack (and ack confirmed by
-//! the server), progress, nak with a delay, or park on the dead-letter stream with the
-//! reason in its headers (the whole message, or one row of a many-row message).
+//! the server), progress, nak with a delay, park on the dead-letter stream with the
+//! reason in its headers (the whole message, or one row of a many-row message), split
+//! by shard through its split's record, or, as a part of a split message, judged by
+//! that record (`super::split`). What every delivery shares is in `writer.rs`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use async_nats::{HeaderMap, Subject};
+use async_nats::Subject;
 use bytes::Bytes;
-use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
+use sluice_actors::{Delivery, DeliveryMeta, Parking, PartCopy, Position, SettleError};
 use tokio::time::Instant;
 
-use super::acked_here::AckedHere;
 use super::held::HeldToken;
-use super::landed::LandedChunks;
-use super::publish::{PublishError, Publisher};
 use super::reply::AckAddress;
+use super::split::{self, PartOf, SplitJob, SplitOutcome};
 
-/// The most of ClickHouse's message a DLQ header carries.
-pub(crate) const MAX_ERROR_HEADER: usize = 1024;
+mod writer;
+
+pub use writer::DlqWriter;
+pub(crate) use writer::{truncate, MAX_ERROR_HEADER};
 
 /// How long an ack waits for JetStream's confirmation. The server answers at once when
 /// it is there; no answer in this long means the connection or the server is gone, and
@@ -30,138 +32,9 @@ const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
 
 /// The header of a part of a message split by shard: the stream sequence of the
-/// message it came from (see `Delivery::split`).
+/// message it came from (see `Delivery::split`; its record and shard are in the
+/// headers of `super::split`).
 pub const SPLIT_FROM_HEADER: &str = "Sluice-Split-From";
-
-/// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
-/// delivery settles through (and where keyed chunks are marked landed). Shared by every
-/// delivery.
-pub struct DlqWriter {
-    publisher: Publisher,
-    subject_prefix: String,
-    /// Acks, naks and progress are plain publishes to the row's reply subject.
-    client: async_nats::Client,
-    /// Where a keyed request's chunk is marked landed before its ack (`None`: nothing
-    /// is marked, as in tests of the delivery alone).
-    landed: Option<Arc<LandedChunks>>,
-    /// The stream sequences acked through this writer lately, so an acked message a
-    /// replicated stream kept can be removed (`super::stranded`). `None` for a stream
-    /// of one replica, which cannot keep one: the record costs ~2% of the
-    /// instructions per row (docs/benchmark.md).
-    acked: Option<Arc<AckedHere>>,
-    /// Publishes the parts of a message split by shard into the ingest stream (`None`:
-    /// such a message cannot be split and goes back, as in tests of the delivery alone).
-    ingest: Option<Publisher>,
-}
-
-impl DlqWriter {
-    pub fn new(publisher: Publisher, subject_prefix: impl Into<String>) -> Self {
-        Self {
-            client: publisher.context().client(),
-            publisher,
-            subject_prefix: subject_prefix.into(),
-            landed: None,
-            acked: None,
-            ingest: None,
-        }
-    }
-
-    /// Publishes the parts of messages split by shard through `ingest`.
-    pub fn with_ingest(mut self, ingest: Publisher) -> Self {
-        self.ingest = Some(ingest);
-        self
-    }
-
-    /// Keeps the sequences acked through this writer (`acked_here`): for a stream of
-    /// several replicas, where a leader change can leave acked messages behind.
-    pub fn recording_acks(mut self) -> Self {
-        self.acked = Some(Arc::default());
-        self
-    }
-
-    /// The sequences acked through this writer lately (`None`: not recorded).
-    pub fn acked_here(&self) -> Option<&AckedHere> {
-        self.acked.as_deref()
-    }
-
-    /// Marks keyed chunks landed in `landed` before their ack.
-    pub fn with_landed(mut self, landed: Arc<LandedChunks>) -> Self {
-        self.landed = Some(landed);
-        self
-    }
-
-    /// The DLQ headers (docs/architecture.md, "Contracts"), every one of them, and the row's line when one row
-    /// of a many-row message is parked on its own.
-    fn headers(parking: &Parking, meta: &DeliveryMeta, line: Option<u32>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "Sluice-Tenant",
-            header_value(&parking.table.tenant).as_str(),
-        );
-        h.insert("Sluice-Table", header_value(&parking.table.table).as_str());
-        h.insert("Sluice-Error-Class", parking.class.to_string().as_str());
-        h.insert(
-            "Sluice-Error-Code",
-            parking
-                .code
-                .map(|c| c.to_string())
-                .unwrap_or_default()
-                .as_str(),
-        );
-        h.insert(
-            "Sluice-Error",
-            header_value(truncate(&parking.error, MAX_ERROR_HEADER)).as_str(),
-        );
-        h.insert(
-            "Sluice-Original-Subject",
-            header_value(&meta.subject).as_str(),
-        );
-        h.insert(
-            "Sluice-Original-Sequence",
-            meta.stream_sequence.to_string().as_str(),
-        );
-        h.insert("Sluice-Deliveries", meta.deliveries.to_string().as_str());
-        h.insert(
-            "Sluice-Parked-At",
-            humantime::format_rfc3339_millis(SystemTime::now())
-                .to_string()
-                .as_str(),
-        );
-        if let Some(line) = line {
-            h.insert(ORIGINAL_LINE_HEADER, line.to_string().as_str());
-        }
-        h
-    }
-
-    /// Publish one parked row to `dlq.<tenant>.<table>` under `id` (a row parked twice
-    /// within the DLQ's duplicate window is stored once).
-    async fn publish(
-        &self,
-        parking: &Parking,
-        payload: Bytes,
-        headers: HeaderMap,
-        id: &str,
-    ) -> Result<(), SettleError> {
-        let subject = format!(
-            "{}.{}.{}",
-            self.subject_prefix, parking.table.tenant, parking.table.table
-        );
-        match self
-            .publisher
-            .publish(subject, payload, Some(headers), Some(id))
-            .await
-        {
-            Ok(_) => Ok(()),
-            // `QueueFull` reads "the ingest stream is full", which is not the one here: an
-            // operator must not go looking at the wrong stream.
-            Err(PublishError::QueueFull) => Err(SettleError(
-                "publishing to the DLQ: the DLQ stream is full ([nats] dlq_max_bytes); the row stays unacked"
-                    .into(),
-            )),
-            Err(e) => Err(SettleError(format!("publishing to the DLQ: {e}"))),
-        }
-    }
-}
 
 /// What a delivery keeps of a JetStream message: the subject it was published on, its
 /// reply subject (the ack address, which also encodes stream, sequence and delivery
@@ -180,6 +53,9 @@ struct Row {
     /// Its message id when it is a chunk of a keyed ingest request: marked landed before
     /// it is acked (see [`super::landed`]).
     chunk: Option<Box<str>>,
+    /// Which split and shard it is when it is a part of a message split by shard
+    /// (judged by its split's record before it joins a batch, see [`super::split`]).
+    part: Option<Box<PartOf>>,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -231,6 +107,7 @@ impl JsDelivery {
             position,
             row: Some(Row {
                 chunk: super::landed::chunk_id(message.headers.as_ref()),
+                part: PartOf::from_headers(message.headers.as_ref()).map(Box::new),
                 subject: message.subject,
                 reply: message.reply,
                 payload: message.payload,
@@ -258,6 +135,12 @@ impl JsDelivery {
         AckAddress::parse(self.row.as_ref()?.reply.as_ref()?.as_str())
     }
 
+    /// The key of its record when it is split by shard (see [`super::split`]).
+    fn split_key(&self) -> Option<String> {
+        let published = self.address()?.published()?;
+        Some(split::record_key(self.position.stream_sequence, published))
+    }
+
     /// The DLQ message id of this message's row `line` (`None`: the message is parked
     /// whole). The publish time is part of it so that a row of a stream recreated within
     /// the DLQ's duplicate window, reusing a sequence, is not taken for a duplicate.
@@ -280,41 +163,60 @@ impl JsDelivery {
         format!("{stream}-{sequence}-{published}")
     }
 
-    /// Publish the parts of a message split by shard (see `Delivery::split`), each sent
-    /// before any is confirmed.
-    async fn publish_parts(&self, parts: Vec<(usize, Bytes)>) -> Result<(), SettleError> {
-        let (Some(row), Some(ingest)) = (self.row.as_ref(), self.dlq.ingest.as_ref()) else {
+    /// Publish the parts of a message split by shard and record them (see
+    /// `Delivery::split`, [`super::split`]).
+    async fn split_by_record(
+        &self,
+        parts: Vec<(usize, Bytes)>,
+    ) -> Result<SplitOutcome, SettleError> {
+        let (Some(row), Some(ingest), Some(splits)) = (
+            self.row.as_ref(),
+            self.dlq.ingest.as_ref(),
+            self.dlq.splits.as_ref(),
+        ) else {
             return Err(SettleError(
                 "a message spanning shards cannot be split here: no publisher into the ingest stream"
                     .into(),
             ));
         };
-        let failed = |e: PublishError| {
-            SettleError(format!(
-                "publishing a part of a message split by shard: {e}"
-            ))
+        let Some(published) = self.address().and_then(|a| a.published()) else {
+            return Err(SettleError(
+                "a message spanning shards cannot be split: its ack address does not say when it was stored".into(),
+            ));
         };
-        let place = self.place();
-        let mut sent = Vec::with_capacity(parts.len());
-        for (shard, rows) in parts {
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                SPLIT_FROM_HEADER,
-                self.position.stream_sequence.to_string().as_str(),
-            );
-            let id = format!("part-{place}-{shard}");
-            let subject = row.subject.to_string();
-            sent.push(
-                ingest
-                    .send(subject, rows, Some(headers), Some(&id))
-                    .await
-                    .map_err(failed)?,
-            );
+        let job = SplitJob {
+            subject: row.subject.as_str(),
+            sequence: self.position.stream_sequence,
+            published,
+            place: &self.place(),
+            parts,
+            crash_after_parts: self.dlq.crash_after_split_parts,
+        };
+        split::split(splits, ingest, job).await.map_err(SettleError)
+    }
+
+    /// Sends the ack as a request and waits for JetStream's answer (see
+    /// `Delivery::ack_confirmed`).
+    async fn send_confirmed(&mut self) -> Result<(), SettleError> {
+        let Some(row) = self.row.take() else {
+            return Ok(());
+        };
+        let Some(reply) = row.reply else {
+            return Err(SettleError(
+                "no reply subject: not a JetStream message".into(),
+            ));
+        };
+        let request = self.dlq.client.request(reply, AckKind::Ack.into());
+        match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
+            Ok(Ok(_)) => {
+                self.record_ack();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
+            Err(_) => Err(SettleError(format!(
+                "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"
+            ))),
         }
-        for pending in sent {
-            Publisher::confirm(pending).await.map_err(failed)?;
-        }
-        Ok(())
     }
 
     async fn settle(&mut self, kind: AckKind) -> Result<(), SettleError> {
@@ -433,25 +335,24 @@ impl Delivery for JsDelivery {
         if self.ack_writes_first() {
             self.mark_landed_or_wait().await?;
         }
-        let Some(row) = self.row.take() else {
-            return Ok(());
+        self.send_confirmed().await
+    }
+
+    fn is_split_part(&self) -> bool {
+        self.row.as_ref().is_some_and(|r| r.part.is_some())
+    }
+
+    async fn judge_part(&self) -> Result<PartCopy, SettleError> {
+        let (Some(part), Some(splits)) = (
+            self.row.as_ref().and_then(|r| r.part.as_deref()),
+            self.dlq.splits.as_ref(),
+        ) else {
+            return Ok(PartCopy::Counted);
         };
-        let Some(reply) = row.reply else {
-            return Err(SettleError(
-                "no reply subject: not a JetStream message".into(),
-            ));
-        };
-        let request = self.dlq.client.request(reply, AckKind::Ack.into());
-        match tokio::time::timeout(ACK_CONFIRM_TIMEOUT, request).await {
-            Ok(Ok(_)) => {
-                self.record_ack();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(SettleError(format!("confirming an ack: {e}"))),
-            Err(_) => Err(SettleError(format!(
-                "JetStream did not confirm an ack within {ACK_CONFIRM_TIMEOUT:?}: it may be lost"
-            ))),
-        }
+        splits
+            .judge(part, self.position.stream_sequence)
+            .await
+            .map_err(|e| SettleError(format!("judging a part of a split message: {e}")))
     }
 
     async fn park_row(&self, line: u32, row: Bytes, parking: &Parking) -> Result<(), SettleError> {
@@ -510,18 +411,26 @@ impl Delivery for JsDelivery {
         if self.row.is_none() {
             return Ok(());
         }
-        if let Err(e) = self.publish_parts(parts).await {
-            return Err((self, e));
-        }
+        let key = self.split_key();
+        let outcome = match self.split_by_record(parts).await {
+            Ok(outcome) => outcome,
+            Err(e) => return Err((self, e)),
+        };
         if let Err(e) = self.mark_landed_or_wait().await {
             return Err((self, e));
         }
-        // Its parts are in the stream. Should the ack be lost, the message comes back,
-        // is split again into the same parts under the same ids, and the stream keeps
-        // one copy of each (within its duplicate window).
-        if let Err(e) = self.send_once(AckKind::Ack).await {
-            tracing::warn!(error = %e,
-                "a message split by shard was published in parts but its ack failed; it will be split once more");
+        // Every part is recorded: should the ack be lost, the message comes back and
+        // finds them all, however late, and is acked with nothing published.
+        match self.send_confirmed().await {
+            Ok(()) => {
+                if let (SplitOutcome::Recorded, Some(key), Some(splits)) =
+                    (outcome, key, self.dlq.splits.as_ref())
+                {
+                    splits.acked(&key);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e,
+                "a message split by shard has every part recorded but its ack is not confirmed; should it come again, it is acked with nothing published"),
         }
         Ok(())
     }
@@ -554,42 +463,5 @@ impl Drop for JsDelivery {
                 let _ = client.publish(reply, AckKind::Nak(None).into()).await;
             });
         }
-    }
-}
-
-/// NATS header values cannot hold CR or LF: a multi-line ClickHouse message is folded.
-fn header_value(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_string()
-}
-
-/// At most `max` bytes, cut at a character boundary.
-pub(crate) fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_values_are_single_lines_and_capped() {
-        assert_eq!(
-            header_value("Code: 27\r\n, e.what()"),
-            "Code: 27  , e.what()"
-        );
-        let long = "é".repeat(1000);
-        let cut = truncate(&long, MAX_ERROR_HEADER);
-        assert!(cut.len() <= MAX_ERROR_HEADER && cut.len() >= MAX_ERROR_HEADER - 1);
     }
 }
