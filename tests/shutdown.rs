@@ -37,8 +37,8 @@ async fn flights_out(stack: &Stack, table: &str) -> Result<Vec<Value>> {
 /// small margin, and the row it held was handed back: once ClickHouse answers again
 /// it lands at once, not after `ack_wait` (the redelivery of a row left pending).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_while_clickhouse_is_frozen_hands_the_rows_back_within_the_deadline(
-) -> Result<()> {
+async fn sigterm_while_clickhouse_is_frozen_hands_the_rows_back_within_the_deadline() -> Result<()>
+{
     let mut stack = Stack::start(StackOptions::default()).await?;
     stack
         .clickhouse
@@ -51,14 +51,21 @@ async fn sigterm_while_clickhouse_is_frozen_hands_the_rows_back_within_the_deadl
     let index = stack.start_sluice(SLUICE).await?;
 
     stack.clickhouse.sigstop().await?;
-    let (status, reply) = stack.ingest("events", &[json!({"id": 1, "name": "a"})]).await?;
+    let (status, reply) = stack
+        .ingest("events", &[json!({"id": 1, "name": "a"})])
+        .await?;
     ensure!(status == 202, "{status} {reply}");
     let stack_ref = &stack;
-    let flights = wait_for("the row in a flight", Duration::from_secs(20), POLL, || async {
-        let flights = flights_out(stack_ref, "events").await?;
-        ensure!(!flights.is_empty(), "no flight out yet");
-        Ok(flights)
-    })
+    let flights = wait_for(
+        "the row in a flight",
+        Duration::from_secs(20),
+        POLL,
+        || async {
+            let flights = flights_out(stack_ref, "events").await?;
+            ensure!(!flights.is_empty(), "no flight out yet");
+            Ok(flights)
+        },
+    )
     .await?;
 
     let asked = tokio::time::Instant::now();

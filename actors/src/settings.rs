@@ -223,15 +223,18 @@ pub struct PipelineSettings {
     pub failpoint: Option<Failpoint>,
 }
 
-/// Where a flight crashes the process on purpose, for the tests that show what a crash
+/// Where Sluice crashes the process on purpose, for the tests that show what a crash
 /// at that point leaves behind (`SLUICE_TEST_FAILPOINT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failpoint {
-    /// After the insert went through, before its verdicts are recorded or any message
-    /// is acked: the batch is recorded open, its rows in ClickHouse.
+    /// A flight, after the insert went through, before its verdicts are recorded or any
+    /// message is acked: the batch is recorded open, its rows in ClickHouse.
     CrashAfterInsert,
-    /// After the verdicts are recorded, before any message is acked.
+    /// A flight, after the verdicts are recorded, before any message is acked.
     CrashAfterVerdicts,
+    /// A DLQ replay (the binary's, not a flight's), after a row was published back to
+    /// the ingest stream, before its replay mark says so.
+    CrashAfterReplayPublish,
 }
 
 impl std::str::FromStr for Failpoint {
@@ -241,8 +244,9 @@ impl std::str::FromStr for Failpoint {
         match s {
             "crash-after-insert" => Ok(Failpoint::CrashAfterInsert),
             "crash-after-verdicts" => Ok(Failpoint::CrashAfterVerdicts),
+            "crash-after-replay-publish" => Ok(Failpoint::CrashAfterReplayPublish),
             other => Err(format!(
-                "unknown failpoint {other:?}: expected crash-after-insert or crash-after-verdicts"
+                "unknown failpoint {other:?}: expected crash-after-insert, crash-after-verdicts or crash-after-replay-publish"
             )),
         }
     }

@@ -74,7 +74,11 @@ pub async fn run_until(
             .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
         inserters.insert(target.name.clone(), Arc::new(clients));
     }
-    let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
+    // A crash on purpose, for the tests (never set in production): read once, for the
+    // flights and the DLQ's replays alike.
+    let failpoint = pipeline::failpoint_from_env();
+    let pipeline =
+        pipeline::start(&config, js.clone(), streams.clone(), &inserters, failpoint).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
 
     // The listeners' stop: cancelled once the signal came (one token tree with the
@@ -83,7 +87,7 @@ pub async fn run_until(
     let parts = listeners::Parts {
         inserters,
         publisher: ingest_publisher.clone(),
-        dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
+        dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher).crashing_at(failpoint),
         pipeline: adapter.clone(),
         client: client.clone(),
         metrics: installed.handle,

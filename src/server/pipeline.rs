@@ -27,6 +27,7 @@ pub async fn start(
     js: jetstream::Context,
     streams: StreamSettings,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
+    failpoint: Option<Failpoint>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
@@ -70,14 +71,14 @@ pub async fn start(
         targets,
         tenants,
         tables: table_settings(config),
-        settings: pipeline_settings(config),
+        settings: pipeline_settings(config, failpoint),
         manifests: manifests.map(|m| m as Arc<dyn sluice_actors::ManifestStore>),
     })
     .await
     .context("starting the actor tree")
 }
 
-pub fn pipeline_settings(config: &Config) -> PipelineSettings {
+pub fn pipeline_settings(config: &Config, failpoint: Option<Failpoint>) -> PipelineSettings {
     let backoff = BackoffPolicy {
         initial: config.pipeline.backoff_initial,
         max: config.pipeline.backoff_max,
@@ -93,7 +94,7 @@ pub fn pipeline_settings(config: &Config) -> PipelineSettings {
         ack_wait: config.nats.ack_wait,
         pool_backoff: backoff,
         table_backoff: backoff,
-        failpoint: failpoint_from_env(),
+        failpoint,
         ..PipelineSettings::default()
     }
 }
@@ -102,7 +103,7 @@ pub fn pipeline_settings(config: &Config) -> PipelineSettings {
 /// what a crash leaves behind. Never set it in production.
 pub const FAILPOINT_ENV: &str = "SLUICE_TEST_FAILPOINT";
 
-fn failpoint_from_env() -> Option<Failpoint> {
+pub fn failpoint_from_env() -> Option<Failpoint> {
     let value = std::env::var(FAILPOINT_ENV).ok()?;
     match value.parse() {
         Ok(failpoint) => {

@@ -451,8 +451,7 @@ async fn past_window<I: Inserter>(ctx: &FlightCtx<I>, replica: &Replica<I>, m: &
         return false;
     };
     // Cut short by the shutdown deadline: the flight is, at its turn, right after.
-    let Some(Ok(dedup)) = unless_cut_off(ctx, replica.inserter.deduplicates(&ctx.key)).await
-    else {
+    let Some(Ok(dedup)) = unless_cut_off(ctx, replica.inserter.deduplicates(&ctx.key)).await else {
         return false;
     };
     let Some(seconds) = dedup.window.and_then(|w| w.seconds) else {
