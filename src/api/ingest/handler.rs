@@ -28,7 +28,7 @@ use tokio::sync::{AcquireError, SemaphorePermit};
 use super::chunk::ChunkLimits;
 use super::idempotency::{
     self, BodyUse, Claim, Decision, End, Fingerprint, Idempotency, IdempotencyKey, Keyed, Opened,
-    ScopedKey, Split, MAX_MESSAGE_ID_LEN,
+    Split, MAX_MESSAGE_ID_LEN,
 };
 use super::memory::IngestMemory;
 use super::parse::{self, Framing, RowLimits};
@@ -151,7 +151,7 @@ async fn open_key(
     let (Some(key), None) = (admitted.key.clone(), &stop) else {
         return Ok(None);
     };
-    let scope = ScopedKey::new(&admitted.tenant.name, table, key);
+    let scope = state.keys.scope(&admitted.tenant.name, table, key);
     match state.keys.open(scope).await {
         Opened::InProgress => Err(in_progress(state.retry_after)),
         Opened::Keyed(keyed) => Ok(Some(keyed)),
