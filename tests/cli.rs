@@ -407,6 +407,52 @@ batch_rows = 500
     Ok(())
 }
 
+/// issue 37.11: a configuration that can take no row (no tenant, no ClickHouse target,
+/// or no tenant with a target: every row parked) is refused by `check-config` and by
+/// `run`, each saying what is missing.
+#[test]
+fn a_configuration_that_can_take_no_row_is_refused_by_check_config_and_run() -> Result<()> {
+    let loopback = [
+        ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+        ("SLUICE_ADMIN_LISTEN", "127.0.0.1:0"),
+        ("SLUICE_NATS_URL", "nats://127.0.0.1:9"),
+        ("SLUICE_API_AUTH", "none"),
+    ];
+    let target = "[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\n";
+    for (text, missing) in [
+        (String::new(), "no ClickHouse target and no tenant"),
+        (target.to_string(), "no tenant"),
+        ("[tenants.acme]\n".to_string(), "no ClickHouse target"),
+        (
+            format!("{target}[tenants.acme]\n"),
+            "no tenant has a target",
+        ),
+    ] {
+        let (_dir, path) = config_file(&text)?;
+        for command in [&["check-config", "--offline"][..], &["run"]] {
+            let args: Vec<&str> = command
+                .iter()
+                .chain(["--config", path.as_str()].iter())
+                .copied()
+                .collect();
+            let run = sluice_bounded(&args, &loopback)?;
+            assert_eq!(
+                run.code,
+                Some(1),
+                "{args:?} with {text:?}: {}{}",
+                run.stdout,
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains("can take no row") && run.stderr.contains(missing),
+                "{args:?} with {text:?}: {}",
+                run.stderr
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A log level that is none (`eror`, `loud`) would be a `tracing` filter for a module
 /// of that name, which silences the service; an unknown choice of `auth` or `format`
 /// means nothing. `check-config` and `run` refuse each, naming the key (with its line,
