@@ -444,7 +444,8 @@ fn components() -> Value {
                         "description": "Every `Sluice-*` header: `Sluice-Error-Class`, `Sluice-Error-Code`, `Sluice-Error` (ClickHouse's reason), `Sluice-Original-Subject`, `Sluice-Original-Sequence`, `Sluice-Deliveries`, `Sluice-Parked-At` (RFC 3339), `Sluice-Original-Line`.",
                         "additionalProperties": {"type": "string"},
                     },
-                    "row": {"description": "The row: its JSON value, or its text when it is not JSON."},
+                    "row": {"type": "string", "description": "The row as parked, byte for byte: its text, never parsed and printed again (keys in their order, numbers and escapes as written). Bytes that are not UTF-8 show as U+FFFD here, and exactly in `row_base64`."},
+                    "row_base64": {"type": "string", "format": "byte", "description": "The row's bytes in base64; only when they are not UTF-8."},
                 },
             },
             "PeekPage": {

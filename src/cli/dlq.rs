@@ -229,11 +229,10 @@ fn print_row(row: &ParkedRow) {
         "  reason: {}",
         h("Sluice-Error").unwrap_or("(no reason recorded)")
     );
-    let text = match &row.row {
-        serde_json::Value::String(text) => text.clone(),
-        value => value.to_string(),
-    };
-    println!("  row:    {text}");
+    println!("  row:    {}", row.row);
+    if let Some(bytes) = &row.row_base64 {
+        println!("  bytes:  {bytes} (base64: the row is not UTF-8)");
+    }
 }
 
 async fn replay(

@@ -194,3 +194,45 @@ async fn an_operator_lists_peeks_replays_and_purges_from_the_shell() -> Result<(
     assert_eq!(empty.stdout.trim(), "no row is parked");
     Ok(())
 }
+
+/// issue 37.4: a parked row is shown as the bytes parked, in the admin endpoint's JSON
+/// (`row` holds its text) and by `sluice dlq peek` (plain and `--json`): keys in their
+/// order, a number past any integer type as written, an escape as sent. (They were
+/// parsed and printed again: keys sorted, `1.8446744073709552e+22`, `é`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_is_shown_as_the_bytes_parked() -> Result<()> {
+    const PARKED: &str = r#"{"v":"\u00e9","id":18446744073709551616123}"#;
+    let stack = dlq_stack().await?;
+    let (status, reply) = stack
+        .ingest_raw(
+            "orders",
+            "application/x-ndjson",
+            format!("{PARKED}\n").into_bytes(),
+            &[],
+        )
+        .await?;
+    assert_eq!(status, 202, "{reply}");
+    wait_parked(&stack, "orders", 1).await?;
+
+    let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders")).await?;
+    assert_eq!(status, 200, "{peek}");
+    assert_eq!(peek["rows"][0]["row"], PARKED, "{peek}");
+
+    let env = [
+        ("SLUICE_ADMIN_URL", stack.admin_url()),
+        ("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let shown = dlq(&["peek", "acme.orders"], &env, "").await?;
+    assert_eq!(shown.code, Some(0), "{}", shown.stderr);
+    assert!(
+        shown.stdout.contains(&format!("  row:    {PARKED}\n")),
+        "{}",
+        shown.stdout
+    );
+    let json = dlq(&["peek", "acme.orders", "--json"], &env, "").await?;
+    assert_eq!(json.code, Some(0), "{}", json.stderr);
+    let page: serde_json::Value = serde_json::from_str(&json.stdout).context("--json")?;
+    assert_eq!(page["rows"][0]["row"], PARKED, "{}", json.stdout);
+    Ok(())
+}

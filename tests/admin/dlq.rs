@@ -57,7 +57,10 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
     let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=10")).await?;
     assert_eq!(status, 200, "{peek}");
     let parked = peek["rows"].as_array().context("rows[]")?.clone();
-    let ids: Vec<_> = parked.iter().map(|r| r["row"]["id"].clone()).collect();
+    let ids: Vec<_> = parked
+        .iter()
+        .map(|r| sluice_harness::parked_json(r)["id"].clone())
+        .collect();
     assert_eq!(ids, vec![json!(2), json!(4), json!(5)], "{peek}");
     for row in &parked {
         let h = &row["headers"];

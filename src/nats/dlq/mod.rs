@@ -31,8 +31,27 @@ pub struct ParkedRow {
     /// Every `Sluice-*` header: the reason, where the row came from (with
     /// `Sluice-Original-Line` for a row parked alone out of a many-row message).
     pub headers: BTreeMap<String, String>,
-    /// The row itself: the JSON value when it parses, else the text.
-    pub row: serde_json::Value,
+    /// The row as parked, byte for byte: its text (never parsed and printed again, which
+    /// would sort its keys, round a number past 2^53 and undo its escapes). Bytes that
+    /// are not UTF-8 show as U+FFFD here, and exactly in `row_base64`.
+    pub row: String,
+    /// The row's bytes in base64, only when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_base64: Option<String>,
+}
+
+impl ParkedRow {
+    /// `row` and `row_base64` of a message's payload.
+    fn shown(payload: &[u8]) -> (String, Option<String>) {
+        use base64::Engine as _;
+        match std::str::from_utf8(payload) {
+            Ok(text) => (text.to_string(), None),
+            Err(_) => (
+                String::from_utf8_lossy(payload).into_owned(),
+                Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+            ),
+        }
+    }
 }
 
 /// Rows parked per tenant and table.
@@ -188,14 +207,13 @@ impl Dlq {
                     (AsRef::<str>::as_ref(name).to_string(), value)
                 })
                 .collect();
-            let row = serde_json::from_slice(&message.payload).unwrap_or_else(|_| {
-                serde_json::Value::String(String::from_utf8_lossy(&message.payload).into_owned())
-            });
+            let (row, row_base64) = ParkedRow::shown(&message.payload);
             rows.push(ParkedRow {
                 sequence: message.sequence,
                 subject: message.subject.to_string(),
                 headers,
                 row,
+                row_base64,
             });
         }
         Ok(rows)
@@ -212,5 +230,22 @@ impl Dlq {
         // The marks of rows whose replays were cut off go with the rows.
         self.collect_marks(&stream).await;
         Ok(response.purged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_shown_as_its_bytes() {
+        let exact = br#"{"v":"\u00e9","id":18446744073709551616123}"#;
+        assert_eq!(
+            ParkedRow::shown(exact),
+            (String::from_utf8(exact.to_vec()).unwrap(), None)
+        );
+        let (text, bytes) = ParkedRow::shown(b"{\"a\":\"\xff\"}");
+        assert_eq!(text, "{\"a\":\"\u{fffd}\"}");
+        assert_eq!(bytes.as_deref(), Some("eyJhIjoi/yJ9"));
     }
 }
