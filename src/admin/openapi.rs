@@ -201,8 +201,8 @@ fn paths() -> Value {
                 "tags": ["dlq"],
                 "security": token(),
                 "parameters": [
-                    count_parameter("limit", MAX_LIMIT as u64, &format!("Rows on the page (default {PEEK_DEFAULT}).")),
-                    count_parameter("after", u64::MAX, "Only rows whose DLQ sequence is above this: the previous page's `next_after`."),
+                    count_parameter("limit", 1, MAX_LIMIT as u64, &format!("Rows on the page (default {PEEK_DEFAULT}).")),
+                    count_parameter("after", 0, u64::MAX, "Only rows whose DLQ sequence is above this: the previous page's `next_after`."),
                 ],
                 "responses": guarded(json!({
                     "200": json_response("A page of rows.", schema("PeekPage")),
@@ -465,7 +465,7 @@ fn components() -> Value {
                 "properties": {
                     "tenant": name_schema(TENANT_PATTERN),
                     "table": name_schema(TABLE_PATTERN),
-                    "limit": {"type": "integer", "nullable": true, "minimum": 0, "maximum": MAX_LIMIT, "description": format!("Rows to replay at most (default {REPLAY_DEFAULT}).")},
+                    "limit": {"type": "integer", "nullable": true, "minimum": 1, "maximum": MAX_LIMIT, "description": format!("Rows to replay at most (default {REPLAY_DEFAULT}).")},
                     "dry_run": {"type": "boolean", "default": false},
                 },
                 "example": {"tenant": "acme", "table": "events", "limit": 1000, "dry_run": true},

@@ -83,14 +83,14 @@ pub fn name_parameter(name: &str, pattern: &str, description: &str, example: &st
     })
 }
 
-/// A non-negative integer query parameter, at most `maximum`.
-pub fn count_parameter(name: &str, maximum: u64, description: &str) -> Value {
+/// An integer query parameter from `minimum` to `maximum`.
+pub fn count_parameter(name: &str, minimum: u64, maximum: u64, description: &str) -> Value {
     json!({
         "name": name,
         "in": "query",
         "required": false,
         "description": description,
-        "schema": {"type": "integer", "minimum": 0, "maximum": maximum},
+        "schema": {"type": "integer", "minimum": minimum, "maximum": maximum},
     })
 }
 

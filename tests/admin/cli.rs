@@ -236,3 +236,41 @@ async fn a_parked_row_is_shown_as_the_bytes_parked() -> Result<()> {
     assert_eq!(page["rows"][0]["row"], PARKED, "{}", json.stdout);
     Ok(())
 }
+
+/// issue 37.9: a page of no rows says nothing about the queue, so `--limit 0` is
+/// refused (by the CLI, and by the endpoint for a peek or a replay), never answered
+/// "no parked row" while rows are parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_of_zero_rows_is_refused_not_taken_for_an_empty_queue() -> Result<()> {
+    let stack = dlq_stack().await?;
+    park_two_in_strict(&stack).await?;
+    let env = [
+        ("SLUICE_ADMIN_URL", stack.admin_url()),
+        ("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let peek = dlq(&["peek", "acme.strict", "--limit", "0"], &env, "").await?;
+    assert_eq!(peek.code, Some(2), "{}{}", peek.stdout, peek.stderr);
+    assert!(!peek.stdout.contains("no parked row"), "{}", peek.stdout);
+    assert!(peek.stderr.contains("--limit"), "{}", peek.stderr);
+
+    let (status, body) = admin(&stack, &format!("/admin/dlq/{TENANT}/strict?limit=0")).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("limit 0")),
+        "{body}"
+    );
+    let (status, _, body) = stack
+        .admin_request(
+            reqwest::Method::POST,
+            "/admin/dlq/replay",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"tenant": TENANT, "table": "strict", "limit": 0})),
+        )
+        .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 2);
+    Ok(())
+}
