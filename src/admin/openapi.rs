@@ -11,8 +11,8 @@ use sluice_actors::observe::NodeKind;
 use super::dlq::{MAX_LIMIT, PEEK_DEFAULT, REPLAY_DEFAULT};
 use super::page::{SCRIPT_PATH, STYLE_PATH};
 use crate::openapi::{
-    count_parameter, document as openapi_document, json_response, media_response, name_parameter,
-    name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
+    body_timeout_response, count_parameter, document as openapi_document, json_response,
+    media_response, name_parameter, name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
 };
 
 pub async fn document() -> Response {
@@ -181,14 +181,15 @@ fn paths() -> Value {
         }},
         "/admin/dlq/replay": {"post": {
             "summary": "Replay a table's parked rows",
-            "description": "Publishes up to `limit` parked rows of the table back to the ingest stream, each under a message id of its DLQ sequence, and removes each from the DLQ once the stream stored it. Rows that are not JSON objects stay parked (`skipped`). `dry_run` counts without changing anything.",
+            "description": "Publishes up to `limit` parked rows of the table back to the ingest stream, each under its replay id (the DLQ stream, its creation time and the row's sequence there) with a mark written first, and removes each from the DLQ once the stream stored it. Rows that are not JSON objects stay parked (`skipped`); so does a row whose earlier replay was cut off before the stream's answer (`failed`, with the reason: a replay never publishes it again). `dry_run` counts without changing anything.",
             "operationId": "dlqReplay",
             "tags": ["dlq"],
             "security": token(),
             "requestBody": {"required": true, "content": {"application/json": {"schema": schema("ReplayRequest")}}},
             "responses": guarded(json!({
                 "200": json_response("What the replay did.", schema("ReplayReport")),
-                "400": error("The body is not a replay request, names no tenant or table, or asks for more rows than the most."),
+                "400": error("The body is not a replay request, names no tenant or table, or asks for no row or more rows than the most."),
+                "408": body_timeout_response("[admin]"),
                 "503": unavailable(),
             })),
         }},

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use super::ingest::MAX_LISTED_ERRORS;
 use crate::openapi::{
-    document as openapi_document, json_response, name_parameter, schema, serve, TABLE_PATTERN,
+    body_timeout_response, document as openapi_document, json_response, name_parameter, schema,
+    serve, TABLE_PATTERN,
 };
 use crate::query::{ATTEMPTS_HEADER, MAX_REQUEST_BYTES, QUERY_ID_HEADER, RESULT_CAP_HEADER};
 
@@ -128,6 +129,7 @@ fn ingest() -> Value {
             },
             "403": ingest_reply_or_tenant("The token belongs to no tenant, or the tenant writes to as many tables as `[api] max_tables_per_tenant` allows."),
             "404": ingest_reply_or_tenant("Not a table name, a table the tenant's ClickHouse target does not have, or (with `auth = \"none\"`) no such tenant."),
+            "408": body_timeout_response("[api]"),
             "409": {
                 "description": "A request with the same `Idempotency-Key` (for this tenant and table) is in progress: send this one again after `Retry-After`; it then gets that request's answer.",
                 "headers": retry_after(),
@@ -195,6 +197,7 @@ fn query() -> Value {
             "401": unauthorized,
             "403": query_error("The token belongs to no tenant, the statement writes, or ClickHouse refused the query user."),
             "404": query_error("The gateway is off (no `[query]` section), the statement names a table, column or identifier ClickHouse does not have, or (with `auth = \"none\"`) no such tenant."),
+            "408": body_timeout_response("[api]"),
             "429": retryable_query_error("The workload or the tenant is at its concurrency limit: no queue, send it again later."),
             "502": query_error("ClickHouse answered with an error nothing explains."),
             "503": retryable_query_error("ClickHouse is unavailable (after the retries the budget allowed)."),

@@ -53,6 +53,21 @@ pub fn json_response(description: &str, body: Value) -> Value {
     })
 }
 
+/// The 408 a listener answers when a request's body did not arrive within its
+/// `body_timeout` (`section`: `[api]` or `[admin]`), whatever the operation; the
+/// connection closes after it.
+pub fn body_timeout_response(section: &str) -> Value {
+    json!({
+        "description": format!("The body did not arrive within `{section} body_timeout` (30 s by default): send the request again, faster. The connection is closed."),
+        "headers": {"Connection": {"schema": {"type": "string", "enum": ["close"]}}},
+        "content": {"application/json": {"schema": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+        }}},
+    })
+}
+
 /// A response with a body of another media type (text, HTML, an image).
 pub fn media_response(description: &str, media_type: &str) -> Value {
     json!({

@@ -460,11 +460,13 @@ async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<
     let mut stream = body.into_data_stream();
     let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            failure(
+        let chunk = chunk.map_err(|e| match crate::server::body_timed_out(&e) {
+            // Answered by the listener; counted here as what the client sees.
+            Some(timed_out) => failure(StatusCode::REQUEST_TIMEOUT, timed_out.to_string()),
+            None => failure(
                 StatusCode::BAD_REQUEST,
                 format!("the request body could not be read: {e}"),
-            )
+            ),
         })?;
         if read.len() + chunk.len() > limit {
             return Err(failure(
