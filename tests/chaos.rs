@@ -875,8 +875,10 @@ async fn missing_table_grace_runs_out() -> Result<()> {
         ms(250),
         || async move {
             let metrics = stack.metrics_parsed().await?;
-            let missing =
-                metrics.value("sluice_table_missing", &[("tenant", TENANT), ("table", "evnets")]);
+            let missing = metrics.value(
+                "sluice_table_missing",
+                &[("tenant", TENANT), ("table", "evnets")],
+            );
             ensure!(missing == Some(0.0), "sluice_table_missing is {missing:?}");
             Ok(())
         },

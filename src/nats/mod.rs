@@ -35,6 +35,9 @@ pub use manifest::{
     MANIFEST_MAX_AGE,
 };
 pub use publish::{PendingPublish, PublishError, Publisher};
-pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
+pub use setup::{
+    ensure_consumer, ensure_streams, replicas_beyond_server, replicas_refused_once_connected,
+    StreamSettings,
+};
 pub use source::{JetStreamSource, JetStreamSourceFactory};
 pub use stranded::remove_stranded;

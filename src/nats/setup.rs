@@ -191,6 +191,38 @@ pub(super) async fn create_or_update(
     }
 }
 
+/// Why `[nats] replicas` can never be had from the server `client` is connected to:
+/// above 1 against a single server (one that is not part of a cluster), which no wait
+/// changes. `None` when the server may give them (a cluster with too few servers up
+/// is waited for: its streams are made once they are).
+pub fn replicas_beyond_server(client: &async_nats::Client, replicas: usize) -> Option<String> {
+    let info = client.server_info();
+    let single = info.cluster.as_deref().is_none_or(str::is_empty);
+    (replicas > 1 && single).then(|| {
+        format!(
+            "[nats] replicas = {replicas}, but nats-server {} at {}:{} is a single server, not part of a JetStream cluster: it keeps one copy of a stream, so set [nats] replicas = 1, or point [nats] url at a cluster of at least {replicas} servers",
+            info.version, info.host, info.port
+        )
+    })
+}
+
+/// [`replicas_beyond_server`]'s reason, once the client is connected (for a start that
+/// did not reach NATS); never, when the server may give the replicas.
+pub async fn replicas_refused_once_connected(
+    client: async_nats::Client,
+    replicas: usize,
+) -> String {
+    // Bounded by the process: it ends with the connection, or never (then it is dropped
+    // with the run).
+    while client.connection_state() != async_nats::connection::State::Connected {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    match replicas_beyond_server(&client, replicas) {
+        Some(why) => why,
+        None => std::future::pending().await,
+    }
+}
+
 /// What to check when a stream with `replicas` copies cannot be made.
 fn replicas_hint(replicas: usize) -> &'static str {
     if replicas > 1 {

@@ -52,7 +52,13 @@ pub async fn run_until(
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
-    if nats::wait_connected(&client, std::time::Duration::from_secs(3)).await {
+    let connected = nats::wait_connected(&client, std::time::Duration::from_secs(3)).await;
+    if connected {
+        // No wait gives a single server more replicas: the start fails, with the reason
+        // (rather than run unready while the API stores rows in the streams there are).
+        if let Some(why) = nats::replicas_beyond_server(&client, streams.replicas) {
+            anyhow::bail!(why);
+        }
         if let Err(e) = nats::ensure_streams(&js, &streams).await {
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
@@ -116,6 +122,11 @@ pub async fn run_until(
         }
         failed = listeners.failed() => {
             tracing::error!(error = %failed, "an HTTP listener failed");
+            ExitCode::FAILURE
+        }
+        // NATS was not reachable at the start: the same check once it is.
+        why = nats::replicas_refused_once_connected(client.clone(), streams.replicas), if !connected => {
+            tracing::error!(reason = %why, "sluice cannot start");
             ExitCode::FAILURE
         }
     };
