@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use crate::config::MAX_NAME_LEN;
 use axum::response::Response;
 use serde_json::{json, Value};
 use sluice_actors::observe::NodeKind;
@@ -43,6 +44,13 @@ fn guarded(mut responses: Value) -> Value {
     });
     responses["403"] = json_response("The token is not the admin token.", schema("Error"));
     responses
+}
+
+/// `<tenant>.<table>`: what a purge's `confirm` must look like (the two names of its
+/// path, which OpenAPI cannot say).
+fn confirm_pattern() -> String {
+    let bare = |p: &str| p.trim_start_matches('^').trim_end_matches('$').to_string();
+    format!("^{}\\.{}$", bare(TENANT_PATTERN), bare(TABLE_PATTERN))
 }
 
 fn token() -> Value {
@@ -222,7 +230,8 @@ fn paths() -> Value {
                     "in": "query",
                     "required": true,
                     "description": "`<tenant>.<table>`, the table named again; without it, or with another name, nothing is deleted (400).",
-                    "schema": {"type": "string"},
+                    "schema": {"type": "string", "pattern": confirm_pattern(), "minLength": 3, "maxLength": 2 * MAX_NAME_LEN + 1},
+                    "example": "acme.events",
                 }],
                 "responses": guarded(json!({
                     "200": json_response("The rows were deleted.", schema("Purged")),

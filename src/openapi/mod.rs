@@ -110,7 +110,7 @@ pub fn count_parameter(name: &str, minimum: u64, maximum: u64, description: &str
 }
 
 /// Serves a document, built once.
-pub fn serve(built: &'static OnceLock<String>, build: fn() -> Value) -> Response {
+pub fn serve(built: &'static OnceLock<String>, build: impl FnOnce() -> Value) -> Response {
     let text = built.get_or_init(|| build().to_string());
     (
         [

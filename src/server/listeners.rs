@@ -136,6 +136,7 @@ pub async fn start(
             query: query_state,
         },
         config.api.max_request_bytes,
+        config.api.auth,
     );
 
     if config.admin.token.is_none() {
