@@ -56,7 +56,8 @@ pub async fn run_until(
     if connected {
         // No wait gives a single server more replicas: the start fails, with the reason
         // (rather than run unready while the API stores rows in the streams there are).
-        if let Some(why) = nats::replicas_beyond_server(&client, streams.replicas) {
+        let wait = std::time::Duration::from_secs(3);
+        if let Some(why) = nats::replicas_beyond_server(&client, streams.replicas, wait).await {
             anyhow::bail!(why);
         }
         if let Err(e) = nats::ensure_streams(&js, &streams).await {

@@ -203,15 +203,7 @@ async fn an_operator_lists_peeks_replays_and_purges_from_the_shell() -> Result<(
 async fn a_parked_row_is_shown_as_the_bytes_parked() -> Result<()> {
     const PARKED: &str = r#"{"v":"\u00e9","id":18446744073709551616123}"#;
     let stack = dlq_stack().await?;
-    let (status, reply) = stack
-        .ingest_raw(
-            "orders",
-            "application/x-ndjson",
-            format!("{PARKED}\n").into_bytes(),
-            &[],
-        )
-        .await?;
-    assert_eq!(status, 202, "{reply}");
+    ingest_line_ok(&stack, "orders", PARKED).await?;
     wait_parked(&stack, "orders", 1).await?;
 
     let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders")).await?;

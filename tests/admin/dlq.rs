@@ -22,6 +22,22 @@ const HEADERS: &[&str] = &[
     "Sluice-Parked-At",
 ];
 
+/// Purges `table`'s parked rows, confirmed; how many went.
+async fn purge(stack: &Stack, table: &str) -> Result<u64> {
+    let (status, _, body) = stack
+        .admin_request(
+            Method::DELETE,
+            &format!("/admin/dlq/{TENANT}/{table}?confirm={TENANT}.{table}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await?;
+    if status != 200 {
+        bail!("purge {table}: {status} {body}");
+    }
+    body["purged"].as_u64().context("purged")
+}
+
 async fn replay(stack: &Stack, body: Value) -> Result<Value> {
     let (status, _, answer) = stack
         .admin_request(
@@ -199,15 +215,7 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
         );
     }
     assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 2);
-    let (status, _, body) = stack
-        .admin_request(
-            Method::DELETE,
-            &format!("/admin/dlq/{TENANT}/strict?confirm={TENANT}.strict"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await?;
-    assert_eq!((status, &body["purged"]), (200, &json!(2)), "{body}");
+    assert_eq!(purge(&stack, "strict").await?, 2);
     assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 0);
     assert_eq!(stack.dlq_rows("strict").await?, Vec::<Value>::new());
     assert_eq!(stack.count("strict").await?, 0);
@@ -312,15 +320,7 @@ async fn a_replay_cut_off_after_its_publish_never_publishes_the_row_again() -> R
 
     // Its mark is the replay bucket's only message; purged, the row takes it along.
     assert_eq!(replay_marks(&stack).await?, 1);
-    let (status, _, purged) = stack
-        .admin_request(
-            Method::DELETE,
-            &format!("/admin/dlq/{TENANT}/strict?confirm={TENANT}.strict"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await?;
-    assert_eq!((status, &purged["purged"]), (200, &json!(1)), "{purged}");
+    assert_eq!(purge(&stack, "strict").await?, 1);
     assert_eq!(replay_marks(&stack).await?, 0);
     Ok(())
 }

@@ -83,15 +83,7 @@ async fn an_operator_sees_why_rows_are_parked_replays_and_purges_them_from_the_p
     ingest_ok(&stack, "orders", &bad).await?;
     // The third as its producer wrote it: the page shows these bytes, not the row
     // parsed and printed again (keys sorted, the escape undone).
-    let (status, reply) = stack
-        .ingest_raw(
-            "orders",
-            "application/x-ndjson",
-            format!("{AS_WRITTEN}\n").into_bytes(),
-            &[],
-        )
-        .await?;
-    assert_eq!(status, 202, "{reply}");
+    ingest_line_ok(&stack, "orders", AS_WRITTEN).await?;
     wait_count(&stack, "SELECT count() FROM orders", 40).await?;
     wait_parked(&stack, "orders", 3).await?;
 

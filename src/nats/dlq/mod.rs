@@ -94,6 +94,23 @@ pub struct Dlq {
     failpoint: Option<Failpoint>,
 }
 
+/// The first parked row on `subject` at or after sequence `from` (direct get: nothing
+/// consumed); `None` past the last.
+async fn next_parked(
+    stream: &jetstream::stream::Stream,
+    subject: &str,
+    from: u64,
+) -> anyhow::Result<Option<jetstream::message::StreamMessage>> {
+    match stream
+        .direct_get_next_for_subject(subject, Some(from))
+        .await
+    {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow::anyhow!("reading the DLQ: {e}")),
+    }
+}
+
 // === impl Dlq ===
 
 impl Dlq {
@@ -185,13 +202,8 @@ impl Dlq {
         let mut rows = Vec::new();
         let mut next = after.saturating_add(1);
         while rows.len() < limit {
-            let message = match stream
-                .direct_get_next_for_subject(&subject, Some(next))
-                .await
-            {
-                Ok(m) => m,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-                Err(e) => return Err(anyhow::anyhow!("reading the DLQ: {e}")),
+            let Some(message) = next_parked(&stream, &subject, next).await? else {
+                break;
             };
             next = message.sequence + 1;
             let headers = message

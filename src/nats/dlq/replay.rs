@@ -23,11 +23,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use async_nats::jetstream;
 use bytes::Bytes;
 use sluice_actors::Failpoint;
 
-use super::{Dlq, ReplayReport};
+use super::{next_parked, Dlq, ReplayReport};
 use crate::nats::key_store::{KeyStoreError, KeyStoreSettings, Slot};
 use crate::nats::publish::PublishError;
 
@@ -152,13 +152,8 @@ impl Dlq {
         // Skipped rows do not count against the limit: they stay parked, and a replay
         // must not be stuck behind them.
         while ((report.replayed + report.failed) as usize) < limit {
-            let message = match stream
-                .direct_get_next_for_subject(&subject, Some(next))
-                .await
-            {
-                Ok(m) => m,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-                Err(e) => return Err(anyhow::anyhow!("reading the DLQ: {e}")),
+            let Some(message) = next_parked(&stream, &subject, next).await? else {
+                break;
             };
             next = message.sequence + 1;
             let is_object = matches!(
