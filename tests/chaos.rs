@@ -868,6 +868,24 @@ async fn missing_table_grace_runs_out() -> Result<()> {
         rejected <= 40.0,
         "{rejected} refused insert requests for 2,000 rows: isolation split a batch that names no row"
     );
+    // issue 37.12: the grace ran out and the rows are parked, so nothing waits for the
+    // table: its gauge (and the alert on it) is back to 0 (it stayed at 1).
+    let stack = &s.stack;
+    wait_for(
+        "sluice_table_missing of the typo back to 0",
+        secs(10),
+        ms(250),
+        || async move {
+            let metrics = stack.metrics_parsed().await?;
+            let missing = metrics.value(
+                "sluice_table_missing",
+                &[("tenant", TENANT), ("table", "evnets")],
+            );
+            ensure!(missing == Some(0.0), "sluice_table_missing is {missing:?}");
+            Ok(())
+        },
+    )
+    .await?;
     // The neighbour was never held up.
     let tally = s.finish(&[published_good]).await?;
     ensure!(tally.parked == 0, "{tally}");

@@ -407,6 +407,52 @@ batch_rows = 500
     Ok(())
 }
 
+/// issue 37.11: a configuration that can take no row (no tenant, no ClickHouse target,
+/// or no tenant with a target: every row parked) is refused by `check-config` and by
+/// `run`, each saying what is missing.
+#[test]
+fn a_configuration_that_can_take_no_row_is_refused_by_check_config_and_run() -> Result<()> {
+    let loopback = [
+        ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+        ("SLUICE_ADMIN_LISTEN", "127.0.0.1:0"),
+        ("SLUICE_NATS_URL", "nats://127.0.0.1:9"),
+        ("SLUICE_API_AUTH", "none"),
+    ];
+    let target = "[clickhouse.targets.main]\nurl = \"http://127.0.0.1:8123\"\n";
+    for (text, missing) in [
+        (String::new(), "no ClickHouse target and no tenant"),
+        (target.to_string(), "no tenant"),
+        ("[tenants.acme]\n".to_string(), "no ClickHouse target"),
+        (
+            format!("{target}[tenants.acme]\n"),
+            "no tenant has a target",
+        ),
+    ] {
+        let (_dir, path) = config_file(&text)?;
+        for command in [&["check-config", "--offline"][..], &["run"]] {
+            let args: Vec<&str> = command
+                .iter()
+                .chain(["--config", path.as_str()].iter())
+                .copied()
+                .collect();
+            let run = sluice_bounded(&args, &loopback)?;
+            assert_eq!(
+                run.code,
+                Some(1),
+                "{args:?} with {text:?}: {}{}",
+                run.stdout,
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains("can take no row") && run.stderr.contains(missing),
+                "{args:?} with {text:?}: {}",
+                run.stderr
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A log level that is none (`eror`, `loud`) would be a `tracing` filter for a module
 /// of that name, which silences the service; an unknown choice of `auth` or `format`
 /// means nothing. `check-config` and `run` refuse each, naming the key (with its line,
@@ -702,13 +748,28 @@ fn check_config_accepts_the_readme_first_run_configuration() -> Result<()> {
     let path = dir.path().join("sluice.toml");
     std::fs::write(&path, toml)?;
     let path = path.display().to_string();
-    let env = [
-        ("SLUICE_CH_MAIN_PASSWORD", "hunter2"),
-        ("SLUICE_TOKEN_ACME", "acme-secret"),
-        ("SLUICE_ADMIN_TOKEN", "admin-secret"),
-    ];
+    // The variables its `export` line sets, each holding a secret.
+    let export = run_it
+        .lines()
+        .find_map(|l| l.strip_prefix("export "))
+        .context("\"Run it\" exports the secrets' variables")?;
+    let secrets = ["hunter2", "acme-secret", "admin-secret"];
+    let names: Vec<&str> = export
+        .split_whitespace()
+        .filter_map(|word| word.split_once('=').map(|(name, _)| name))
+        .collect();
+    ensure!(names.len() == secrets.len(), "{export}");
+    let env: Vec<(&str, &str)> = names.iter().copied().zip(secrets).collect();
     let run = sluice(&["check-config", "--config", &path], &env)?;
     assert_eq!(run.code, Some(0), "{}{}\n{toml}", run.stdout, run.stderr);
+    // A secret's variable is no configuration key: nothing to warn about.
+    assert!(
+        !run.stdout.contains("no configuration key")
+            && !run.stderr.contains("no configuration key"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
     for expected in ["acme: target main token set", "(auth token)", "(token set)"] {
         assert!(
             run.stdout.contains(expected),
@@ -716,7 +777,7 @@ fn check_config_accepts_the_readme_first_run_configuration() -> Result<()> {
             run.stdout
         );
     }
-    for secret in ["hunter2", "acme-secret", "admin-secret"] {
+    for secret in secrets {
         assert!(
             !run.stdout.contains(secret) && !run.stderr.contains(secret),
             "a secret was printed"

@@ -163,7 +163,11 @@ async fn dev_with_demo_traffic_lands_and_parks_rows_then_stops_cleanly() -> Resu
     };
     assert_eq!(status, 200, "{parked}");
     let first = &parked["rows"][0];
-    assert_eq!(first["row"]["amount"], "n/a", "{parked}");
+    assert_eq!(
+        sluice_harness::parked_json(first)["amount"],
+        "n/a",
+        "{parked}"
+    );
     assert_eq!(
         first["headers"]["Sluice-Error-Class"], "Rejected",
         "{parked}"

@@ -181,6 +181,83 @@ async fn a_key_belongs_to_its_tenant_and_table() -> Result<()> {
     Ok(())
 }
 
+/// issue 37.2: a second deployment on the same NATS (staging beside production),
+/// given its own names as docs/deploy.md lists them and left to share the
+/// idempotency bucket: a key production used is another request there. The same key
+/// and body are stored by staging too (not answered with production's answer, storing
+/// nothing), and another body under a key production used is stored, not refused 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_deployment_sharing_the_bucket_never_takes_the_first_ones_answers() -> Result<()> {
+    let mut stack = stack_with(&[EVENTS], &[]).await?;
+    stack.clickhouse.exec("CREATE DATABASE staging").await?;
+    stack
+        .clickhouse
+        .exec("CREATE TABLE staging.events (id UInt64, name String) ENGINE = MergeTree ORDER BY id")
+        .await?;
+    stack.fresh_ports()?;
+    for (key, value) in [
+        ("nats.stream", "STAGING"),
+        ("nats.dlq_stream", "STAGING_DLQ"),
+        ("nats.subject_prefix", "staging"),
+        ("nats.dlq_subject_prefix", "staging_dlq"),
+        ("nats.manifest_bucket", "STAGING_MANIFESTS"),
+        ("clickhouse.targets.main.database", "staging"),
+    ] {
+        stack.set(key, value);
+    }
+    let staging = stack.start_sluice(SLUICE).await?;
+    let http = stack.http().clone();
+    let (production_url, staging_url) = (stack.api_url_of(0)?, stack.api_url_of(staging)?);
+
+    let body = rows(1..4, "same");
+    let first = post_to(
+        &http,
+        &production_url,
+        "events",
+        body.clone(),
+        &keyed("batch-0001"),
+    )
+    .await?;
+    assert_eq!((first.status, first.n("accepted")), (202, 3), "{first}");
+    let there = post_to(&http, &staging_url, "events", body, &keyed("batch-0001")).await?;
+    assert!(
+        !replayed(&there),
+        "staging answered with production's answer: {there}"
+    );
+    assert_eq!(
+        (there.status, there.n("accepted"), there.n("duplicates")),
+        (202, 3, 0),
+        "{there}"
+    );
+
+    let mine = post_to(
+        &http,
+        &production_url,
+        "events",
+        rows(4..6, "p"),
+        &keyed("batch-0002"),
+    )
+    .await?;
+    assert_eq!(mine.status, 202, "{mine}");
+    let other = post_to(
+        &http,
+        &staging_url,
+        "events",
+        rows(6..8, "s"),
+        &keyed("batch-0002"),
+    )
+    .await?;
+    assert_eq!(
+        (other.status, other.n("accepted")),
+        (202, 2),
+        "another body under a key production used: {other}"
+    );
+
+    wait_exactly(&stack, "SELECT count() FROM events", 5).await?;
+    wait_exactly(&stack, "SELECT count() FROM staging.events", 5).await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_key_and_body_get_the_first_answer_on_any_instance_and_after_a_restart(
 ) -> Result<()> {
@@ -431,7 +508,7 @@ async fn plant_landed_mark(stack: &Stack, key: &str, body: &str, index: usize) -
     let key = idempotency::from_headers(&headers)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .context("no key")?;
-    let stem = idempotency::ScopedKey::new(TENANT, "events", key).message_stem(
+    let stem = idempotency::ScopedKey::new("INGEST", TENANT, "events", key).message_stem(
         &idempotency::Fingerprint::of(Framing::Ndjson, body.as_bytes()),
     );
     let client = async_nats::connect(stack.nats.url()).await?;
@@ -497,7 +574,7 @@ async fn each_keyed_chunk_is_marked_landed_once_settled_and_the_marks_outlive_a_
     let key = idempotency::from_headers(&headers)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .context("no key")?;
-    let stem = idempotency::ScopedKey::new(TENANT, "events", key).message_stem(
+    let stem = idempotency::ScopedKey::new("INGEST", TENANT, "events", key).message_stem(
         &idempotency::Fingerprint::of(Framing::Ndjson, body.as_bytes()),
     );
     let expected: Vec<String> = (0..3)

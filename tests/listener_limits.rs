@@ -247,6 +247,91 @@ async fn slow_headers_and_slow_bodies_are_cut_off() -> Result<()> {
     Ok(())
 }
 
+/// Sends `path` a body announced as 1,000 bytes of which 50 come; the answer's status
+/// line (the body timeout's 408).
+async fn short_body(port: u16, path: &str, content_type: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nX-Tenant: {TENANT}\r\nContent-Type: {content_type}\r\nContent-Length: 1000\r\n\r\n{}",
+                "x".repeat(50)
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    Ok(answer.lines().next().unwrap_or_default().to_string())
+}
+
+/// issues 37.5 and 37.6: a body that did not arrive within the body timeout is answered
+/// 408, and counted as 408 in `sluice_ingest_requests_total` and `sluice_query_total`
+/// (it was counted as 400, and no 408 series existed), and each operation's OpenAPI
+/// document lists the 408.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_timeout_is_a_408_in_the_metrics_and_the_openapi_document() -> Result<()> {
+    let mut stack = stack_with(&[
+        ("api.body_timeout", "2s".into()),
+        ("query.target", "main".into()),
+        ("query.user", sluice_harness::QUERY_USER.into()),
+        ("query.password_env", "SLUICE_TEST_QUERY_PASSWORD".into()),
+    ])
+    .await?;
+    stack.env.push((
+        "SLUICE_TEST_QUERY_PASSWORD".into(),
+        sluice_harness::QUERY_PASSWORD.into(),
+    ));
+    stack.start_sluice(SLUICE).await?;
+    let ingest = short_body(stack.api_port, "/v1/ingest/events", "application/x-ndjson").await?;
+    assert!(ingest.starts_with("HTTP/1.1 408"), "{ingest}");
+    let query = short_body(stack.api_port, "/v1/query", "application/json").await?;
+    assert!(query.starts_with("HTTP/1.1 408"), "{query}");
+
+    let stack = &stack;
+    for (family, surface) in [
+        ("sluice_ingest_requests_total", "ingest"),
+        ("sluice_query_total", "query"),
+    ] {
+        wait_for(
+            &format!("the {surface} 408 counted"),
+            Duration::from_secs(10),
+            POLL,
+            || async move {
+                let metrics = stack.metrics_parsed().await?;
+                let count = |status| metrics.value(family, &[("status", status)]).unwrap_or(0.0);
+                ensure!(
+                    (count("408"), count("400")) == (1.0, 0.0),
+                    "{family}: 408 counted {}, 400 counted {}",
+                    count("408"),
+                    count("400")
+                );
+                Ok(())
+            },
+        )
+        .await?;
+    }
+
+    let document = stack
+        .http()
+        .get(format!("{}/openapi.json", stack.api_url()))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let document: serde_json::Value = serde_json::from_str(&document)?;
+    for path in ["/v1/ingest/{table}", "/v1/query"] {
+        let answer = &document["paths"][path]["post"]["responses"]["408"];
+        assert!(
+            answer["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("body_timeout")),
+            "{path}: {answer}"
+        );
+    }
+    Ok(())
+}
+
 /// The number of descriptors `pid` has open.
 fn open_descriptors(pid: u32) -> Result<usize> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))

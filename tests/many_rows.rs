@@ -187,7 +187,11 @@ async fn a_bad_row_in_the_middle_of_a_hundred_row_message_is_parked_alone() -> R
 
     let rows = parked(&stack, "events", 1).await?;
     let parked = &rows[0];
-    assert_eq!(parked["row"]["id"], "bad-50", "{parked}");
+    assert_eq!(
+        sluice_harness::parked_json(parked)["id"],
+        "bad-50",
+        "{parked}"
+    );
     let headers = &parked["headers"];
     assert_eq!(headers["Sluice-Original-Line"], "50", "{parked}");
     assert_eq!(headers["Sluice-Error-Class"], "Rejected", "{parked}");
@@ -230,7 +234,12 @@ async fn an_outage_while_isolating_a_many_row_message_inserts_no_row_twice() -> 
     publish(&js, "events", message(0..100, Some(60))).await?;
 
     let rows = parked(&stack, "events", 1).await?;
-    assert_eq!(rows[0]["row"]["id"], "bad-60", "{}", rows[0]);
+    assert_eq!(
+        sluice_harness::parked_json(&rows[0])["id"],
+        "bad-60",
+        "{}",
+        rows[0]
+    );
     wait_exactly(&stack, "SELECT count() FROM events", 99).await?;
     assert_eq!(stack.count("SELECT uniqExact(id) FROM events").await?, 99);
     // The outage did happen where it was meant to: an insert was reset after the first.

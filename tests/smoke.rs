@@ -43,7 +43,10 @@ async fn rows_land_and_a_bad_one_is_parked() -> anyhow::Result<()> {
         },
     )
     .await?;
-    assert_eq!(parked[0]["row"]["id"], "not a number");
+    assert_eq!(
+        sluice_harness::parked_json(&parked[0])["id"],
+        "not a number"
+    );
     assert_eq!(parked[0]["headers"]["Sluice-Error-Class"], "Rejected");
     assert_eq!(stack.count("events").await?, 2);
     Ok(())

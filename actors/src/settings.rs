@@ -223,18 +223,21 @@ pub struct PipelineSettings {
     pub failpoint: Option<Failpoint>,
 }
 
-/// Where a flight crashes the process on purpose, for the tests that show what a crash
+/// Where Sluice crashes the process on purpose, for the tests that show what a crash
 /// at that point leaves behind (`SLUICE_TEST_FAILPOINT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failpoint {
-    /// After the insert went through, before its verdicts are recorded or any message
-    /// is acked: the batch is recorded open, its rows in ClickHouse.
+    /// A flight, after the insert went through, before its verdicts are recorded or any
+    /// message is acked: the batch is recorded open, its rows in ClickHouse.
     CrashAfterInsert,
-    /// After the verdicts are recorded, before any message is acked.
+    /// A flight, after the verdicts are recorded, before any message is acked.
     CrashAfterVerdicts,
     /// After the parts of a message split by shard (`Delivery::split`) are stored in
     /// the stream, before anything else of the split is written or the message acked.
     CrashAfterSplitParts,
+    /// A DLQ replay (the binary's, not a flight's), after a row was published back to
+    /// the ingest stream, before its replay mark says so.
+    CrashAfterReplayPublish,
 }
 
 impl std::str::FromStr for Failpoint {
@@ -245,8 +248,9 @@ impl std::str::FromStr for Failpoint {
             "crash-after-insert" => Ok(Failpoint::CrashAfterInsert),
             "crash-after-verdicts" => Ok(Failpoint::CrashAfterVerdicts),
             "crash-after-split-parts" => Ok(Failpoint::CrashAfterSplitParts),
+            "crash-after-replay-publish" => Ok(Failpoint::CrashAfterReplayPublish),
             other => Err(format!(
-                "unknown failpoint {other:?}: expected crash-after-insert, crash-after-verdicts or crash-after-split-parts"
+                "unknown failpoint {other:?}: expected crash-after-insert, crash-after-verdicts, crash-after-split-parts or crash-after-replay-publish"
             )),
         }
     }

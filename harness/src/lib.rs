@@ -48,5 +48,5 @@ pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};
 pub use sluice::SluiceProcess;
-pub use stack::{Stack, StackOptions, ADMIN_TOKEN, TENANT};
+pub use stack::{parked_json, Stack, StackOptions, ADMIN_TOKEN, TENANT};
 pub use tables::{create_replicated_like, create_replicated_like_at_default_window};

@@ -694,6 +694,15 @@ impl Stack {
     }
 }
 
+/// The row of a parked row as the admin endpoint shows it (`row` holds its text, as
+/// parked), parsed: `Null` when it is not JSON.
+pub fn parked_json(parked: &Value) -> Value {
+    parked["row"]
+        .as_str()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or(Value::Null)
+}
+
 /// ClickHouse (one server, or a cluster's, shard by shard), after its ZooKeeper (and a
 /// root of its own there) when asked for one.
 async fn start_clickhouse(

@@ -85,7 +85,7 @@ pub async fn peek(
     match state.dlq.peek_after(&tenant, &table, after, limit).await {
         Ok(rows) => {
             // A full page may have a next one; a short one is the last.
-            let next_after = (limit > 0 && rows.len() == limit)
+            let next_after = (rows.len() == limit)
                 .then(|| rows.last().map(|r| r.sequence))
                 .flatten();
             Json(PeekPage {
@@ -170,13 +170,21 @@ pub async fn purge(
     }
 }
 
-/// The `limit` asked for (else `default`), or why one over [`MAX_LIMIT`] is refused: a
-/// request for more is told so rather than quietly given less.
+/// The `limit` asked for (else `default`), or why it is refused (see [`check_limit`]).
 fn checked_limit(asked: Option<usize>, default: usize) -> Result<usize, String> {
-    match asked {
-        None => Ok(default),
-        Some(n) if n <= MAX_LIMIT => Ok(n),
-        Some(n) => Err(format!(
+    asked.map_or(Ok(default), check_limit)
+}
+
+/// Rows a peek or a replay takes: 1 to [`MAX_LIMIT`]. More is told so rather than
+/// quietly given less, and none would answer a page with no row, which says nothing of
+/// what is parked.
+pub fn check_limit(n: usize) -> Result<usize, String> {
+    match n {
+        0 => Err(format!(
+            "limit 0 takes no row: take 1 to {MAX_LIMIT} rows a request"
+        )),
+        n if n <= MAX_LIMIT => Ok(n),
+        n => Err(format!(
             "limit {n} is over {MAX_LIMIT}: take at most {MAX_LIMIT} rows a request"
         )),
     }

@@ -29,7 +29,7 @@ use serde_json::json;
 use crate::config::{is_table_name, is_tenant_name, Secret};
 use crate::nats::Dlq;
 use crate::openapi::Routes;
-pub use dlq::{PeekPage, Purged, ReplayRequest, MAX_LIMIT as DLQ_MAX_LIMIT};
+pub use dlq::{check_limit, PeekPage, Purged, ReplayRequest, MAX_LIMIT as DLQ_MAX_LIMIT};
 use history::{RatesView, SharedHistory};
 pub use nats::NatsView;
 

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use crate::config::MAX_NAME_LEN;
 use axum::response::Response;
 use serde_json::{json, Value};
 use sluice_actors::observe::NodeKind;
@@ -11,8 +12,8 @@ use sluice_actors::observe::NodeKind;
 use super::dlq::{MAX_LIMIT, PEEK_DEFAULT, REPLAY_DEFAULT};
 use super::page::{SCRIPT_PATH, STYLE_PATH};
 use crate::openapi::{
-    count_parameter, document as openapi_document, json_response, media_response, name_parameter,
-    name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
+    body_timeout_response, count_parameter, document as openapi_document, json_response,
+    media_response, name_parameter, name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
 };
 
 pub async fn document() -> Response {
@@ -43,6 +44,13 @@ fn guarded(mut responses: Value) -> Value {
     });
     responses["403"] = json_response("The token is not the admin token.", schema("Error"));
     responses
+}
+
+/// `<tenant>.<table>`: what a purge's `confirm` must look like (the two names of its
+/// path, which OpenAPI cannot say).
+fn confirm_pattern() -> String {
+    let bare = |p: &str| p.trim_start_matches('^').trim_end_matches('$').to_string();
+    format!("^{}\\.{}$", bare(TENANT_PATTERN), bare(TABLE_PATTERN))
 }
 
 fn token() -> Value {
@@ -181,14 +189,15 @@ fn paths() -> Value {
         }},
         "/admin/dlq/replay": {"post": {
             "summary": "Replay a table's parked rows",
-            "description": "Publishes up to `limit` parked rows of the table back to the ingest stream, each under a message id of its DLQ sequence, and removes each from the DLQ once the stream stored it. Rows that are not JSON objects stay parked (`skipped`). `dry_run` counts without changing anything.",
+            "description": "Publishes up to `limit` parked rows of the table back to the ingest stream, each under its replay id (the DLQ stream, its creation time and the row's sequence there) with a mark written first, and removes each from the DLQ once the stream stored it. Rows that are not JSON objects stay parked (`skipped`); so does a row whose earlier replay was cut off before the stream's answer (`failed`, with the reason: a replay never publishes it again). `dry_run` counts without changing anything.",
             "operationId": "dlqReplay",
             "tags": ["dlq"],
             "security": token(),
             "requestBody": {"required": true, "content": {"application/json": {"schema": schema("ReplayRequest")}}},
             "responses": guarded(json!({
                 "200": json_response("What the replay did.", schema("ReplayReport")),
-                "400": error("The body is not a replay request, names no tenant or table, or asks for more rows than the most."),
+                "400": error("The body is not a replay request, names no tenant or table, or asks for no row or more rows than the most."),
+                "408": body_timeout_response("[admin]"),
                 "503": unavailable(),
             })),
         }},
@@ -201,8 +210,8 @@ fn paths() -> Value {
                 "tags": ["dlq"],
                 "security": token(),
                 "parameters": [
-                    count_parameter("limit", MAX_LIMIT as u64, &format!("Rows on the page (default {PEEK_DEFAULT}).")),
-                    count_parameter("after", u64::MAX, "Only rows whose DLQ sequence is above this: the previous page's `next_after`."),
+                    count_parameter("limit", 1, MAX_LIMIT as u64, &format!("Rows on the page (default {PEEK_DEFAULT}).")),
+                    count_parameter("after", 0, u64::MAX, "Only rows whose DLQ sequence is above this: the previous page's `next_after`."),
                 ],
                 "responses": guarded(json!({
                     "200": json_response("A page of rows.", schema("PeekPage")),
@@ -221,7 +230,8 @@ fn paths() -> Value {
                     "in": "query",
                     "required": true,
                     "description": "`<tenant>.<table>`, the table named again; without it, or with another name, nothing is deleted (400).",
-                    "schema": {"type": "string"},
+                    "schema": {"type": "string", "pattern": confirm_pattern(), "minLength": 3, "maxLength": 2 * MAX_NAME_LEN + 1},
+                    "example": "acme.events",
                 }],
                 "responses": guarded(json!({
                     "200": json_response("The rows were deleted.", schema("Purged")),
@@ -444,7 +454,8 @@ fn components() -> Value {
                         "description": "Every `Sluice-*` header: `Sluice-Error-Class`, `Sluice-Error-Code`, `Sluice-Error` (ClickHouse's reason), `Sluice-Original-Subject`, `Sluice-Original-Sequence`, `Sluice-Deliveries`, `Sluice-Parked-At` (RFC 3339), `Sluice-Original-Line`.",
                         "additionalProperties": {"type": "string"},
                     },
-                    "row": {"description": "The row: its JSON value, or its text when it is not JSON."},
+                    "row": {"type": "string", "description": "The row as parked, byte for byte: its text, never parsed and printed again (keys in their order, numbers and escapes as written). Bytes that are not UTF-8 show as U+FFFD here, and exactly in `row_base64`."},
+                    "row_base64": {"type": "string", "format": "byte", "description": "The row's bytes in base64; only when they are not UTF-8."},
                 },
             },
             "PeekPage": {
@@ -464,7 +475,7 @@ fn components() -> Value {
                 "properties": {
                     "tenant": name_schema(TENANT_PATTERN),
                     "table": name_schema(TABLE_PATTERN),
-                    "limit": {"type": "integer", "nullable": true, "minimum": 0, "maximum": MAX_LIMIT, "description": format!("Rows to replay at most (default {REPLAY_DEFAULT}).")},
+                    "limit": {"type": "integer", "nullable": true, "minimum": 1, "maximum": MAX_LIMIT, "description": format!("Rows to replay at most (default {REPLAY_DEFAULT}).")},
                     "dry_run": {"type": "boolean", "default": false},
                 },
                 "example": {"tenant": "acme", "table": "events", "limit": 1000, "dry_run": true},

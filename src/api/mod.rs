@@ -15,6 +15,7 @@ use axum::extract::{DefaultBodyLimit, FromRef};
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::config::AuthMode;
 use crate::openapi::Routes;
 use crate::query::QueryState;
 use ingest::IngestState;
@@ -39,19 +40,19 @@ impl FromRef<ApiState> for QueryState {
 }
 
 /// Every route of the API listener; `max_request_bytes` is `[api] max_request_bytes`.
-pub fn routes(max_request_bytes: usize) -> Routes<ApiState> {
+pub fn routes(max_request_bytes: usize, auth: AuthMode) -> Routes<ApiState> {
     Routes::new()
         .route(
             "/v1/ingest/{table}",
             post(ingest::ingest).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/v1/query", crate::query::route())
-        .route("/openapi.json", get(openapi::document))
+        .route("/openapi.json", get(move || openapi::document(auth)))
 }
 
 /// The API listener's router.
-pub fn router(state: ApiState, max_request_bytes: usize) -> Router {
-    routes(max_request_bytes)
+pub fn router(state: ApiState, max_request_bytes: usize, auth: AuthMode) -> Router {
+    routes(max_request_bytes, auth)
         .map(|r| r.with_state(state))
         .into_router()
 }

@@ -8,38 +8,78 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::ingest::MAX_LISTED_ERRORS;
+use crate::config::AuthMode;
 use crate::openapi::{
-    document as openapi_document, json_response, name_parameter, schema, serve, TABLE_PATTERN,
+    body_timeout_response, document as openapi_document, json_response, name_parameter,
+    name_schema, schema, serve, TABLE_PATTERN, TENANT_PATTERN,
 };
 use crate::query::{ATTEMPTS_HEADER, MAX_REQUEST_BYTES, QUERY_ID_HEADER, RESULT_CAP_HEADER};
 
-pub async fn document() -> Response {
-    static BUILT: OnceLock<String> = OnceLock::new();
-    serve(&BUILT, build)
+/// `GET /openapi.json`: the document of the running configuration's `[api] auth` (the
+/// security a client must meet, and the answers it can get, are those of this listener).
+pub async fn document(auth: AuthMode) -> Response {
+    static BY_TOKEN: OnceLock<String> = OnceLock::new();
+    static BY_HEADER: OnceLock<String> = OnceLock::new();
+    match auth {
+        AuthMode::Token => serve(&BY_TOKEN, || build(AuthMode::Token)),
+        AuthMode::None => serve(&BY_HEADER, || build(AuthMode::None)),
+    }
 }
 
-/// The document.
-pub fn build() -> Value {
+/// The document of a listener whose tenants are named as `auth` says.
+pub fn build(auth: AuthMode) -> Value {
+    let naming = match auth {
+        AuthMode::Token => "by its bearer token (`tenantToken`: `[api] auth = \"token\"`)",
+        AuthMode::None => "by its `X-Tenant` header (`[api] auth = \"none\"`: the API authenticates nobody, a proxy in front does)",
+    };
     openapi_document(
         "Sluice API",
-        "Rows into ClickHouse through NATS JetStream (`POST /v1/ingest/{table}`) and guarded \
-         read-only queries (`POST /v1/query`). Every request names its tenant: with \
-         `[api] auth = \"token\"` (the default) by the tenant's bearer token \
-         (`tenantToken`), with `auth = \"none\"` (behind a proxy that authenticates) by an \
-         `X-Tenant` header (`tenantHeader`).",
-        paths(),
-        components(),
+        &format!(
+            "Rows into ClickHouse through NATS JetStream (`POST /v1/ingest/{{table}}`) and guarded \
+             read-only queries (`POST /v1/query`). Every request names its tenant {naming}."
+        ),
+        paths(auth),
+        components(auth),
     )
 }
 
-fn tenant_security() -> Value {
-    json!([{ "tenantToken": [] }, { "tenantHeader": [] }])
+/// An operation as `auth` answers it. With `auth = "none"` the API authenticates
+/// nobody (a proxy in front does): the tenant is a required `X-Tenant` header, a request
+/// without one is a 400, and none is refused for a token (401).
+fn answered_under(auth: AuthMode, mut operation: Value) -> Value {
+    if auth == AuthMode::None {
+        if let Some(responses) = operation["responses"].as_object_mut() {
+            responses.remove("401");
+        }
+        let tenant = json!({
+            "name": "X-Tenant",
+            "in": "header",
+            "required": true,
+            "description": "The tenant the request is for, sent once.",
+            "schema": name_schema(TENANT_PATTERN),
+            "example": "acme",
+        });
+        match operation["parameters"].as_array_mut() {
+            Some(parameters) => parameters.insert(0, tenant),
+            None => operation["parameters"] = json!([tenant]),
+        }
+    }
+    operation
 }
 
-fn paths() -> Value {
+/// Who may call: the tenant's bearer token, or (a proxy authenticating in front) nobody
+/// is asked for anything.
+fn tenant_security(auth: AuthMode) -> Value {
+    match auth {
+        AuthMode::Token => json!([{ "tenantToken": [] }]),
+        AuthMode::None => json!([]),
+    }
+}
+
+fn paths(auth: AuthMode) -> Value {
     json!({
-        "/v1/ingest/{table}": {"post": ingest()},
-        "/v1/query": {"post": query()},
+        "/v1/ingest/{table}": {"post": answered_under(auth, ingest(auth))},
+        "/v1/query": {"post": answered_under(auth, query(auth))},
         "/openapi.json": {"get": {
             "summary": "This document",
             "operationId": "openapi",
@@ -83,7 +123,7 @@ fn challenge() -> Value {
     json!({"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}})
 }
 
-fn ingest() -> Value {
+fn ingest(auth: AuthMode) -> Value {
     // One row, or an array of them.
     let rows = json!({"oneOf": [
         {"type": "object"},
@@ -102,7 +142,7 @@ fn ingest() -> Value {
         "description": "Stores the request's rows in the ingest stream, in messages of up to `[api] chunk_rows` rows, each acknowledged by JetStream before its rows count as accepted; Sluice then inserts them into the tenant's ClickHouse table. A row ClickHouse judges bad is parked on the dead-letter stream with the reason. Rows that are not JSON objects, too large or too deep are refused by index while the good rows of the request are accepted (400).",
         "operationId": "ingest",
         "tags": ["ingest"],
-        "security": tenant_security(),
+        "security": tenant_security(auth),
         "parameters": [
             name_parameter("table", TABLE_PATTERN, "The ClickHouse table, in the tenant's target's database.", "events"),
             {
@@ -128,6 +168,7 @@ fn ingest() -> Value {
             },
             "403": ingest_reply_or_tenant("The token belongs to no tenant, or the tenant writes to as many tables as `[api] max_tables_per_tenant` allows."),
             "404": ingest_reply_or_tenant("Not a table name, a table the tenant's ClickHouse target does not have, or (with `auth = \"none\"`) no such tenant."),
+            "408": body_timeout_response("[api]"),
             "409": {
                 "description": "A request with the same `Idempotency-Key` (for this tenant and table) is in progress: send this one again after `Retry-After`; it then gets that request's answer.",
                 "headers": retry_after(),
@@ -163,7 +204,7 @@ fn retryable_query_error(description: &str) -> Value {
     response
 }
 
-fn query() -> Value {
+fn query(auth: AuthMode) -> Value {
     let mut unauthorized =
         query_error("No bearer token, or an `Authorization` header that is not `Bearer <token>`.");
     unauthorized["headers"]["WWW-Authenticate"] = challenge()["WWW-Authenticate"].clone();
@@ -172,7 +213,7 @@ fn query() -> Value {
         "description": "Runs one read statement as `[query]`'s user with a server-side time limit below the request's deadline, `KILL QUERY` when the deadline passes, and retries of outages only, under a global retry budget. Statements that could change the limits or reach around them (`SETTINGS`, `FORMAT`, most table functions and system tables) are refused (400).",
         "operationId": "query",
         "tags": ["query"],
-        "security": tenant_security(),
+        "security": tenant_security(auth),
         "requestBody": {
             "required": true,
             "description": format!("At most {MAX_REQUEST_BYTES} bytes."),
@@ -195,6 +236,7 @@ fn query() -> Value {
             "401": unauthorized,
             "403": query_error("The token belongs to no tenant, the statement writes, or ClickHouse refused the query user."),
             "404": query_error("The gateway is off (no `[query]` section), the statement names a table, column or identifier ClickHouse does not have, or (with `auth = \"none\"`) no such tenant."),
+            "408": body_timeout_response("[api]"),
             "429": retryable_query_error("The workload or the tenant is at its concurrency limit: no queue, send it again later."),
             "502": query_error("ClickHouse answered with an error nothing explains."),
             "503": retryable_query_error("ClickHouse is unavailable (after the retries the budget allowed)."),
@@ -203,21 +245,18 @@ fn query() -> Value {
     })
 }
 
-fn components() -> Value {
+fn components(auth: AuthMode) -> Value {
+    // The one way this listener takes a tenant; none to authenticate with `auth = "none"`.
+    let schemes = match auth {
+        AuthMode::Token => json!({"tenantToken": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "`[api] auth = \"token\"`: the tenant's token (from the variable its `token_env` names). The token names the tenant.",
+        }}),
+        AuthMode::None => json!({}),
+    };
     json!({
-        "securitySchemes": {
-            "tenantToken": {
-                "type": "http",
-                "scheme": "bearer",
-                "description": "With `[api] auth = \"token\"`: the tenant's token (from the variable its `token_env` names). The token names the tenant.",
-            },
-            "tenantHeader": {
-                "type": "apiKey",
-                "in": "header",
-                "name": "X-Tenant",
-                "description": "With `[api] auth = \"none\"`: the tenant's name, sent once.",
-            },
-        },
+        "securitySchemes": schemes,
         "schemas": {
             "RowError": {
                 "type": "object",
@@ -303,19 +342,21 @@ mod tests {
 
     #[test]
     fn every_routed_path_is_documented_and_nothing_else() {
-        let doc = build();
-        let routed: BTreeSet<String> = super::super::routes(1 << 20)
-            .paths()
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
-        assert_eq!(documented_paths(&doc), routed);
-        assert_eq!(dangling_refs(&doc), Vec::<String>::new());
+        for auth in [AuthMode::Token, AuthMode::None] {
+            let doc = build(auth);
+            let routed: BTreeSet<String> = super::super::routes(1 << 20, auth)
+                .paths()
+                .iter()
+                .map(|p| p.to_string())
+                .collect();
+            assert_eq!(documented_paths(&doc), routed);
+            assert_eq!(dangling_refs(&doc), Vec::<String>::new());
+        }
     }
 
     #[test]
     fn the_statuses_are_those_the_metrics_count() {
-        let doc = build();
+        let doc = build(AuthMode::Token);
         let ingest: BTreeSet<u16> = INGEST_STATUSES.iter().copied().collect();
         assert_eq!(
             documented_statuses(&doc, "/v1/ingest/{table}", "post"),
@@ -323,5 +364,35 @@ mod tests {
         );
         let query: BTreeSet<u16> = QUERY_STATUSES.iter().copied().collect();
         assert_eq!(documented_statuses(&doc, "/v1/query", "post"), query);
+    }
+
+    /// issue 38.6: the document served describes the running configuration: a bearer
+    /// token where one is asked for; with `auth = "none"` no security at all (the API
+    /// authenticates nobody), the tenant a required `X-Tenant` header, and no 401.
+    #[test]
+    fn the_document_describes_the_tenants_as_the_configuration_names_them() {
+        let doc = build(AuthMode::Token);
+        assert!(doc["components"]["securitySchemes"]["tenantToken"].is_object());
+        let doc_none = build(AuthMode::None);
+        assert_eq!(doc_none["components"]["securitySchemes"], json!({}));
+        for path in ["/v1/ingest/{table}", "/v1/query"] {
+            let operation = &doc["paths"][path]["post"];
+            assert_eq!(
+                operation["security"],
+                json!([{ "tenantToken": [] }]),
+                "{path}"
+            );
+            assert!(documented_statuses(&doc, path, "post").contains(&401));
+
+            let operation = &doc_none["paths"][path]["post"];
+            assert_eq!(operation["security"], json!([]), "{path}");
+            assert!(!documented_statuses(&doc_none, path, "post").contains(&401));
+            let tenant = &operation["parameters"][0];
+            assert_eq!(
+                (&tenant["name"], &tenant["in"], &tenant["required"]),
+                (&json!("X-Tenant"), &json!("header"), &json!(true)),
+                "{path}"
+            );
+        }
     }
 }

@@ -17,6 +17,10 @@ pub fn run(path: Option<&Path>, offline: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(why) = config.takes_no_row() {
+        eprintln!("{why}");
+        return ExitCode::FAILURE;
+    }
     print!("{}", config.summary());
     if !offline {
         print!("{}", exactly_once_report(&config));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 use super::admin_client::AdminClient;
-use crate::admin::{PeekPage, Purged, ReplayRequest, DLQ_MAX_LIMIT};
+use crate::admin::{check_limit, PeekPage, Purged, ReplayRequest, DLQ_MAX_LIMIT};
 use crate::config::{is_table_name, is_tenant_name, TABLE_NAME_RULE, TENANT_NAME_RULE};
 use crate::nats::{DlqCounts, ParkedRow, ReplayReport};
 
@@ -51,8 +51,8 @@ enum DlqCommand {
         /// The table, as `<tenant>.<table>`.
         #[arg(value_parser = parse_table)]
         table: TableName,
-        /// Rows on the page.
-        #[arg(long, default_value_t = 20)]
+        /// Rows on the page (1 to 10,000).
+        #[arg(long, default_value_t = 20, value_parser = parse_limit)]
         limit: usize,
         /// Only rows after this DLQ sequence (the `--after` the previous page printed).
         #[arg(long, default_value_t = 0)]
@@ -66,8 +66,8 @@ enum DlqCommand {
         /// The table, as `<tenant>.<table>`.
         #[arg(value_parser = parse_table)]
         table: TableName,
-        /// Rows to replay at most (the endpoint takes up to 10,000 a request).
-        #[arg(long, default_value_t = DLQ_MAX_LIMIT)]
+        /// Rows to replay at most (1 to 10,000: the most the endpoint takes a request).
+        #[arg(long, default_value_t = DLQ_MAX_LIMIT, value_parser = parse_limit)]
         limit: usize,
         /// Count what would be replayed; change nothing (asks nothing).
         #[arg(long)]
@@ -111,6 +111,15 @@ fn parse_table(text: &str) -> Result<TableName, String> {
             "{text:?} is not <tenant>.<table> (a tenant {TENANT_NAME_RULE}, a table {TABLE_NAME_RULE}), e.g. acme.events"
         )),
     }
+}
+
+/// A page's or a replay's rows: 1 to [`DLQ_MAX_LIMIT`] (a page of none would say
+/// nothing of what is parked).
+fn parse_limit(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a count of rows"))?;
+    check_limit(n)
 }
 
 pub fn run(args: DlqArgs) -> ExitCode {
@@ -229,11 +238,10 @@ fn print_row(row: &ParkedRow) {
         "  reason: {}",
         h("Sluice-Error").unwrap_or("(no reason recorded)")
     );
-    let text = match &row.row {
-        serde_json::Value::String(text) => text.clone(),
-        value => value.to_string(),
-    };
-    println!("  row:    {text}");
+    println!("  row:    {}", row.row);
+    if let Some(bytes) = &row.row_base64 {
+        println!("  bytes:  {bytes} (base64: the row is not UTF-8)");
+    }
 }
 
 async fn replay(

@@ -14,6 +14,10 @@ pub fn run(path: Option<&Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(why) = config.takes_no_row() {
+        eprintln!("{why}");
+        return ExitCode::FAILURE;
+    }
     logging::init(config.log.format, &config.log.level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

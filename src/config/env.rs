@@ -8,7 +8,8 @@
 //! Names of targets, tenants and tables are taken in lower case. A list (`[clickhouse.
 //! targets.main] shards`) is written with `;` between its items:
 //! `SLUICE_CLICKHOUSE_TARGETS_MAIN_SHARDS="http://a1:8123,http://a2:8123;http://b1:8123"`.
-//! Variables named by a `*_env` key hold secrets and are never read as overrides.
+//! Variables named by a `*_env` key (in the file, or set from the environment) hold
+//! secrets: never read as overrides, never warned about.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -78,6 +79,7 @@ pub fn overrides(
     let mut found = Vec::new();
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
+    let secrets = with_secrets_named_here(vars, secrets);
     for (var, raw) in vars {
         let Some(rest) = var.strip_prefix("SLUICE_") else {
             continue;
@@ -108,6 +110,27 @@ pub fn overrides(
         }
     }
     (found, errors, warnings)
+}
+
+/// `secrets` (the variables the file's `*_env` keys name), and the variables the
+/// environment's own `*_env` overrides name (`SLUICE_TENANTS_ACME_TOKEN_ENV=ACME_TOKEN`):
+/// they hold secrets too, never overrides, whatever their names spell.
+fn with_secrets_named_here(
+    vars: &BTreeMap<String, String>,
+    secrets: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    let mut all = secrets.clone();
+    for (var, named) in vars {
+        let Some(rest) = var.strip_prefix("SLUICE_") else {
+            continue;
+        };
+        let names_a_secret = locate(&rest.to_ascii_lowercase())
+            .is_some_and(|(path, _)| path.last().is_some_and(|key| key.ends_with("_env")));
+        if names_a_secret && !secrets.contains(var) {
+            all.insert(named.trim().to_string());
+        }
+    }
+    all
 }
 
 /// The key `rest` (a variable's name after `SLUICE_`, in lower case) sets: every key
@@ -306,6 +329,34 @@ mod tests {
             &BTreeSet::new(),
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    /// issue 37.13: a variable that a `*_env` key set from the environment names holds a
+    /// secret: it is never flagged as "no configuration key", and never read as an
+    /// override even when its name spells one.
+    #[test]
+    fn a_secret_named_from_the_environment_is_neither_flagged_nor_an_override() {
+        let vars = env(&[
+            ("SLUICE_TENANTS_ACME_TOKEN_ENV", "SLUICE_TOKEN_ACME"),
+            ("SLUICE_TOKEN_ACME", "tok-1"),
+            (
+                "SLUICE_CLICKHOUSE_TARGETS_MAIN_PASSWORD_ENV",
+                "SLUICE_QUERY_USER",
+            ),
+            ("SLUICE_QUERY_USER", "hunter2"),
+        ]);
+        let (found, errors, warnings) = overrides(&vars, &BTreeSet::new());
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let paths: Vec<_> = found.iter().map(Override::dotted).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "clickhouse.targets.main.password_env",
+                "tenants.acme.token_env"
+            ],
+            "a secret read as an override"
+        );
     }
 
     #[test]

@@ -119,8 +119,9 @@ pub struct TargetFile {
     /// One server, or the replicas of one shard, comma-separated (unset, and no
     /// `shards`: the local default server).
     pub url: Option<String>,
-    /// Shards, each the comma-separated URLs of its replicas (instead of `url`).
-    pub shards: Vec<String>,
+    /// Shards, each the comma-separated URLs of its replicas (instead of `url`); `None`
+    /// when not set, told apart from a list of none (`shards = []`, refused).
+    pub shards: Option<Vec<String>>,
     pub user: String,
     pub password_env: Option<String>,
     pub database: String,
@@ -137,7 +138,7 @@ impl Default for TargetFile {
     fn default() -> Self {
         Self {
             url: None,
-            shards: Vec::new(),
+            shards: None,
             user: "default".into(),
             password_env: None,
             database: "default".into(),

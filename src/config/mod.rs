@@ -423,6 +423,26 @@ impl Config {
         found
     }
 
+    /// Why no row could ever land with this configuration (`sluice run` and `sluice
+    /// check-config` refuse it): no tenant to send rows, no ClickHouse target to take
+    /// them, or no tenant with a target (every row would be parked). `None` when rows
+    /// have a way in.
+    pub fn takes_no_row(&self) -> Option<String> {
+        let missing = match (self.targets.is_empty(), self.tenants.is_empty()) {
+            (true, true) => "no ClickHouse target and no tenant: add [clickhouse.targets.<name>] (url) and [tenants.<name>] with target = \"<name>\"",
+            (false, true) => "no tenant: add [tenants.<name>] with target = \"<target>\" (and its token_env, with [api] auth = \"token\")",
+            (true, false) => "no ClickHouse target: add [clickhouse.targets.<name>] (url) and name it as each tenant's target; without one every row is parked",
+            (false, false) if self.tenants.values().all(|t| t.target.is_none()) => {
+                "no tenant has a target: set target = \"<target>\" under [tenants.<name>]; without one a tenant's rows are all parked"
+            }
+            (false, false) => return None,
+        };
+        Some(format!(
+            "{}: the configuration can take no row: {missing}",
+            self.source_name
+        ))
+    }
+
     /// A short human summary for `sluice check-config` (no secrets).
     pub fn summary(&self) -> String {
         summary::summary(self)

@@ -244,6 +244,20 @@ fn a_cluster_layout_that_cannot_be_is_refused_naming_the_key() {
     assert!(p[0].contains("scheme must be http or https"), "{p:?}");
 }
 
+/// issue 37.3: `shards = []` (in the file, or an empty variable) lists no server; it
+/// was taken for "no shards" and the target wrote to the local default server.
+#[test]
+fn an_empty_shard_list_is_refused_not_taken_for_the_default_server() {
+    let p = problems("[clickhouse.targets.main]\nshards = []\n", &[]);
+    assert!(
+        p.iter().any(|l| l.contains("[clickhouse.targets.main] shards")
+            && l.contains("lists no shard")),
+        "{p:?}"
+    );
+    let p = problems("", &[("SLUICE_CLICKHOUSE_TARGETS_MAIN_SHARDS", "")]);
+    assert!(p.iter().any(|l| l.contains("lists no shard")), "{p:?}");
+}
+
 #[test]
 fn credentials_in_a_url_are_refused() {
     let p = problems(

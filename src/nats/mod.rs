@@ -36,7 +36,10 @@ pub use manifest::{
     MANIFEST_MAX_AGE,
 };
 pub use publish::{PendingPublish, PublishError, Publisher};
-pub use setup::{ensure_consumer, ensure_streams, StreamSettings};
+pub use setup::{
+    ensure_consumer, ensure_streams, replicas_beyond_server, replicas_refused_once_connected,
+    StreamSettings,
+};
 pub use source::{JetStreamSource, JetStreamSourceFactory};
 pub use split::{
     keep_collecting as keep_collecting_splits, split_bucket, SplitRecords, SplitSettings,

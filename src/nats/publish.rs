@@ -43,6 +43,12 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// Whether the message is known not to be stored: every failure but an answer that
+    /// never came.
+    pub fn stored_nothing(&self) -> bool {
+        !matches!(self, Self::Unavailable(_))
+    }
+
     /// Whether the same message may be published again: when nothing took it, or when
     /// it carries a message id (JetStream then stores it once, whatever the first
     /// attempt did). A full stream or a refusal is answered as it is.

@@ -191,6 +191,56 @@ pub(super) async fn create_or_update(
     }
 }
 
+/// Why `[nats] replicas` can never be had from the server `info` describes: above 1
+/// against a single server (one that is not part of a cluster), which no wait changes.
+/// `None` when the server may give them (a cluster with too few servers up is waited
+/// for: its streams are made once they are).
+fn replicas_beyond(info: &async_nats::ServerInfo, replicas: usize) -> Option<String> {
+    let single = info.cluster.as_deref().is_none_or(str::is_empty);
+    (replicas > 1 && single).then(|| {
+        format!(
+            "[nats] replicas = {replicas}, but nats-server {} at {}:{} is a single server, not part of a JetStream cluster: it keeps one copy of a stream, so set [nats] replicas = 1, or point [nats] url at a cluster of at least {replicas} servers",
+            info.version, info.host, info.port
+        )
+    })
+}
+
+/// The INFO of the server the client is connected to, once the client holds it (it
+/// reports itself connected a moment before it stores the INFO).
+async fn server_info(client: &async_nats::Client) -> async_nats::ServerInfo {
+    // Bounded by the process: it ends once connected, or is dropped with the run.
+    loop {
+        let info = client.server_info();
+        if !info.server_id.is_empty() {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`replicas_beyond`] of the server `client` is connected to (waiting for its INFO
+/// for up to `wait`; `None` when it did not come).
+pub async fn replicas_beyond_server(
+    client: &async_nats::Client,
+    replicas: usize,
+    wait: Duration,
+) -> Option<String> {
+    let info = tokio::time::timeout(wait, server_info(client)).await.ok()?;
+    replicas_beyond(&info, replicas)
+}
+
+/// [`replicas_beyond`]'s reason, once the client is connected (for a start that did
+/// not reach NATS); never, when the server may give the replicas.
+pub async fn replicas_refused_once_connected(
+    client: async_nats::Client,
+    replicas: usize,
+) -> String {
+    match replicas_beyond(&server_info(&client).await, replicas) {
+        Some(why) => why,
+        None => std::future::pending().await,
+    }
+}
+
 /// What to check when a stream with `replicas` copies cannot be made.
 fn replicas_hint(replicas: usize) -> &'static str {
     if replicas > 1 {
@@ -207,4 +257,25 @@ fn unlimited_as_zero(limit: i64) -> i64 {
 
 pub(super) fn bytes_i64(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod replicas_tests {
+    use super::*;
+
+    fn info(cluster: Option<&str>) -> async_nats::ServerInfo {
+        async_nats::ServerInfo {
+            server_id: "N1".into(),
+            cluster: cluster.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_single_server_refuses_more_than_one_replica() {
+        assert!(replicas_beyond(&info(None), 3).is_some_and(|w| w.contains("[nats] replicas = 3")));
+        assert!(replicas_beyond(&info(Some("")), 2).is_some());
+        assert_eq!(replicas_beyond(&info(None), 1), None);
+        assert_eq!(replicas_beyond(&info(Some("sluice")), 3), None);
+    }
 }

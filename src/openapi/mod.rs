@@ -53,6 +53,21 @@ pub fn json_response(description: &str, body: Value) -> Value {
     })
 }
 
+/// The 408 a listener answers when a request's body did not arrive within its
+/// `body_timeout` (`section`: `[api]` or `[admin]`), whatever the operation; the
+/// connection closes after it.
+pub fn body_timeout_response(section: &str) -> Value {
+    json!({
+        "description": format!("The body did not arrive within `{section} body_timeout` (30 s by default): send the request again, faster. The connection is closed."),
+        "headers": {"Connection": {"schema": {"type": "string", "enum": ["close"]}}},
+        "content": {"application/json": {"schema": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+        }}},
+    })
+}
+
 /// A response with a body of another media type (text, HTML, an image).
 pub fn media_response(description: &str, media_type: &str) -> Value {
     json!({
@@ -83,19 +98,19 @@ pub fn name_parameter(name: &str, pattern: &str, description: &str, example: &st
     })
 }
 
-/// A non-negative integer query parameter, at most `maximum`.
-pub fn count_parameter(name: &str, maximum: u64, description: &str) -> Value {
+/// An integer query parameter from `minimum` to `maximum`.
+pub fn count_parameter(name: &str, minimum: u64, maximum: u64, description: &str) -> Value {
     json!({
         "name": name,
         "in": "query",
         "required": false,
         "description": description,
-        "schema": {"type": "integer", "minimum": 0, "maximum": maximum},
+        "schema": {"type": "integer", "minimum": minimum, "maximum": maximum},
     })
 }
 
 /// Serves a document, built once.
-pub fn serve(built: &'static OnceLock<String>, build: fn() -> Value) -> Response {
+pub fn serve(built: &'static OnceLock<String>, build: impl FnOnce() -> Value) -> Response {
     let text = built.get_or_init(|| build().to_string());
     (
         [

@@ -211,6 +211,7 @@ impl QueryError {
             QueryError::Off => StatusCode::NOT_FOUND,
             QueryError::Tenant(t) => t.status(),
             QueryError::Request(RequestError::Sql(e)) if e.is_write() => StatusCode::FORBIDDEN,
+            QueryError::Request(RequestError::BodyTimedOut(_)) => StatusCode::REQUEST_TIMEOUT,
             QueryError::Request(_) => StatusCode::BAD_REQUEST,
             QueryError::TooManyQueries { .. } => StatusCode::TOO_MANY_REQUESTS,
             QueryError::ClickHouse { error, .. } => map_clickhouse(error.class, error.code).0,

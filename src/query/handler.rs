@@ -75,6 +75,9 @@ async fn run(
     trace.tenant = Some(tenant.name.clone());
 
     let body = body.map_err(|rejection| {
+        if let Some(timed_out) = crate::server::body_timed_out(&rejection) {
+            return QueryError::Request(RequestError::BodyTimedOut(timed_out.to_string()));
+        }
         QueryError::Request(RequestError::Invalid(
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 format!(

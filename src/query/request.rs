@@ -60,12 +60,15 @@ pub enum RequestError {
     Invalid(String),
     /// The SQL check refused the statement (403 for a write, 400 otherwise).
     Sql(sql::SqlError),
+    /// 408: the body did not arrive within the listener's `body_timeout` (answered by
+    /// the listener; counted here as what the client sees).
+    BodyTimedOut(String),
 }
 
 impl RequestError {
     pub fn message(&self) -> String {
         match self {
-            RequestError::Invalid(m) => m.clone(),
+            RequestError::Invalid(m) | RequestError::BodyTimedOut(m) => m.clone(),
             RequestError::Sql(e) => e.to_string(),
         }
     }

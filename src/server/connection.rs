@@ -25,16 +25,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::http::{Request, Response};
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+use super::body_deadline::{BodyTimedOut, Deadline};
 use crate::config::ListenerLimits;
 use tokio_util::sync::CancellationToken;
 
@@ -335,87 +336,25 @@ impl hyper::service::Service<Request<Incoming>> for Guarded {
         let bounds = self.bounds;
         let timed_out = Arc::new(AtomicBool::new(false));
         let request = request.map(|body| {
-            Body::new(Deadline {
+            Body::new(Deadline::new(
                 body,
-                sleep: Box::pin(tokio::time::sleep(bounds.body_timeout)),
-                timeout: bounds.body_timeout,
-                timed_out: timed_out.clone(),
-            })
+                BodyTimedOut::new(bounds.body_timeout, bounds.section),
+                timed_out.clone(),
+            ))
         });
         let router = self.router.clone();
         Box::pin(async move {
             let Ok(response) = router.oneshot(request).await;
             busy.answer();
+            // Whatever the handler made of the failed read (it counts it as 408 where
+            // it knows the error, `body_timed_out`), the answer is the listener's.
             let response = if timed_out.load(Ordering::SeqCst) {
-                body_too_slow(&bounds)
+                BodyTimedOut::new(bounds.body_timeout, bounds.section).answer()
             } else {
                 response
             };
             Ok(response.map(|body| Body::new(Answer { body, _busy: busy })))
         })
-    }
-}
-
-/// The answer to a request whose body did not arrive in time, whatever its handler
-/// made of the failed read; the connection closes after it (the rest of the body may
-/// still be on its way).
-fn body_too_slow(bounds: &Bounds) -> Response<Body> {
-    let body = serde_json::json!({
-        "error": format!(
-            "the request body did not arrive within {} ({} body_timeout)",
-            humantime::format_duration(bounds.body_timeout),
-            bounds.section
-        ),
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
-/// A request body that ends in error once its deadline passes.
-struct Deadline {
-    body: Incoming,
-    sleep: Pin<Box<Sleep>>,
-    timeout: Duration,
-    timed_out: Arc<AtomicBool>,
-}
-
-/// Why a request body failed: it did not arrive within the body timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
-struct BodyTimedOut(Duration);
-
-impl hyper::body::Body for Deadline {
-    type Data = Bytes;
-    type Error = axum::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
-        }
-        if this.sleep.as_mut().poll(cx).is_ready() {
-            this.timed_out.store(true, Ordering::SeqCst);
-            return Poll::Ready(Some(Err(BodyTimedOut(this.timeout).into())));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

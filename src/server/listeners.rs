@@ -125,7 +125,7 @@ pub async fn start(
         catalogs: catalogs(config, &inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
         landed: LandedChunks::new(keys.clone()),
-        keys: Idempotency::new(keys, key_lease),
+        keys: Idempotency::new(keys, key_lease, &config.nats.stream),
         key_lease,
     });
     let query_state =
@@ -136,6 +136,7 @@ pub async fn start(
             query: query_state,
         },
         config.api.max_request_bytes,
+        config.api.auth,
     );
 
     if config.admin.token.is_none() {

@@ -8,6 +8,7 @@
 //! Kubernetes) restarts the process rather than leave it up doing nothing.
 
 mod accept;
+mod body_deadline;
 mod connection;
 mod descriptors;
 mod listeners;
@@ -26,6 +27,7 @@ use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
 
+pub use body_deadline::body_timed_out;
 pub use pipeline::PipelineAdapter;
 
 /// Run until SIGTERM or SIGINT.
@@ -50,7 +52,14 @@ pub async fn run_until(
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
-    if nats::wait_connected(&client, std::time::Duration::from_secs(3)).await {
+    let connected = nats::wait_connected(&client, std::time::Duration::from_secs(3)).await;
+    if connected {
+        // No wait gives a single server more replicas: the start fails, with the reason
+        // (rather than run unready while the API stores rows in the streams there are).
+        let wait = std::time::Duration::from_secs(3);
+        if let Some(why) = nats::replicas_beyond_server(&client, streams.replicas, wait).await {
+            anyhow::bail!(why);
+        }
         if let Err(e) = nats::ensure_streams(&js, &streams).await {
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
@@ -74,7 +83,11 @@ pub async fn run_until(
             .with_context(|| format!("setting up ClickHouse target {}", target.name))?;
         inserters.insert(target.name.clone(), Arc::new(clients));
     }
-    let pipeline = pipeline::start(&config, js.clone(), streams.clone(), &inserters).await?;
+    // A crash on purpose, for the tests (never set in production): read once, for the
+    // flights and the DLQ's replays alike.
+    let failpoint = pipeline::failpoint_from_env();
+    let pipeline =
+        pipeline::start(&config, js.clone(), streams.clone(), &inserters, failpoint).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
 
     // The listeners' stop: cancelled once the signal came (one token tree with the
@@ -83,7 +96,7 @@ pub async fn run_until(
     let parts = listeners::Parts {
         inserters,
         publisher: ingest_publisher.clone(),
-        dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher),
+        dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher).crashing_at(failpoint),
         pipeline: adapter.clone(),
         client: client.clone(),
         metrics: installed.handle,
@@ -110,6 +123,11 @@ pub async fn run_until(
         }
         failed = listeners.failed() => {
             tracing::error!(error = %failed, "an HTTP listener failed");
+            ExitCode::FAILURE
+        }
+        // NATS was not reachable at the start: the same check once it is.
+        why = nats::replicas_refused_once_connected(client.clone(), streams.replicas), if !connected => {
+            tracing::error!(reason = %why, "sluice cannot start");
             ExitCode::FAILURE
         }
     };

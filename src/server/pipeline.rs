@@ -27,8 +27,9 @@ pub async fn start(
     js: jetstream::Context,
     streams: StreamSettings,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
+    failpoint: Option<Failpoint>,
 ) -> anyhow::Result<PipelineHandle<JsDelivery>> {
-    let settings = pipeline_settings(config);
+    let settings = pipeline_settings(config, failpoint);
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
     // Messages split by shard are recorded, their parts judged by the records; an
@@ -87,7 +88,7 @@ pub async fn start(
     .context("starting the actor tree")
 }
 
-pub fn pipeline_settings(config: &Config) -> PipelineSettings {
+pub fn pipeline_settings(config: &Config, failpoint: Option<Failpoint>) -> PipelineSettings {
     let backoff = BackoffPolicy {
         initial: config.pipeline.backoff_initial,
         max: config.pipeline.backoff_max,
@@ -103,7 +104,7 @@ pub fn pipeline_settings(config: &Config) -> PipelineSettings {
         ack_wait: config.nats.ack_wait,
         pool_backoff: backoff,
         table_backoff: backoff,
-        failpoint: failpoint_from_env(),
+        failpoint,
         ..PipelineSettings::default()
     }
 }
@@ -112,7 +113,7 @@ pub fn pipeline_settings(config: &Config) -> PipelineSettings {
 /// what a crash leaves behind. Never set it in production.
 pub const FAILPOINT_ENV: &str = "SLUICE_TEST_FAILPOINT";
 
-fn failpoint_from_env() -> Option<Failpoint> {
+pub fn failpoint_from_env() -> Option<Failpoint> {
     let value = std::env::var(FAILPOINT_ENV).ok()?;
     match value.parse() {
         Ok(failpoint) => {

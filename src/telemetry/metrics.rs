@@ -27,11 +27,11 @@ pub const MANIFESTS_COLLECTED: &str = "sluice_manifests_collected_total";
 
 /// The statuses `POST /v1/ingest` answers with, registered at 0 at start (a status
 /// left out here still appears when first answered, only not from 0).
-pub const INGEST_STATUSES: &[u16] = &[202, 400, 401, 403, 404, 409, 413, 415, 422, 503];
+pub const INGEST_STATUSES: &[u16] = &[202, 400, 401, 403, 404, 408, 409, 413, 415, 422, 503];
 
 /// The statuses `POST /v1/query` answers with (see `query::errors`), registered at 0
 /// when the gateway is on.
-pub const QUERY_STATUSES: &[u16] = &[200, 400, 401, 403, 404, 429, 502, 503, 504];
+pub const QUERY_STATUSES: &[u16] = &[200, 400, 401, 403, 404, 408, 429, 502, 503, 504];
 
 /// Registers at 0 every series whose labels the configuration tells before any traffic
 /// (see [`sluice_actors::metrics::register_known`]), so that a scraper and an

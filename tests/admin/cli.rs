@@ -194,3 +194,75 @@ async fn an_operator_lists_peeks_replays_and_purges_from_the_shell() -> Result<(
     assert_eq!(empty.stdout.trim(), "no row is parked");
     Ok(())
 }
+
+/// issue 37.4: a parked row is shown as the bytes parked, in the admin endpoint's JSON
+/// (`row` holds its text) and by `sluice dlq peek` (plain and `--json`): keys in their
+/// order, a number past any integer type as written, an escape as sent. (They were
+/// parsed and printed again: keys sorted, `1.8446744073709552e+22`, `é`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_is_shown_as_the_bytes_parked() -> Result<()> {
+    const PARKED: &str = r#"{"v":"\u00e9","id":18446744073709551616123}"#;
+    let stack = dlq_stack().await?;
+    ingest_line_ok(&stack, "orders", PARKED).await?;
+    wait_parked(&stack, "orders", 1).await?;
+
+    let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders")).await?;
+    assert_eq!(status, 200, "{peek}");
+    assert_eq!(peek["rows"][0]["row"], PARKED, "{peek}");
+
+    let env = [
+        ("SLUICE_ADMIN_URL", stack.admin_url()),
+        ("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let shown = dlq(&["peek", "acme.orders"], &env, "").await?;
+    assert_eq!(shown.code, Some(0), "{}", shown.stderr);
+    assert!(
+        shown.stdout.contains(&format!("  row:    {PARKED}\n")),
+        "{}",
+        shown.stdout
+    );
+    let json = dlq(&["peek", "acme.orders", "--json"], &env, "").await?;
+    assert_eq!(json.code, Some(0), "{}", json.stderr);
+    let page: serde_json::Value = serde_json::from_str(&json.stdout).context("--json")?;
+    assert_eq!(page["rows"][0]["row"], PARKED, "{}", json.stdout);
+    Ok(())
+}
+
+/// issue 37.9: a page of no rows says nothing about the queue, so `--limit 0` is
+/// refused (by the CLI, and by the endpoint for a peek or a replay), never answered
+/// "no parked row" while rows are parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_of_zero_rows_is_refused_not_taken_for_an_empty_queue() -> Result<()> {
+    let stack = dlq_stack().await?;
+    park_two_in_strict(&stack).await?;
+    let env = [
+        ("SLUICE_ADMIN_URL", stack.admin_url()),
+        ("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let peek = dlq(&["peek", "acme.strict", "--limit", "0"], &env, "").await?;
+    assert_eq!(peek.code, Some(2), "{}{}", peek.stdout, peek.stderr);
+    assert!(!peek.stdout.contains("no parked row"), "{}", peek.stdout);
+    assert!(peek.stderr.contains("--limit"), "{}", peek.stderr);
+
+    let (status, body) = admin(&stack, &format!("/admin/dlq/{TENANT}/strict?limit=0")).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("limit 0")),
+        "{body}"
+    );
+    let (status, _, body) = stack
+        .admin_request(
+            reqwest::Method::POST,
+            "/admin/dlq/replay",
+            Some(ADMIN_TOKEN),
+            Some(&json!({"tenant": TENANT, "table": "strict", "limit": 0})),
+        )
+        .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 2);
+    Ok(())
+}

@@ -22,6 +22,22 @@ const HEADERS: &[&str] = &[
     "Sluice-Parked-At",
 ];
 
+/// Purges `table`'s parked rows, confirmed; how many went.
+async fn purge(stack: &Stack, table: &str) -> Result<u64> {
+    let (status, _, body) = stack
+        .admin_request(
+            Method::DELETE,
+            &format!("/admin/dlq/{TENANT}/{table}?confirm={TENANT}.{table}"),
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await?;
+    if status != 200 {
+        bail!("purge {table}: {status} {body}");
+    }
+    body["purged"].as_u64().context("purged")
+}
+
 async fn replay(stack: &Stack, body: Value) -> Result<Value> {
     let (status, _, answer) = stack
         .admin_request(
@@ -57,7 +73,10 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
     let (status, peek) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders?limit=10")).await?;
     assert_eq!(status, 200, "{peek}");
     let parked = peek["rows"].as_array().context("rows[]")?.clone();
-    let ids: Vec<_> = parked.iter().map(|r| r["row"]["id"].clone()).collect();
+    let ids: Vec<_> = parked
+        .iter()
+        .map(|r| sluice_harness::parked_json(r)["id"].clone())
+        .collect();
     assert_eq!(ids, vec![json!(2), json!(4), json!(5)], "{peek}");
     for row in &parked {
         let h = &row["headers"];
@@ -156,6 +175,7 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
         .await?;
     assert_eq!(values.trim(), "['twenty','forty','fifty']");
     assert_eq!(dlq_count(&stack, TENANT, "orders").await?, 0);
+    assert_eq!(replay_marks(&stack).await?, 0, "a replay left its marks");
     let (_, empty) = admin(&stack, &format!("/admin/dlq/{TENANT}/orders")).await?;
     assert_eq!(empty["rows"], json!([]), "{empty}");
     // Nothing is parked again (the replayed rows were good this time).
@@ -195,15 +215,7 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
         );
     }
     assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 2);
-    let (status, _, body) = stack
-        .admin_request(
-            Method::DELETE,
-            &format!("/admin/dlq/{TENANT}/strict?confirm={TENANT}.strict"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await?;
-    assert_eq!((status, &body["purged"]), (200, &json!(2)), "{body}");
+    assert_eq!(purge(&stack, "strict").await?, 2);
     assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 0);
     assert_eq!(stack.dlq_rows("strict").await?, Vec::<Value>::new());
     assert_eq!(stack.count("strict").await?, 0);
@@ -234,4 +246,89 @@ async fn peek_dry_run_replay_after_a_fix_and_purge() -> Result<()> {
         .await?;
     assert_eq!(status, 400, "{body}");
     Ok(())
+}
+
+/// issue 36.4: a replay cut off between its publish and its mark (the process crashed
+/// there: `SLUICE_TEST_FAILPOINT=crash-after-replay-publish`), the row then inserted
+/// by the next instance, nats-server restarted (it rebuilds its duplicate check from
+/// the messages it still holds, and the replayed one was consumed), and the replay run
+/// again within the duplicate window: the row is not published again, so it is in
+/// ClickHouse once, and it stays parked with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_cut_off_after_its_publish_never_publishes_the_row_again() -> Result<()> {
+    let mut stack = Stack::start(sluice_harness::StackOptions::default()).await?;
+    stack.clickhouse.exec(STRICT).await?;
+    stack.env.push((
+        "SLUICE_TEST_FAILPOINT".into(),
+        "crash-after-replay-publish".into(),
+    ));
+    let doomed = stack.start_sluice(SLUICE).await?;
+    stack.env.retain(|(k, _)| k != "SLUICE_TEST_FAILPOINT");
+    ingest_ok(&stack, "strict", &[json!({"id": 7, "extra": 1})]).await?;
+    wait_parked(&stack, "strict", 1).await?;
+    stack
+        .clickhouse
+        .exec("ALTER TABLE strict ADD COLUMN extra UInt8")
+        .await?;
+
+    // The replay publishes the row, then the process dies before its mark says so.
+    let body = json!({"tenant": TENANT, "table": "strict"});
+    let cut_off = stack
+        .admin_request(
+            Method::POST,
+            "/admin/dlq/replay",
+            Some(ADMIN_TOKEN),
+            Some(&body),
+        )
+        .await;
+    let exited = stack.sluice[doomed]
+        .wait_exit(DEADLINE)
+        .await
+        .with_context(|| format!("the replay answered {cut_off:?}"))?;
+    assert!(!exited.success(), "{exited}");
+
+    // The next instance inserts the replayed row; nats-server restarts.
+    let survivor = stack.start_sluice(SLUICE).await?;
+    wait_count(&stack, "SELECT count() FROM strict", 1).await?;
+    stack.nats.restart().await?;
+    stack.wait_ready(survivor, DEADLINE).await?;
+
+    // The replay again, well within the ingest stream's duplicate window (2 min).
+    let before = stack.nats.stream_state("INGEST").await?["last_seq"].clone();
+    let report = replay(&stack, body).await?;
+    let after = stack.nats.stream_state("INGEST").await?["last_seq"].clone();
+    if after != before {
+        let twice = wait_count(&stack, "SELECT count() FROM strict", 2).await;
+        bail!(
+            "the row was published again ({report}); in ClickHouse twice: {}",
+            twice.is_ok()
+        );
+    }
+    assert_eq!(
+        (report["replayed"].as_u64(), report["failed"].as_u64()),
+        (Some(0), Some(1)),
+        "{report}"
+    );
+    assert!(
+        report["errors"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("cut off")),
+        "{report}"
+    );
+    assert_eq!(stack.count("strict").await?, 1);
+    assert_eq!(dlq_count(&stack, TENANT, "strict").await?, 1);
+
+    // Its mark is the replay bucket's only message; purged, the row takes it along.
+    assert_eq!(replay_marks(&stack).await?, 1);
+    assert_eq!(purge(&stack, "strict").await?, 1);
+    assert_eq!(replay_marks(&stack).await?, 0);
+    Ok(())
+}
+
+/// Messages in the replay bucket's stream (marks, and removal markers were any left).
+async fn replay_marks(stack: &Stack) -> Result<u64> {
+    let state = stack.nats.stream_state("KV_DLQ_REPLAYS").await?;
+    state["messages"]
+        .as_u64()
+        .with_context(|| format!("messages in {state}"))
 }

@@ -125,6 +125,19 @@ pub async fn ingest_ok(stack: &Stack, table: &str, rows: &[Value]) -> Result<()>
     Ok(())
 }
 
+/// POSTs one NDJSON line to `table` as its producer wrote it, byte for byte, and
+/// insists on 202.
+pub async fn ingest_line_ok(stack: &Stack, table: &str, line: &str) -> Result<()> {
+    let body = format!("{line}\n").into_bytes();
+    let (status, reply) = stack
+        .ingest_raw(table, "application/x-ndjson", body, &[])
+        .await?;
+    if status != 202 {
+        bail!("ingest {line} into {table}: {status} {reply}");
+    }
+    Ok(())
+}
+
 /// Waits until `sql` counts exactly `n` (fails at once when it counts more).
 pub async fn wait_count(stack: &Stack, sql: &str, n: u64) -> Result<()> {
     wait_for(&format!("`{sql}` = {n}"), DEADLINE, POLL, || async move {

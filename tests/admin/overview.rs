@@ -125,7 +125,11 @@ async fn parked_rows_come_a_page_at_a_time() -> Result<()> {
         .await?;
         assert_eq!(status, 200, "{body}");
         for row in body["rows"].as_array().context("rows[]")? {
-            seen.push(row["row"]["id"].as_u64().context("id")?);
+            seen.push(
+                sluice_harness::parked_json(row)["id"]
+                    .as_u64()
+                    .context("id")?,
+            );
         }
         match body["next_after"].as_u64() {
             Some(next) => {

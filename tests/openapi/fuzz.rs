@@ -61,14 +61,15 @@ fn schemathesis_binary() -> Result<PathBuf> {
     }
 }
 
-/// One schemathesis run on `base`'s document with `token`; its HAR report (every
+/// One schemathesis run on `base`'s document with `credential` (the header that names
+/// the caller: `Authorization: Bearer ...`, or `X-Tenant: ...`); its HAR report (every
 /// request and answer) when it finds nothing, else its output as the error.
 async fn run_schemathesis(
     st: &Path,
     work: &Path,
     name: &str,
     base: &str,
-    token: &str,
+    credential: &str,
 ) -> Result<Value> {
     let har = work.join(format!("{name}.har"));
     let seed = std::env::var(SEED_ENV).unwrap_or_else(|_| DEFAULT_SEED.to_string());
@@ -88,7 +89,7 @@ async fn run_schemathesis(
             "--seed",
             &seed,
         ])
-        .args(["--header", &format!("Authorization: Bearer {token}")])
+        .args(["--header", credential])
         .args(["--request-timeout", "30"])
         .args(["--report", "har", "--report-har-path"])
         .arg(&har)
@@ -189,22 +190,20 @@ async fn landed(stack: &Stack) -> Result<(u64, u64)> {
     Ok((inserted, dlq["total"].as_u64().context("total")?))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schemathesis_finds_nothing_and_no_accepted_row_is_lost() -> Result<()> {
-    let name = "schemathesis_finds_nothing_and_no_accepted_row_is_lost";
-    let Some(st) = available(name, schemathesis_binary())? else {
-        return Ok(());
-    };
-    let stack = production_like_stack().await?;
+/// Fuzzes each of `listeners` (a name, its base URL, the header naming the caller) in
+/// turn, then reckons: every row the ingest API stored is inserted or parked, less what
+/// a purge deleted.
+async fn fuzz_and_reckon(
+    st: &Path,
+    stack: &Stack,
+    listeners: &[(&str, String, String)],
+) -> Result<()> {
     let work = tempfile::Builder::new()
         .prefix("sluice-schemathesis-")
         .tempdir()?;
-
-    // The API first (it stores rows), then the admin endpoint (it peeks at, replays
-    // and may purge them).
     let mut reckoning = Reckoning::default();
-    for (listener, base, token) in listeners(&stack) {
-        let har = run_schemathesis(&st, work.path(), listener, &base, token).await?;
+    for (listener, base, credential) in listeners {
+        let har = run_schemathesis(st, work.path(), listener, base, credential).await?;
         reckon(&har, &mut reckoning)?;
     }
     println!("{reckoning:?}");
@@ -213,7 +212,7 @@ async fn schemathesis_finds_nothing_and_no_accepted_row_is_lost() -> Result<()> 
         "the fuzzing stored no row: {reckoning:?}"
     );
     // The report saw every request that stored rows.
-    assert_eq!(stored_per_metrics(&stack).await?, reckoning.stored);
+    assert_eq!(stored_per_metrics(stack).await?, reckoning.stored);
 
     // Every stored row is inserted or parked (with `TENANT` the only tenant, `events`
     // the only table its target has), but for those purged.
@@ -223,7 +222,7 @@ async fn schemathesis_finds_nothing_and_no_accepted_row_is_lost() -> Result<()> 
         DEADLINE,
         POLL,
         || async {
-            let (inserted, parked) = landed(&stack).await?;
+            let (inserted, parked) = landed(stack).await?;
             if inserted + parked == expected {
                 Ok((inserted, parked))
             } else {
@@ -237,4 +236,35 @@ async fn schemathesis_finds_nothing_and_no_accepted_row_is_lost() -> Result<()> 
         reckoning.purged
     );
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_nothing_and_no_accepted_row_is_lost() -> Result<()> {
+    let name = "schemathesis_finds_nothing_and_no_accepted_row_is_lost";
+    let Some(st) = available(name, schemathesis_binary())? else {
+        return Ok(());
+    };
+    let stack = production_like_stack().await?;
+    // The API first (it stores rows), then the admin endpoint (it peeks at, replays
+    // and may purge them).
+    let listeners: Vec<(&str, String, String)> = listeners(&stack)
+        .into_iter()
+        .map(|(name, base, token)| (name, base, format!("Authorization: Bearer {token}")))
+        .collect();
+    fuzz_and_reckon(&st, &stack, &listeners).await
+}
+
+/// issue 38.6: the API of a deployment that takes the tenant from `X-Tenant` (`[api]
+/// auth = "none"`, behind a proxy that authenticates) is fuzzed against the document it
+/// serves: the document describes that configuration (it asked for a bearer token
+/// that this API never wants).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_nothing_on_an_api_that_takes_the_tenant_from_a_header() -> Result<()> {
+    let name = "schemathesis_finds_nothing_on_an_api_that_takes_the_tenant_from_a_header";
+    let Some(st) = available(name, schemathesis_binary())? else {
+        return Ok(());
+    };
+    let stack = header_tenant_stack().await?;
+    let api = ("api", stack.api_url(), format!("X-Tenant: {TENANT}"));
+    fuzz_and_reckon(&st, &stack, &[api]).await
 }

@@ -46,6 +46,22 @@ pub async fn production_like_stack() -> Result<Stack> {
     Ok(stack)
 }
 
+/// A stack whose API takes the tenant from `X-Tenant` (`[api] auth = "none"`), the query
+/// gateway on.
+pub async fn header_tenant_stack() -> Result<Stack> {
+    let mut stack = Stack::start(StackOptions::default()).await?;
+    stack.clickhouse.exec(EVENTS).await?;
+    stack.set("api.auth", "none");
+    stack.set("query.target", "main");
+    stack.set("query.user", QUERY_USER);
+    stack.set("query.password_env", "SLUICE_TEST_QUERY_PASSWORD");
+    stack
+        .env
+        .push(("SLUICE_TEST_QUERY_PASSWORD".into(), QUERY_PASSWORD.into()));
+    stack.start_sluice(SLUICE).await?;
+    Ok(stack)
+}
+
 /// The two listeners: a name, the base URL, the bearer token their routes take.
 pub fn listeners(stack: &Stack) -> [(&'static str, String, &'static str); 2] {
     [

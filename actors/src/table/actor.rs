@@ -748,13 +748,16 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                 "ClickHouse says the table does not exist: its rows wait for it (a deploy race?), then they are parked");
             now
         });
-        self.ctx.metrics.missing.set(1.0);
         let backoff = self.routes.backoff(replica);
         if now.saturating_duration_since(since) < grace {
+            // Rows wait for the table: what the gauge (and its alert) says.
+            self.ctx.metrics.missing.set(1.0);
             let failure = backoff.on_outage(ticket, err, now, Some(&key));
             return PendingRows::HandBack(failure.delay);
         }
         // The grace is over: ClickHouse answered, and the answer is final for these rows.
+        // They are parked, so nothing waits for the table any more.
+        self.ctx.metrics.missing.set(0.0);
         backoff.on_answered(ticket, now, Some(&key));
         let mut reason = err.clone();
         reason.message = format!(

@@ -423,11 +423,19 @@ async fn prepare<I: Inserter, D: Delivery>(
             let Some(store) = store else {
                 return Formation::of(unrecorded(deliveries, done, held_since), None);
             };
-            let dedup = match replica.inserter.deduplicates(&ctx.key).await {
-                Ok(dedup) => dedup,
-                Err(e) => {
+            // Asked of the server (a frozen one answers after `insert_timeout`): the
+            // shutdown deadline cuts it short, and the batch goes back at once.
+            let lookup = unless_cut_off(ctx, replica.inserter.deduplicates(&ctx.key)).await;
+            let dedup = match lookup {
+                Some(Ok(dedup)) => dedup,
+                Some(Err(e)) => {
                     let batch = Batch::resuming(deliveries, done, held_since);
                     let verdict = outage(e);
+                    return Formation::of(Prepared::Failed { batch, verdict }, None);
+                }
+                None => {
+                    let batch = Batch::resuming(deliveries, done, held_since);
+                    let verdict = Verdict::Unfinished;
                     return Formation::of(Prepared::Failed { batch, verdict }, None);
                 }
             };
@@ -498,7 +506,8 @@ async fn past_window<I: Inserter>(ctx: &FlightCtx<I>, replica: &Replica<I>, m: &
     let Some(age) = m.age(crate::ledger::forming::unix_ms()) else {
         return false;
     };
-    let Ok(dedup) = replica.inserter.deduplicates(&ctx.key).await else {
+    // Cut short by the shutdown deadline: the flight is, at its turn, right after.
+    let Some(Ok(dedup)) = unless_cut_off(ctx, replica.inserter.deduplicates(&ctx.key)).await else {
         return false;
     };
     let Some(seconds) = dedup.window.and_then(|w| w.seconds) else {
@@ -666,12 +675,8 @@ async fn take_turn<I: Inserter, D: Delivery>(
     suspicion: Suspicion,
 ) -> Option<AtServer> {
     let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
-    let cancel = ctx.common.cancel_flights.clone();
-    let turn = tokio::select! {
-        biased;
-        turn = keepalive.run(replica.solo.turn(suspicion.flies_alone()), batch) => turn,
-        _ = cancel.cancelled() => return None,
-    };
+    let waiting = keepalive.run(replica.solo.turn(suspicion.flies_alone()), batch);
+    let turn = unless_cut_off(ctx, waiting).await?;
     if suspicion.flies_alone() {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = batch.rows(), replica = %replica.name,
             "a batch suspected of crashing ClickHouse flies alone");
@@ -690,6 +695,21 @@ struct Judging<'s, 'a> {
     at: AtServer,
 }
 
+/// `work`, unless the shutdown deadline cancels the flights first (`None`): whatever a
+/// flight awaits of its server (a lookup, its turn, an insert) must not keep its rows
+/// past the deadline, since they are handed back only once it lets them go.
+async fn unless_cut_off<I, T>(
+    ctx: &FlightCtx<I>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let cancel = ctx.common.cancel_flights.clone();
+    tokio::select! {
+        biased;
+        done = work => Some(done),
+        _ = cancel.cancelled() => None,
+    }
+}
+
 /// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
 /// last error's text and, when the isolation stopped short, the ranges it had not
 /// judged.
@@ -700,13 +720,8 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     verdicts: &mut [RowVerdict],
     how: Judging<'_, '_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
-    let cancel = ctx.common.cancel_flights.clone();
-    let judged = tokio::select! {
-        biased;
-        judged = judge(ctx, replica, batch, verdicts, how) => Some(judged),
-        _ = cancel.cancelled() => None,
-    };
-    judged.unwrap_or_else(|| {
+    let judging = judge(ctx, replica, batch, verdicts, how);
+    unless_cut_off(ctx, judging).await.unwrap_or_else(|| {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
             "shutdown deadline: handing back the rows of a flight still running");
         (Verdict::Unfinished, None, Vec::new())

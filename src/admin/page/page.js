@@ -413,7 +413,8 @@ function parkedRow(r) {
     h["Sluice-Error-Class"] ? h["Sluice-Error-Class"] + (h["Sluice-Error-Code"] ? " (code " + h["Sluice-Error-Code"] + ")" : "") : null,
     h["Sluice-Deliveries"] ? h["Sluice-Deliveries"] + (h["Sluice-Deliveries"] === "1" ? " delivery" : " deliveries") : null,
   ].filter(Boolean).join(" · ");
-  const text = typeof r.row === "string" ? r.row : JSON.stringify(r.row);
+  // The row as parked, byte for byte (never parsed: JSON.parse would round its numbers).
+  const text = r.row_base64 ? r.row + "\n(not UTF-8; its bytes in base64: " + r.row_base64 + ")" : r.row;
   return el("li", { "data-sequence": String(r.sequence) },
     el("div", { class: "facts" }, where),
     el("div", { class: "error", "data-field": "reason" }, h["Sluice-Error"] || "(no reason recorded)"),

@@ -28,7 +28,7 @@ use tokio::sync::{AcquireError, SemaphorePermit};
 use super::chunk::ChunkLimits;
 use super::idempotency::{
     self, BodyUse, Claim, Decision, End, Fingerprint, Idempotency, IdempotencyKey, Keyed, Opened,
-    ScopedKey, Split, MAX_MESSAGE_ID_LEN,
+    Split, MAX_MESSAGE_ID_LEN,
 };
 use super::memory::IngestMemory;
 use super::parse::{self, Framing, RowLimits};
@@ -151,7 +151,7 @@ async fn open_key(
     let (Some(key), None) = (admitted.key.clone(), &stop) else {
         return Ok(None);
     };
-    let scope = ScopedKey::new(&admitted.tenant.name, table, key);
+    let scope = state.keys.scope(&admitted.tenant.name, table, key);
     match state.keys.open(scope).await {
         Opened::InProgress => Err(in_progress(state.retry_after)),
         Opened::Keyed(keyed) => Ok(Some(keyed)),
@@ -460,11 +460,13 @@ async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<
     let mut stream = body.into_data_stream();
     let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            failure(
+        let chunk = chunk.map_err(|e| match crate::server::body_timed_out(&e) {
+            // Answered by the listener; counted here as what the client sees.
+            Some(timed_out) => failure(StatusCode::REQUEST_TIMEOUT, timed_out.to_string()),
+            None => failure(
                 StatusCode::BAD_REQUEST,
                 format!("the request body could not be read: {e}"),
-            )
+            ),
         })?;
         if read.len() + chunk.len() > limit {
             return Err(failure(

@@ -24,17 +24,24 @@ fn servers(c: &mut Check, section: &Key, t: &TargetFile) -> Vec<Vec<String>> {
             .filter(|u| !u.is_empty())
             .collect()
     };
-    let (shards, key) = match (&t.url, t.shards.is_empty()) {
-        (Some(_), false) => {
+    let (shards, key) = match (&t.url, &t.shards) {
+        (Some(_), Some(_)) => {
             c.problem(
                 &[&url_key, &shards_key],
                 format!("{section}: set url (one shard, its replicas comma-separated) or shards (one string per shard), not both"),
             );
             return vec![vec![DEFAULT_URL.into()]];
         }
-        (Some(url), true) => (vec![split(url)], &url_key),
-        (None, false) => (t.shards.iter().map(|s| split(s)).collect(), &shards_key),
-        (None, true) => (vec![vec![DEFAULT_URL.to_string()]], &url_key),
+        (None, Some(shards)) if shards.is_empty() => {
+            c.problem(
+                &[&shards_key],
+                format!("{shards_key} lists no shard: give one string per shard (its replicas comma-separated), or leave shards out and set url"),
+            );
+            return vec![vec![DEFAULT_URL.into()]];
+        }
+        (Some(url), None) => (vec![split(url)], &url_key),
+        (None, Some(shards)) => (shards.iter().map(|s| split(s)).collect(), &shards_key),
+        (None, None) => (vec![vec![DEFAULT_URL.to_string()]], &url_key),
     };
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for (i, replicas) in shards.iter().enumerate() {

@@ -26,7 +26,7 @@ pub(super) fn api(
     {
         c.problem(
             &[&k("auth")],
-            "[api] auth is \"token\" (the default), but no tenant has a token: give each tenant one with token_env = \"SLUICE_TOKEN_<TENANT>\" under [tenants.<name>] (the variable holds the tenant's bearer token), or set [api] auth = \"none\" to take the tenant from an X-Tenant header (only behind a proxy that authenticates)",
+            "[api] auth is \"token\" (the default), but no tenant has a token: give each tenant one with token_env = \"<TENANT>_TOKEN\" under [tenants.<name>] (the variable holds the tenant's bearer token), or set [api] auth = \"none\" to take the tenant from an X-Tenant header (only behind a proxy that authenticates)",
         );
     }
     let max_row_bytes = row_limit(c, a, &section);
@@ -194,7 +194,7 @@ pub(super) fn admin(c: &mut Check, file: &FileConfig) -> AdminConfig {
     };
     if token.is_none() && !listen.ip().is_loopback() {
         c.warn(format!(
-            "no admin token (set {} ): the admin endpoint listens on loopback only, 127.0.0.1:{}",
+            "no admin token (set {}): the admin endpoint listens on loopback only, 127.0.0.1:{}",
             a.token_env.as_deref().unwrap_or("[admin] token_env"),
             listen.port()
         ));

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, kv};
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use futures::TryStreamExt as _;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -41,7 +42,7 @@ pub struct KeyStoreSettings {
     /// "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window".
     pub full_hint: &'static str,
     pub replicas: usize,
-    /// How long a record is kept after its last write.
+    /// How long a record is kept after its last write (zero: for good).
     pub max_age: Duration,
     /// How long a write that found no responders (the bucket's stream without a
     /// leader: a NATS cluster electing one) is sent again before it fails; the ingest
@@ -198,6 +199,33 @@ impl KeyStore {
                 .lost(format!("purging {key}: {}", self.no_answer()))
                 .await),
         }
+    }
+
+    /// The keys in the bucket that start with `prefix` (removed ones too, until they
+    /// are forgotten).
+    pub async fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, KeyStoreError> {
+        let kv = self.bucket().await?;
+        let subjects = kv_bucket::subject(&self.settings.bucket, ">");
+        let listed: Result<Vec<(String, usize)>, _> = async {
+            let info = kv.stream.clone();
+            info.info_with_subjects(subjects)
+                .await
+                .map_err(|e| e.to_string())?
+                .try_collect()
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        let listed = match listed {
+            Ok(listed) => listed,
+            Err(e) => return Err(self.lost(format!("listing its keys: {e}")).await),
+        };
+        let strip = kv_bucket::subject(&self.settings.bucket, "");
+        Ok(listed
+            .into_iter()
+            .filter_map(|(subject, _)| Some(subject.strip_prefix(&strip)?.to_string()))
+            .filter(|key| key.starts_with(prefix))
+            .collect())
     }
 
     async fn publish(

@@ -1,5 +1,6 @@
-//! The `Idempotency-Key` header, the scope a key belongs to (its tenant and table), and
-//! the body's fingerprint: what the record's key and the messages' ids are made of.
+//! The `Idempotency-Key` header, the scope a key belongs to (its deployment, tenant and
+//! table), and the body's fingerprint: what the record's key and the messages' ids are
+//! made of.
 
 use axum::http::HeaderMap;
 use ring::digest::{Context, SHA256};
@@ -74,38 +75,51 @@ fn structured_string(rest: &str) -> Option<String> {
     None
 }
 
-/// A key within the tenant and table it was sent to: the same key from another
-/// tenant, or to another table, is another request.
+/// A key within the deployment, tenant and table it was sent to: the same key from
+/// another tenant, to another table, or to another deployment sharing the bucket (a
+/// staging stack beside production on one NATS) is another request.
 #[derive(Clone, Debug)]
 pub struct ScopedKey {
+    /// The deployment: its ingest stream, which no other deployment on the same NATS
+    /// can have.
+    stream: String,
     tenant: String,
     table: String,
     key: IdempotencyKey,
 }
 
 impl ScopedKey {
-    pub fn new(tenant: &str, table: &str, key: IdempotencyKey) -> Self {
+    pub fn new(stream: &str, tenant: &str, table: &str, key: IdempotencyKey) -> Self {
         Self {
+            stream: stream.to_string(),
             tenant: tenant.to_string(),
             table: table.to_string(),
             key,
         }
     }
 
-    /// The bucket key of its record: `<tenant>.<table>.<32 hex digits of SHA-256 of the
-    /// key>` (a key may hold characters a bucket key cannot; tenant and table names
-    /// never do, and keep the bucket readable).
+    /// The bucket key of its record: `<stream>.<tenant>.<table>.<32 hex digits of
+    /// SHA-256 of the key>` (a key may hold characters a bucket key cannot; stream,
+    /// tenant and table names never do, and keep the bucket readable).
     pub fn record_key(&self) -> String {
         let digest = sha256(&[self.key.0.as_bytes()]);
-        format!("{}.{}.{}", self.tenant, self.table, &digest[..HASH_HEX])
+        format!(
+            "{}.{}.{}.{}",
+            self.stream,
+            self.tenant,
+            self.table,
+            &digest[..HASH_HEX]
+        )
     }
 
     /// The stem of the message ids of `body` sent under this key: 32 hex digits of
-    /// SHA-256 over tenant, table, key and the body's fingerprint. A chunk's id is
-    /// `<stem>-<index>`, so JetStream's duplicate window never takes one tenant's,
-    /// table's or body's message for another's.
+    /// SHA-256 over stream, tenant, table, key and the body's fingerprint. A chunk's id
+    /// is `<stem>-<index>`, so neither JetStream's duplicate window nor a chunk's landed
+    /// mark (`landed.<id>`, in the bucket another deployment may share) ever takes one
+    /// deployment's, tenant's, table's or body's message for another's.
     pub fn message_stem(&self, body: &Fingerprint) -> String {
         let digest = sha256(&[
+            self.stream.as_bytes(),
             self.tenant.as_bytes(),
             self.table.as_bytes(),
             self.key.0.as_bytes(),
@@ -189,22 +203,26 @@ mod tests {
     }
 
     #[test]
-    fn a_key_is_scoped_to_its_tenant_and_table_and_a_message_id_to_the_body_too() {
+    fn a_key_is_scoped_to_its_deployment_tenant_and_table_and_a_message_id_to_the_body_too() {
         let key = || IdempotencyKey("batch-0001".into());
-        let acme = ScopedKey::new("acme", "events", key());
-        let globex = ScopedKey::new("globex", "events", key());
-        let events2 = ScopedKey::new("acme", "events2", key());
-        assert!(acme.record_key().starts_with("acme.events."));
-        assert_eq!(acme.record_key().len(), "acme.events.".len() + HASH_HEX);
+        let acme = ScopedKey::new("INGEST", "acme", "events", key());
+        let globex = ScopedKey::new("INGEST", "globex", "events", key());
+        let events2 = ScopedKey::new("INGEST", "acme", "events2", key());
+        let staging = ScopedKey::new("STAGING", "acme", "events", key());
+        assert!(acme.record_key().starts_with("INGEST.acme.events."));
+        assert_eq!(
+            acme.record_key().len(),
+            "INGEST.acme.events.".len() + HASH_HEX
+        );
         assert_ne!(acme.record_key(), globex.record_key());
         assert_ne!(acme.record_key(), events2.record_key());
+        assert_ne!(acme.record_key(), staging.record_key());
 
         let body = Fingerprint::of(Framing::Ndjson, b"{\"id\":1}");
-        let stems = [&acme, &globex, &events2].map(|k| k.message_stem(&body));
+        let stems = [&acme, &globex, &events2, &staging].map(|k| k.message_stem(&body));
         assert!(stems.iter().all(|s| s.len() == HASH_HEX));
-        assert_ne!(stems[0], stems[1]);
-        assert_ne!(stems[0], stems[2]);
-        assert_ne!(stems[1], stems[2]);
+        let distinct: std::collections::BTreeSet<&String> = stems.iter().collect();
+        assert_eq!(distinct.len(), stems.len(), "{stems:?}");
         let other = Fingerprint::of(Framing::Ndjson, b"{\"id\":2}");
         assert_ne!(acme.message_stem(&body), acme.message_stem(&other));
         assert_eq!(acme.message_stem(&body), acme.message_stem(&body.clone()));

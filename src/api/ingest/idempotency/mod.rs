@@ -1,5 +1,6 @@
 //! `Idempotency-Key` (IETF draft "The Idempotency-Key HTTP Header Field"): a key belongs
-//! to its tenant and table, and binds the body first sent with it.
+//! to its deployment (the ingest stream), tenant and table, and binds the body first
+//! sent with it.
 //!
 //! A keyed request, with its record in the bucket (`nats::KeyStore`, shared by every
 //! instance, kept for `[nats] duplicate_window` after its last write):
@@ -116,6 +117,9 @@ pub struct Idempotency {
     store: Arc<KeyStore>,
     /// How long a claim holds a key (see the module's doc).
     lease: Duration,
+    /// The deployment's ingest stream: a key belongs to it (the bucket may be shared
+    /// by another deployment on the same NATS).
+    stream: String,
 }
 
 /// A keyed request before its body is read.
@@ -145,13 +149,23 @@ pub enum Decision {
 // === impl Idempotency ===
 
 impl Idempotency {
-    /// Keys kept in `store`, each claim holding its key for `lease`. Registers every
+    /// Keys of the deployment whose ingest stream is `stream`, kept in `store`, each
+    /// claim holding its key for `lease`. Registers every
     /// outcome's series at 0.
-    pub fn new(store: Arc<KeyStore>, lease: Duration) -> Self {
+    pub fn new(store: Arc<KeyStore>, lease: Duration, stream: &str) -> Self {
         for outcome in KeyOutcome::ALL {
             metrics::counter!(m::INGEST_IDEMPOTENCY, "outcome" => outcome.label()).increment(0);
         }
-        Self { store, lease }
+        Self {
+            store,
+            lease,
+            stream: stream.to_string(),
+        }
+    }
+
+    /// `key` as sent by `tenant` to `table` of this deployment.
+    pub fn scope(&self, tenant: &str, table: &str, key: IdempotencyKey) -> ScopedKey {
+        ScopedKey::new(&self.stream, tenant, table, key)
     }
 
     /// Look at a request's key before its body is read; claim it if it is free.
