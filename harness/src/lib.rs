@@ -39,9 +39,9 @@ use sluice_servers::http;
 pub use sluice_servers::{clickhouse, nats, ports, process, zookeeper};
 pub use sluice_servers::{
     free_addr, free_port, http_client_builder, loopback_client, process_exists, wait_for,
-    wait_until, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsCluster, NatsFlavor,
-    NatsServer, ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER, INGEST_PASSWORD,
-    INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+    wait_until, ClickHouseFlavor, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsCluster,
+    NatsFlavor, NatsServer, ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER,
+    INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 
 pub use prom::{Metrics, Sample};
