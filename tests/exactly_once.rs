@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use sluice_harness::chaos::{counts, metric_value, table_state, JetStreamView};
-use sluice_harness::{wait_for, Stack, StackOptions};
+use sluice_harness::{wait_for, ClickHouseFlavor, Stack, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 const TABLE: &str = "events";
@@ -53,6 +53,22 @@ async fn stack() -> Result<Option<Stack>> {
     stack.set("nats.ack_wait", "4s");
     stack.set("ingest.batch_age", "200ms");
     Ok(Some(stack))
+}
+
+/// How Sluice names a twin's window of `blocks`: a `ReplicatedMergeTree` on 18.16, a
+/// `MergeTree` with `non_replicated_deduplication_window` on the current engine (which
+/// holds no Replicated tables); and the setting to raise.
+fn window_words(stack: &Stack, blocks: u32) -> (String, &'static str) {
+    match stack.clickhouse.flavor() {
+        ClickHouseFlavor::Debian => (
+            format!("ReplicatedMergeTree keeps the hashes of its last {blocks} blocks (replicated_deduplication_window) for 7days"),
+            "replicated_deduplication_window",
+        ),
+        ClickHouseFlavor::Current => (
+            format!("MergeTree keeps the hashes of its last {blocks} blocks (non_replicated_deduplication_window)"),
+            "non_replicated_deduplication_window",
+        ),
+    }
 }
 
 fn rows(ids: std::ops::Range<u64>) -> Vec<Value> {
@@ -190,11 +206,13 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let (long, _) = window_words(&stack, 1000);
+    let (short, setting) = window_words(&stack, 100);
     for line in [
         "exactly-once (ClickHouse deduplicates the table's inserts for longer than a redelivery takes):",
         "  main: a batch retried after a crash comes back up to 40s (ack_wait 4s + reform_wait 1s + backoff_max 30s + insert_timeout 5s) later",
-        &format!("    yes events: ReplicatedMergeTree keeps the hashes of its last 1000 blocks (replicated_deduplication_window) for 7days, and one instance may insert {NEEDED} before a batch retried after a crash comes back: room for 4 times that"),
-        &format!("    no  events_default: ReplicatedMergeTree keeps the hashes of its last 100 blocks (replicated_deduplication_window) for 7days, and one instance may insert {NEEDED} before a batch retried after a crash comes back: a retried batch could count twice, so Sluice inserts this table at least once. Set replicated_deduplication_window to at least 214 for each instance writing it"),
+        &format!("    yes events: {long}, and one instance may insert {NEEDED} before a batch retried after a crash comes back: room for 4 times that"),
+        &format!("    no  events_default: {short}, and one instance may insert {NEEDED} before a batch retried after a crash comes back: a retried batch could count twice, so Sluice inserts this table at least once. Set {setting} to at least 214 for each instance writing it"),
         "    no  events_plain: MergeTree without non_replicated_deduplication_window",
     ] {
         ensure!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
@@ -243,7 +261,10 @@ async fn the_admin_tree_and_a_gauge_say_which_tables_are_exactly_once() -> Resul
         !*exactly_once
             && why.contains("last 100 blocks")
             && why.contains(&format!("one instance may insert {NEEDED}"))
-            && why.contains("Set replicated_deduplication_window to at least 214"),
+            && why.contains(&format!(
+                "Set {} to at least 214",
+                window_words(&stack, 100).1
+            )),
         "{DEFAULT_WINDOW}: {exactly_once} {why}"
     );
     let (exactly_once, why) = &reports[2];

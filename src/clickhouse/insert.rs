@@ -25,6 +25,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::pinned::pinned_settings;
 use super::redelivery::Redelivery;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
@@ -49,6 +50,11 @@ pub struct ServerFeatures {
     /// and to 0 for any other, so a table Sluice inserts at least once keeps two
     /// batches that happen to carry the same rows.
     pub insert_deduplicate: bool,
+    /// `deduplicate_insert` (26.2+, default `enable`): overrides `insert_deduplicate`
+    /// there, so it is pinned beside it: `enable` for a recorded batch, `disable` for
+    /// any other (with `insert_deduplicate=0` alone, 26.x still drops a batch equal to
+    /// an earlier one).
+    pub deduplicate_insert: bool,
     /// The server's deduplication windows and what a dropped retry does to views, for
     /// telling which tables are exactly-once.
     pub dedup: ServerDedup,
@@ -175,7 +181,7 @@ impl HttpInserter {
             .query(
                 "SELECT name FROM system.settings WHERE name IN \
                  ('async_insert', 'date_time_input_format', 'input_format_skip_unknown_fields', \
-                  'insert_deduplication_token', 'insert_deduplicate', \
+                  'insert_deduplication_token', 'insert_deduplicate', 'deduplicate_insert', \
                   'deduplicate_blocks_in_dependent_materialized_views')",
             )
             .await?;
@@ -200,6 +206,7 @@ impl HttpInserter {
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
             insert_deduplicate: has("insert_deduplicate"),
+            deduplicate_insert: has("deduplicate_insert"),
             dedup: ServerDedup {
                 replicated_window: window("replicated_deduplication_window"),
                 replicated_window_seconds: window("replicated_deduplication_window_seconds"),
@@ -306,39 +313,12 @@ impl Inserter for HttpInserter {
         );
         let query_id = self.query_id();
         let mut params: Vec<(&str, &str)> = vec![("query", &sql), ("query_id", &query_id)];
-        if features.async_insert {
-            params.push(("async_insert", "0"));
-        }
-        if features.date_time_input_format {
-            params.push(("date_time_input_format", "best_effort"));
-        }
-        if features.skip_unknown_fields {
-            let skip = if request.skip_unknown_fields {
-                "1"
-            } else {
-                "0"
-            };
-            params.push(("input_format_skip_unknown_fields", skip));
-        }
-        // Whatever the user's profile says: a recorded batch must be deduplicated (by
-        // its token where the server knows one, its retries reaching the views where
-        // the server can), and any other must not, or two batches that happen to
-        // carry the same rows would count once in a table inserted at least once.
-        match &request.dedup_token {
-            Some(token) => {
-                if features.insert_deduplicate {
-                    params.push(("insert_deduplicate", "1"));
-                }
-                if features.dedup.views_see_retries {
-                    params.push(("deduplicate_blocks_in_dependent_materialized_views", "1"));
-                }
-                if features.insert_deduplication_token {
-                    params.push(("insert_deduplication_token", token));
-                }
-            }
-            None if features.insert_deduplicate => params.push(("insert_deduplicate", "0")),
-            None => {}
-        }
+        let token = request.dedup_token.clone();
+        params.extend(pinned_settings(
+            &features,
+            token.as_deref(),
+            request.skip_unknown_fields,
+        ));
         tracing::trace!(pool = %self.target, replica = %self.replica, query_id, "insert: sending");
         let sent = self
             .endpoint

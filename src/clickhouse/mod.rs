@@ -7,6 +7,7 @@ pub mod clients;
 pub mod dedup;
 pub mod endpoint;
 pub mod insert;
+pub mod pinned;
 pub mod redelivery;
 pub mod report;
 pub mod table_info;
