@@ -126,3 +126,73 @@ async fn the_body_is_an_inserts_data_and_failures_carry_clickhouses_code_and_sta
     assert_eq!(server.count("events").await?, 2);
     Ok(())
 }
+
+/// The defaults of the current engine that Sluice's settings and arithmetic answer
+/// (docs/operations.md, "ClickHouse and NATS versions"): read from the engine, so a
+/// new pin of chdb-core that changes one fails here first.
+#[tokio::test]
+async fn the_current_defaults_sluice_pins_against() -> Result<()> {
+    let server = front().await?;
+    let settings = server
+        .exec(
+            "SELECT name, value FROM system.settings WHERE name IN ('async_insert', \
+             'deduplicate_insert', 'insert_deduplicate', \
+             'deduplicate_blocks_in_dependent_materialized_views', \
+             'input_format_skip_unknown_fields') ORDER BY name",
+        )
+        .await?;
+    assert_eq!(
+        settings,
+        "async_insert\t1\ndeduplicate_blocks_in_dependent_materialized_views\t1\n\
+         deduplicate_insert\tenable\ninput_format_skip_unknown_fields\t1\n\
+         insert_deduplicate\t1\n"
+    );
+    let windows = server
+        .exec(
+            "SELECT name, value FROM system.merge_tree_settings WHERE name IN \
+             ('replicated_deduplication_window', 'replicated_deduplication_window_seconds', \
+              'non_replicated_deduplication_window') ORDER BY name",
+        )
+        .await?;
+    assert_eq!(
+        windows,
+        "non_replicated_deduplication_window\t0\nreplicated_deduplication_window\t10000\n\
+         replicated_deduplication_window_seconds\t3600\n"
+    );
+    Ok(())
+}
+
+/// A token names its rows for good: on 26.x the same token with other rows is dropped
+/// without a word, so Sluice must never send one token with two sets of rows (its
+/// tokens name the stream's incarnation and the batch's message sequences, and a
+/// range of its rows: `Manifest::token_of`). And `async_insert=0`, which Sluice pins,
+/// still makes an insert's answer mean its rows are in.
+#[tokio::test]
+async fn a_reused_token_with_other_rows_is_dropped_and_async_insert_0_holds() -> Result<()> {
+    let server = front().await?;
+    server
+        .exec(
+            "CREATE TABLE events (id UInt64) ENGINE = MergeTree ORDER BY id \
+             SETTINGS non_replicated_deduplication_window = 100",
+        )
+        .await?;
+    let insert = "INSERT INTO events FORMAT JSONEachRow";
+    for (rows, want) in [("{\"id\":1}\n{\"id\":2}\n", 2), ("{\"id\":3}\n", 2)] {
+        let (status, _, text) = ask(
+            &server,
+            &[
+                ("query", insert),
+                ("async_insert", "0"),
+                ("insert_deduplicate", "1"),
+                ("deduplicate_insert", "enable"),
+                ("insert_deduplication_token", "sluice-1-7"),
+            ],
+            rows,
+        )
+        .await?;
+        assert_eq!(status, 200, "{text}");
+        // Counted at once: with async_insert=0 the answer comes once the rows are in.
+        assert_eq!(server.count("events").await?, want, "after {rows:?}");
+    }
+    Ok(())
+}
