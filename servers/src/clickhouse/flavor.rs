@@ -65,6 +65,23 @@ impl ClickHouseFlavor {
         }
     }
 
+    /// The codes a refused login answers (wrong password, unknown user): 193 and 192 on
+    /// 18.16; current servers say AUTHENTICATION_FAILED (516) for both, not telling
+    /// which.
+    pub fn refused_login_codes(self) -> (u32, u32) {
+        match self {
+            Self::Debian => (193, 192),
+            Self::Current => (516, 516),
+        }
+    }
+
+    /// Whether this engine knows the settings 18.16 does not (`async_insert`,
+    /// `insert_deduplication_token`, `deduplicate_insert`,
+    /// `deduplicate_blocks_in_dependent_materialized_views`): Sluice sends them there.
+    pub fn knows_current_settings(self) -> bool {
+        self == Self::Current
+    }
+
     /// Whether this engine can hold Replicated tables (shards, replicas, ZooKeeper).
     pub fn replicates(self) -> bool {
         self == Self::Debian
@@ -80,6 +97,15 @@ impl fmt::Display for ClickHouseFlavor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pin_is_the_one_scripts_install() {
+        let lib = include_str!("../../../scripts/lib.sh");
+        assert!(
+            lib.contains(&format!("\nCHDB_CORE_VERSION={CHDB_CORE_VERSION}\n")),
+            "scripts/lib.sh installs another chdb-core than {CHDB_CORE_VERSION}"
+        );
+    }
 
     #[test]
     fn parses_engine_names() -> Result<()> {
