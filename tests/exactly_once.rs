@@ -218,6 +218,26 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
         ensure!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
     ensure!(stdout.lines().last() == Some("ok"), "{stdout}");
+    // Each server named with its version and what Sluice pins there; nats-server too,
+    // with a WARN before 2.10.23 (a crash could delete a stream).
+    let version = stack.clickhouse.version().await?;
+    let pinned = match stack.clickhouse.flavor() {
+        ClickHouseFlavor::Debian => "; pins insert_deduplicate, input_format_skip_unknown_fields",
+        ClickHouseFlavor::Current => "; pins async_insert=0, insert_deduplicate, deduplicate_insert, insert_deduplication_token",
+    };
+    ensure!(
+        stdout.contains(&format!(": ClickHouse {version}{pinned}")),
+        "{stdout}"
+    );
+    let nats = stack.nats.version();
+    ensure!(
+        stdout.contains(&format!(
+            "\nnats: nats-server {nats}: discard-new byte budget"
+        )),
+        "{stdout}"
+    );
+    let warned = stdout.contains(&format!("\nWARN nats-server {nats} is older than 2.10.23"));
+    ensure!(warned == nats.starts_with("2.9."), "{stdout}");
     // Offline, ClickHouse is not asked.
     let out = tokio::process::Command::new(SLUICE)
         .args(["check-config", "--offline", "--config"])

@@ -25,40 +25,11 @@ use tokio::sync::{OnceCell, Semaphore};
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
 use super::redelivery::Redelivery;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
-
-/// The settings an insert pins where the server knows them. Learnt once per target:
-/// an old server answers an unknown setting with an error (code 115).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServerFeatures {
-    pub version: String,
-    /// `async_insert` (21.11+): pinned to 0 so one bad row cannot fail a neighbour's
-    /// batch merged by the server.
-    pub async_insert: bool,
-    pub date_time_input_format: bool,
-    /// `input_format_skip_unknown_fields`: sent on every insert, 0 unless the table opts
-    /// in, because current servers default it to 1 and would drop an unknown field
-    /// silently where Sluice parks the row (code 117).
-    pub skip_unknown_fields: bool,
-    /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
-    /// (exactly-once); older servers deduplicate the identical block by its hash.
-    pub insert_deduplication_token: bool,
-    /// `insert_deduplicate` (every supported server): pinned to 1 for a recorded batch
-    /// and to 0 for any other, so a table Sluice inserts at least once keeps two
-    /// batches that happen to carry the same rows.
-    pub insert_deduplicate: bool,
-    /// `deduplicate_insert` (26.2+, default `enable`): overrides `insert_deduplicate`
-    /// there, so it is pinned beside it: `enable` for a recorded batch, `disable` for
-    /// any other (with `insert_deduplicate=0` alone, 26.x still drops a batch equal to
-    /// an earlier one).
-    pub deduplicate_insert: bool,
-    /// The server's deduplication windows and what a dropped retry does to views, for
-    /// telling which tables are exactly-once.
-    pub dedup: ServerDedup,
-}
 
 /// Inserts into one ClickHouse server of a target (URL + user + database).
 pub struct HttpInserter {
@@ -215,7 +186,7 @@ impl HttpInserter {
             },
         };
         tracing::info!(pool = %self.target, replica = %self.replica, version = %features.version,
-            async_insert = features.async_insert, "ClickHouse server answered");
+            features = %features.describe(), "ClickHouse server answered");
         Ok(features)
     }
 

@@ -6,6 +6,7 @@ pub mod classify;
 pub mod clients;
 pub mod dedup;
 pub mod endpoint;
+pub mod features;
 pub mod insert;
 pub mod pinned;
 pub mod redelivery;

@@ -23,6 +23,7 @@ mod source;
 mod stall;
 mod stranded;
 mod stuck_consumer;
+pub mod version;
 
 pub use acked_here::AckedHere;
 pub use connect::{connect, wait_connected};

@@ -51,6 +51,11 @@ pub async fn run_until(
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
     if nats::wait_connected(&client, std::time::Duration::from_secs(3)).await {
+        let version = client.server_info().version;
+        tracing::info!(server = %nats::version::describe(&version), "NATS server answered");
+        if let Some(warning) = nats::version::warning(&version) {
+            tracing::warn!("{warning}");
+        }
         if let Err(e) = nats::ensure_streams(&js, &streams).await {
             tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
         }
