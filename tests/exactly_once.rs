@@ -23,8 +23,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
-use sluice_harness::chaos::{counts, metric_value, table_state, JetStreamView};
-use sluice_harness::{wait_for, ClickHouseFlavor, Stack, StackOptions};
+use sluice_harness::chaos::{counts, JetStreamView};
+use sluice_harness::{
+    exactly_once_gauges, exactly_once_reports, wait_for, ClickHouseFlavor, Stack, StackOptions,
+};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 const TABLE: &str = "events";
@@ -299,42 +301,6 @@ async fn the_admin_tree_and_a_gauge_say_which_tables_are_exactly_once() -> Resul
         "sluice_table_exactly_once of {tables:?}: {gauges:?}"
     );
     Ok(())
-}
-
-/// `exactly_once` and its reason for each of `tables` in `/admin/actors` of the first
-/// instance, once every one of them has taken an insert.
-async fn exactly_once_reports(stack: &Stack, tables: &[&str]) -> Result<Vec<(bool, String)>> {
-    wait_for(
-        "the tables' nodes to say whether they are exactly-once",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            let (status, tree) = stack.admin_get("/admin/actors").await?;
-            ensure!(status == 200, "/admin/actors answered {status}");
-            tables
-                .iter()
-                .map(|table| {
-                    let state = table_state(&tree, table)
-                        .with_context(|| format!("no node for {table} yet"))?;
-                    let exactly_once = state["exactly_once"]
-                        .as_bool()
-                        .with_context(|| format!("{table} not known yet: {state}"))?;
-                    let why = state["exactly_once_why"].as_str().unwrap_or_default();
-                    Ok((exactly_once, why.to_owned()))
-                })
-                .collect()
-        },
-    )
-    .await
-}
-
-/// `sluice_table_exactly_once` of each of `tables` on the first instance.
-async fn exactly_once_gauges(stack: &Stack, tables: &[&str]) -> Result<Vec<f64>> {
-    let metrics = stack.metrics_of(0).await?;
-    Ok(tables
-        .iter()
-        .map(|table| metric_value(&metrics, "sluice_table_exactly_once", &[("table", table)]))
-        .collect())
 }
 
 /// Sends the same ten rows to `table` twice, the second time once the first ten are

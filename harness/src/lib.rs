@@ -25,6 +25,7 @@
 
 pub mod browser;
 pub mod chaos;
+mod exactly_once;
 pub mod nats_cluster;
 pub mod prom;
 pub mod proxy;
@@ -44,6 +45,7 @@ pub use sluice_servers::{
     INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 
+pub use exactly_once::{exactly_once_gauges, exactly_once_reports};
 pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};

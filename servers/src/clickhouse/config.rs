@@ -226,6 +226,23 @@ fn users_xml() -> String {
     )
 }
 
+/// Writes `config.d/merge_tree.xml`: server-wide MergeTree settings (read at start).
+pub(crate) fn write_merge_tree(dir: &Path, settings: &[(&str, u64)]) -> Result<()> {
+    let config_d = dir.join("config.d");
+    std::fs::create_dir_all(&config_d)
+        .with_context(|| format!("creating {}", config_d.display()))?;
+    let lines: String = settings
+        .iter()
+        .map(|(name, value)| format!("    <{name}>{value}</{name}>\n"))
+        .collect();
+    let path = config_d.join("merge_tree.xml");
+    std::fs::write(
+        &path,
+        format!("<?xml version=\"1.0\"?>\n<yandex>\n  <merge_tree>\n{lines}  </merge_tree>\n</yandex>\n"),
+    )
+    .with_context(|| format!("writing {}", path.display()))
+}
+
 pub(crate) fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")

@@ -298,6 +298,17 @@ impl ClickHouseServer {
         &self.binary
     }
 
+    /// Sets a server-wide MergeTree setting (`<merge_tree>` in `config.d/`, as an
+    /// operator would in the server's config), from the next start on: what a table
+    /// without its own `SETTINGS` gets, e.g. `replicated_deduplication_window`. Each
+    /// call replaces the previous one's settings.
+    pub fn set_merge_tree_settings(&self, settings: &[(&str, u64)]) -> Result<()> {
+        if self.flavor == ClickHouseFlavor::Current {
+            bail!("the current engine's front has no server config to set MergeTree settings in");
+        }
+        config::write_merge_tree(self.dir.path(), settings)
+    }
+
     /// The ZooKeeper root and macros it was started with, if any.
     pub fn replication(&self) -> Option<&Replication> {
         self.replication.as_ref()
