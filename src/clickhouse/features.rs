@@ -3,6 +3,8 @@
 //! unknown setting with code 115), and its deduplication windows.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::dedup::ServerDedup;
 
@@ -34,6 +36,59 @@ pub struct ServerFeatures {
     /// The server's deduplication windows and what a dropped retry does to views, for
     /// telling which tables are exactly-once.
     pub dedup: ServerDedup,
+}
+
+/// What one server said of itself, and when. Asked again once older than the refresh
+/// (with the tables' own, [`FEATURES_TTL`]), and at once after it is forgotten: after
+/// an outage (the server may come back another: restarted with other settings,
+/// downgraded, replaced behind the URL) or a setting refused as unknown.
+#[derive(Debug, Default)]
+pub struct KnownFeatures {
+    known: Mutex<Option<(Arc<ServerFeatures>, Instant)>>,
+}
+
+/// How long what a server said of itself is trusted: the table refresh's period.
+pub const FEATURES_TTL: Duration = Duration::from_secs(60);
+
+// === impl KnownFeatures ===
+
+impl KnownFeatures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Arc<ServerFeatures>, Instant)>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the server said, unless it is older than [`FEATURES_TTL`] or forgotten.
+    pub fn fresh(&self) -> Option<Arc<ServerFeatures>> {
+        let known = self.lock();
+        let (features, at) = known.as_ref()?;
+        (at.elapsed() < FEATURES_TTL).then(|| features.clone())
+    }
+
+    /// Keeps what the server said now; returns it, and what it said before when that
+    /// differs (to be logged).
+    pub fn remember(
+        &self,
+        features: ServerFeatures,
+    ) -> (Arc<ServerFeatures>, Option<Arc<ServerFeatures>>) {
+        let features = Arc::new(features);
+        let mut known = self.lock();
+        let before = known
+            .take()
+            .map(|(before, _)| before)
+            .filter(|before| **before != *features);
+        *known = Some((features.clone(), Instant::now()));
+        (features, before)
+    }
+
+    /// Asks again before the next insert.
+    pub fn forget(&self) {
+        if let Some((_, at)) = self.lock().as_mut() {
+            // Kept for the comparison in `remember`, but no longer fresh.
+            *at = Instant::now()
+                .checked_sub(FEATURES_TTL)
+                .unwrap_or_else(Instant::now);
+        }
+    }
 }
 
 // === impl ServerFeatures ===

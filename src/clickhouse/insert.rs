@@ -13,18 +13,19 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
 use sluice_actors::{
     Class, ClickHouseError, Dedup, InsertRequest, Inserter, NoAnswer, ServerInfo, TableKey,
 };
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
 use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::features::KnownFeatures;
 pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
 use super::redelivery::Redelivery;
@@ -43,7 +44,9 @@ pub struct HttpInserter {
     insert_timeout: Duration,
     /// Insert requests in flight: the ingest workload class, apart from queries.
     permits: Semaphore,
-    features: OnceCell<ServerFeatures>,
+    /// What the server said of itself: asked again at the table refresh, after an
+    /// outage and after a setting refused as unknown.
+    features: KnownFeatures,
     /// A per-process counter in each query id, so ids stay unique and readable.
     sequence: AtomicU64,
     instance: u32,
@@ -93,7 +96,7 @@ impl HttpInserter {
             database: target.database.clone(),
             insert_timeout: target.insert_timeout,
             permits: Semaphore::new(target.insert_concurrency.max(1)),
-            features: OnceCell::new(),
+            features: KnownFeatures::default(),
             sequence: AtomicU64::new(0),
             instance: rand::rng().random(),
             redelivery,
@@ -115,15 +118,41 @@ impl HttpInserter {
         &self.redelivery
     }
 
-    /// What the server supports, asked once and remembered; a failure is not
-    /// remembered, so the next call asks again.
+    /// What the server supports: remembered for the table refresh's period
+    /// ([`super::features::FEATURES_TTL`]) and asked again after it, or at once after an
+    /// outage or a setting refused as unknown (the server may have changed behind the
+    /// URL). A failure is not remembered, so the next call asks again.
     ///
     /// The lookup runs before the first insert, so its failure comes back as that
     /// insert's: see [`lookup_failed`] for why it is never a verdict on rows.
-    pub async fn features(&self) -> Result<&ServerFeatures, ClickHouseError> {
-        self.features
-            .get_or_try_init(|| async { self.detect().await.map_err(lookup_failed) })
-            .await
+    pub async fn features(&self) -> Result<Arc<ServerFeatures>, ClickHouseError> {
+        if let Some(known) = self.features.fresh() {
+            return Ok(known);
+        }
+        let detected = self.detect().await.map_err(lookup_failed)?;
+        let (features, before) = self.features.remember(detected);
+        match before {
+            Some(before) => tracing::warn!(pool = %self.target, replica = %self.replica,
+                before = %before.describe(), now = %features.describe(),
+                "the ClickHouse server changed behind its URL"),
+            None => tracing::debug!(pool = %self.target, replica = %self.replica,
+                features = %features.describe(), "ClickHouse server asked what it knows"),
+        }
+        Ok(features)
+    }
+
+    /// After a failure: an outage (the server may come back another) or a setting
+    /// refused as unknown makes the next call ask the server again what it knows; the
+    /// latter is no verdict on rows.
+    fn after_failure(&self, error: ClickHouseError) -> ClickHouseError {
+        if error.code == Some(classify::UNKNOWN_SETTING) {
+            self.features.forget();
+            return classify::setting_refused_on_insert(error);
+        }
+        if error.class.is_outage() && error.code.is_none() {
+            self.features.forget();
+        }
+        error
     }
 
     /// Every table of the target's database, and whether its inserts are exactly-once
@@ -185,8 +214,6 @@ impl HttpInserter {
                 views_see_retries: has("deduplicate_blocks_in_dependent_materialized_views"),
             },
         };
-        tracing::info!(pool = %self.target, replica = %self.replica, version = %features.version,
-            features = %features.describe(), "ClickHouse server answered");
         Ok(features)
     }
 
@@ -271,7 +298,7 @@ impl HttpInserter {
 
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
-        let features = self.features().await?.clone();
+        let features = self.features().await?;
         // Each step of an insert, at TRACE: what a flight that never ends waits for.
         tracing::trace!(pool = %self.target, replica = %self.replica, table = %request.table.table,
             free = self.permits.available_permits(), "insert: waiting for a permit");
@@ -309,7 +336,7 @@ impl Inserter for HttpInserter {
                 if maybe_running {
                     self.kill_after_ambiguous(&query_id, &error).await;
                 }
-                return Err(error);
+                return Err(self.after_failure(error));
             }
         };
         if response.status().is_success() {
@@ -317,7 +344,7 @@ impl Inserter for HttpInserter {
             let _ = response.bytes().await;
             return Ok(());
         }
-        Err(read_error(response).await)
+        Err(self.after_failure(read_error(response).await))
     }
 
     async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, ClickHouseError> {
@@ -336,7 +363,9 @@ impl Inserter for HttpInserter {
     async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {
         let features = self.features().await?;
         // Features are remembered; the probe must still prove the server answers now.
-        self.query("SELECT 1").await?;
+        self.query("SELECT 1")
+            .await
+            .map_err(|e| self.after_failure(e))?;
         Ok(ServerInfo {
             version: features.version.clone(),
         })
