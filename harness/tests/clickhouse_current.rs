@@ -13,6 +13,9 @@ async fn front() -> Result<ClickHouseServer> {
         .await
 }
 
+/// A request (URL parameters, body) and the status and exception code it must get.
+type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u16, &'a str);
+
 /// (status, exception code header, body) of one request.
 async fn ask(
     server: &ClickHouseServer,
@@ -86,7 +89,7 @@ async fn the_body_is_an_inserts_data_and_failures_carry_clickhouses_code_and_sta
 
     // ClickHouse's exceptionCodeToHTTPStatus: parse errors 400, unknown names 404,
     // anything else 500; a refused login 403.
-    let cases: [(&[(&str, &str)], &str, u16, &str); 5] = [
+    let cases: [Case; 5] = [
         (
             &[("query", insert)],
             "{\"id\":3,\"n\":\"abc\"}\n",

@@ -29,6 +29,7 @@ use super::features::KnownFeatures;
 pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
 use super::redelivery::Redelivery;
+use super::shard::ShardReplicas;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
 
@@ -54,6 +55,9 @@ pub struct HttpInserter {
     redelivery: Redelivery,
     /// What `system.tables` says of each table, asked at most every [`DEDUP_TTL`].
     tables: Mutex<HashMap<String, (TableInfo, Instant)>>,
+    /// The servers of its shard, when it has others: a table they do not replicate as
+    /// one is not exactly-once (a retry may move to another of them).
+    shard: Option<Arc<ShardReplicas>>,
 }
 
 /// How long a table's engine, settings and views are kept (they rarely change; a table
@@ -101,7 +105,14 @@ impl HttpInserter {
             instance: rand::rng().random(),
             redelivery,
             tables: Mutex::new(HashMap::new()),
+            shard: None,
         })
+    }
+
+    /// The same client, one of `shard`'s servers.
+    pub fn in_shard(mut self, shard: Arc<ShardReplicas>) -> Self {
+        self.shard = Some(shard);
+        self
     }
 
     pub fn target(&self) -> &str {
@@ -357,7 +368,21 @@ impl Inserter for HttpInserter {
             });
         };
         let need = self.redelivery.need(&table.tenant, &table.table);
-        Ok(dedup_of(&info, &server, &need))
+        let dedup = dedup_of(&info, &server, &need);
+        if !dedup.exactly_once {
+            return Ok(dedup);
+        }
+        let Some(shard) = &self.shard else {
+            return Ok(dedup);
+        };
+        match shard.not_one_table(&table.table).await {
+            Some(why) => Ok(Dedup {
+                exactly_once: false,
+                why,
+                window: dedup.window,
+            }),
+            None => Ok(dedup),
+        }
     }
 
     async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {

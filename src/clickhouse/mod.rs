@@ -11,4 +11,5 @@ pub mod insert;
 pub mod pinned;
 pub mod redelivery;
 pub mod report;
+pub mod shard;
 pub mod table_info;

@@ -11,6 +11,7 @@ use sluice_actors::Dedup;
 
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
+use super::shard::{mismatch, ShardReplicas};
 use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
 
@@ -182,7 +183,7 @@ async fn ask_every_shard(
     for (urls, names) in target.shards.iter().zip(names) {
         let mut errors = Vec::new();
         let mut answer = None;
-        for (url, name) in urls.iter().zip(names) {
+        for (url, name) in urls.iter().zip(names.iter().cloned()) {
             match ask(target, url, &name, redelivery.clone()).await {
                 Ok((server, tables)) => {
                     servers.push(format!("{name}: {server}"));
@@ -193,9 +194,49 @@ async fn ask_every_shard(
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
-        answers.push(answer.ok_or_else(|| errors.join("; ")));
+        let answer = match answer {
+            Some(tables) if urls.len() > 1 => {
+                Ok(with_replication_checked(target, answers.len(), urls, &names, tables).await)
+            }
+            Some(tables) => Ok(tables),
+            None => Err(errors.join("; ")),
+        };
+        answers.push(answer);
     }
     (servers, answers)
+}
+
+/// A shard's tables (as one of its servers said) with each table its servers do not
+/// replicate as one made not exactly-once, with why (see `shard.rs`).
+async fn with_replication_checked(
+    target: &TargetConfig,
+    shard: usize,
+    urls: &[String],
+    names: &[String],
+    tables: Vec<(TableInfo, Dedup)>,
+) -> Vec<(TableInfo, Dedup)> {
+    let Ok(replicas) = ShardReplicas::new(target, shard, urls, names) else {
+        return tables;
+    };
+    let paths = tokio::time::timeout(ASK_WITHIN, replicas.paths())
+        .await
+        .unwrap_or_default();
+    tables
+        .into_iter()
+        .map(
+            |(info, dedup)| match mismatch(shard + 1, &info.name, &paths) {
+                Some(why) => (
+                    info,
+                    Dedup {
+                        exactly_once: false,
+                        why,
+                        window: dedup.window,
+                    },
+                ),
+                None => (info, dedup),
+            },
+        )
+        .collect()
 }
 
 /// One server's tables, and the line naming its version and features.
