@@ -28,6 +28,7 @@ use super::endpoint::{read_error, transport_error, Connections, Endpoint};
 use super::features::KnownFeatures;
 pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
+use super::ranges::{IntegerColumns, COLUMNS_SQL, OUT_OF_RANGE};
 use super::redelivery::Redelivery;
 use super::shard::ShardReplicas;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
@@ -55,6 +56,9 @@ pub struct HttpInserter {
     redelivery: Redelivery,
     /// What `system.tables` says of each table, asked at most every [`DEDUP_TTL`].
     tables: Mutex<HashMap<String, (TableInfo, Instant)>>,
+    /// Each table's integer columns (`system.columns`), asked at most every
+    /// [`DEDUP_TTL`]: a row holding a number out of range for one is refused here.
+    integers: Mutex<HashMap<String, (Arc<IntegerColumns>, Instant)>>,
     /// The servers of its shard, when it has others: a table they do not replicate as
     /// one is not exactly-once (a retry may move to another of them).
     shard: Option<Arc<ShardReplicas>>,
@@ -105,6 +109,7 @@ impl HttpInserter {
             instance: rand::rng().random(),
             redelivery,
             tables: Mutex::new(HashMap::new()),
+            integers: Mutex::new(HashMap::new()),
             shard: None,
         })
     }
@@ -283,6 +288,33 @@ impl HttpInserter {
         Ok(Some(info))
     }
 
+    /// `table`'s integer columns, from the cache or `system.columns` (none for a table
+    /// that does not exist: the insert's own answer says so).
+    async fn integer_columns(&self, table: &str) -> Result<Arc<IntegerColumns>, ClickHouseError> {
+        let cached = {
+            let cache = self.integers.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .get(table)
+                .filter(|(_, at)| at.elapsed() < DEDUP_TTL)
+                .map(|(columns, _)| columns.clone())
+        };
+        if let Some(columns) = cached {
+            return Ok(columns);
+        }
+        // Both are identifiers (checked by the configuration and the subject parser).
+        let sql = format!(
+            "{COLUMNS_SQL} WHERE database = '{}' AND table = '{table}' FORMAT TSV",
+            self.database
+        );
+        let text = self.query(&sql).await.map_err(columns_lookup_failed)?;
+        let columns = Arc::new(IntegerColumns::from_tsv(&text));
+        self.integers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(table.to_owned(), (columns.clone(), Instant::now()));
+        Ok(columns)
+    }
+
     fn query_id(&self) -> String {
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
         format!("sluice-insert-{:08x}-{n}", self.instance)
@@ -310,6 +342,10 @@ impl HttpInserter {
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let features = self.features().await?;
+        let integers = self.integer_columns(&request.table.table).await?;
+        if let Some(why) = integers.first_out_of_range(&request.body) {
+            return Err(classify::from_code(OUT_OF_RANGE, None, why));
+        }
         // Each step of an insert, at TRACE: what a flight that never ends waits for.
         tracing::trace!(pool = %self.target, replica = %self.replica, table = %request.table.table,
             free = self.permits.available_permits(), "insert: waiting for a permit");
@@ -406,6 +442,14 @@ impl Inserter for HttpInserter {
 fn lookup_failed(error: ClickHouseError) -> ClickHouseError {
     not_a_verdict(
         "asking the server which settings it knows (before any insert)",
+        error,
+    )
+}
+
+/// The same for the lookup of a table's column types (before its rows are sent).
+fn columns_lookup_failed(error: ClickHouseError) -> ClickHouseError {
+    not_a_verdict(
+        "asking the server the table's column types (before its rows are sent)",
         error,
     )
 }

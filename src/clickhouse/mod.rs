@@ -9,6 +9,7 @@ pub mod endpoint;
 pub mod features;
 pub mod insert;
 pub mod pinned;
+pub mod ranges;
 pub mod redelivery;
 pub mod report;
 pub mod shard;
