@@ -25,7 +25,8 @@ use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use sluice_harness::chaos::{counts, JetStreamView};
 use sluice_harness::{
-    exactly_once_gauges, exactly_once_reports, wait_for, ClickHouseFlavor, Stack, StackOptions,
+    check_config, exactly_once_gauges, exactly_once_reports, wait_for, ClickHouseFlavor, Stack,
+    StackOptions,
 };
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -196,18 +197,7 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
     let Some(stack) = stack().await? else {
         return Ok(());
     };
-    let config = stack.write_config()?;
-    let out = tokio::process::Command::new(SLUICE)
-        .args(["check-config", "--config"])
-        .arg(&config)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = check_config(&stack, SLUICE).await?;
     let (long, _) = window_words(&stack, 1000);
     let (short, setting) = window_words(&stack, 100);
     for line in [
@@ -241,6 +231,7 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
     let warned = stdout.contains(&format!("\nWARN nats-server {nats} is older than 2.10.23"));
     ensure!(warned == nats.starts_with("2.9."), "{stdout}");
     // Offline, ClickHouse is not asked.
+    let config = stack.write_config()?;
     let out = tokio::process::Command::new(SLUICE)
         .args(["check-config", "--offline", "--config"])
         .arg(&config)

@@ -9,7 +9,9 @@
 
 use anyhow::{ensure, Result};
 use serde_json::json;
-use sluice_harness::{exactly_once_gauges, exactly_once_reports, Stack, StackOptions};
+use sluice_harness::{
+    check_config, exactly_once_gauges, exactly_once_reports, Stack, StackOptions,
+};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -35,14 +37,7 @@ async fn a_shard_whose_servers_do_not_replicate_one_table_is_not_exactly_once() 
     ];
     stack.set("clickhouse.targets.main.shards", swapped);
 
-    let config = stack.write_config()?;
-    let out = tokio::process::Command::new(SLUICE)
-        .args(["check-config", "--config"])
-        .arg(&config)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "{stdout}");
+    let stdout = check_config(&stack, SLUICE).await?;
     let line = stdout
         .lines()
         .find(|l| l.trim_start().starts_with("no  events:"))

@@ -1,10 +1,11 @@
 //! Which tables a running Sluice reports exactly-once, as an operator looks it up: the
 //! table's node in `/admin/actors` (with the reason) and the gauge
-//! `sluice_table_exactly_once`.
+//! `sluice_table_exactly_once`; and before it runs, `sluice check-config`.
 
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::chaos::{metric_value, table_state};
 use crate::stack::Stack;
@@ -44,4 +45,24 @@ pub async fn exactly_once_gauges(stack: &Stack, tables: &[&str]) -> Result<Vec<f
         .iter()
         .map(|table| metric_value(&metrics, "sluice_table_exactly_once", &[("table", table)]))
         .collect())
+}
+
+/// What `sluice check-config` (the binary `sluice`) prints for the stack's configuration;
+/// an error with its output when it fails.
+pub async fn check_config(stack: &Stack, sluice: impl AsRef<Path>) -> Result<String> {
+    let config = stack.write_config()?;
+    let out = tokio::process::Command::new(sluice.as_ref())
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .await
+        .context("running sluice check-config")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "sluice check-config failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
 }

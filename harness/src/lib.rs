@@ -45,7 +45,7 @@ pub use sluice_servers::{
     INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 
-pub use exactly_once::{exactly_once_gauges, exactly_once_reports};
+pub use exactly_once::{check_config, exactly_once_gauges, exactly_once_reports};
 pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};

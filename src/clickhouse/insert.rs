@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
-use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::endpoint::{read_error, transport_error, Endpoint};
 use super::features::KnownFeatures;
 pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
@@ -85,17 +85,7 @@ impl HttpInserter {
         replica: &str,
         redelivery: Redelivery,
     ) -> anyhow::Result<Self> {
-        let endpoint = Endpoint::new(
-            url,
-            &target.user,
-            target.password.clone(),
-            Connections {
-                connect_timeout: target.connect_timeout,
-                idle_timeout: target.pool_idle_timeout,
-                max_idle: target.insert_concurrency.max(1) * 2,
-                request_timeout: None,
-            },
-        )?;
+        let endpoint = Endpoint::of_target(target, url, target.insert_concurrency.max(1) * 2)?;
         Ok(Self {
             target: target.name.clone(),
             replica: replica.to_owned(),

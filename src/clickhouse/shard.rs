@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::endpoint::{read_error, transport_error, Endpoint};
 use super::features::FEATURES_TTL;
 use crate::config::TargetConfig;
 
@@ -46,20 +46,7 @@ impl ShardReplicas {
         let servers = urls
             .iter()
             .zip(names)
-            .map(|(url, name)| {
-                let endpoint = Endpoint::new(
-                    url,
-                    &target.user,
-                    target.password.clone(),
-                    Connections {
-                        connect_timeout: target.connect_timeout,
-                        idle_timeout: target.pool_idle_timeout,
-                        max_idle: 1,
-                        request_timeout: None,
-                    },
-                )?;
-                Ok((name.clone(), endpoint))
-            })
+            .map(|(url, name)| Ok((name.clone(), Endpoint::of_target(target, url, 1)?)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Self {
             shard: shard + 1,
