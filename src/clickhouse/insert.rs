@@ -28,7 +28,7 @@ use super::endpoint::{read_error, transport_error, Endpoint};
 use super::features::KnownFeatures;
 pub use super::features::ServerFeatures;
 use super::pinned::pinned_settings;
-use super::ranges::{IntegerColumns, COLUMNS_SQL, OUT_OF_RANGE};
+use super::ranges::{may_be_out_of_range, IntegerColumns, COLUMNS_SQL, OUT_OF_RANGE};
 use super::redelivery::Redelivery;
 use super::shard::ShardReplicas;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
@@ -332,9 +332,11 @@ impl HttpInserter {
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
         let features = self.features().await?;
-        let integers = self.integer_columns(&request.table.table).await?;
-        if let Some(why) = integers.first_out_of_range(&request.body) {
-            return Err(classify::from_code(OUT_OF_RANGE, None, why));
+        if may_be_out_of_range(&request.body) {
+            let integers = self.integer_columns(&request.table.table).await?;
+            if let Some(why) = integers.first_out_of_range(&request.body) {
+                return Err(classify::from_code(OUT_OF_RANGE, None, why));
+            }
         }
         // Each step of an insert, at TRACE: what a flight that never ends waits for.
         tracing::trace!(pool = %self.target, replica = %self.replica, table = %request.table.table,

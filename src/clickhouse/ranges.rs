@@ -9,9 +9,10 @@
 //! bad row (`Rejected`, code 321, `(at row N)`), so the batch is split and that row
 //! parked with the reason, its neighbours inserted.
 //!
-//! Cheap on the rows that cannot be out of range: a row is parsed only when it holds a
-//! run of digits as long as the shortest out-of-range number of its table's columns
-//! (3 digits for an `Int8`, 10 for a 32-bit type, 19 or 20 for a 64-bit one).
+//! Cheap on the rows that cannot be out of range: the table's columns are asked for
+//! only when a request holds a run of 3 digits or more, and a row is parsed only when
+//! it holds a run of digits as long as the shortest out-of-range number of its table's
+//! columns (3 digits for an `Int8`, 10 for a 32-bit type, 19 or 20 for a 64-bit one).
 
 use serde_json::Value;
 
@@ -121,6 +122,16 @@ impl IntegerColumns {
     }
 }
 
+/// The fewest digits of a number out of range of any column checked here (an `Int8`'s
+/// ±128).
+const FEWEST_DIGITS_OUT_OF_RANGE: usize = 3;
+
+/// Whether any row of `body` could hold a number out of range for an integer column:
+/// only then are the table's columns asked for (a byte scan; most small rows are not).
+pub fn may_be_out_of_range(body: &[u8]) -> bool {
+    longest_digit_run(body) >= FEWEST_DIGITS_OUT_OF_RANGE
+}
+
 /// An integral JSON number, whatever its size up to 64 bits.
 fn integer_of(n: &serde_json::Number) -> Option<i128> {
     n.as_i64()
@@ -216,5 +227,7 @@ mod tests {
             assert_eq!(columns().first_out_of_range(row.as_bytes()), None, "{row}");
         }
         assert!(IntegerColumns::from_tsv("s\tString\nf\tFloat64\n").is_empty());
+        assert!(!may_be_out_of_range(b"{\"id\":12,\"n\":99}\n"));
+        assert!(may_be_out_of_range(b"{\"id\":128}\n"));
     }
 }
