@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::dedup::ServerDedup;
 
-/// The settings an insert pins where the server knows them. Learnt once per target:
-/// an old server answers an unknown setting with an error (code 115).
+/// The settings an insert pins where the server knows them (an old server answers an
+/// unknown setting with an error, code 115), learnt per server and kept in
+/// [`KnownFeatures`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerFeatures {
     pub version: String,
