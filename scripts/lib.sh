@@ -79,6 +79,23 @@ install_current_nats() {
   echo "current nats-server: $("$SLUICE_NATS_CURRENT_BIN" --version) ($SLUICE_NATS_CURRENT_BIN)"
 }
 
+# The current ClickHouse engine for the tests: PyPI's chdb-core, pinned (engine 26.9.2.1;
+# the harness's HTTP front, servers/src/clickhouse/current/front.py, serves it). Installs it
+# when missing or at another version and exports the Python that has it as
+# SLUICE_CHDB_PYTHON.
+CHDB_CORE_VERSION=26.9.0
+install_chdb() {
+  local have
+  have=$(python3 -c 'import importlib.metadata as m; print(m.version("chdb-core"))' 2>/dev/null || true)
+  if [[ $have != "$CHDB_CORE_VERSION" ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check "chdb-core==$CHDB_CORE_VERSION" ||
+      python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "chdb-core==$CHDB_CORE_VERSION"
+  fi
+  SLUICE_CHDB_PYTHON=$(command -v python3)
+  export SLUICE_CHDB_PYTHON
+  echo "current ClickHouse engine: chdb-core $("$SLUICE_CHDB_PYTHON" -c 'import chdb; print(chdb.__version__, "engine", chdb.engine_version)') ($SLUICE_CHDB_PYTHON)"
+}
+
 # Installs schemathesis (PyPI; the OpenAPI tests run its `st` against a live Sluice) when
 # missing and exports the path of `st` as SLUICE_SCHEMATHESIS_BIN.
 install_schemathesis() {

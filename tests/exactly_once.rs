@@ -23,8 +23,11 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
-use sluice_harness::chaos::{counts, metric_value, table_state, JetStreamView};
-use sluice_harness::{wait_for, Mode, Respond, Rule, Stack, StackOptions};
+use sluice_harness::chaos::{counts, metric_value, JetStreamView};
+use sluice_harness::{
+    check_config, exactly_once_gauges, exactly_once_reports, wait_for, ClickHouseFlavor, Mode,
+    Respond, Rule, Stack, StackOptions,
+};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 const TABLE: &str = "events";
@@ -53,6 +56,22 @@ async fn stack() -> Result<Option<Stack>> {
     stack.set("nats.ack_wait", "4s");
     stack.set("ingest.batch_age", "200ms");
     Ok(Some(stack))
+}
+
+/// How Sluice names a twin's window of `blocks`: a `ReplicatedMergeTree` on 18.16, a
+/// `MergeTree` with `non_replicated_deduplication_window` on the current engine (which
+/// holds no Replicated tables); and the setting to raise.
+fn window_words(stack: &Stack, blocks: u32) -> (String, &'static str) {
+    match stack.clickhouse.flavor() {
+        ClickHouseFlavor::Debian => (
+            format!("ReplicatedMergeTree keeps the hashes of its last {blocks} blocks (replicated_deduplication_window) for 7days"),
+            "replicated_deduplication_window",
+        ),
+        ClickHouseFlavor::Current => (
+            format!("MergeTree keeps the hashes of its last {blocks} blocks (non_replicated_deduplication_window)"),
+            "non_replicated_deduplication_window",
+        ),
+    }
 }
 
 fn rows(ids: std::ops::Range<u64>) -> Vec<Value> {
@@ -149,29 +168,41 @@ async fn check_config_names_the_tables_that_are_exactly_once() -> Result<()> {
     let Some(stack) = stack().await? else {
         return Ok(());
     };
-    let config = stack.write_config()?;
-    let out = tokio::process::Command::new(SLUICE)
-        .args(["check-config", "--config"])
-        .arg(&config)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = check_config(&stack, SLUICE).await?;
+    let (long, _) = window_words(&stack, 1000);
+    let (short, setting) = window_words(&stack, 100);
     for line in [
         "exactly-once (ClickHouse deduplicates the table's inserts for longer than a redelivery takes):",
         "  main: a batch retried after a crash comes back up to 40s (ack_wait 4s + reform_wait 1s + backoff_max 30s + insert_timeout 5s) later",
-        &format!("    yes events: ReplicatedMergeTree keeps the hashes of its last 1000 blocks (replicated_deduplication_window) for 7days, and one instance may insert {NEEDED} before a batch retried after a crash comes back: room for 4 times that"),
-        &format!("    no  events_default: ReplicatedMergeTree keeps the hashes of its last 100 blocks (replicated_deduplication_window) for 7days, and one instance may insert {NEEDED} before a batch retried after a crash comes back: a retried batch could count twice, so Sluice inserts this table at least once. Set replicated_deduplication_window to at least 214 for each instance writing it"),
+        &format!("    yes events: {long}, and one instance may insert {NEEDED} before a batch retried after a crash comes back: room for 4 times that"),
+        &format!("    no  events_default: {short}, and one instance may insert {NEEDED} before a batch retried after a crash comes back: a retried batch could count twice, so Sluice inserts this table at least once. Set {setting} to at least 214 for each instance writing it"),
         "    no  events_plain: MergeTree without non_replicated_deduplication_window",
     ] {
         ensure!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
     ensure!(stdout.lines().last() == Some("ok"), "{stdout}");
+    // Each server named with its version and what Sluice pins there; nats-server too,
+    // with a WARN before 2.10.23 (a crash could delete a stream).
+    let version = stack.clickhouse.version().await?;
+    let pinned = match stack.clickhouse.flavor() {
+        ClickHouseFlavor::Debian => "; pins insert_deduplicate, input_format_skip_unknown_fields",
+        ClickHouseFlavor::Current => "; pins async_insert=0, insert_deduplicate, deduplicate_insert, insert_deduplication_token",
+    };
+    ensure!(
+        stdout.contains(&format!(": ClickHouse {version}{pinned}")),
+        "{stdout}"
+    );
+    let nats = stack.nats.version();
+    ensure!(
+        stdout.contains(&format!(
+            "\nnats: nats-server {nats}: discard-new byte budget"
+        )),
+        "{stdout}"
+    );
+    let warned = stdout.contains(&format!("\nWARN nats-server {nats} is older than 2.10.23"));
+    ensure!(warned == nats.starts_with("2.9."), "{stdout}");
     // Offline, ClickHouse is not asked.
+    let config = stack.write_config()?;
     let out = tokio::process::Command::new(SLUICE)
         .args(["check-config", "--offline", "--config"])
         .arg(&config)
@@ -214,7 +245,10 @@ async fn the_admin_tree_and_a_gauge_say_which_tables_are_exactly_once() -> Resul
         !*exactly_once
             && why.contains("last 100 blocks")
             && why.contains(&format!("one instance may insert {NEEDED}"))
-            && why.contains("Set replicated_deduplication_window to at least 214"),
+            && why.contains(&format!(
+                "Set {} to at least 214",
+                window_words(&stack, 100).1
+            )),
         "{DEFAULT_WINDOW}: {exactly_once} {why}"
     );
     let (exactly_once, why) = &reports[2];
@@ -229,42 +263,6 @@ async fn the_admin_tree_and_a_gauge_say_which_tables_are_exactly_once() -> Resul
         "sluice_table_exactly_once of {tables:?}: {gauges:?}"
     );
     Ok(())
-}
-
-/// `exactly_once` and its reason for each of `tables` in `/admin/actors` of the first
-/// instance, once every one of them has taken an insert.
-async fn exactly_once_reports(stack: &Stack, tables: &[&str]) -> Result<Vec<(bool, String)>> {
-    wait_for(
-        "the tables' nodes to say whether they are exactly-once",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            let (status, tree) = stack.admin_get("/admin/actors").await?;
-            ensure!(status == 200, "/admin/actors answered {status}");
-            tables
-                .iter()
-                .map(|table| {
-                    let state = table_state(&tree, table)
-                        .with_context(|| format!("no node for {table} yet"))?;
-                    let exactly_once = state["exactly_once"]
-                        .as_bool()
-                        .with_context(|| format!("{table} not known yet: {state}"))?;
-                    let why = state["exactly_once_why"].as_str().unwrap_or_default();
-                    Ok((exactly_once, why.to_owned()))
-                })
-                .collect()
-        },
-    )
-    .await
-}
-
-/// `sluice_table_exactly_once` of each of `tables` on the first instance.
-async fn exactly_once_gauges(stack: &Stack, tables: &[&str]) -> Result<Vec<f64>> {
-    let metrics = stack.metrics_of(0).await?;
-    Ok(tables
-        .iter()
-        .map(|table| metric_value(&metrics, "sluice_table_exactly_once", &[("table", table)]))
-        .collect())
 }
 
 /// Sends the same ten rows to `table` twice, the second time once the first ten are
@@ -502,7 +500,7 @@ async fn messages_delivered_again_that_no_record_covers_are_counted_and_logged()
     Ok(())
 }
 
-/// Issue 36 (1) on a real 18.16 answer: the table throws TOO_MANY_PARTS at 4 parts of a
+/// Issue 36 (1) on a real server's answer: the table throws TOO_MANY_PARTS at 4 parts of a
 /// partition, 3 are made by hand with merges stopped, and Sluice's first insert is
 /// carried out with its answer lost (the fourth part). Every retry of that batch, the
 /// same rows and block, is refused with a real 252 until merges run again: it must be
@@ -519,10 +517,21 @@ async fn a_retry_refused_for_too_many_parts_by_clickhouse_itself_is_not_split() 
     }
     let mut stack = Stack::start(StackOptions::default().with_zookeeper().with_proxy()).await?;
     let ch = &stack.clickhouse;
+    // A deduplicating table: Replicated on 18.16, a MergeTree with a window of its own
+    // on the current engine (which holds no Replicated tables).
+    let (engine, window) = match ch.flavor() {
+        ClickHouseFlavor::Debian => (
+            sluice_harness::clickhouse::replicated_merge_tree("default", TABLE),
+            "replicated_deduplication_window",
+        ),
+        ClickHouseFlavor::Current => (
+            "MergeTree".to_owned(),
+            "non_replicated_deduplication_window",
+        ),
+    };
     ch.exec(&format!(
-        "CREATE TABLE {TABLE} (id UInt64, name String) ENGINE = {} ORDER BY id \
-         SETTINGS replicated_deduplication_window = 1000, parts_to_delay_insert = 4, parts_to_throw_insert = 4",
-        sluice_harness::clickhouse::replicated_merge_tree("default", TABLE)
+        "CREATE TABLE {TABLE} (id UInt64, name String) ENGINE = {engine} ORDER BY id \
+         SETTINGS {window} = 1000, parts_to_delay_insert = 4, parts_to_throw_insert = 4"
     ))
     .await?;
     ch.exec(&format!("SYSTEM STOP MERGES {TABLE}")).await?;

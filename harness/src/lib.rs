@@ -25,6 +25,7 @@
 
 pub mod browser;
 pub mod chaos;
+mod exactly_once;
 pub mod nats_cluster;
 pub mod prom;
 pub mod proxy;
@@ -39,11 +40,12 @@ use sluice_servers::http;
 pub use sluice_servers::{clickhouse, nats, ports, process, zookeeper};
 pub use sluice_servers::{
     free_addr, free_port, http_client_builder, loopback_client, process_exists, wait_for,
-    wait_until, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsCluster, NatsFlavor,
-    NatsServer, ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER, INGEST_PASSWORD,
-    INGEST_USER, QUERY_PASSWORD, QUERY_USER,
+    wait_until, ClickHouseFlavor, ClickHouseOptions, ClickHouseServer, ManagedProcess, NatsCluster,
+    NatsFlavor, NatsServer, ProcessSpec, Replication, ZooKeeper, ZooKeeperRoot, DEFAULT_USER,
+    INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 
+pub use exactly_once::{check_config, exactly_once_gauges, exactly_once_reports};
 pub use prom::{Metrics, Sample};
 pub use proxy::{FaultProxy, Match, Mode, RequestRecord, Respond, Rule};
 pub use skip::{available, servers_required, REQUIRE_SERVERS_ENV};

@@ -19,8 +19,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::clickhouse::{
-    create_cluster_table, shard_urls, sync_replicas, ClickHouseCluster, ClickHouseOptions,
-    ClickHouseServer, Replication,
+    create_cluster_table, shard_urls, sync_replicas, ClickHouseCluster, ClickHouseFlavor,
+    ClickHouseOptions, ClickHouseServer, Replication,
 };
 use crate::nats::{NatsCluster, NatsFlavor};
 use crate::ports::free_port;
@@ -705,11 +705,19 @@ pub fn parked_json(parked: &Value) -> Value {
 
 /// ClickHouse (one server, or a cluster's, shard by shard), after its ZooKeeper (and a
 /// root of its own there) when asked for one.
+///
+/// The current engine holds no Replicated tables: a stack asking for a ZooKeeper gets
+/// none there (its twins are `MergeTree`s with a window, see `tables`), and a cluster
+/// is refused.
 async fn start_clickhouse(
     zookeeper: bool,
     cluster: Option<(usize, usize)>,
 ) -> Result<(Vec<ClickHouseServer>, Option<ZooKeeper>)> {
-    if !zookeeper {
+    let flavor = ClickHouseFlavor::from_env()?;
+    if cluster.is_some() && !flavor.replicates() {
+        bail!("the current ClickHouse engine holds no Replicated tables: no cluster stack on it");
+    }
+    if !zookeeper || !flavor.replicates() {
         return Ok((vec![ClickHouseServer::start().await?], None));
     }
     let zookeeper = ZooKeeper::start().await?;

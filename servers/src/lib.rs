@@ -31,8 +31,8 @@ mod wait;
 pub mod zookeeper;
 
 pub use clickhouse::{
-    ClickHouseOptions, ClickHouseServer, Replication, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER,
-    QUERY_PASSWORD, QUERY_USER,
+    ClickHouseFlavor, ClickHouseOptions, ClickHouseServer, Replication, DEFAULT_USER,
+    INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
 };
 pub use http::{http_client_builder, loopback_client};
 pub use nats::{NatsCluster, NatsFlavor, NatsServer};

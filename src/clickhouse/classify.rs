@@ -32,6 +32,29 @@ pub const SPLITTABLE_CODES: &[u32] = &[241, 252];
 /// usual cause) and never bisects.
 pub const MISSING_TABLE_CODES: &[u32] = &[60, 81];
 
+/// UNKNOWN_SETTING: a setting the server does not know. A verdict on a tenant's query
+/// (the gateway), never on an insert's rows: an insert carries only the settings
+/// Sluice pins where the server said it knows them, so on an insert it means the server
+/// changed behind the URL ([`setting_refused_on_insert`]).
+pub const UNKNOWN_SETTING: u32 = 115;
+
+/// An insert refused for a setting the server does not know (code 115): the server
+/// behind the URL is not the one Sluice asked (downgraded, replaced). Not a verdict
+/// on the rows: Unavailable (the pool backs off, nothing is split or parked), and the
+/// insert client asks the server again which settings it knows before the retry.
+pub fn setting_refused_on_insert(mut error: ClickHouseError) -> ClickHouseError {
+    error.class = Class::Unavailable;
+    error.table_scoped = false;
+    error.splittable = false;
+    error.missing_table = false;
+    error.message = format!(
+        "the server does not know a setting Sluice sent with the insert (it changed behind \
+         the URL?): asking it again which it knows, then retrying: {}",
+        error.message
+    );
+    error
+}
+
 /// What a code alone says.
 pub fn class_of_code(code: u32) -> Class {
     if UNAVAILABLE_CODES.binary_search(&code).is_ok() {
@@ -191,6 +214,9 @@ fn looks_like_transport(lower: &str) -> Option<NoAnswer> {
 
 /// What Sluice does with a failure of this kind on the ingest path, in one sentence.
 pub fn ingest_action(error: &ClickHouseError) -> &'static str {
+    if error.code == Some(UNKNOWN_SETTING) {
+        return "an insert carries only settings the server said it knows: the server changed behind the URL; ask it again which settings it knows, back off the pool and retry with those; never park (a tenant's query with it is answered 400)";
+    }
     if error.missing_table {
         return "the table or database does not exist (yet): wait for it, table-scoped, for missing_table_grace (its neighbours keep inserting, its rows are nakked with the delay); when the grace runs out park its rows batch by batch without bisection (the failure names no row)";
     }

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use super::catalog::TableSource;
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
+use super::shard::ShardReplicas;
 use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
 
@@ -27,12 +28,17 @@ impl TargetClients {
             .shards
             .iter()
             .zip(target.replica_names())
-            .map(|(urls, names)| {
+            .enumerate()
+            .map(|(index, (urls, names))| {
+                let shard = Arc::new(
+                    ShardReplicas::new(target, index, urls, &names)
+                        .with_context(|| format!("setting up shard {}", index + 1))?,
+                );
                 urls.iter()
                     .zip(names)
                     .map(|(url, name)| {
                         HttpInserter::new(target, url, &name, redelivery.clone())
-                            .map(Arc::new)
+                            .map(|inserter| Arc::new(inserter.in_shard(shard.clone())))
                             .with_context(|| format!("setting up ClickHouse server {name}"))
                     })
                     .collect::<anyhow::Result<Vec<_>>>()

@@ -4,13 +4,15 @@
 //! nothing else the insert feeds loses rows when a retry is dropped.
 //!
 //! - `Replicated*MergeTree`: keeps the hashes of its last `replicated_deduplication_window`
-//!   blocks (100 on 18.16, 1000 on current servers; `0` turns it off), none older than
-//!   `replicated_deduplication_window_seconds` (7 days on 18.16, one hour on current
-//!   servers), as long as the insert has `insert_deduplicate=1`, which Sluice sends
-//!   with every insert of a recorded batch, so a profile that turned it off does not
-//!   matter.
-//! - `*MergeTree`: only with `non_replicated_deduplication_window` > 0 (21.x+, off by
-//!   default; blocks only, no limit in time).
+//!   blocks (100 on 18.16, 1,000 from late 2023 (ClickHouse#57335), 10,000 since 25.9;
+//!   `0` turns it off), none
+//!   older than `replicated_deduplication_window_seconds` (7 days until 25.9, one hour
+//!   since 25.10), as long as the insert deduplicates: Sluice sends
+//!   `insert_deduplicate=1` (and `deduplicate_insert='enable'` on 26.2+, where it
+//!   overrides the other) with every insert of a recorded batch, so a profile that
+//!   turned it off does not matter.
+//! - `*MergeTree`: only with `non_replicated_deduplication_window` > 0 (21.x+, 0 by
+//!   default to this day; blocks only, no limit in time).
 //! - Anything else (`Distributed`, `Buffer`, `Null`, `Log`...): no.
 //!
 //! A window is then held against the redelivery it must cover ([`Need`]): one that
@@ -220,7 +222,7 @@ fn window_of(table: &TableInfo, server: &ServerDedup) -> Result<(WindowKind, Ded
     Err(format!("{engine} does not deduplicate inserts"))
 }
 
-/// `ReplicatedMergeTree keeps the hashes of its last 1000 blocks for 1h`.
+/// `ReplicatedMergeTree keeps the hashes of its last 10000 blocks for 1h`.
 fn kept(engine: &str, kind: WindowKind, window: DedupWindow) -> String {
     let setting = kind.setting();
     match window.seconds {
@@ -273,9 +275,10 @@ mod tests {
         }
     }
 
+    /// 26.9's defaults (chdb-core 26.9.0: `harness/tests/clickhouse_current.rs`).
     fn current_server() -> ServerDedup {
         ServerDedup {
-            replicated_window: Some(1000),
+            replicated_window: Some(10_000),
             replicated_window_seconds: Some(3600),
             non_replicated_window: Some(0),
             views_see_retries: true,
@@ -354,9 +357,8 @@ mod tests {
         assert!(
             current
                 .why
-                .contains("last 1000 blocks (replicated_deduplication_window) for 1h")
-                && current.why.contains("room for 7 times")
-                && current.why.contains("82644 rows/s in full batches"),
+                .contains("last 10000 blocks (replicated_deduplication_window) for 1h")
+                && current.why.contains("room for 74 times"),
             "{}",
             current.why
         );

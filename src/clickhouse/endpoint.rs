@@ -12,7 +12,7 @@ use bytes::Bytes;
 use sluice_actors::{ClickHouseError, NoAnswer};
 
 use super::classify::{self, MAX_ERROR_BODY};
-use crate::config::Secret;
+use crate::config::{Secret, TargetConfig};
 
 /// What a query's body is (SQL in the body, settings in the URL).
 pub const SQL_CONTENT_TYPE: &str = "text/plain; charset=UTF-8";
@@ -68,6 +68,22 @@ impl Endpoint {
             user: user.to_string(),
             password,
         })
+    }
+
+    /// An endpoint of server `url` of `target`, as its insert user, keeping up to
+    /// `max_idle` connections.
+    pub fn of_target(target: &TargetConfig, url: &str, max_idle: usize) -> anyhow::Result<Self> {
+        Self::new(
+            url,
+            &target.user,
+            target.password.clone(),
+            Connections {
+                connect_timeout: target.connect_timeout,
+                idle_timeout: target.pool_idle_timeout,
+                max_idle,
+                request_timeout: None,
+            },
+        )
     }
 
     /// A POST of `body` with these URL parameters (the query, settings, `query_id`).

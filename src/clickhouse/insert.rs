@@ -13,46 +13,26 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
 use sluice_actors::{
     Class, ClickHouseError, Dedup, InsertRequest, Inserter, NoAnswer, ServerInfo, TableKey,
 };
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::classify;
 use super::dedup::{dedup_of, ServerDedup};
-use super::endpoint::{read_error, transport_error, Connections, Endpoint};
+use super::endpoint::{read_error, transport_error, Endpoint};
+use super::features::KnownFeatures;
+pub use super::features::ServerFeatures;
+use super::pinned::pinned_settings;
+use super::ranges::{may_be_out_of_range, IntegerColumns, COLUMNS_SQL, OUT_OF_RANGE};
 use super::redelivery::Redelivery;
+use super::shard::ShardReplicas;
 use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
 use crate::config::TargetConfig;
-
-/// The settings an insert pins where the server knows them. Learnt once per target:
-/// an old server answers an unknown setting with an error (code 115).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServerFeatures {
-    pub version: String,
-    /// `async_insert` (21.11+): pinned to 0 so one bad row cannot fail a neighbour's
-    /// batch merged by the server.
-    pub async_insert: bool,
-    pub date_time_input_format: bool,
-    /// `input_format_skip_unknown_fields`: sent on every insert, 0 unless the table opts
-    /// in, because current servers default it to 1 and would drop an unknown field
-    /// silently where Sluice parks the row (code 117).
-    pub skip_unknown_fields: bool,
-    /// `insert_deduplication_token` (22.2+): sent with the inserts of a recorded batch
-    /// (exactly-once); older servers deduplicate the identical block by its hash.
-    pub insert_deduplication_token: bool,
-    /// `insert_deduplicate` (every supported server): pinned to 1 for a recorded batch
-    /// and to 0 for any other, so a table Sluice inserts at least once keeps two
-    /// batches that happen to carry the same rows.
-    pub insert_deduplicate: bool,
-    /// The server's deduplication windows and what a dropped retry does to views, for
-    /// telling which tables are exactly-once.
-    pub dedup: ServerDedup,
-}
 
 /// Inserts into one ClickHouse server of a target (URL + user + database).
 pub struct HttpInserter {
@@ -66,7 +46,9 @@ pub struct HttpInserter {
     insert_timeout: Duration,
     /// Insert requests in flight: the ingest workload class, apart from queries.
     permits: Semaphore,
-    features: OnceCell<ServerFeatures>,
+    /// What the server said of itself: asked again at the table refresh, after an
+    /// outage and after a setting refused as unknown.
+    features: KnownFeatures,
     /// A per-process counter in each query id, so ids stay unique and readable.
     sequence: AtomicU64,
     instance: u32,
@@ -74,6 +56,12 @@ pub struct HttpInserter {
     redelivery: Redelivery,
     /// What `system.tables` says of each table, asked at most every [`DEDUP_TTL`].
     tables: Mutex<HashMap<String, (TableInfo, Instant)>>,
+    /// Each table's integer columns (`system.columns`), asked at most every
+    /// [`DEDUP_TTL`]: a row holding a number out of range for one is refused here.
+    integers: Mutex<HashMap<String, (Arc<IntegerColumns>, Instant)>>,
+    /// The servers of its shard, when it has others: a table they do not replicate as
+    /// one is not exactly-once (a retry may move to another of them).
+    shard: Option<Arc<ShardReplicas>>,
 }
 
 /// How long a table's engine, settings and views are kept (they rarely change; a table
@@ -97,17 +85,7 @@ impl HttpInserter {
         replica: &str,
         redelivery: Redelivery,
     ) -> anyhow::Result<Self> {
-        let endpoint = Endpoint::new(
-            url,
-            &target.user,
-            target.password.clone(),
-            Connections {
-                connect_timeout: target.connect_timeout,
-                idle_timeout: target.pool_idle_timeout,
-                max_idle: target.insert_concurrency.max(1) * 2,
-                request_timeout: None,
-            },
-        )?;
+        let endpoint = Endpoint::of_target(target, url, target.insert_concurrency.max(1) * 2)?;
         Ok(Self {
             target: target.name.clone(),
             replica: replica.to_owned(),
@@ -116,12 +94,20 @@ impl HttpInserter {
             database: target.database.clone(),
             insert_timeout: target.insert_timeout,
             permits: Semaphore::new(target.insert_concurrency.max(1)),
-            features: OnceCell::new(),
+            features: KnownFeatures::default(),
             sequence: AtomicU64::new(0),
             instance: rand::rng().random(),
             redelivery,
             tables: Mutex::new(HashMap::new()),
+            integers: Mutex::new(HashMap::new()),
+            shard: None,
         })
+    }
+
+    /// The same client, one of `shard`'s servers.
+    pub fn in_shard(mut self, shard: Arc<ShardReplicas>) -> Self {
+        self.shard = Some(shard);
+        self
     }
 
     pub fn target(&self) -> &str {
@@ -138,15 +124,41 @@ impl HttpInserter {
         &self.redelivery
     }
 
-    /// What the server supports, asked once and remembered; a failure is not
-    /// remembered, so the next call asks again.
+    /// What the server supports: remembered for the table refresh's period
+    /// ([`super::features::FEATURES_TTL`]) and asked again after it, or at once after an
+    /// outage or a setting refused as unknown (the server may have changed behind the
+    /// URL). A failure is not remembered, so the next call asks again.
     ///
     /// The lookup runs before the first insert, so its failure comes back as that
     /// insert's: see [`lookup_failed`] for why it is never a verdict on rows.
-    pub async fn features(&self) -> Result<&ServerFeatures, ClickHouseError> {
-        self.features
-            .get_or_try_init(|| async { self.detect().await.map_err(lookup_failed) })
-            .await
+    pub async fn features(&self) -> Result<Arc<ServerFeatures>, ClickHouseError> {
+        if let Some(known) = self.features.fresh() {
+            return Ok(known);
+        }
+        let detected = self.detect().await.map_err(lookup_failed)?;
+        let (features, before) = self.features.remember(detected);
+        match before {
+            Some(before) => tracing::warn!(pool = %self.target, replica = %self.replica,
+                before = %before.describe(), now = %features.describe(),
+                "the ClickHouse server changed behind its URL"),
+            None => tracing::debug!(pool = %self.target, replica = %self.replica,
+                features = %features.describe(), "ClickHouse server asked what it knows"),
+        }
+        Ok(features)
+    }
+
+    /// After a failure: an outage (the server may come back another) or a setting
+    /// refused as unknown makes the next call ask the server again what it knows; the
+    /// latter is no verdict on rows.
+    fn after_failure(&self, error: ClickHouseError) -> ClickHouseError {
+        if error.code == Some(classify::UNKNOWN_SETTING) {
+            self.features.forget();
+            return classify::setting_refused_on_insert(error);
+        }
+        if error.class.is_outage() && error.code.is_none() {
+            self.features.forget();
+        }
+        error
     }
 
     /// Every table of the target's database, and whether its inserts are exactly-once
@@ -175,7 +187,7 @@ impl HttpInserter {
             .query(
                 "SELECT name FROM system.settings WHERE name IN \
                  ('async_insert', 'date_time_input_format', 'input_format_skip_unknown_fields', \
-                  'insert_deduplication_token', 'insert_deduplicate', \
+                  'insert_deduplication_token', 'insert_deduplicate', 'deduplicate_insert', \
                   'deduplicate_blocks_in_dependent_materialized_views')",
             )
             .await?;
@@ -200,6 +212,7 @@ impl HttpInserter {
             skip_unknown_fields: has("input_format_skip_unknown_fields"),
             insert_deduplication_token: has("insert_deduplication_token"),
             insert_deduplicate: has("insert_deduplicate"),
+            deduplicate_insert: has("deduplicate_insert"),
             dedup: ServerDedup {
                 replicated_window: window("replicated_deduplication_window"),
                 replicated_window_seconds: window("replicated_deduplication_window_seconds"),
@@ -207,8 +220,6 @@ impl HttpInserter {
                 views_see_retries: has("deduplicate_blocks_in_dependent_materialized_views"),
             },
         };
-        tracing::info!(pool = %self.target, replica = %self.replica, version = %features.version,
-            async_insert = features.async_insert, "ClickHouse server answered");
         Ok(features)
     }
 
@@ -267,6 +278,33 @@ impl HttpInserter {
         Ok(Some(info))
     }
 
+    /// `table`'s integer columns, from the cache or `system.columns` (none for a table
+    /// that does not exist: the insert's own answer says so).
+    async fn integer_columns(&self, table: &str) -> Result<Arc<IntegerColumns>, ClickHouseError> {
+        let cached = {
+            let cache = self.integers.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .get(table)
+                .filter(|(_, at)| at.elapsed() < DEDUP_TTL)
+                .map(|(columns, _)| columns.clone())
+        };
+        if let Some(columns) = cached {
+            return Ok(columns);
+        }
+        // Both are identifiers (checked by the configuration and the subject parser).
+        let sql = format!(
+            "{COLUMNS_SQL} WHERE database = '{}' AND table = '{table}' FORMAT TSV",
+            self.database
+        );
+        let text = self.query(&sql).await.map_err(columns_lookup_failed)?;
+        let columns = Arc::new(IntegerColumns::from_tsv(&text));
+        self.integers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(table.to_owned(), (columns.clone(), Instant::now()));
+        Ok(columns)
+    }
+
     fn query_id(&self) -> String {
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
         format!("sluice-insert-{:08x}-{n}", self.instance)
@@ -293,7 +331,13 @@ impl HttpInserter {
 
 impl Inserter for HttpInserter {
     async fn insert(&self, request: InsertRequest) -> Result<(), ClickHouseError> {
-        let features = self.features().await?.clone();
+        let features = self.features().await?;
+        if may_be_out_of_range(&request.body) {
+            let integers = self.integer_columns(&request.table.table).await?;
+            if let Some(why) = integers.first_out_of_range(&request.body) {
+                return Err(classify::from_code(OUT_OF_RANGE, None, why));
+            }
+        }
         // Each step of an insert, at TRACE: what a flight that never ends waits for.
         tracing::trace!(pool = %self.target, replica = %self.replica, table = %request.table.table,
             free = self.permits.available_permits(), "insert: waiting for a permit");
@@ -306,39 +350,12 @@ impl Inserter for HttpInserter {
         );
         let query_id = self.query_id();
         let mut params: Vec<(&str, &str)> = vec![("query", &sql), ("query_id", &query_id)];
-        if features.async_insert {
-            params.push(("async_insert", "0"));
-        }
-        if features.date_time_input_format {
-            params.push(("date_time_input_format", "best_effort"));
-        }
-        if features.skip_unknown_fields {
-            let skip = if request.skip_unknown_fields {
-                "1"
-            } else {
-                "0"
-            };
-            params.push(("input_format_skip_unknown_fields", skip));
-        }
-        // Whatever the user's profile says: a recorded batch must be deduplicated (by
-        // its token where the server knows one, its retries reaching the views where
-        // the server can), and any other must not, or two batches that happen to
-        // carry the same rows would count once in a table inserted at least once.
-        match &request.dedup_token {
-            Some(token) => {
-                if features.insert_deduplicate {
-                    params.push(("insert_deduplicate", "1"));
-                }
-                if features.dedup.views_see_retries {
-                    params.push(("deduplicate_blocks_in_dependent_materialized_views", "1"));
-                }
-                if features.insert_deduplication_token {
-                    params.push(("insert_deduplication_token", token));
-                }
-            }
-            None if features.insert_deduplicate => params.push(("insert_deduplicate", "0")),
-            None => {}
-        }
+        let token = request.dedup_token.clone();
+        params.extend(pinned_settings(
+            &features,
+            token.as_deref(),
+            request.skip_unknown_fields,
+        ));
         tracing::trace!(pool = %self.target, replica = %self.replica, query_id, "insert: sending");
         let sent = self
             .endpoint
@@ -358,7 +375,7 @@ impl Inserter for HttpInserter {
                 if maybe_running {
                     self.kill_after_ambiguous(&query_id, &error).await;
                 }
-                return Err(error);
+                return Err(self.after_failure(error));
             }
         };
         if response.status().is_success() {
@@ -366,7 +383,7 @@ impl Inserter for HttpInserter {
             let _ = response.bytes().await;
             return Ok(());
         }
-        Err(read_error(response).await)
+        Err(self.after_failure(read_error(response).await))
     }
 
     async fn deduplicates(&self, table: &TableKey) -> Result<Dedup, ClickHouseError> {
@@ -379,13 +396,29 @@ impl Inserter for HttpInserter {
             });
         };
         let need = self.redelivery.need(&table.tenant, &table.table);
-        Ok(dedup_of(&info, &server, &need))
+        let dedup = dedup_of(&info, &server, &need);
+        if !dedup.exactly_once {
+            return Ok(dedup);
+        }
+        let Some(shard) = &self.shard else {
+            return Ok(dedup);
+        };
+        match shard.not_one_table(&table.table).await {
+            Some(why) => Ok(Dedup {
+                exactly_once: false,
+                why,
+                window: dedup.window,
+            }),
+            None => Ok(dedup),
+        }
     }
 
     async fn probe(&self) -> Result<ServerInfo, ClickHouseError> {
         let features = self.features().await?;
         // Features are remembered; the probe must still prove the server answers now.
-        self.query("SELECT 1").await?;
+        self.query("SELECT 1")
+            .await
+            .map_err(|e| self.after_failure(e))?;
         Ok(ServerInfo {
             version: features.version.clone(),
         })
@@ -401,6 +434,14 @@ impl Inserter for HttpInserter {
 fn lookup_failed(error: ClickHouseError) -> ClickHouseError {
     not_a_verdict(
         "asking the server which settings it knows (before any insert)",
+        error,
+    )
+}
+
+/// The same for the lookup of a table's column types (before its rows are sent).
+fn columns_lookup_failed(error: ClickHouseError) -> ClickHouseError {
+    not_a_verdict(
+        "asking the server the table's column types (before its rows are sent)",
         error,
     )
 }

@@ -11,6 +11,7 @@ use sluice_actors::Dedup;
 
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
+use super::shard::{mismatch, ShardReplicas};
 use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
 
@@ -47,7 +48,10 @@ pub fn exactly_once_report(config: &Config) -> String {
         if !target.is_single() {
             let _ = writeln!(out, "    {}", target.layout());
         }
-        let answers = runtime.block_on(ask_every_shard(target, &redelivery));
+        let (servers, answers) = runtime.block_on(ask_every_shard(target, &redelivery));
+        for line in servers {
+            let _ = writeln!(out, "    server {line}");
+        }
         out.push_str(&tables_report(target, &answers));
     }
     out
@@ -167,16 +171,22 @@ fn table_verdict(
     }
 }
 
-/// Every shard's tables, each through the first of its replicas that answers.
-async fn ask_every_shard(target: &TargetConfig, redelivery: &Redelivery) -> Vec<ShardAnswer> {
+/// Every shard's tables, each through the first of its replicas that answers; and
+/// each server that answered, named with its version and features.
+async fn ask_every_shard(
+    target: &TargetConfig,
+    redelivery: &Redelivery,
+) -> (Vec<String>, Vec<ShardAnswer>) {
     let names = target.replica_names();
     let mut answers = Vec::new();
+    let mut servers = Vec::new();
     for (urls, names) in target.shards.iter().zip(names) {
         let mut errors = Vec::new();
         let mut answer = None;
-        for (url, name) in urls.iter().zip(names) {
+        for (url, name) in urls.iter().zip(names.iter().cloned()) {
             match ask(target, url, &name, redelivery.clone()).await {
-                Ok(tables) => {
+                Ok((server, tables)) => {
+                    servers.push(format!("{name}: {server}"));
                     answer = Some(tables);
                     break;
                 }
@@ -184,21 +194,68 @@ async fn ask_every_shard(target: &TargetConfig, redelivery: &Redelivery) -> Vec<
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
-        answers.push(answer.ok_or_else(|| errors.join("; ")));
+        let answer = match answer {
+            Some(tables) if urls.len() > 1 => {
+                Ok(with_replication_checked(target, answers.len(), urls, &names, tables).await)
+            }
+            Some(tables) => Ok(tables),
+            None => Err(errors.join("; ")),
+        };
+        answers.push(answer);
     }
-    answers
+    (servers, answers)
 }
 
+/// A shard's tables (as one of its servers said) with each table its servers do not
+/// replicate as one made not exactly-once, with why (see `shard.rs`).
+async fn with_replication_checked(
+    target: &TargetConfig,
+    shard: usize,
+    urls: &[String],
+    names: &[String],
+    tables: Vec<(TableInfo, Dedup)>,
+) -> Vec<(TableInfo, Dedup)> {
+    let Ok(replicas) = ShardReplicas::new(target, shard, urls, names) else {
+        return tables;
+    };
+    let paths = tokio::time::timeout(ASK_WITHIN, replicas.paths())
+        .await
+        .unwrap_or_default();
+    tables
+        .into_iter()
+        .map(
+            |(info, dedup)| match mismatch(shard + 1, &info.name, &paths) {
+                Some(why) => (
+                    info,
+                    Dedup {
+                        exactly_once: false,
+                        why,
+                        window: dedup.window,
+                    },
+                ),
+                None => (info, dedup),
+            },
+        )
+        .collect()
+}
+
+/// One server's tables, and the line naming its version and features.
 async fn ask(
     target: &TargetConfig,
     url: &str,
     name: &str,
     redelivery: Redelivery,
-) -> Result<Vec<(TableInfo, Dedup)>, String> {
+) -> Result<(String, Vec<(TableInfo, Dedup)>), String> {
     let inserter = HttpInserter::new(target, url, name, redelivery).map_err(|e| e.to_string())?;
-    tokio::time::timeout(ASK_WITHIN, inserter.dedup_of_tables())
+    let tables = tokio::time::timeout(ASK_WITHIN, inserter.dedup_of_tables())
         .await
-        .map_err(|_| format!("no answer within {ASK_WITHIN:?}"))?
+        .map_err(|_| format!("no answer within {ASK_WITHIN:?}"))??;
+    let server = inserter
+        .features()
+        .await
+        .map_err(|e| e.message.clone())?
+        .describe();
+    Ok((server, tables))
 }
 
 #[cfg(test)]

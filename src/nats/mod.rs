@@ -24,6 +24,7 @@ mod split;
 mod stall;
 mod stranded;
 mod stuck_consumer;
+pub mod version;
 
 pub use acked_here::AckedHere;
 pub use connect::{connect, wait_connected};

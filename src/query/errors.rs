@@ -34,7 +34,7 @@ pub const READONLY: u32 = 164;
 pub const TOO_MANY_ROWS_OR_BYTES: u32 = 396;
 /// A setting ClickHouse does not know: how a server without query parameters answers
 /// `param_<name>`.
-pub const UNKNOWN_SETTING: u32 = 115;
+pub use crate::clickhouse::classify::UNKNOWN_SETTING;
 /// Besides a missing table or database (the classifier's `MISSING_TABLE_CODES`), an
 /// unknown identifier (47) or column (16) names something the query asked for that is
 /// not there: a 404 on this path only.

@@ -54,6 +54,11 @@ pub async fn run_until(
     let streams = StreamSettings::from(&config.nats);
     let connected = nats::wait_connected(&client, std::time::Duration::from_secs(3)).await;
     if connected {
+        let version = client.server_info().version;
+        tracing::info!(server = %nats::version::describe(&version), "NATS server answered");
+        if let Some(warning) = nats::version::warning(&version) {
+            tracing::warn!("{warning}");
+        }
         // No wait gives a single server more replicas: the start fails, with the reason
         // (rather than run unready while the API stores rows in the streams there are).
         let wait = std::time::Duration::from_secs(3);

@@ -46,7 +46,7 @@ pub(crate) fn write(dir: &Path, ports: Ports) -> Result<std::path::PathBuf> {
     std::fs::write(&config, server_xml(dir, ports))
         .with_context(|| format!("writing {}", config.display()))?;
     let users = dir.join("users.xml");
-    std::fs::write(&users, USERS_XML).with_context(|| format!("writing {}", users.display()))?;
+    std::fs::write(&users, users_xml()).with_context(|| format!("writing {}", users.display()))?;
     Ok(config)
 }
 
@@ -110,20 +110,103 @@ fn server_xml(dir: &Path, ports: Ports) -> String {
     )
 }
 
-const USERS_XML: &str = r#"<?xml version="1.0"?>
+/// A profile of `users.xml`: its settings (and the profile it inherits).
+pub(crate) struct Profile {
+    pub name: &'static str,
+    pub inherits: Option<&'static str>,
+    pub settings: &'static [(&'static str, &'static str)],
+}
+
+/// A user of `users.xml`.
+pub(crate) struct User {
+    pub name: &'static str,
+    pub password: &'static str,
+    pub profile: &'static str,
+}
+
+/// Every profile the harness's servers have: what `users.xml` is written from, and what
+/// the current engine's front applies per user (it has no `users.xml`).
+pub(crate) const PROFILES: &[Profile] = &[
+    Profile {
+        name: "default",
+        inherits: None,
+        settings: &[("max_memory_usage", "2000000000")],
+    },
+    Profile {
+        name: "readonly",
+        inherits: None,
+        settings: &[("readonly", "2")],
+    },
+    Profile {
+        name: "skips_unknown_fields",
+        inherits: Some("default"),
+        settings: &[("input_format_skip_unknown_fields", "1")],
+    },
+];
+
+/// Every user the harness's servers have.
+pub(crate) const USERS: &[User] = &[
+    User {
+        name: DEFAULT_USER,
+        password: DEFAULT_PASSWORD,
+        profile: "default",
+    },
+    User {
+        name: INGEST_USER,
+        password: INGEST_PASSWORD,
+        profile: "default",
+    },
+    User {
+        name: SKIPPING_USER,
+        password: SKIPPING_PASSWORD,
+        profile: "skips_unknown_fields",
+    },
+    User {
+        name: QUERY_USER,
+        password: QUERY_PASSWORD,
+        profile: "readonly",
+    },
+];
+
+/// A profile's settings, those it inherits first.
+pub(crate) fn profile_settings(name: &str) -> Vec<(&'static str, &'static str)> {
+    let Some(profile) = PROFILES.iter().find(|p| p.name == name) else {
+        return Vec::new();
+    };
+    let mut settings = profile.inherits.map(profile_settings).unwrap_or_default();
+    settings.extend_from_slice(profile.settings);
+    settings
+}
+
+/// `users.xml`, from [`PROFILES`] and [`USERS`].
+fn users_xml() -> String {
+    let mut profiles = String::new();
+    for profile in PROFILES {
+        profiles.push_str(&format!("    <{}>\n", profile.name));
+        if let Some(parent) = profile.inherits {
+            profiles.push_str(&format!("      <profile>{parent}</profile>\n"));
+        }
+        for (name, value) in profile.settings {
+            profiles.push_str(&format!("      <{name}>{}</{name}>\n", xml_escape(value)));
+        }
+        profiles.push_str(&format!("    </{}>\n", profile.name));
+    }
+    let mut users = String::new();
+    for user in USERS {
+        users.push_str(&format!(
+            "    <{name}>\n      <password>{password}</password>\n      \
+             <networks><ip>::/0</ip></networks>\n      <profile>{profile}</profile>\n      \
+             <quota>default</quota>\n    </{name}>\n",
+            name = user.name,
+            password = xml_escape(user.password),
+            profile = user.profile,
+        ));
+    }
+    format!(
+        r#"<?xml version="1.0"?>
 <yandex>
   <profiles>
-    <default>
-      <max_memory_usage>2000000000</max_memory_usage>
-    </default>
-    <readonly>
-      <readonly>2</readonly>
-    </readonly>
-    <skips_unknown_fields>
-      <profile>default</profile>
-      <input_format_skip_unknown_fields>1</input_format_skip_unknown_fields>
-    </skips_unknown_fields>
-  </profiles>
+{profiles}  </profiles>
   <quotas>
     <default>
       <interval>
@@ -137,33 +220,28 @@ const USERS_XML: &str = r#"<?xml version="1.0"?>
     </default>
   </quotas>
   <users>
-    <default>
-      <password></password>
-      <networks><ip>::/0</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-    <ingest>
-      <password>ingest-secret</password>
-      <networks><ip>::/0</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </ingest>
-    <skipping>
-      <password>skipping-secret</password>
-      <networks><ip>::/0</ip></networks>
-      <profile>skips_unknown_fields</profile>
-      <quota>default</quota>
-    </skipping>
-    <query>
-      <password>query-secret</password>
-      <networks><ip>::/0</ip></networks>
-      <profile>readonly</profile>
-      <quota>default</quota>
-    </query>
-  </users>
+{users}  </users>
 </yandex>
-"#;
+"#
+    )
+}
+
+/// Writes `config.d/merge_tree.xml`: server-wide MergeTree settings (read at start).
+pub(crate) fn write_merge_tree(dir: &Path, settings: &[(&str, u64)]) -> Result<()> {
+    let config_d = dir.join("config.d");
+    std::fs::create_dir_all(&config_d)
+        .with_context(|| format!("creating {}", config_d.display()))?;
+    let lines: String = settings
+        .iter()
+        .map(|(name, value)| format!("    <{name}>{value}</{name}>\n"))
+        .collect();
+    let path = config_d.join("merge_tree.xml");
+    std::fs::write(
+        &path,
+        format!("<?xml version=\"1.0\"?>\n<yandex>\n  <merge_tree>\n{lines}  </merge_tree>\n</yandex>\n"),
+    )
+    .with_context(|| format!("writing {}", path.display()))
+}
 
 pub(crate) fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -178,10 +256,10 @@ mod tests {
     #[test]
     fn the_users_file_matches_the_constants() {
         for secret in [INGEST_PASSWORD, QUERY_PASSWORD, SKIPPING_PASSWORD] {
-            assert!(USERS_XML.contains(&format!("<password>{secret}</password>")));
+            assert!(users_xml().contains(&format!("<password>{secret}</password>")));
         }
         for user in [DEFAULT_USER, INGEST_USER, QUERY_USER, SKIPPING_USER] {
-            assert!(USERS_XML.contains(&format!("<{user}>")));
+            assert!(users_xml().contains(&format!("<{user}>")));
         }
     }
 

@@ -4,6 +4,8 @@
 
 mod cluster;
 mod config;
+mod current;
+mod flavor;
 mod replication;
 mod server;
 
@@ -15,6 +17,7 @@ pub use config::{
     DEFAULT_PASSWORD, DEFAULT_USER, INGEST_PASSWORD, INGEST_USER, QUERY_PASSWORD, QUERY_USER,
     SKIPPING_PASSWORD, SKIPPING_USER,
 };
+pub use flavor::{ClickHouseFlavor, CHDB_CORE_VERSION, CHDB_PYTHON_ENV, CLICKHOUSE_FLAVOR_ENV};
 pub use replication::{replicated_merge_tree, Replication};
 pub use server::{
     binary, ClickHouseOptions, ClickHouseServer, CLICKHOUSE_BIN_ENV, CLICKHOUSE_DEBIAN_BIN,

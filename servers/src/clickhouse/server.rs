@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use tempfile::TempDir;
 
 use super::config::{self, Ports, DEFAULT_USER};
+use super::current;
+use super::flavor::ClickHouseFlavor;
 use super::replication::Replication;
 use crate::ports::free_port;
 use crate::process::{on_path, server_lifecycle, start_ready, ManagedProcess, ProcessSpec};
@@ -36,6 +38,8 @@ const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct ClickHouseServer {
     // Field order matters: the process is killed before its directory is removed.
     process: ManagedProcess,
+    /// Which engine: clickhouse-server, or chdb behind the harness's front.
+    flavor: ClickHouseFlavor,
     binary: PathBuf,
     ports: Ports,
     http: reqwest::Client,
@@ -52,6 +56,8 @@ pub struct ClickHouseServer {
 pub struct ClickHouseOptions {
     /// A ZooKeeper root and macros, so that Replicated tables can be created.
     pub replication: Option<Replication>,
+    /// The engine; `None` reads `SLUICE_TEST_CLICKHOUSE`.
+    pub flavor: Option<ClickHouseFlavor>,
 }
 
 // === impl ClickHouseOptions ===
@@ -59,6 +65,11 @@ pub struct ClickHouseOptions {
 impl ClickHouseOptions {
     pub fn replicated(mut self, replication: Replication) -> Self {
         self.replication = Some(replication);
+        self
+    }
+
+    pub fn flavor(mut self, flavor: ClickHouseFlavor) -> Self {
+        self.flavor = Some(flavor);
         self
     }
 }
@@ -73,6 +84,19 @@ impl ClickHouseServer {
 
     /// Like [`ClickHouseServer::start`], with `options`.
     pub async fn start_with(options: ClickHouseOptions) -> Result<Self> {
+        let flavor = match options.flavor {
+            Some(flavor) => flavor,
+            None => ClickHouseFlavor::from_env()?,
+        };
+        if flavor == ClickHouseFlavor::Current {
+            if options.replication.is_some() {
+                bail!(
+                    "the current ClickHouse engine (chdb behind the harness's front) cannot \
+                     hold Replicated tables: the first insert into one hangs"
+                );
+            }
+            return Self::start_current().await;
+        }
         let binary = binary()?;
         let dir = tempfile::Builder::new()
             .prefix("sluice-clickhouse-")
@@ -118,6 +142,7 @@ impl ClickHouseServer {
         .await?;
         Ok(Self {
             process,
+            flavor,
             binary,
             ports,
             http,
@@ -125,6 +150,51 @@ impl ClickHouseServer {
             refused_starts: Vec::new(),
             dir,
         })
+    }
+
+    /// The current engine: chdb behind the harness's HTTP front, one port.
+    async fn start_current() -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-chdb-")
+            .tempdir()
+            .context("creating a temp dir for the current ClickHouse engine")?;
+        let http = crate::http::loopback_client(EXEC_TIMEOUT)?;
+        let prepare = || {
+            let ports = Ports {
+                http: free_port()?,
+                tcp: 0,
+            };
+            Ok((current::spec(dir.path(), ports.http)?, ports))
+        };
+        let check = |ports: &Ports| {
+            let (http, url) = (http.clone(), http_url(ports.http));
+            async move { ping(&http, &url, Duration::from_secs(1)).await }
+        };
+        let logs = dir.path().join("log");
+        let (process, ports) = start_ready(
+            "the current ClickHouse engine (chdb front)",
+            &logs,
+            CLICKHOUSE_READY_DEADLINE,
+            prepare,
+            check,
+        )
+        .await
+        .with_context(current::install_hint)?;
+        Ok(Self {
+            process,
+            flavor: ClickHouseFlavor::Current,
+            binary: current::python(),
+            ports,
+            http,
+            replication: None,
+            refused_starts: Vec::new(),
+            dir,
+        })
+    }
+
+    /// Which engine this server runs.
+    pub fn flavor(&self) -> ClickHouseFlavor {
+        self.flavor
     }
 
     /// Polls `/ping` until it answers `Ok.`, failing early (with the log tail) if the
@@ -213,7 +283,8 @@ impl ClickHouseServer {
         self.ports.http
     }
 
-    /// The native protocol port (clickhouse-client).
+    /// The native protocol port (clickhouse-client); 0 on the current engine, which
+    /// has none.
     pub fn tcp_port(&self) -> u16 {
         self.ports.tcp
     }
@@ -225,6 +296,17 @@ impl ClickHouseServer {
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// Sets a server-wide MergeTree setting (`<merge_tree>` in `config.d/`, as an
+    /// operator would in the server's config), from the next start on: what a table
+    /// without its own `SETTINGS` gets, e.g. `replicated_deduplication_window`. Each
+    /// call replaces the previous one's settings.
+    pub fn set_merge_tree_settings(&self, settings: &[(&str, u64)]) -> Result<()> {
+        if self.flavor == ClickHouseFlavor::Current {
+            bail!("the current engine's front has no server config to set MergeTree settings in");
+        }
+        config::write_merge_tree(self.dir.path(), settings)
     }
 
     /// The ZooKeeper root and macros it was started with, if any.
@@ -251,6 +333,9 @@ impl ClickHouseServer {
     /// ([`ClickHouseServer::refused_starts`], which a scenario puts on its line), so
     /// that it names the step that threw. A second refusal is returned as it is.
     pub async fn start_again_after_crash(&mut self) -> Result<()> {
+        if self.flavor == ClickHouseFlavor::Current {
+            return self.start_again().await;
+        }
         config::log_in_detail(self.dir.path())?;
         let Err(refused) = self.start_again().await else {
             return Ok(());
