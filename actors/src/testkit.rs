@@ -103,6 +103,7 @@ impl Journal {
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
+            undecodable: None,
         }
     }
 
@@ -119,6 +120,7 @@ impl Journal {
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
+            undecodable: None,
         }
     }
 
@@ -254,9 +256,17 @@ pub struct FakeDelivery {
     /// Published to the DLQ whole (`park_message`): its ack is recorded as
     /// [`Event::Parked`], as [`Delivery::park`] records it.
     parked_whole: Mutex<Option<Parking>>,
+    /// See [`Delivery::undecodable`].
+    undecodable: Option<String>,
 }
 
 impl FakeDelivery {
+    /// A delivery whose payload the adapter could not decode, for `reason`.
+    pub fn undecodable(mut self, reason: &str) -> Self {
+        self.undecodable = Some(reason.to_owned());
+        self
+    }
+
     fn settle(mut self, e: Event) {
         self.settled = true;
         let e = match (&e, self.parked_whole.lock().unwrap().take()) {
@@ -278,6 +288,10 @@ impl Drop for FakeDelivery {
 impl Delivery for FakeDelivery {
     fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    fn undecodable(&self) -> Option<&str> {
+        self.undecodable.as_deref()
     }
 
     fn subject(&self) -> &str {

@@ -29,14 +29,7 @@ const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Whether this nats-server enforces a discard-new `max_bytes` without pruning old
 /// messages: 2.10.5 and later.
 pub fn discard_new_is_exact(version: &str) -> bool {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let major = parts.next().unwrap_or(0);
-    let minor = parts.next().unwrap_or(0);
-    let patch = parts.next().unwrap_or(0);
-    (major, minor, patch) >= (2, 10, 5)
+    super::server_version::at_least(version, (2, 10, 5))
 }
 
 /// The `max_bytes` to give the server for a configured budget: the budget itself where

@@ -13,6 +13,7 @@ use sluice_actors::{Delivery, DeliveryMeta, Parking, Position, SettleError};
 use tokio::time::Instant;
 
 use super::acked_here::AckedHere;
+use super::encoding::{read_payload, Unreadable};
 use super::held::HeldToken;
 use super::landed::LandedChunks;
 use super::publish::{PublishError, Publisher};
@@ -180,6 +181,8 @@ struct Row {
     /// Its message id when it is a chunk of a keyed ingest request: marked landed before
     /// it is acked (see [`super::landed`]).
     chunk: Option<Box<str>>,
+    /// Why its payload could not be decoded (`payload` is then as it came): parked whole.
+    undecodable: Option<Box<Unreadable>>,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -227,13 +230,15 @@ impl JsDelivery {
                 stream_sequence: 0,
                 deliveries: 0,
             });
+        let (payload, undecodable) = read_payload(message.headers.as_ref(), message.payload);
         Self {
             position,
             row: Some(Row {
                 chunk: super::landed::chunk_id(message.headers.as_ref()),
                 subject: message.subject,
                 reply: message.reply,
-                payload: message.payload,
+                payload,
+                undecodable,
             }),
             dlq,
             received: sent,
@@ -399,6 +404,11 @@ impl Delivery for JsDelivery {
         JsDelivery::subject(self)
     }
 
+    fn undecodable(&self) -> Option<&str> {
+        let row = self.row.as_ref()?;
+        row.undecodable.as_deref().map(Unreadable::reason)
+    }
+
     fn meta(&self) -> DeliveryMeta {
         let position = self.position();
         DeliveryMeta {
@@ -499,7 +509,10 @@ impl Delivery for JsDelivery {
         let Some(row) = self.row.as_ref() else {
             return Err(SettleError("the message is already settled".into()));
         };
-        let headers = DlqWriter::headers(parking, &self.meta(), None);
+        let mut headers = DlqWriter::headers(parking, &self.meta(), None);
+        if let Some(unreadable) = &row.undecodable {
+            unreadable.mark_parked(&mut headers);
+        }
         let payload = row.payload.clone();
         self.dlq
             .publish(parking, payload, headers, &self.park_id(None))

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
+use super::encoding::Undecodable;
 use super::key_store::{KeyStore, KeyStoreSettings, Slot};
 use super::publish::{PublishError, Publisher};
 use super::setup::StreamSettings;
@@ -55,7 +56,7 @@ pub struct ReplayReport {
     pub dry_run: bool,
     /// Published back to the ingest stream (or, in a dry run, would be).
     pub replayed: u64,
-    /// Not a JSON object: left on the DLQ.
+    /// Not a JSON object (or parked undecodable): left on the DLQ.
     pub skipped: u64,
     /// Publishing or deleting failed: left on the DLQ (a replay again publishes none of
     /// them twice: see `Dlq::replay_one`).
@@ -120,6 +121,12 @@ pub const REPLAY_MARK_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The replay bucket's byte budget (a marker is a few dozen bytes, gone once its row is
 /// removed from the DLQ).
 const REPLAY_MARK_BYTES: u64 = 16 << 20;
+
+/// A parked row's bytes, decoded the one way every reader decodes (`super::encoding`):
+/// only a message parked because it could not be decoded fails here again.
+fn parked_payload(message: &jetstream::message::StreamMessage) -> Result<Bytes, Undecodable> {
+    super::encoding::decode(Some(&message.headers), &message.payload)
+}
 
 /// The replay bucket of a DLQ stream.
 pub fn replay_bucket(dlq_stream: &str) -> String {
@@ -253,8 +260,10 @@ impl Dlq {
                     (AsRef::<str>::as_ref(name).to_string(), value)
                 })
                 .collect();
-            let row = serde_json::from_slice(&message.payload).unwrap_or_else(|_| {
-                serde_json::Value::String(String::from_utf8_lossy(&message.payload).into_owned())
+            // Parked undecodable, it is shown as it came (its headers say why).
+            let payload = parked_payload(&message).unwrap_or_else(|_| message.payload.clone());
+            let row = serde_json::from_slice(&payload).unwrap_or_else(|_| {
+                serde_json::Value::String(String::from_utf8_lossy(&payload).into_owned())
             });
             rows.push(ParkedRow {
                 sequence: message.sequence,
@@ -294,10 +303,12 @@ impl Dlq {
                 Err(e) => return Err(anyhow::anyhow!("reading the DLQ: {e}")),
             };
             next = message.sequence + 1;
-            let is_object = matches!(
-                serde_json::from_slice::<serde_json::Value>(&message.payload),
-                Ok(serde_json::Value::Object(_))
-            );
+            let is_object = parked_payload(&message).is_ok_and(|payload| {
+                matches!(
+                    serde_json::from_slice::<serde_json::Value>(&payload),
+                    Ok(serde_json::Value::Object(_))
+                )
+            });
             if !is_object {
                 report.skipped += 1;
                 continue;
@@ -397,7 +408,7 @@ impl Dlq {
         revision: u64,
     ) -> anyhow::Result<u64> {
         self.ingest
-            .publish(target.to_string(), message.payload.clone(), None, Some(id))
+            .publish(target.to_string(), parked_payload(message)?, None, Some(id))
             .await?;
         Ok(self
             .replays
