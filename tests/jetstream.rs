@@ -56,6 +56,7 @@ fn settings(max_bytes: u64, ack_wait: Duration) -> StreamSettings {
         ack_wait,
         max_ack_pending: 1000,
         replicas: 1,
+        s2: false,
     }
 }
 

@@ -48,6 +48,7 @@ fn stream_settings() -> StreamSettings {
         ack_wait: Duration::from_secs(30),
         max_ack_pending: 1000,
         replicas: 1,
+        s2: false,
     }
 }
 

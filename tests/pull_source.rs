@@ -34,6 +34,7 @@ fn settings(ack_wait: Duration) -> StreamSettings {
         ack_wait,
         max_ack_pending: 1000,
         replicas: 1,
+        s2: false,
     }
 }
 

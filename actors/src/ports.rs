@@ -289,8 +289,17 @@ pub struct SettleError(pub String);
 /// `Sync`: a flush task keeps `&D` across awaits (`progress()` on rows still held
 /// during a long insert), and `progress(&self)`'s `Send` future needs it anyway.
 pub trait Delivery: Send + Sync + 'static {
-    /// The message as published: one JSON object, or many, one per line (NDJSON).
+    /// The message as published: one JSON object, or many, one per line (NDJSON),
+    /// decoded when it was stored compressed.
     fn payload(&self) -> &Bytes;
+
+    /// Why the message's payload cannot be read as rows at all (an encoding the adapter
+    /// does not know, a corrupt compressed frame); `None` for nearly every message.
+    /// Such a message is parked whole with this reason, never inserted or split, and
+    /// counts as one row.
+    fn undecodable(&self) -> Option<&str> {
+        None
+    }
 
     /// The subject the message was published on (`<prefix>.<tenant>.<table>`),
     /// borrowed: the consumer routes every message by it, so it must not allocate

@@ -39,6 +39,8 @@ pub enum ParkReason {
     NoTarget,
     /// The subject is not `<prefix>.<tenant>.<table>`.
     InvalidSubject,
+    /// The payload cannot be decoded (`Delivery::undecodable`).
+    Undecodable,
 }
 
 /// Park a whole group (or, with the table's DLQ off, nak it with the cap delay).
@@ -79,6 +81,7 @@ pub fn park_all<D: Delivery>(
         let counter = match reason {
             ParkReason::NoTarget => &m.parked_no_target,
             ParkReason::InvalidSubject => &m.parked_invalid,
+            ParkReason::Undecodable => &m.parked_undecodable,
         };
         counter.increment(parked as u64);
         m.dlq_failures.increment(failed as u64);

@@ -104,6 +104,7 @@ impl Journal {
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
             part: None,
+            undecodable: None,
         }
     }
 
@@ -121,6 +122,7 @@ impl Journal {
             alive_since: Mutex::new(tokio::time::Instant::now()),
             parked_whole: Mutex::new(None),
             part: None,
+            undecodable: None,
         }
     }
 
@@ -259,12 +261,20 @@ pub struct FakeDelivery {
     /// What its split's record says of it, when it is a part of a message split by
     /// shard ([`FakeDelivery::as_part`]).
     part: Option<Result<PartCopy, SettleError>>,
+    /// See [`Delivery::undecodable`].
+    undecodable: Option<String>,
 }
 
 impl FakeDelivery {
     /// A part of a split message that its split's record judges `judged`.
     pub fn as_part(mut self, judged: Result<PartCopy, SettleError>) -> Self {
         self.part = Some(judged);
+        self
+    }
+
+    /// A delivery whose payload the adapter could not decode, for `reason`.
+    pub fn undecodable(mut self, reason: &str) -> Self {
+        self.undecodable = Some(reason.to_owned());
         self
     }
 
@@ -289,6 +299,10 @@ impl Drop for FakeDelivery {
 impl Delivery for FakeDelivery {
     fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    fn undecodable(&self) -> Option<&str> {
+        self.undecodable.as_deref()
     }
 
     fn subject(&self) -> &str {

@@ -404,6 +404,47 @@ async fn a_tenant_without_target_is_parked_whole_and_an_invalid_subject_too() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_undecodable_message_is_parked_whole_with_its_reason_and_the_rest_is_inserted() {
+    let t = tables(2).with_override(
+        "acme.nodlq",
+        TableOverrides {
+            dlq: Some(false),
+            ..Default::default()
+        },
+    );
+    let r = rig(&["main"], &[("acme", "main")], t, settings()).await;
+    let subject: std::sync::Arc<str> = std::sync::Arc::from(SUBJ);
+    let good = r.journal.delivery(&subject, "{\"n\":1}\n{\"n\":2}");
+    let bad = r
+        .journal
+        .delivery(&subject, "\u{28}\u{b5}\n\n\n")
+        .undecodable("the payload is not valid zstd: Unknown frame descriptor");
+    let bad_seq = bad.seq;
+    r.queue.push([good, bad]);
+    r.settled(2).await;
+    let parked = r.journal.parkings();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].0, bad_seq);
+    assert_eq!(parked[0].1.table, TableKey::new("acme", "events"));
+    assert_eq!(
+        parked[0].1.error,
+        "the payload is not valid zstd: Unknown frame descriptor"
+    );
+    // The good message's two rows went in; the bad one was never sent.
+    assert_eq!(r.main().rows_inserted(), 2);
+    // Its table's DLQ off: left unacked (naked with the cap delay), not parked.
+    let off: std::sync::Arc<str> = std::sync::Arc::from("ingest.acme.nodlq");
+    r.queue.push([r
+        .journal
+        .delivery(&off, "x")
+        .undecodable("unknown encoding")]);
+    r.settled(3).await;
+    assert_eq!(r.journal.parked(), 1);
+    assert_eq!(r.journal.nak_delays().len(), 1);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn flush_triggers_by_rows_bytes_and_age_with_per_table_overrides() {
     let t = TableSettingsResolver::new(TableSettings {
         batch_rows: 1000,

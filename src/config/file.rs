@@ -75,6 +75,9 @@ pub struct NatsFile {
     pub idempotency_bucket: String,
     /// Its budget: when full, keyed requests answer 503 until records expire.
     pub idempotency_max_bytes: Size,
+    /// The server's own block compression of the ingest and DLQ streams (`s2`,
+    /// nats-server 2.10 and later), on top of or instead of `[api] compression`.
+    pub stream_compression: StreamCompression,
 }
 
 impl Default for NatsFile {
@@ -100,6 +103,7 @@ impl Default for NatsFile {
             manifest_max_bytes: Size(256 << 20),
             idempotency_bucket: "SLUICE_IDEMPOTENCY".into(),
             idempotency_max_bytes: Size(256 << 20),
+            stream_compression: StreamCompression::None,
         }
     }
 }
@@ -266,6 +270,15 @@ pub struct ApiFile {
     /// The most bytes of rows in one such message (at least `max_row_bytes`, so any
     /// row taken fits one); capped at what the NATS server takes in one message.
     pub chunk_bytes: Size,
+    /// How the API stores each message in the stream: `zstd` (the default) or `none`.
+    /// Rows compress about five times: the same `max_bytes` holds that much more of an
+    /// outage's backlog.
+    pub compression: CompressionMode,
+    /// zstd's level (1 the fastest of the usual levels, 19 the smallest; -7 to -1
+    /// faster still).
+    pub compression_level: i32,
+    /// A message shorter than this stays plain (a lone row saves little).
+    pub compress_from: Size,
     /// Answer 503 with this `Retry-After` when the queue is full or unreachable.
     pub retry_after: Span,
     /// How long a publish JetStream did not take (no stream leader during a NATS
@@ -303,6 +316,9 @@ impl Default for ApiFile {
             max_row_bytes: None,
             chunk_rows: CHUNK_ROWS,
             chunk_bytes: Size(1 << 20),
+            compression: CompressionMode::Zstd,
+            compression_level: 1,
+            compress_from: Size(512),
             retry_after: Span(std::time::Duration::from_secs(5)),
             publish_retry_for: Span(std::time::Duration::from_secs(15)),
             max_json_depth: 64,
@@ -327,6 +343,22 @@ const CHUNK_ROWS: usize = 100;
 const HEADER_TIMEOUT: Span = Span(std::time::Duration::from_secs(10));
 const BODY_TIMEOUT: Span = Span(std::time::Duration::from_secs(30));
 const IDLE_TIMEOUT: Span = Span(std::time::Duration::from_secs(60));
+
+/// `[nats] stream_compression`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamCompression {
+    None,
+    S2,
+}
+
+/// `[api] compression`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionMode {
+    Zstd,
+    None,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use document::{Document, Problem};
-pub use file::{AuthMode, LogFormat};
+pub use file::{AuthMode, LogFormat, StreamCompression};
 pub use secret::Secret;
 /// The name rules, one for every place a name is taken (see `sluice_actors::routing`).
 pub use sluice_actors::routing::{
@@ -123,6 +123,9 @@ pub struct NatsConfig {
     pub idempotency_bucket: String,
     /// The idempotency bucket's budget: past it a keyed request answers 503.
     pub idempotency_max_bytes: u64,
+    /// `[nats] stream_compression`: the server compresses the ingest and DLQ streams'
+    /// blocks (2.10 and later; Sluice refuses to start on an older server).
+    pub stream_compression: StreamCompression,
 }
 
 impl NatsConfig {
@@ -264,6 +267,9 @@ pub struct ApiConfig {
     /// bytes (the bytes also capped by the NATS server's `max_payload`).
     pub chunk_rows: usize,
     pub chunk_bytes: usize,
+    /// How each message is stored (`[api] compression`, `compression_level`,
+    /// `compress_from`); `None`: plain.
+    pub compression: Option<crate::nats::Compression>,
     pub retry_after: Duration,
     /// A publish JetStream did not take (a NATS election, a lost ack) is sent again with
     /// the same message id for this long before the request answers 503.

@@ -42,6 +42,18 @@ pub fn summary(config: &Config) -> String {
         n.idempotency_bucket,
         Size(n.idempotency_max_bytes)
     );
+    let _ = writeln!(
+        out,
+        "storage: messages {}; streams {}",
+        match &config.api.compression {
+            Some(c) => format!("zstd level {} from {}", c.level, Size(c.from_bytes as u64)),
+            None => "plain".into(),
+        },
+        match n.stream_compression {
+            super::StreamCompression::S2 => "compressed by the server (s2, nats-server 2.10+)",
+            super::StreamCompression::None => "not compressed by the server",
+        }
+    );
     let _ = writeln!(out, "targets:");
     if config.targets.is_empty() {
         let _ = writeln!(out, "  (none)");

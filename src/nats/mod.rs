@@ -8,6 +8,7 @@ mod budget;
 mod connect;
 mod delivery;
 mod dlq;
+mod encoding;
 mod held;
 mod key_store;
 mod kv_bucket;
@@ -30,6 +31,10 @@ pub use acked_here::AckedHere;
 pub use connect::{connect, wait_connected};
 pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
+pub use encoding::{
+    decode, headers_for, Compression, Encoding, Undecodable, ENCODING_HEADER, MAX_DECODED_BYTES,
+    UNDECODABLE_CLASS,
+};
 pub use key_store::{Held, KeyStore, KeyStoreError, KeyStoreSettings, Slot};
 pub use landed::{chunk_id, chunk_message_id, LandedChunks, STEM_HEX};
 pub use manifest::{

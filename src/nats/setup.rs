@@ -8,6 +8,7 @@ use async_nats::jetstream::{self, consumer, stream};
 
 use super::budget::{discard_new_is_exact, server_max_bytes};
 use super::stranded::remove_stranded;
+use super::version;
 use crate::config::NatsConfig;
 
 /// What the streams and the consumer are made of, from `[nats]`.
@@ -24,6 +25,8 @@ pub struct StreamSettings {
     pub ack_wait: Duration,
     pub max_ack_pending: i64,
     pub replicas: usize,
+    /// `[nats] stream_compression = "s2"`: the server compresses the streams' blocks.
+    pub s2: bool,
 }
 
 impl From<&NatsConfig> for StreamSettings {
@@ -40,6 +43,7 @@ impl From<&NatsConfig> for StreamSettings {
             ack_wait: c.ack_wait,
             max_ack_pending: c.max_ack_pending,
             replicas: c.replicas,
+            s2: c.stream_compression == crate::config::StreamCompression::S2,
         }
     }
 }
@@ -49,7 +53,9 @@ impl From<&NatsConfig> for StreamSettings {
 /// answers 503; nothing already accepted is dropped). And the DLQ: limits retention,
 /// also discard-new, so a full DLQ makes parking fail instead of deleting parked rows.
 pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyhow::Result<()> {
-    let exact = discard_new_is_exact(&js.client().server_info().version);
+    let version = js.client().server_info().version;
+    let exact = discard_new_is_exact(&version);
+    let compression = stream_compression(s.s2, &version)?;
     let ingest = stream::Config {
         name: s.stream.clone(),
         description: Some("Sluice ingest queue: rows waiting for ClickHouse".into()),
@@ -60,6 +66,7 @@ pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyh
         max_bytes: bytes_i64(server_max_bytes(s.max_bytes, exact)),
         duplicate_window: s.duplicate_window,
         num_replicas: s.replicas,
+        compression: compression.clone(),
         ..Default::default()
     };
     create_or_update(js, ingest).await?;
@@ -76,6 +83,7 @@ pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyh
         // The admin endpoint peeks parked rows with direct gets: nothing is consumed.
         allow_direct: true,
         num_replicas: s.replicas,
+        compression,
         ..Default::default()
     };
     create_or_update(js, dlq).await?;
@@ -160,6 +168,8 @@ pub(super) async fn create_or_update(
                 && unlimited_as_zero(current.max_messages_per_subject)
                     == unlimited_as_zero(config.max_messages_per_subject)
                 && current.allow_rollup == config.allow_rollup
+                && compressed(current.compression.as_ref())
+                    == compressed(config.compression.as_ref())
                 && current.deny_delete == config.deny_delete;
             if !same {
                 js.update_stream(config).await.map_err(|e| {
@@ -241,6 +251,25 @@ pub async fn replicas_refused_once_connected(
     }
 }
 
+/// The streams' `compression` for `[nats] stream_compression` on a server of `version`:
+/// S2, or none said outright where the server has the setting (so turning it off
+/// applies), or nothing at all for a server before 2.10, which knows no such field.
+fn stream_compression(s2: bool, version: &str) -> anyhow::Result<Option<stream::Compression>> {
+    let has_it = version::parse(version) >= version::STREAM_COMPRESSION;
+    match (s2, has_it) {
+        (true, true) => Ok(Some(stream::Compression::S2)),
+        (true, false) => bail!(
+            "[nats] stream_compression = \"s2\": nats-server {version} cannot compress a stream (2.10 and later can); set it to \"none\" ([api] compression still compresses each message), or upgrade the server"
+        ),
+        (false, true) => Ok(Some(stream::Compression::None)),
+        (false, false) => Ok(None),
+    }
+}
+
+fn compressed(c: Option<&stream::Compression>) -> bool {
+    matches!(c, Some(stream::Compression::S2))
+}
+
 /// What to check when a stream with `replicas` copies cannot be made.
 fn replicas_hint(replicas: usize) -> &'static str {
     if replicas > 1 {
@@ -277,5 +306,30 @@ mod replicas_tests {
         assert!(replicas_beyond(&info(Some("")), 2).is_some());
         assert_eq!(replicas_beyond(&info(None), 1), None);
         assert_eq!(replicas_beyond(&info(Some("sluice")), 3), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s2_is_refused_by_name_on_a_server_before_2_10() {
+        let e = stream_compression(true, "2.9.10").expect_err("2.9.10 has no s2");
+        assert!(
+            e.to_string()
+                .contains("nats-server 2.9.10 cannot compress a stream"),
+            "{e}"
+        );
+        assert_eq!(
+            stream_compression(true, "2.15.1").expect("s2"),
+            Some(stream::Compression::S2)
+        );
+        // Off: said outright where the server knows the field, absent where it does not.
+        assert_eq!(
+            stream_compression(false, "2.10.0").expect("none"),
+            Some(stream::Compression::None)
+        );
+        assert_eq!(stream_compression(false, "2.9.10").expect("absent"), None);
     }
 }

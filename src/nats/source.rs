@@ -32,7 +32,8 @@ use async_nats::{StatusCode, Subject};
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
 use sluice_actors::{
-    NatsView, Source, SourceError, SourceFactory, SourceStatus, SourceWait, StallReason,
+    Delivery as _, NatsView, Source, SourceError, SourceFactory, SourceStatus, SourceWait,
+    StallReason,
 };
 use tokio::time::Instant;
 
@@ -416,11 +417,15 @@ impl JetStreamSource {
                 self.pending = self.pending.saturating_sub(1);
                 self.last_row = Instant::now();
                 self.heard(Heard::Row);
-                let rows = sluice_actors::batch::row_count(&message.payload);
+                let delivery = JsDelivery::sent_by(message, self.dlq.clone(), self.sent);
+                // An undecodable message is parked whole: one row.
+                let rows = match delivery.undecodable() {
+                    Some(_) => 1,
+                    None => sluice_actors::batch::row_count(delivery.payload()),
+                };
                 self.rows_per_message.saw(rows);
                 let token = self.held.hold(rows);
-                batch
-                    .push(JsDelivery::sent_by(message, self.dlq.clone(), self.sent).holding(token));
+                batch.push(delivery.holding(token));
                 return Ok(());
             }
             Some(status) => status,

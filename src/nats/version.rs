@@ -10,6 +10,9 @@ use super::budget::discard_new_is_exact;
 /// (fixed in 2.10.23; Jepsen's analysis of NATS 2.12.1, 2025-12).
 pub const STREAM_LOSS_FIXED_IN: (u64, u64, u64) = (2, 10, 23);
 
+/// `2.10`: stream-level compression (`compression: s2`) and subject transforms.
+pub const STREAM_COMPRESSION: (u64, u64, u64) = (2, 10, 0);
+
 /// `(major, minor, patch)` of `2.10.23` or `v2.9.10`; missing parts are 0.
 pub fn parse(version: &str) -> (u64, u64, u64) {
     let mut parts = version

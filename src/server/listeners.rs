@@ -119,6 +119,7 @@ pub async fn start(
             rows: config.api.chunk_rows,
             bytes: config.api.chunk_bytes,
         },
+        compression: config.api.compression,
         max_json_depth: config.api.max_json_depth,
         retry_after: config.api.retry_after,
         publish_retry_for: config.api.publish_retry_for,

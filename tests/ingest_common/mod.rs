@@ -122,10 +122,14 @@ pub async fn wait_exactly(stack: &Stack, sql: &str, n: u64) -> Result<()> {
 
 /// A stack whose ingest stream holds `max_bytes`, with ClickHouse stopped so that nothing
 /// drains and the stream fills (a short outage backoff, so the rows drain soon after it
-/// is back).
+/// is back). Its messages are stored plain (`[api] compression = "none"`): these tests
+/// fill the budget within a bounded number of requests, and compressed rows take about
+/// five times as many (what compression holds is `tests/compressed.rs`'s and the
+/// backlog benchmark's).
 pub async fn filling_stack(max_bytes: &str, settings: &[(&str, toml::Value)]) -> Result<Stack> {
     let mut all: Vec<(&str, toml::Value)> = vec![
         ("nats.max_bytes", max_bytes.into()),
+        ("api.compression", "none".into()),
         ("pipeline.backoff_initial", "200ms".into()),
         ("pipeline.backoff_max", "1s".into()),
     ];

@@ -18,7 +18,7 @@ use crate::metrics;
 use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
 use crate::ports::{Delivery, Source, SourceFactory};
 use crate::routing::{Route, Routed, Router};
-use crate::settle::{hand_back, park_all};
+use crate::settle::{hand_back, park_all, ParkReason};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
@@ -81,6 +81,10 @@ impl<F: SourceFactory> ConsumerState<F> {
         let mut groups: Vec<(Box<str>, Vec<DeliveryOf<F>>)> = Vec::new();
         let mut last = 0usize;
         for d in batch {
+            if d.undecodable().is_some() {
+                self.park_undecodable(d);
+                continue;
+            }
             let s = d.subject();
             if let Some((k, _)) = groups.get(last) {
                 if &**k == s {
@@ -104,14 +108,49 @@ impl<F: SourceFactory> ConsumerState<F> {
         }
     }
 
-    fn dispatch(&mut self, subject: Box<str>, rows: Vec<DeliveryOf<F>>) {
-        if !self.routes.contains_key(&*subject) {
+    /// The route of a subject, cached.
+    fn route_of(&mut self, subject: &str) -> &Route {
+        if !self.routes.contains_key(subject) {
             if self.routes.len() >= MAX_ROUTES {
                 self.routes.clear();
             }
-            let route = self.args.router.route(&subject, &self.args.common.tables);
-            self.routes.insert(subject.clone(), route);
+            let route = self.args.router.route(subject, &self.args.common.tables);
+            self.routes.insert(Box::from(subject), route);
         }
+        &self.routes[subject]
+    }
+
+    /// A message whose payload cannot be decoded is parked whole, with the reason, on
+    /// its table's DLQ subject (as one row: its rows cannot be told apart).
+    fn park_undecodable(&mut self, d: DeliveryOf<F>) {
+        let reason: Arc<str> = Arc::from(d.undecodable().unwrap_or_default());
+        let subject = d.subject().to_owned();
+        let (key, dlq, metrics) = match self.route_of(&subject).clone() {
+            Route::Table { key, metrics, .. } => {
+                let dlq = self.args.common.tables.resolve(&key).dlq;
+                (key, dlq, metrics)
+            }
+            Route::Park {
+                key, dlq, metrics, ..
+            } => (key, dlq, metrics),
+        };
+        metrics.received(1, 1);
+        self.snap.pulled_rows_total += 1;
+        let common = &self.args.common;
+        common.stats.received(1);
+        park_all(
+            common,
+            key,
+            reason,
+            dlq,
+            ParkReason::Undecodable,
+            metrics,
+            vec![d],
+        );
+    }
+
+    fn dispatch(&mut self, subject: Box<str>, rows: Vec<DeliveryOf<F>>) {
+        self.route_of(&subject);
         let route = &self.routes[&*subject];
         let common = &self.args.common;
         // A message carries one row or many: the row counters count rows.

@@ -9,6 +9,8 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::nats::{Compression, Encoding};
+
 /// How big one message may be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkLimits {
@@ -24,8 +26,28 @@ pub struct Chunk {
     /// Its place among the request's chunks, from 0: the suffix of its message id.
     pub index: usize,
     pub rows: usize,
-    /// The rows, one per line; a lone row as it came (no copy, no newline).
+    /// The rows, one per line; a lone row as it came (no copy, no newline). Encoded
+    /// with `encoding` once it is stored so (`Publishing`).
     pub payload: Bytes,
+    /// `None`: plain NDJSON.
+    pub encoding: Option<Encoding>,
+}
+
+impl Chunk {
+    /// The chunk as it is stored: compressed when `compression` is on and it pays.
+    pub fn encoded(self, compression: Option<Compression>) -> Self {
+        match compression {
+            Some(c) => {
+                let (payload, encoding) = c.encode(self.payload);
+                Self {
+                    payload,
+                    encoding,
+                    ..self
+                }
+            }
+            None => self,
+        }
+    }
 }
 
 /// Gathers rows into chunks as they come: a chunk closes when the next row would not
@@ -96,6 +118,7 @@ impl Chunker {
             index,
             rows: rows.len(),
             payload,
+            encoding: None,
         })
     }
 }

@@ -56,6 +56,8 @@ pub struct IngestState {
     /// `[api] chunk_rows` and `chunk_bytes`: what one message may carry (the bytes are
     /// capped again by the server's `max_payload`, known once connected).
     pub chunks: ChunkLimits,
+    /// `[api] compression`: how each message is stored; `None`: plain.
+    pub compression: Option<crate::nats::Compression>,
     /// Rows nested deeper are refused (ClickHouse's parser recurses once per level).
     pub max_json_depth: usize,
     pub retry_after: Duration,
@@ -277,7 +279,8 @@ async fn publish(
         chunks,
         state.publish_retry_for,
         stop,
-    );
+    )
+    .compressed(state.compression);
     for item in rows {
         match item {
             Ok((_, row)) => publishing.add(row).await,

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use super::chunk::{Chunk, ChunkLimits, Chunker};
 use super::idempotency::ChunkSet;
 use crate::nats::{
-    chunk_message_id, KeyStoreError, LandedChunks, PendingPublish, PublishError, Publisher,
+    chunk_message_id, headers_for, Compression, KeyStoreError, LandedChunks, PendingPublish,
+    PublishError, Publisher,
 };
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
@@ -113,6 +114,8 @@ pub struct Publishing<'a> {
     chunker: Chunker,
     subject: String,
     keyed: Option<KeyedChunks<'a>>,
+    /// How a chunk is stored (`[api] compression`); `None`: plain.
+    compression: Option<Compression>,
     /// Sent chunks waiting for their ack.
     pending: VecDeque<(PendingPublish, Chunk)>,
     /// How long chunks JetStream did not take are sent again, and until when (set at
@@ -140,6 +143,7 @@ impl<'a> Publishing<'a> {
             chunker: Chunker::new(chunks),
             subject,
             keyed,
+            compression: None,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
             resend_for,
             resend_until: None,
@@ -148,6 +152,12 @@ impl<'a> Publishing<'a> {
                 ..Outcome::default()
             },
         }
+    }
+
+    /// Stores each chunk compressed with `compression` where it pays (`nats::encoding`).
+    pub fn compressed(mut self, compression: Option<Compression>) -> Self {
+        self.compression = compression;
+        self
     }
 
     /// Adds a row to the open chunk, sending the chunk it closes.
@@ -199,6 +209,7 @@ impl<'a> Publishing<'a> {
         if self.outcome.stop.is_some() {
             return;
         }
+        let chunk = chunk.encoded(self.compression);
         match self.publish(&chunk).await {
             Ok(ack) => {
                 self.outcome.sent += 1;
@@ -217,7 +228,7 @@ impl<'a> Publishing<'a> {
             .send(
                 self.subject.clone(),
                 chunk.payload.clone(),
-                None,
+                headers_for(chunk.encoding),
                 id.as_deref(),
             )
             .await

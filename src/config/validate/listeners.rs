@@ -105,6 +105,7 @@ pub(super) fn api(
         max_row_bytes: max_row_bytes.as_usize(),
         chunk_rows: a.chunk_rows,
         chunk_bytes: a.chunk_bytes.as_usize(),
+        compression: super::compression::api(c, a, &section),
         retry_after: a.retry_after.get(),
         publish_retry_for: a.publish_retry_for.get(),
         max_json_depth: a.max_json_depth,

@@ -3,6 +3,7 @@
 //! per part of the configuration; what they share (`Check`) is here.
 
 mod clickhouse;
+mod compression;
 mod listeners;
 mod nats;
 mod query;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use super::{Check, Key};
 use crate::config::file::{FileConfig, NatsFile};
 use crate::config::nats_url::{self, hide_credentials};
-use crate::config::{NatsAuth, NatsConfig};
+use crate::config::{NatsAuth, NatsConfig, StreamCompression};
 
 pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
@@ -126,6 +126,9 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         );
     }
     let auth = nats_auth(c, file, &section);
+    if n.stream_compression == StreamCompression::S2 {
+        c.warn(STREAM_COMPRESSION_NEEDS_2_10);
+    }
     NatsConfig {
         seeds,
         stream: n.stream.clone(),
@@ -144,8 +147,13 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         manifest_max_bytes: n.manifest_max_bytes.bytes(),
         idempotency_bucket: n.idempotency_bucket.clone(),
         idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
+        stream_compression: n.stream_compression,
     }
 }
+
+/// What `check-config` says of `[nats] stream_compression = "s2"`: it cannot see the
+/// server, and an older one refuses the setting (Sluice then does not start).
+pub const STREAM_COMPRESSION_NEEDS_2_10: &str = "[nats] stream_compression = \"s2\" needs nats-server 2.10 or later: on an older one (Debian's 2.9.10) Sluice refuses to start and says so; set it to \"none\" there ([api] compression still compresses each message)";
 
 /// `[nats] idempotency_bucket` and `idempotency_max_bytes`: a bucket name whose stream
 /// is none of Sluice's others, and room for more than a handful of records.

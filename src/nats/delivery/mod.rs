@@ -14,6 +14,7 @@ use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, PartCopy, Position, SettleError};
 use tokio::time::Instant;
 
+use super::encoding::{read_payload, Unreadable};
 use super::held::HeldToken;
 use super::reply::AckAddress;
 use super::split::{self, PartOf, SplitJob, SplitOutcome};
@@ -56,6 +57,8 @@ struct Row {
     /// Which split and shard it is when it is a part of a message split by shard
     /// (judged by its split's record before it joins a batch, see [`super::split`]).
     part: Option<Box<PartOf>>,
+    /// Why its payload could not be decoded (`payload` is then as it came): parked whole.
+    undecodable: Option<Box<Unreadable>>,
 }
 
 /// One delivered row. Dropped without being settled, it is naked at once (see the
@@ -103,6 +106,7 @@ impl JsDelivery {
                 stream_sequence: 0,
                 deliveries: 0,
             });
+        let (payload, undecodable) = read_payload(message.headers.as_ref(), message.payload);
         Self {
             position,
             row: Some(Row {
@@ -110,7 +114,8 @@ impl JsDelivery {
                 part: PartOf::from_headers(message.headers.as_ref()).map(Box::new),
                 subject: message.subject,
                 reply: message.reply,
-                payload: message.payload,
+                payload,
+                undecodable,
             }),
             dlq,
             received: sent,
@@ -301,6 +306,11 @@ impl Delivery for JsDelivery {
         JsDelivery::subject(self)
     }
 
+    fn undecodable(&self) -> Option<&str> {
+        let row = self.row.as_ref()?;
+        row.undecodable.as_deref().map(Unreadable::reason)
+    }
+
     fn meta(&self) -> DeliveryMeta {
         let position = self.position();
         DeliveryMeta {
@@ -400,7 +410,10 @@ impl Delivery for JsDelivery {
         let Some(row) = self.row.as_ref() else {
             return Err(SettleError("the message is already settled".into()));
         };
-        let headers = DlqWriter::headers(parking, &self.meta(), None);
+        let mut headers = DlqWriter::headers(parking, &self.meta(), None);
+        if let Some(unreadable) = &row.undecodable {
+            unreadable.mark_parked(&mut headers);
+        }
         let payload = row.payload.clone();
         self.dlq
             .publish(parking, payload, headers, &self.park_id(None))

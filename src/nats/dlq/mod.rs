@@ -23,6 +23,14 @@ use super::setup::StreamSettings;
 
 mod replay;
 
+/// A parked row's bytes, decoded the one way every reader decodes (`super::encoding`):
+/// only a message parked because it could not be decoded fails here again.
+fn parked_payload(
+    message: &jetstream::message::StreamMessage,
+) -> Result<bytes::Bytes, super::encoding::Undecodable> {
+    super::encoding::decode(Some(&message.headers), &message.payload)
+}
+
 /// One parked row as the admin endpoint shows it (and `sluice dlq` reads it).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ParkedRow {
@@ -219,7 +227,9 @@ impl Dlq {
                     (AsRef::<str>::as_ref(name).to_string(), value)
                 })
                 .collect();
-            let (row, row_base64) = ParkedRow::shown(&message.payload);
+            // Parked undecodable, it is shown as it came (its headers say why).
+            let payload = parked_payload(&message).unwrap_or_else(|_| message.payload.clone());
+            let (row, row_base64) = ParkedRow::shown(&payload);
             rows.push(ParkedRow {
                 sequence: message.sequence,
                 subject: message.subject.to_string(),

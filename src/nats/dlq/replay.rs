@@ -156,19 +156,22 @@ impl Dlq {
                 break;
             };
             next = message.sequence + 1;
-            let is_object = matches!(
-                serde_json::from_slice::<serde_json::Value>(&message.payload),
-                Ok(serde_json::Value::Object(_))
-            );
-            if !is_object {
+            // Only a row that decodes (`super::parked_payload`) to a JSON object is
+            // replayed: one parked undecodable, or not an object, stays parked.
+            let Some(payload) = super::parked_payload(&message).ok().filter(|payload| {
+                matches!(
+                    serde_json::from_slice::<serde_json::Value>(payload),
+                    Ok(serde_json::Value::Object(_))
+                )
+            }) else {
                 report.skipped += 1;
                 continue;
-            }
+            };
             if dry_run {
                 report.replayed += 1;
                 continue;
             }
-            match self.replay_one(&stream, &target, &message).await {
+            match self.replay_one(&stream, &target, &message, payload).await {
                 Ok(ReplayedRow::Done) => report.replayed += 1,
                 Ok(ReplayedRow::StreamFull) => {
                     report.failed += 1;
@@ -195,6 +198,7 @@ impl Dlq {
         stream: &jetstream::stream::Stream,
         target: &str,
         message: &jetstream::message::StreamMessage,
+        payload: Bytes,
     ) -> anyhow::Result<ReplayedRow> {
         let id = replay_id(
             &self.settings.dlq_stream,
@@ -220,7 +224,7 @@ impl Dlq {
                     Err(e) => return Err(e.into()),
                 };
                 if let Err(e) = self
-                    .publish_marked(target, message, &id, &key, marked)
+                    .publish_marked(target, payload, &id, &key, marked)
                     .await
                 {
                     return match e {
@@ -247,14 +251,14 @@ impl Dlq {
     async fn publish_marked(
         &self,
         target: &str,
-        message: &jetstream::message::StreamMessage,
+        payload: Bytes,
         id: &str,
         key: &str,
         revision: u64,
     ) -> Result<(), Unpublished> {
         match self
             .ingest
-            .publish(target.to_string(), message.payload.clone(), None, Some(id))
+            .publish(target.to_string(), payload, None, Some(id))
             .await
         {
             Ok(_) => {}

@@ -487,7 +487,13 @@ impl Shared {
         futures::stream::iter(sequences.iter().copied())
             .map(|seq| async move {
                 match stream.get_raw_message(seq).await {
-                    Ok(message) => Ok(message.payload),
+                    // Its rows, decoded as the source decodes them (`nats::encoding`).
+                    Ok(message) => crate::nats::decode(Some(&message.headers), &message.payload)
+                        .map_err(|e| {
+                            FetchError::Unavailable(StoreError(format!(
+                                "message {seq} of stream {name}: {e}"
+                            )))
+                        }),
                     Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {
                         Err(FetchError::Gone {
                             stream_sequence: seq,
