@@ -46,7 +46,7 @@ use crate::metrics::ReplicaMetrics;
 use crate::ports::{Class, ClickHouseError, Delivery, InsertRequest, Inserter, TableKey};
 
 /// Everything an isolation needs besides the verdicts.
-pub struct Isolation<'a, 's, I, D> {
+pub struct Isolation<'a, I, D> {
     pub inserter: &'a I,
     pub table: &'a TableKey,
     pub skip_unknown_fields: bool,
@@ -57,7 +57,7 @@ pub struct Isolation<'a, 's, I, D> {
     /// every request carries the token of its range, a range is sent on its own only
     /// once a split listing it is recorded (see `ledger::split`), and an availability
     /// answer splits only what nobody can have sent before (see `ledger::session`).
-    pub record: &'a mut LedgerSession<'s>,
+    pub record: &'a mut LedgerSession,
     /// The batch has lost ClickHouse's connection again and again while ClickHouse
     /// answered in between (it may crash on a row of it): a lost connection is then
     /// taken as a rejection of what was sent, provided ClickHouse answers again within
@@ -91,7 +91,7 @@ pub struct BisectReport {
 
 // === impl Isolation ===
 
-impl<I: Inserter, D: Delivery> Isolation<'_, '_, I, D> {
+impl<I: Inserter, D: Delivery> Isolation<'_, I, D> {
     /// Send rows `lo..hi` as one request.
     pub async fn insert(&mut self, lo: usize, hi: usize) -> Result<(), ClickHouseError> {
         if lo >= hi {
@@ -259,7 +259,7 @@ pub fn row_hint(err: &ClickHouseError) -> Option<usize> {
 /// must take the server down twice on its own (`Ok`: it went in this time). Anything
 /// else passes through.
 async fn confirm_alone<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, '_, I, D>,
+    iso: &mut Isolation<'_, I, D>,
     lo: usize,
     hi: usize,
     err: ClickHouseError,
@@ -281,7 +281,7 @@ async fn confirm_alone<I: Inserter, D: Delivery>(
 /// Isolate the rows of the batch after the whole batch failed with `first`. Every
 /// verdict is `Pending` on entry; the ones still `Pending` on return are unsettled.
 pub async fn bisect<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, '_, I, D>,
+    iso: &mut Isolation<'_, I, D>,
     verdicts: &mut [RowVerdict],
     first: ClickHouseError,
 ) -> BisectReport {
@@ -332,7 +332,7 @@ pub async fn bisect<I: Inserter, D: Delivery>(
 /// instance): its untried ranges are sent as they are, first, and split from there.
 /// `verdicts` holds the split's judged rows on entry (the untried ones `Pending`).
 pub async fn resume<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, '_, I, D>,
+    iso: &mut Isolation<'_, I, D>,
     verdicts: &mut [RowVerdict],
     untried: &[RowRange],
 ) -> BisectReport {
@@ -350,7 +350,7 @@ pub async fn resume<I: Inserter, D: Delivery>(
 /// (`stack`: the ranges the isolation holds besides this one). `Err`: the split could
 /// not be recorded, nothing was sent.
 async fn send<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, '_, I, D>,
+    iso: &mut Isolation<'_, I, D>,
     verdicts: &[RowVerdict],
     stack: &[Range],
     lo: usize,
@@ -388,7 +388,7 @@ fn stopped(
 /// The isolation proper: take ranges off `stack` until none is left or an answer stops
 /// it.
 async fn isolate<I: Inserter, D: Delivery>(
-    iso: &mut Isolation<'_, '_, I, D>,
+    iso: &mut Isolation<'_, I, D>,
     verdicts: &mut [RowVerdict],
     mut stack: Vec<Range>,
     mut report: BisectReport,
@@ -581,7 +581,7 @@ mod tests {
         inserter: &'a I,
         key: &'a TableKey,
         batch: &'a Batch<D>,
-    ) -> Isolation<'a, 'static, I, D> {
+    ) -> Isolation<'a, I, D> {
         Isolation {
             inserter,
             table: key,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Jitter;
-use crate::ledger::ManifestStore;
+use crate::ledger::{Ledger, ManifestStore};
 use crate::observe::{Registry, Stats};
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 
@@ -31,9 +31,9 @@ pub struct Common {
     pub cancel_flights: CancellationToken,
     /// Set once the pipeline cannot go on; the process must exit non-zero.
     pub fatal: watch::Sender<Option<String>>,
-    /// Where batch manifests are recorded (exactly-once on deduplicating tables);
-    /// `None`: every table is at-least-once.
-    pub manifests: Option<Arc<dyn ManifestStore>>,
+    /// The batch ledger (exactly-once on deduplicating tables): the only way to the
+    /// manifest store; without a store every table is at-least-once.
+    pub ledger: Ledger,
 }
 
 // === impl Common ===
@@ -59,7 +59,7 @@ impl Common {
             cancel_flights: CancellationToken::new(),
             shutdown,
             fatal,
-            manifests,
+            ledger: Ledger::new(manifests),
         })
     }
 

@@ -297,10 +297,7 @@ impl<F: SourceFactory> ConsumerState<F> {
     /// The manifest store's changes since the last pull, to the tables they concern
     /// (through their targets, in the order the store saw them).
     fn route_ledger_changes(&mut self) {
-        let Some(store) = self.args.common.manifests.as_ref() else {
-            return;
-        };
-        match store.changes() {
+        match self.args.common.ledger.changes() {
             Changes::None => {}
             Changes::Resync => {
                 for target in self.args.targets.iter().flatten() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::manifest::{Manifest, ManifestState};
-use super::session::Sent;
+use super::session::{LedgerSession, Sent};
 use super::store::{ClaimError, FetchError, ManifestStore, Recorded};
 use super::LedgerRefusal;
 use crate::batch::Batch;
@@ -32,14 +32,13 @@ pub struct LedgerIo<'a> {
 
 /// What forming made of a cargo.
 pub enum Formed<D> {
-    /// A batch to send, with the record it goes under (exactly-once) or none; `back`:
-    /// copies of its messages delivered twice, which go back beside it; `sent`: whether
-    /// an earlier attempt may have sent it (a batch formed again).
+    /// A batch to send, with its hold on the record it goes under (see
+    /// [`LedgerSession`]); `back`: copies of its messages delivered twice, which go back
+    /// beside it.
     Batch {
         batch: Batch<D>,
-        record: Option<Box<Recorded>>,
+        session: LedgerSession,
         back: Vec<D>,
-        sent: Sent,
     },
     /// The batch cannot be sent now: its messages go back (see the refusal).
     Refused {
@@ -125,11 +124,15 @@ pub async fn claim_fresh<D: Delivery>(
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);
     }
+    let session = LedgerSession::recorded(
+        io.store.clone(),
+        Recorded { manifest, revision },
+        Sent::Never,
+    );
     let formed = Formed::Batch {
         batch,
-        record: Some(Box::new(Recorded { manifest, revision })),
+        session,
         back: Vec::new(),
-        sent: Sent::Never,
     };
     (formed, expired)
 }
@@ -196,9 +199,8 @@ pub async fn reform<D: Delivery>(
     }
     Formed::Batch {
         batch,
-        record: Some(Box::new(recorded)),
+        session: LedgerSession::recorded(io.store.clone(), recorded, Sent::Maybe),
         back: copies,
-        sent: Sent::Maybe,
     }
 }
 

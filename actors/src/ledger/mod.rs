@@ -42,6 +42,7 @@
 
 pub mod forming;
 pub mod gathering;
+pub mod handle;
 pub mod index;
 pub mod manifest;
 pub mod session;
@@ -54,6 +55,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+pub use handle::Ledger;
 pub use manifest::{Manifest, ManifestState, RejectedRow};
 pub use store::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, ManifestStore, Recorded,

@@ -56,8 +56,8 @@ pub enum Sent {
 }
 
 /// A recorded batch as one flight holds it.
-struct Held<'a> {
-    store: &'a Arc<dyn ManifestStore>,
+struct Held {
+    store: Arc<dyn ManifestStore>,
     record: Manifest,
     /// The store's revision of `record`: the next write names it.
     revision: u64,
@@ -65,8 +65,10 @@ struct Held<'a> {
 }
 
 /// See the module's doc.
-pub struct LedgerSession<'a> {
-    held: Option<Held<'a>>,
+pub struct LedgerSession {
+    /// Boxed: a flight's session travels in the values forming returns, nearly always
+    /// beside a batch that is not recorded.
+    held: Option<Box<Held>>,
 }
 
 /// What recording the verdicts made of the batch.
@@ -79,21 +81,21 @@ pub enum Judged {
     Partly,
 }
 
-impl<'a> LedgerSession<'a> {
+impl LedgerSession {
     /// A batch of a table whose batches are not recorded (at-least-once).
     pub fn unrecorded() -> Self {
         Self { held: None }
     }
 
     /// A batch recorded in `store` as `recorded`.
-    pub fn recorded(store: &'a Arc<dyn ManifestStore>, recorded: Recorded, sent: Sent) -> Self {
+    pub fn recorded(store: Arc<dyn ManifestStore>, recorded: Recorded, sent: Sent) -> Self {
         Self {
-            held: Some(Held {
+            held: Some(Box::new(Held {
                 store,
                 revision: recorded.revision,
                 record: recorded.manifest,
                 sent,
-            }),
+            })),
         }
     }
 
@@ -230,19 +232,19 @@ impl<'a> LedgerSession<'a> {
         if parked.is_empty() {
             return Ok(());
         }
-        record_parked(held.store, &held.record.id, parked).await
+        record_parked(&held.store, &held.record.id, parked).await
     }
 
     /// The record, once every row is settled and every ack confirmed: removed a moment
     /// later (see [`FORGET_AFTER`]).
     pub fn release(self, tracker: &TaskTracker, shutdown: &CancellationToken, key: &TableKey) {
         if let Some(held) = self.held {
-            forget_soon(held.store, tracker, shutdown, key, &held.record.id);
+            forget_soon(&held.store, tracker, shutdown, key, &held.record.id);
         }
     }
 }
 
-impl Held<'_> {
+impl Held {
     /// Write `next` over the record as this flight last saw it.
     async fn write(&mut self, next: Manifest) -> Result<(), LedgerRefusal> {
         match self.store.update(&next, self.revision).await {
@@ -365,8 +367,8 @@ mod tests {
         let fake = FakeManifestStore::new(&journal);
         let store: Arc<dyn ManifestStore> = fake.clone();
         let (batch, recorded) = claimed(&journal, &fake, 4).await;
-        let mut fast = LedgerSession::recorded(&store, recorded.clone(), Sent::Maybe);
-        let mut slow = LedgerSession::recorded(&store, recorded, Sent::Maybe);
+        let mut fast = LedgerSession::recorded(store.clone(), recorded.clone(), Sent::Maybe);
+        let mut slow = LedgerSession::recorded(store.clone(), recorded, Sent::Maybe);
         fast.mark_attempt().await.expect("the first mark");
         let mut verdicts = vec![RowVerdict::Inserted; 4];
         let judged = fast
@@ -394,8 +396,8 @@ mod tests {
         let fake = FakeManifestStore::new(&journal);
         let store: Arc<dyn ManifestStore> = fake.clone();
         let (_batch, recorded) = claimed(&journal, &fake, 4).await;
-        let mut claimer = LedgerSession::recorded(&store, recorded.clone(), Sent::Never);
-        let mut other = LedgerSession::recorded(&store, recorded, Sent::Maybe);
+        let mut claimer = LedgerSession::recorded(store.clone(), recorded.clone(), Sent::Never);
+        let mut other = LedgerSession::recorded(store.clone(), recorded, Sent::Maybe);
         assert!(claimer.whole_never_sent());
         assert!(!other.whole_never_sent());
         claimer
@@ -430,7 +432,7 @@ mod tests {
             inserted: vec![RowRange::new(0, 2)],
             rejected: Vec::new(),
         };
-        let mut session = LedgerSession::recorded(&store, recorded, Sent::Never);
+        let mut session = LedgerSession::recorded(store.clone(), recorded, Sent::Never);
         let mut verdicts = vec![
             RowVerdict::Inserted,
             RowVerdict::Inserted,

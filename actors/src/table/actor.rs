@@ -26,7 +26,7 @@ use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tic
 use crate::batch::SettlePlan;
 use crate::breaker::{Admission, Ticket};
 use crate::keepalive::lease_ran_out;
-use crate::ledger::{settle_by_record, Cargo, LedgerChange, Manifest, TableLedger};
+use crate::ledger::{Cargo, LedgerChange, Manifest, TableLedger};
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
 use crate::routing::Pick;
@@ -327,7 +327,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         rows: Vec<D>,
         now: Instant,
     ) -> Vec<D> {
-        if self.ctx.common.manifests.is_none() {
+        if !self.ctx.common.ledger.records() {
             return rows;
         }
         let sorted = self.ledger.sort(rows, now);
@@ -370,7 +370,10 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
                     pending_delay: ctx.common.settings.store_retry,
                     confirm: false,
                 };
-                settle_by_record(ctx.common.manifests.as_ref(), &manifest, held, &plan).await;
+                ctx.common
+                    .ledger
+                    .settle_by_record(&manifest, held, &plan)
+                    .await;
             });
         }
     }
@@ -384,8 +387,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 
     /// Start the ledger's index again from the store's snapshot of the table.
     fn load_ledger(&mut self) {
-        if let Some(store) = &self.ctx.common.manifests {
-            self.ledger.load(store.of_table(&self.ctx.key));
+        if let Some(snapshot) = self.ctx.common.ledger.snapshot_of(&self.ctx.key) {
+            self.ledger.load(snapshot);
         }
     }
 

@@ -28,10 +28,10 @@ use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::bisect::{bisect, lost_on_rows, resume, Isolation};
 use crate::context::Common;
 use crate::keepalive::Keepalive;
-use crate::ledger::forming::{claim_fresh, reform, Formed, LedgerIo};
-use crate::ledger::session::{Judged, LedgerSession, Sent};
+use crate::ledger::forming::Formed;
+use crate::ledger::session::{Judged, LedgerSession};
 use crate::ledger::split::RowRange;
-use crate::ledger::{settle_by_record, Cargo, LedgerRefusal, Manifest, Recorded};
+use crate::ledger::{Cargo, LedgerRefusal, Manifest};
 use crate::metrics::{retry_reason, TableMetrics};
 use crate::observe::FlightStage;
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
@@ -145,9 +145,8 @@ enum Prepared<D> {
     /// A batch to send.
     Send {
         batch: Batch<D>,
-        record: Option<Recorded>,
-        /// Whether an earlier attempt may have sent it.
-        sent: Sent,
+        /// Its hold on its record (a no-op for a batch that is not recorded).
+        session: LedgerSession,
         attempt: Attempt,
         verdicts: Vec<RowVerdict>,
     },
@@ -158,9 +157,9 @@ enum Prepared<D> {
 }
 
 /// What a flight's sending came to: the rows' verdicts, and how it ended.
-struct Flown<'a, D> {
+struct Flown<D> {
     batch: Batch<D>,
-    session: LedgerSession<'a>,
+    session: LedgerSession,
     verdicts: Vec<RowVerdict>,
     verdict: Verdict,
     last_error: Option<String>,
@@ -211,35 +210,16 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
         pending_delay = ctx.common.settings.store_retry;
     }
     watch.enter(FlightStage::Recording);
-    crash_if(ctx, Failpoint::CrashAfterInsert, &verdicts);
-    let judged = match session
-        .record_verdicts(&batch, &mut verdicts, untried)
-        .await
-    {
-        Ok(judged) => judged,
-        Err(why) => {
-            ctx.refused(&why);
-            pending_delay = ctx.common.settings.store_retry;
-            last_error = Some(why.to_string());
-            Judged::Partly
-        }
-    };
-    crash_if(ctx, Failpoint::CrashAfterVerdicts, &verdicts);
+    let judged = record_verdicts(ctx, &mut session, &batch, &mut verdicts, untried).await;
+    if let Err(why) = &judged {
+        pending_delay = ctx.common.settings.store_retry;
+        last_error = Some(why.to_string());
+    }
+    let judged = judged.unwrap_or(Judged::Partly);
     let recorded = session.record().is_some();
     let rows = batch.rows();
-    let (settled, released) = settle(
-        ctx,
-        batch,
-        verdicts,
-        &mut session,
-        judged,
-        pending_delay,
-        watch,
-    )
-    .await;
-    if released {
-        session.release(&ctx.common.tracker, &ctx.common.shutdown, &ctx.key);
-    }
+    let plan = ctx.plan(pending_delay, recorded);
+    let settled = settle(ctx, batch, verdicts, session, judged, &plan, watch).await;
     count(ctx, &settled, retry_class, parked_missing);
     FlightOutcome {
         rows,
@@ -259,27 +239,22 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
 
 /// Send what was prepared: its turn at the server, its attempt marked in its record,
 /// the insert and any isolation. `None`: nothing to send.
-async fn fly<'a, I: Inserter, D: Delivery>(
-    ctx: &'a FlightCtx<I>,
+async fn fly<I: Inserter, D: Delivery>(
+    ctx: &FlightCtx<I>,
     replica: &Replica<I>,
     prepared: Prepared<D>,
     suspicion: Suspicion,
     watch: &FlightWatch,
-) -> Option<Flown<'a, D>> {
-    let (batch, record, sent, attempt, mut verdicts) = match prepared {
+) -> Option<Flown<D>> {
+    let (batch, mut session, attempt, mut verdicts) = match prepared {
         Prepared::Nothing => return None,
         Prepared::Failed { batch, verdict } => return Some(unsent(batch, verdict)),
         Prepared::Send {
             batch,
-            record,
-            sent,
+            session,
             attempt,
             verdicts,
-        } => (batch, record, sent, attempt, verdicts),
-    };
-    let mut session = match (record, &ctx.common.manifests) {
-        (Some(record), Some(store)) => LedgerSession::recorded(store, record, sent),
-        _ => LedgerSession::unrecorded(),
+        } => (batch, session, attempt, verdicts),
     };
     if let Err(why) = session.mark_attempt().await {
         ctx.refused(&why);
@@ -310,7 +285,7 @@ async fn fly<'a, I: Inserter, D: Delivery>(
 }
 
 /// A batch not sent: every row pending under `verdict`.
-fn unsent<'a, D: Delivery>(batch: Batch<D>, verdict: Verdict) -> Flown<'a, D> {
+fn unsent<D: Delivery>(batch: Batch<D>, verdict: Verdict) -> Flown<D> {
     Flown {
         verdicts: vec![RowVerdict::Pending; batch.rows()],
         last_error: failure_text(&verdict),
@@ -339,19 +314,36 @@ fn struck_rows<D: Delivery>(
     }
 }
 
+/// The verdicts recorded (the failpoints of the tests on either side): what the rows
+/// may become, or why every row stays pending.
+async fn record_verdicts<I, D: Delivery>(
+    ctx: &FlightCtx<I>,
+    session: &mut LedgerSession,
+    batch: &Batch<D>,
+    verdicts: &mut [RowVerdict],
+    untried: Vec<RowRange>,
+) -> Result<Judged, LedgerRefusal> {
+    crash_if(ctx, Failpoint::CrashAfterInsert, verdicts);
+    let judged = session.record_verdicts(batch, verdicts, untried).await;
+    if let Err(why) = &judged {
+        ctx.refused(why);
+    }
+    crash_if(ctx, Failpoint::CrashAfterVerdicts, verdicts);
+    judged
+}
+
 /// Park the rejected rows, record which are parked, ack the rest (the last ack
-/// confirmed). Returns the counts, and whether the record may be released: every
-/// message of the batch held here, settled and its ack confirmed.
+/// confirmed), and release the record once every message of the batch was held here,
+/// settled and its ack confirmed.
 async fn settle<I, D: Delivery>(
     ctx: &FlightCtx<I>,
     batch: Batch<D>,
     verdicts: Vec<RowVerdict>,
-    session: &mut LedgerSession<'_>,
+    mut session: LedgerSession,
     judged: Judged,
-    pending_delay: Duration,
+    plan: &SettlePlan<'_>,
     watch: &FlightWatch,
-) -> (Settled, bool) {
-    let plan = ctx.plan(pending_delay, session.record().is_some());
+) -> Settled {
     // Only a flight that held every message of its batch knows them all acked; a batch
     // formed again with messages held elsewhere is left to the store's collection.
     let batch_messages = batch.deliveries().count();
@@ -359,7 +351,7 @@ async fn settle<I, D: Delivery>(
         .record()
         .is_some_and(|m| batch_messages == m.messages.len());
     watch.enter(FlightStage::Parking);
-    let parked = batch.park(verdicts, &plan).await;
+    let parked = batch.park(verdicts, plan).await;
     if judged == Judged::Whole {
         if let Err(e) = session.record_parked(parked.parked_rows()).await {
             tracing::debug!(tenant = %ctx.key.tenant, table = %ctx.key.table, error = %e,
@@ -367,7 +359,7 @@ async fn settle<I, D: Delivery>(
         }
     }
     watch.enter(FlightStage::Acking);
-    let settled = parked.ack(&plan).await;
+    let settled = parked.ack(plan).await;
     tracing::trace!(tenant = %ctx.key.tenant, table = %ctx.key.table,
         record = session.record().map_or("-", |m| m.id.as_str()),
         judged = ?judged,
@@ -379,8 +371,10 @@ async fn settle<I, D: Delivery>(
     // inserted rows would go into a new batch (and, after a restart, into ClickHouse
     // again). The collector removes the record once every message is acked.
     let all_acked = settled.confirmed && settled.handed_back == 0;
-    let release = judged == Judged::Whole && held_all && all_acked;
-    (settled, release)
+    if judged == Judged::Whole && held_all && all_acked {
+        session.release(&ctx.common.tracker, &ctx.common.shutdown, &ctx.key);
+    }
+    settled
 }
 
 /// What forming a cargo made, and what the flight learnt on the way.
@@ -409,7 +403,8 @@ async fn prepare<I: Inserter, D: Delivery>(
     cargo: Cargo<D>,
     held_since: Instant,
 ) -> Formation<D> {
-    let store = ctx.common.manifests.as_ref();
+    let ledger = &ctx.common.ledger;
+    let ack_wait = ctx.common.settings.ack_wait;
     match cargo {
         Cargo::Fresh {
             deliveries, done, ..
@@ -420,9 +415,9 @@ async fn prepare<I: Inserter, D: Delivery>(
             if deliveries.is_empty() {
                 return Formation::of(Prepared::Nothing, None);
             }
-            let Some(store) = store else {
+            if !ledger.records() {
                 return Formation::of(unrecorded(deliveries, done, held_since), None);
-            };
+            }
             // Asked of the server (a frozen one answers after `insert_timeout`): the
             // shutdown deadline cuts it short, and the batch goes back at once.
             let lookup = unless_cut_off(ctx, replica.inserter.deduplicates(&ctx.key)).await;
@@ -447,8 +442,15 @@ async fn prepare<I: Inserter, D: Delivery>(
             // exactly-once).
             // The batch's shard is the replica's: recorded with it, every retry and every
             // copy formed again goes to a replica of that shard.
-            let io = ctx.ledger_io(store);
-            let (formed, expired) = claim_fresh(&io, deliveries, held_since, replica.shard).await;
+            let claimed = ledger
+                .claim(&ctx.key, ack_wait, deliveries, held_since, replica.shard)
+                .await;
+            let (formed, expired) = match claimed {
+                Ok(claimed) => claimed,
+                Err(deliveries) => {
+                    return Formation::of(unrecorded(deliveries, done, held_since), Some(dedup))
+                }
+            };
             if !expired.is_empty() {
                 tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, messages = expired.len(),
                     "messages held past ack_wait may be in another batch by now: they go back");
@@ -458,19 +460,18 @@ async fn prepare<I: Inserter, D: Delivery>(
             Formation::of(prepared, Some(dedup))
         }
         Cargo::Reformed { manifest, held, .. } => {
-            let Some(store) = store else {
-                return Formation::of(unrecorded(held, Vec::new(), held_since), None);
+            let formed = match ledger
+                .reform(&ctx.key, ack_wait, &manifest.id, held, held_since)
+                .await
+            {
+                Ok(formed) => on_its_shard(ctx, replica, formed),
+                Err(held) => return Formation::of(unrecorded(held, Vec::new(), held_since), None),
             };
-            let io = ctx.ledger_io(store);
-            let formed = on_its_shard(
-                ctx,
-                replica,
-                reform(&io, &manifest.id, held, held_since).await,
-            );
             let past_dedup_window = match &formed {
-                Formed::Batch {
-                    record: Some(r), ..
-                } => past_window(ctx, replica, &r.manifest).await,
+                Formed::Batch { session, .. } => match session.record() {
+                    Some(m) => past_window(ctx, replica, m).await,
+                    None => false,
+                },
                 _ => false,
             };
             Formation {
@@ -491,8 +492,7 @@ fn unrecorded<D: Delivery>(
     let verdicts = vec![RowVerdict::Pending; batch.rows()];
     Prepared::Send {
         batch,
-        record: None,
-        sent: Sent::Never,
+        session: LedgerSession::unrecorded(),
         attempt: Attempt::Whole,
         verdicts,
     }
@@ -533,12 +533,11 @@ async fn settle_formed<I, D: Delivery>(
     match formed {
         Formed::Batch {
             batch,
-            record,
+            session,
             back,
-            sent,
         } => {
             back_for_now(ctx, back);
-            recorded_batch(ctx, batch, record.map(|r| *r), sent)
+            recorded_batch(ctx, batch, session)
         }
         Formed::Refused { messages, why } => {
             ctx.refused(&why);
@@ -564,7 +563,10 @@ async fn settle_formed<I, D: Delivery>(
             }
             if let Some((manifest, held)) = by_record {
                 let plan = ctx.plan(ctx.common.settings.store_retry, false);
-                settle_by_record(ctx.common.manifests.as_ref(), &manifest, held, &plan).await;
+                ctx.common
+                    .ledger
+                    .settle_by_record(&manifest, held, &plan)
+                    .await;
             }
             Prepared::Nothing
         }
@@ -576,31 +578,27 @@ async fn settle_formed<I, D: Delivery>(
 fn recorded_batch<I, D: Delivery>(
     ctx: &FlightCtx<I>,
     batch: Batch<D>,
-    record: Option<Recorded>,
-    sent: Sent,
+    session: LedgerSession,
 ) -> Prepared<D> {
     let rows = batch.rows();
-    let whole = |batch, record| Prepared::Send {
-        batch,
-        record,
-        sent,
-        attempt: Attempt::Whole,
-        verdicts: vec![RowVerdict::Pending; rows],
-    };
-    let Some(split) = record.as_ref().and_then(|r| r.manifest.split()) else {
-        return whole(batch, record);
+    let Some(split) = session.record().and_then(|m| m.split()).cloned() else {
+        return Prepared::Send {
+            batch,
+            session,
+            attempt: Attempt::Whole,
+            verdicts: vec![RowVerdict::Pending; rows],
+        };
     };
     match split.verdicts(rows) {
         Ok(verdicts) => Prepared::Send {
-            attempt: Attempt::Resume(split.untried.clone()),
+            attempt: Attempt::Resume(split.untried),
             batch,
-            record,
-            sent,
+            session,
             verdicts,
         },
         Err(_) => {
             let why = LedgerRefusal::SplitMismatch {
-                id: record.map(|r| r.manifest.id).unwrap_or_default(),
+                id: session.record().map(|m| m.id.clone()).unwrap_or_default(),
                 rows,
             };
             tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, reason = %why,
@@ -620,14 +618,6 @@ impl<I> FlightCtx<I> {
     fn refused(&self, why: &LedgerRefusal) {
         if why.is_store_failure() {
             self.metrics.manifest_failures.increment(1);
-        }
-    }
-
-    fn ledger_io<'a>(&'a self, store: &'a Arc<dyn crate::ledger::ManifestStore>) -> LedgerIo<'a> {
-        LedgerIo {
-            store,
-            key: &self.key,
-            ack_wait: self.common.settings.ack_wait,
         }
     }
 }
@@ -689,8 +679,8 @@ async fn take_turn<I: Inserter, D: Delivery>(
 }
 
 /// How a batch is judged: its record, how it is sent, its turn at the server.
-struct Judging<'s, 'a> {
-    session: &'s mut LedgerSession<'a>,
+struct Judging<'s> {
+    session: &'s mut LedgerSession,
     attempt: Attempt,
     at: AtServer,
 }
@@ -718,7 +708,7 @@ async fn judge_or_cancel<I: Inserter, D: Delivery>(
     replica: &Replica<I>,
     batch: &Batch<D>,
     verdicts: &mut [RowVerdict],
-    how: Judging<'_, '_>,
+    how: Judging<'_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let judging = judge(ctx, replica, batch, verdicts, how);
     unless_cut_off(ctx, judging).await.unwrap_or_else(|| {
@@ -735,7 +725,7 @@ async fn judge<I: Inserter, D: Delivery>(
     replica: &Replica<I>,
     batch: &Batch<D>,
     verdicts: &mut [RowVerdict],
-    how: Judging<'_, '_>,
+    how: Judging<'_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
@@ -907,27 +897,34 @@ fn on_its_shard<I, D: Delivery>(
     formed: Formed<D>,
 ) -> Formed<D> {
     let layout = &ctx.servers.layout;
-    match formed {
-        Formed::Batch {
+    let Formed::Batch {
+        batch,
+        session,
+        back,
+    } = formed
+    else {
+        return formed;
+    };
+    let wrong = session.record().and_then(|m| {
+        let recorded = layout.recorded_shard(m.shard);
+        (recorded != replica.shard).then(|| LedgerRefusal::WrongShard {
+            id: m.id.clone(),
+            recorded: recorded + 1,
+            routed: replica.shard + 1,
+        })
+    });
+    let Some(why) = wrong else {
+        return Formed::Batch {
             batch,
-            record: Some(r),
+            session,
             back,
-            ..
-        } if layout.recorded_shard(r.manifest.shard) != replica.shard => {
-            let m = &r.manifest;
-            let why = LedgerRefusal::WrongShard {
-                id: m.id.clone(),
-                recorded: layout.recorded_shard(m.shard) + 1,
-                routed: replica.shard + 1,
-            };
-            tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, manifest = %m.id, reason = %why,
-                "a recorded batch was routed to another shard than its own: it goes back");
-            let mut messages = back;
-            messages.extend(batch.into_deliveries());
-            Formed::Refused { messages, why }
-        }
-        formed => formed,
-    }
+        };
+    };
+    tracing::error!(tenant = %ctx.key.tenant, table = %ctx.key.table, reason = %why,
+        "a recorded batch was routed to another shard than its own: it goes back");
+    let mut messages = back;
+    messages.extend(batch.into_deliveries());
+    Formed::Refused { messages, why }
 }
 
 fn count<I>(

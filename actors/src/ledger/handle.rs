@@ -1,0 +1,95 @@
+//! The ledger as the actors reach it: the one holder of the manifest store outside the
+//! ledger's own files. The consumer takes the store's changes through it, a table its
+//! snapshot and the settling of copies by a record, a flight its claim, its forming
+//! again and its session; nothing else in the actor tree sees the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::forming::{claim_fresh, reform, Formed, LedgerIo};
+use super::manifest::Manifest;
+use super::store::{Changes, LedgerSnapshot, ManifestStore};
+use crate::batch::{SettlePlan, Settled};
+use crate::ports::{Delivery, TableKey};
+
+/// See the module's doc. `None` inside: no table records its batches (every table is
+/// inserted at least once).
+#[derive(Clone, Default)]
+pub struct Ledger {
+    store: Option<Arc<dyn ManifestStore>>,
+}
+
+impl Ledger {
+    pub fn new(store: Option<Arc<dyn ManifestStore>>) -> Self {
+        Self { store }
+    }
+
+    /// Whether batches are recorded at all (a manifest store is there).
+    pub fn records(&self) -> bool {
+        self.store.is_some()
+    }
+
+    /// The store's changes since the last call, for the tables' indexes.
+    pub fn changes(&self) -> Changes {
+        self.store.as_ref().map_or(Changes::None, |s| s.changes())
+    }
+
+    /// A table's recorded batches as the store knows them now (none without a store).
+    pub fn snapshot_of(&self, table: &TableKey) -> Option<LedgerSnapshot> {
+        self.store.as_ref().map(|s| s.of_table(table))
+    }
+
+    /// Copies of messages of a settled batch: settled by its record (see
+    /// [`super::settle_by_record`]).
+    pub async fn settle_by_record<D: Delivery>(
+        &self,
+        manifest: &Manifest,
+        deliveries: Vec<D>,
+        plan: &SettlePlan<'_>,
+    ) -> Settled {
+        super::settle_by_record(self.store.as_ref(), manifest, deliveries, plan).await
+    }
+
+    /// A fresh batch for shard `shard`, claimed first (see [`claim_fresh`]); `None`
+    /// without a store.
+    pub async fn claim<D: Delivery>(
+        &self,
+        key: &TableKey,
+        ack_wait: Duration,
+        deliveries: Vec<D>,
+        held_since: Instant,
+        shard: usize,
+    ) -> Result<(Formed<D>, Vec<D>), Vec<D>> {
+        let Some(store) = &self.store else {
+            return Err(deliveries);
+        };
+        let io = LedgerIo {
+            store,
+            key,
+            ack_wait,
+        };
+        Ok(claim_fresh(&io, deliveries, held_since, shard).await)
+    }
+
+    /// Recorded batch `id` formed again (see [`reform`]); `None` without a store.
+    pub async fn reform<D: Delivery>(
+        &self,
+        key: &TableKey,
+        ack_wait: Duration,
+        id: &str,
+        held: Vec<D>,
+        held_since: Instant,
+    ) -> Result<Formed<D>, Vec<D>> {
+        let Some(store) = &self.store else {
+            return Err(held);
+        };
+        let io = LedgerIo {
+            store,
+            key,
+            ack_wait,
+        };
+        Ok(reform(&io, id, held, held_since).await)
+    }
+}
