@@ -321,7 +321,8 @@ async fn table_reaping_churn() -> Result<()> {
     };
     s.stack.set("pipeline.idle_table_after", "300ms");
     // The target logs each reap at debug.
-    s.stack.set("log.level", "info,sluice_actors::target=debug");
+    s.stack
+        .set("log.level", "info,sluice_actors::targets=debug");
     let tables = ["t1", "t2", "t3"];
     s.create_tables(&tables).await?;
     s.start_sluice().await?;

@@ -60,7 +60,13 @@ async fn a_row_with_an_integer_out_of_range_is_parked_with_the_reason() -> Resul
     let reason_of = |id: u64| {
         parked
             .iter()
-            .find(|p| p["row"]["id"] == id)
+            // `row` is the text parked, as it came.
+            .find(|p| {
+                p["row"]
+                    .as_str()
+                    .and_then(|row| serde_json::from_str::<Value>(row).ok())
+                    .is_some_and(|row| row["id"] == id)
+            })
             .map(|p| {
                 p["headers"]["Sluice-Error"]
                     .as_str()

@@ -2,7 +2,7 @@
 //!
 //! Pure and synchronous, time injected: every method takes `now`. One instance per
 //! ClickHouse pool (owned by the PoolActor, inside its
-//! [`ScopedBreaker`](crate::scoped_breaker::ScopedBreaker)), and one per table for
+//! [`ScopedBreaker`](crate::breaker::scoped::ScopedBreaker)), and one per table for
 //! table-scoped failures (a read-only table backs off alone), owned by its TableActor.
 //!
 //! - Closed: every flush goes. An outage answer opens a window of `initial` (jittered).
@@ -14,6 +14,13 @@
 //! - Every request carries a [`Ticket`] stamped with the breaker's epoch (bumped at every
 //!   transition). A failure whose ticket predates the current state — a flush that
 //!   started before the window opened — is *late*: it never escalates or reopens.
+
+pub mod gate;
+pub mod outage_log;
+pub mod scoped;
+
+pub use gate::Gate;
+pub use scoped::{BreakerSnapshot, ScopedBreaker};
 
 use std::time::Duration;
 

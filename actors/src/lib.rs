@@ -46,19 +46,18 @@ pub mod keepalive;
 pub mod ledger;
 pub mod metrics;
 pub mod observe;
-pub mod outage_log;
 pub mod pipeline;
+pub mod placement;
 pub mod pool;
 pub mod ports;
 pub mod restart;
 pub mod routing;
-pub mod scoped_breaker;
 pub mod settings;
 pub mod settle;
 pub mod solo;
 pub mod supervisor;
 pub mod table;
-pub mod target;
+pub mod targets;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
@@ -68,13 +67,13 @@ pub use ledger::{
 };
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};
+pub use placement::{MessageShards, ShardKey};
 pub use ports::{
     Class, ClickHouseError, Dedup, DedupWindow, Delivery, DeliveryMeta, GroupView, InsertRequest,
     Inserter, NatsView, NoAnswer, Parking, PartCopy, Position, ReplicaView, ServerInfo,
     SettleError, Source, SourceError, SourceFactory, SourceStatus, SourceWait, StallReason,
     TableKey,
 };
-pub use routing::{MessageShards, ShardKey};
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,
     TableSettingsResolver,

@@ -28,12 +28,13 @@ use crate::consumer::{ConsumerDebug, ConsumerMsg};
 use crate::context::Common;
 use crate::ledger::ManifestStore;
 use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
+use crate::placement::TargetServers;
 use crate::pool::PoolDebug;
 use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
 use crate::routing::Router;
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 use crate::supervisor::{Children, RootArgs, RootDebug, RootMsg, RootSupervisor, TargetSpec};
-use crate::target::{TargetDebug, TargetMemory, TargetMsg, TargetServers};
+use crate::targets::{TargetDebug, TargetMemory, TargetMsg};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::placement::ShardKey;
 use crate::ports::TableKey;
-use crate::routing::ShardKey;
 
 /// How one table is batched and what happens to its rejected rows.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -21,13 +21,12 @@ use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, TargetLink};
 use crate::context::Common;
 use crate::metrics;
 use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
+use crate::placement::TargetServers;
 use crate::ports::{Inserter, Source, SourceFactory};
 use crate::restart::{child_gone, RestartRecord};
 use crate::routing::Router;
 use crate::table::TableReport;
-use crate::target::{
-    TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetReport, TargetServers,
-};
+use crate::targets::{TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetReport};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 

@@ -14,11 +14,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use serde_json::Value;
 use sluice_actors::context::Common;
 use sluice_actors::observe::{self, NodeKind, Registry, ROOT_ID};
+use sluice_actors::placement::TargetServers;
 use sluice_actors::pool::PoolDebug;
 use sluice_actors::routing::Routed;
 use sluice_actors::table::TableReport;
-use sluice_actors::target::{
-    TargetActor, TargetArgs, TargetDebug, TargetMemory, TargetMsg, TargetReport, TargetServers,
+use sluice_actors::targets::{
+    TargetActor, TargetArgs, TargetDebug, TargetMemory, TargetMsg, TargetReport,
 };
 use sluice_actors::testkit::{
     refused, unavailable, Event, FakeDelivery, Journal, ScriptedInserter,

@@ -1,6 +1,6 @@
 //! The board of one target's replicas: each replica's PoolActor publishes its breaker
 //! here at every transition, and the target's tables read it to pick the replica a
-//! batch goes to ([`crate::routing::pick`]), the target to know whether any replica
+//! batch goes to ([`crate::placement::pick`]), the target to know whether any replica
 //! takes rows at all.
 //!
 //! An observation, never a decision: the pool still admits or turns each request away
@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::breaker::BreakerState;
-use crate::routing::Gate;
+use crate::breaker::Gate;
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;

@@ -354,7 +354,7 @@ mod tests {
                 target: "main".into(),
                 replica: "main".into(),
                 shard: 1,
-                breaker: crate::scoped_breaker::BreakerSnapshot::closed(),
+                breaker: crate::breaker::scoped::BreakerSnapshot::closed(),
                 probed_ok: false,
                 server_version: None,
                 last_probe_error: None,

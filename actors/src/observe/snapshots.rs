@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
+use crate::breaker::scoped::BreakerSnapshot;
 use crate::ports::{NatsView, SourceWait, StallReason};
-use crate::scoped_breaker::BreakerSnapshot;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

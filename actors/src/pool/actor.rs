@@ -17,13 +17,13 @@ use tokio::time::Instant;
 use super::memory::{PoolMemory, Readiness};
 use super::messages::{PoolDebug, PoolMsg, PoolReport};
 use crate::backoff::Backoff;
+use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::{Admission, Ticket};
 use crate::context::Common;
 use crate::observe::{self, NodeState, PoolSnapshot, SnapshotThrottle};
+use crate::placement::TargetServers;
 use crate::ports::{ClickHouseError, Inserter, ServerInfo, TableKey};
-use crate::scoped_breaker::ScopedBreaker;
 use crate::table::{FlightRequest, PendingRows, Permit, PoolVerdict, VerdictReport};
-use crate::target::TargetServers;
 
 pub struct PoolActor<I>(PhantomData<fn() -> I>);
 

@@ -2,10 +2,10 @@
 //! The pool sends a copy to its target whenever it changes; the target hands it to the
 //! pool's successor (and keeps it in its own memory, should the target die too).
 
+use crate::breaker::scoped::{BreakerScope, ScopedBreaker};
 use crate::context::Common;
 use crate::observe;
-use crate::scoped_breaker::{BreakerScope, ScopedBreaker};
-use crate::target::Replica;
+use crate::placement::Replica;
 
 #[derive(Clone, Debug)]
 pub struct PoolMemory {

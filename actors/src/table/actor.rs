@@ -28,8 +28,8 @@ use crate::breaker::{Admission, Ticket};
 use crate::keepalive::lease_ran_out;
 use crate::ledger::{Cargo, LedgerChange, Manifest, TableLedger};
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
+use crate::placement::Pick;
 use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
-use crate::routing::Pick;
 use crate::settle::hand_back;
 
 /// Messages spanning shards split at once by one table (see `split_spanning`).

@@ -34,12 +34,12 @@ use crate::ledger::split::RowRange;
 use crate::ledger::{Cargo, LedgerRefusal, Manifest};
 use crate::metrics::{retry_reason, TableMetrics};
 use crate::observe::FlightStage;
+use crate::placement::{Replica, TargetServers};
 use crate::ports::{Class, Dedup, Delivery, Inserter, TableKey};
 use crate::restart::panic_message;
 use crate::settings::{Failpoint, TableSettings};
 use crate::settle::hand_back;
 use crate::solo::{Suspicion, Turn};
-use crate::target::{Replica, TargetServers};
 
 /// What every flight of one table needs.
 pub struct FlightCtx<I> {

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::buffer::{weigh, Buffer, Trigger};
+use crate::placement::{MessageShards, ShardKey};
 use crate::ports::Delivery;
-use crate::routing::{MessageShards, ShardKey};
 use crate::settings::TableSettings;
 
 pub struct Lanes<D> {

@@ -7,10 +7,10 @@ use ractor::{ActorId, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict};
+use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::Ticket;
 use crate::ledger::LedgerChange;
 use crate::ports::TableKey;
-use crate::scoped_breaker::ScopedBreaker;
 
 pub enum TableMsg<D> {
     /// Messages routed to this table (one actor message per pulled group, never per

@@ -3,7 +3,7 @@
 //! reaches each replica's pool, whose turn it is, and where its last batches went.
 //!
 //! The replica a batch goes to is picked here from the pools' board and these
-//! backoffs ([`crate::routing::pick`]); the replica's pool then admits it or not.
+//! backoffs ([`crate::placement::pick`]); the replica's pool then admits it or not.
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
@@ -12,9 +12,10 @@ use tokio::time::Instant;
 
 use super::flight::FlightCtx;
 use super::messages::PoolLink;
+use crate::breaker::scoped::{BreakerScope, BreakerSnapshot, ScopedBreaker};
+use crate::breaker::Gate;
 use crate::observe::{BatchRoute, ReplicaBackoff};
-use crate::routing::{pick, Gate, Pick};
-use crate::scoped_breaker::{BreakerScope, BreakerSnapshot, ScopedBreaker};
+use crate::placement::{pick, Pick};
 
 /// Where a table's last batches went, kept for its snapshot.
 const LAST_BATCHES: usize = 8;

@@ -16,8 +16,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::backoff::Jitter;
+use crate::breaker::outage_log::{OutageEvent, OutageLog};
 use crate::breaker::{Admission, Breaker, BreakerPhase, BreakerState, Failure, Ticket};
-use crate::outage_log::{OutageEvent, OutageLog};
 use crate::ports::{ClickHouseError, TableKey};
 use crate::settings::BackoffPolicy;
 
@@ -127,9 +127,9 @@ impl ScopedBreaker {
         self.breaker.arrival_delay(now)
     }
 
-    /// The breaker as routing sees it (see [`crate::routing::Gate`]).
-    pub fn gate(&self, now: Instant) -> crate::routing::Gate {
-        crate::routing::Gate::of(
+    /// The breaker as routing sees it (see [`crate::breaker::Gate`]).
+    pub fn gate(&self, now: Instant) -> crate::breaker::Gate {
+        crate::breaker::Gate::of(
             self.breaker.state(),
             now,
             self.breaker.policy().probe_handback_min,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::metrics::ReplicaMetrics;
 use crate::observe::ReplicaBoard;
-use crate::routing::Layout;
+use crate::placement::Layout;
 use crate::solo::SoloGate;
 
 /// One ClickHouse server of a target: a replica of one of its shards.

@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::servers::TargetServers;
 use crate::context::Common;
+use crate::placement::TargetServers;
 use crate::pool::PoolMemory;
 use crate::ports::TableKey;
 use crate::restart::RestartRecord;

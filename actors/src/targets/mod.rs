@@ -8,9 +8,7 @@
 pub mod actor;
 pub mod memory;
 pub mod messages;
-pub mod servers;
 
 pub use actor::{TargetActor, TargetArgs};
 pub use memory::{ReplicaMemory, TableMemory, TargetMemory};
 pub use messages::{TargetDebug, TargetMsg, TargetReport};
-pub use servers::{Replica, TargetServers};

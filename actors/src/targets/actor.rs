@@ -20,15 +20,16 @@ use tokio::time::Instant;
 
 use super::memory::{ReplicaMemory, TableMemory, TargetMemory};
 use super::messages::{TargetDebug, TargetMsg, TargetReport};
-use super::servers::TargetServers;
 use crate::context::Common;
 use crate::ledger::LedgerChange;
 use crate::metrics::{self, TableMetrics};
 use crate::observe::{self, NodeKind, NodeState, SnapshotThrottle, TargetSnapshot};
+use crate::placement::all_waiting;
+use crate::placement::TargetServers;
 use crate::pool::{PoolActor, PoolArgs, PoolMsg, PoolReport};
 use crate::ports::{Delivery, Inserter, TableKey};
 use crate::restart::child_gone;
-use crate::routing::{all_waiting, Routed};
+use crate::routing::Routed;
 use crate::settle::hand_back;
 use crate::table::{
     FlightCtx, FlightRequest, PoolLink, TableActor, TableArgs, TableCarryOver, TableDebug,

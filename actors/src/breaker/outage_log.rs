@@ -2,7 +2,7 @@
 //! while it lasts, INFO with its duration when inserts are taken again.
 //!
 //! Pure: it decides *whether* to log; the
-//! [`ScopedBreaker`](crate::scoped_breaker::ScopedBreaker) writes the line with the
+//! [`ScopedBreaker`](crate::breaker::scoped::ScopedBreaker) writes the line with the
 //! target (pool) or the tenant and table fields.
 
 use std::time::Duration;
