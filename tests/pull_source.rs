@@ -298,7 +298,7 @@ async fn a_restarted_nats_server_costs_no_row() -> Result<()> {
 fn rows_in(batch: &[JsDelivery]) -> usize {
     batch
         .iter()
-        .map(|d| sluice_actors::batch::row_count(d.payload()))
+        .map(|d| sluice_actors::rows::row_count(d.payload()))
         .sum()
 }
 

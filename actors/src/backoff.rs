@@ -15,8 +15,6 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::settings::{BackoffPolicy, RestartPolicy};
-
 /// The random half of the jitter.
 #[derive(Clone, Debug)]
 pub struct Jitter {
@@ -120,6 +118,51 @@ impl Backoff {
 /// A supervisor's respawn delay after `failures` consecutive failures (1 → initial).
 pub fn restart_delay(policy: &RestartPolicy, failures: u32) -> Duration {
     ceiling(policy.initial, policy.max, failures.saturating_sub(1))
+}
+
+/// Delay escalation for an outage window (the pool's breaker, a table's backoff).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackoffPolicy {
+    /// The first window (before jitter).
+    pub initial: Duration,
+    /// Windows double up to this cap (before jitter). Also the delay a row left
+    /// unacked is naked with (DLQ off, DLQ publish failed, tenant without target).
+    pub max: Duration,
+    /// While a probe is out, arrivals are handed back with at least this delay.
+    pub probe_handback_min: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            probe_handback_min: Duration::from_millis(500),
+        }
+    }
+}
+
+/// How supervisors respawn a failed child: `initial` doubling to `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartPolicy {
+    pub initial: Duration,
+    pub max: Duration,
+    /// A core actor (consumer, pool) whose spawn fails this many times in a row makes
+    /// the pipeline fatal: the process must exit non-zero.
+    pub max_spawn_failures: u32,
+    /// A child that ran this long without failing starts again from `initial`.
+    pub reset_after: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            max_spawn_failures: 5,
+            reset_after: Duration::from_secs(60),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -38,23 +38,24 @@
 
 pub mod backoff;
 pub mod batch;
-pub mod bisect;
 pub mod breaker;
 pub mod consumer;
 pub mod context;
-pub mod keepalive;
+pub mod flight;
 pub mod ledger;
+pub mod messaging;
 pub mod metrics;
 pub mod observe;
 pub mod pipeline;
 pub mod placement;
 pub mod pool;
 pub mod ports;
+pub mod protocol;
 pub mod restart;
 pub mod routing;
+pub mod rows;
 pub mod settings;
 pub mod settle;
-pub mod solo;
 pub mod supervisor;
 pub mod table;
 pub mod targets;

@@ -7,6 +7,7 @@
 //! ractor restarts nothing by itself and its default `handle_supervisor_evt` stops the
 //! parent: this one (like the TargetActor's) overrides it.
 
+use crate::messaging::carried;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -23,9 +24,9 @@ use crate::metrics;
 use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
 use crate::placement::TargetServers;
 use crate::ports::{Inserter, Source, SourceFactory};
+use crate::protocol::TableReport;
 use crate::restart::{child_gone, RestartRecord};
 use crate::routing::Router;
-use crate::table::TableReport;
 use crate::targets::{TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetReport};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
@@ -349,39 +350,8 @@ fn schedule<D: Send + 'static>(
 
 // === conversions for derived references ===
 
-impl<D> From<TableReport> for RootMsg<D> {
-    fn from(report: TableReport) -> Self {
-        RootMsg::Orphan(report)
-    }
-}
-
-impl<D> TryFrom<RootMsg<D>> for TableReport {
-    type Error = ();
-
-    fn try_from(msg: RootMsg<D>) -> Result<Self, ()> {
-        match msg {
-            RootMsg::Orphan(report) => Ok(report),
-            _ => Err(()),
-        }
-    }
-}
-
-impl<D> From<TargetReport> for RootMsg<D> {
-    fn from(report: TargetReport) -> Self {
-        RootMsg::FromTarget(report)
-    }
-}
-
-impl<D> TryFrom<RootMsg<D>> for TargetReport {
-    type Error = ();
-
-    fn try_from(msg: RootMsg<D>) -> Result<Self, ()> {
-        match msg {
-            RootMsg::FromTarget(report) => Ok(report),
-            _ => Err(()),
-        }
-    }
-}
+carried!(<D> TableReport => RootMsg<D>, RootMsg::Orphan);
+carried!(<D> TargetReport => RootMsg<D>, RootMsg::FromTarget);
 
 impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
     type Msg = RootMsg<DeliveryOf<F>>;

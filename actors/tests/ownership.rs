@@ -16,8 +16,8 @@ use sluice_actors::context::Common;
 use sluice_actors::observe::{self, NodeKind, Registry, ROOT_ID};
 use sluice_actors::placement::TargetServers;
 use sluice_actors::pool::PoolDebug;
+use sluice_actors::protocol::TableReport;
 use sluice_actors::routing::Routed;
-use sluice_actors::table::TableReport;
 use sluice_actors::targets::{
     TargetActor, TargetArgs, TargetDebug, TargetMemory, TargetMsg, TargetReport,
 };

@@ -421,7 +421,7 @@ impl JetStreamSource {
                 // An undecodable message is parked whole: one row.
                 let rows = match delivery.undecodable() {
                     Some(_) => 1,
-                    None => sluice_actors::batch::row_count(delivery.payload()),
+                    None => sluice_actors::rows::row_count(delivery.payload()),
                 };
                 self.rows_per_message.saw(rows);
                 let token = self.held.hold(rows);

@@ -5,7 +5,7 @@
 //! while this process stood still waited in the socket; read after the wake-up, it
 //! looks fresh, although its `ack_wait` may have run out and JetStream may have handed
 //! it to another instance meanwhile. Stamped with the moment the process stopped, it is
-//! known for what it is ([`sluice_actors::keepalive::lease_ran_out`]) and does not start
+//! known for what it is ([`sluice_actors::batch::keepalive::lease_ran_out`]) and does not start
 //! a batch of its own (see docs/operations.md, "Delivery guarantees").
 //!
 //! A thread of its own (not a task: a task dies with its runtime, and tests run many)

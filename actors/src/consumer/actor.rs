@@ -11,13 +11,13 @@ use tokio::time::Instant;
 
 use super::messages::{ConsumerDebug, ConsumerMsg};
 use crate::backoff::Backoff;
-use crate::batch::row_count;
 use crate::context::Common;
 use crate::ledger::{Changes, LedgerChange};
 use crate::metrics;
 use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
 use crate::ports::{Delivery, Source, SourceFactory};
 use crate::routing::{Route, Routed, Router};
+use crate::rows::row_count;
 use crate::settle::{hand_back, park_all, ParkReason};
 
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;

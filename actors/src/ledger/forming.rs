@@ -19,8 +19,8 @@ use super::manifest::{Manifest, ManifestState};
 use super::session::{LedgerSession, Sent};
 use super::store::{ClaimError, FetchError, ManifestStore, Recorded};
 use super::LedgerRefusal;
+use crate::batch::keepalive::{any_lease_ran_out, lease_ran_out};
 use crate::batch::Batch;
-use crate::keepalive::{any_lease_ran_out, lease_ran_out};
 use crate::ports::{Delivery, TableKey};
 
 /// What forming needs of the flight's table.

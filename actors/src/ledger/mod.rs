@@ -64,7 +64,6 @@ pub use store::{
 
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::ports::Delivery;
-use crate::solo::Suspicion;
 use gathering::{Gathering, Gatherings};
 use index::{BatchIndex, SequenceSet};
 use settled_lines::SettledLines;
@@ -111,43 +110,6 @@ impl LedgerRefusal {
     /// store's retry delay), not a decision of the ledger.
     pub fn is_store_failure(&self) -> bool {
         matches!(self, LedgerRefusal::StoreDown(_) | LedgerRefusal::NotReady)
-    }
-}
-
-/// What a table hands a flight.
-pub enum Cargo<D> {
-    /// Messages from the buffer, some coming back with lines an earlier flight settled
-    /// (a table that does not record its batches).
-    Fresh {
-        deliveries: Vec<D>,
-        done: Vec<(u64, Vec<u32>)>,
-        /// Whether a message of it is suspected of crashing ClickHouse.
-        suspicion: Suspicion,
-    },
-    /// A recorded batch, formed again: the messages of it this table holds.
-    Reformed {
-        manifest: Arc<Manifest>,
-        held: Vec<D>,
-        suspicion: Suspicion,
-    },
-}
-
-impl<D: Delivery> Cargo<D> {
-    /// The stream sequences of the messages it holds.
-    pub fn messages(&self) -> Vec<u64> {
-        let held = match self {
-            Cargo::Fresh { deliveries, .. } => deliveries,
-            Cargo::Reformed { held, .. } => held,
-        };
-        held.iter().map(|d| d.position().stream_sequence).collect()
-    }
-}
-
-impl<D> Cargo<D> {
-    pub fn suspicion(&self) -> Suspicion {
-        match self {
-            Cargo::Fresh { suspicion, .. } | Cargo::Reformed { suspicion, .. } => *suspicion,
-        }
     }
 }
 

@@ -9,6 +9,7 @@
 //! ask; the replica's pool still decides.
 
 pub mod board;
+pub mod flight_watch;
 mod registry;
 mod snapshots;
 mod stats;

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
+use crate::flight::turn::SoloGate;
 use crate::metrics::ReplicaMetrics;
 use crate::observe::ReplicaBoard;
 use crate::placement::Layout;
-use crate::solo::SoloGate;
 
 /// One ClickHouse server of a target: a replica of one of its shards.
 pub struct Replica<I> {

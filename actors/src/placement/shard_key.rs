@@ -24,7 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::batch::line_ranges;
+use crate::rows::line_ranges;
 
 /// A table's shard key: the column whose value places a row.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use crate::context::Common;
 use crate::observe::{self, NodeState, PoolSnapshot, SnapshotThrottle};
 use crate::placement::TargetServers;
 use crate::ports::{ClickHouseError, Inserter, ServerInfo, TableKey};
-use crate::table::{FlightRequest, PendingRows, Permit, PoolVerdict, VerdictReport};
+use crate::protocol::{FlightRequest, PendingRows, Permit, PoolVerdict, VerdictReport};
 
 pub struct PoolActor<I>(PhantomData<fn() -> I>);
 

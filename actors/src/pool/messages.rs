@@ -1,11 +1,12 @@
 //! What a PoolActor is told, and what it tells its target.
 
+use crate::messaging::carried;
 use ractor::ActorId;
 
 use super::memory::PoolMemory;
 use crate::breaker::Ticket;
 use crate::ports::{ClickHouseError, ServerInfo};
-use crate::table::FlightRequest;
+use crate::protocol::FlightRequest;
 
 pub enum PoolMsg {
     /// A table asks for a flight to this replica, or a flight reports its verdict
@@ -51,19 +52,4 @@ pub enum PoolReport {
 
 // === conversions for derived references ===
 
-impl From<FlightRequest> for PoolMsg {
-    fn from(request: FlightRequest) -> Self {
-        PoolMsg::FromTable(request)
-    }
-}
-
-impl TryFrom<PoolMsg> for FlightRequest {
-    type Error = ();
-
-    fn try_from(msg: PoolMsg) -> Result<Self, ()> {
-        match msg {
-            PoolMsg::FromTable(request) => Ok(request),
-            _ => Err(()),
-        }
-    }
-}
+carried!(FlightRequest => PoolMsg::FromTable);

@@ -13,23 +13,24 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort}
 use tokio::time::Instant;
 
 use super::buffer::weigh;
-use super::flight::{spawn_flight, FlightCtx, FlightLinks};
-use super::flight_watch::FlightWatch;
 use super::lanes::Lanes;
-use super::messages::{
-    FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
-    VerdictReport,
-};
+use super::messages::{TableDebug, TableMsg};
 use super::routes::TableRoutes;
 use super::strikes::Strikes;
-use super::verdict::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
+use crate::batch::keepalive::lease_ran_out;
 use crate::batch::SettlePlan;
 use crate::breaker::{Admission, Ticket};
-use crate::keepalive::lease_ran_out;
-use crate::ledger::{Cargo, LedgerChange, Manifest, TableLedger};
+use crate::flight::{spawn_flight, FlightCtx, FlightLinks};
+use crate::ledger::{LedgerChange, Manifest, TableLedger};
+use crate::observe::flight_watch::FlightWatch;
 use crate::observe::{MissingTableSnapshot, NodeState, SnapshotThrottle, TableSnapshot};
 use crate::placement::Pick;
 use crate::ports::{ClickHouseError, Dedup, Delivery, Inserter};
+use crate::protocol::{Cargo, FlightReport};
+use crate::protocol::{FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict};
+use crate::protocol::{
+    FlightRequest, Permit, PoolLink, TableCarryOver, TableReport, VerdictReport,
+};
 use crate::settle::hand_back;
 
 /// Messages spanning shards split at once by one table (see `split_spanning`).
@@ -669,7 +670,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let watch = FlightWatch::start();
         self.flights_out.push(watch.clone());
         let links = FlightLinks {
-            table: myself.clone(),
+            table: myself.get_derived(),
             pool: self.routes.pool(tickets.replica).cloned(),
             target: self.target.clone(),
             root: self.orphans.clone(),
@@ -1043,8 +1044,8 @@ impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
             TableMsg::ReformDue(id) => state.on_reform_due(&myself, id),
             TableMsg::Permit(permit) => state.on_permit(&myself, permit),
             TableMsg::PoolLink { replica, link } => state.on_pool_link(&myself, replica, link),
-            TableMsg::Verdict(verdict) => state.on_verdict(verdict),
-            TableMsg::FlightDone(outcome) => state.on_flight_done(&myself, outcome),
+            TableMsg::Flight(FlightReport::Verdict(verdict)) => state.on_verdict(verdict),
+            TableMsg::Flight(FlightReport::Done(outcome)) => state.on_flight_done(&myself, outcome),
             TableMsg::Tick => state.on_tick(&myself),
             TableMsg::Publish => state.on_publish(),
             TableMsg::FlushAll(reply) => state.on_flush_all(&myself, reply),

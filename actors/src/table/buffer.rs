@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::batch::row_count;
 use crate::ports::Delivery;
+use crate::rows::row_count;
 use crate::settings::TableSettings;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,21 +6,10 @@
 
 pub mod actor;
 pub mod buffer;
-pub mod flight;
-pub mod flight_watch;
 pub mod lanes;
 pub mod messages;
 pub mod routes;
-pub mod split_parts;
 pub mod strikes;
-pub mod verdict;
 
 pub use actor::{TableActor, TableArgs};
-pub use flight::FlightCtx;
-pub use messages::{
-    FlightRequest, Permit, PoolLink, TableCarryOver, TableDebug, TableMsg, TableReport,
-    VerdictReport,
-};
-pub use verdict::{
-    outage, FlightOutcome, FlightVerdict, PendingRows, PoolVerdict, Tickets, Verdict,
-};
+pub use messages::{TableDebug, TableMsg};

@@ -10,12 +10,12 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::flight::FlightCtx;
-use super::messages::PoolLink;
 use crate::breaker::scoped::{BreakerScope, BreakerSnapshot, ScopedBreaker};
 use crate::breaker::Gate;
+use crate::flight::FlightCtx;
 use crate::observe::{BatchRoute, ReplicaBackoff};
 use crate::placement::{pick, Pick};
+use crate::protocol::PoolLink;
 
 /// Where a table's last batches went, kept for its snapshot.
 const LAST_BATCHES: usize = 8;

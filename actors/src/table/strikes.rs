@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::solo::Suspicion;
+use crate::protocol::Suspicion;
 
 /// At most this many messages carry strikes; the oldest are forgotten first.
 const MAX_TRACKED: usize = 100_000;

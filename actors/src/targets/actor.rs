@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::memory::{ReplicaMemory, TableMemory, TargetMemory};
 use super::messages::{TargetDebug, TargetMsg, TargetReport};
 use crate::context::Common;
+use crate::flight::FlightCtx;
 use crate::ledger::LedgerChange;
 use crate::metrics::{self, TableMetrics};
 use crate::observe::{self, NodeKind, NodeState, SnapshotThrottle, TargetSnapshot};
@@ -28,13 +29,11 @@ use crate::placement::all_waiting;
 use crate::placement::TargetServers;
 use crate::pool::{PoolActor, PoolArgs, PoolMsg, PoolReport};
 use crate::ports::{Delivery, Inserter, TableKey};
+use crate::protocol::{FlightRequest, PoolLink, TableCarryOver, TableReport, VerdictReport};
 use crate::restart::child_gone;
 use crate::routing::Routed;
 use crate::settle::hand_back;
-use crate::table::{
-    FlightCtx, FlightRequest, PoolLink, TableActor, TableArgs, TableCarryOver, TableDebug,
-    TableMsg, TableReport, VerdictReport,
-};
+use crate::table::{TableActor, TableArgs, TableDebug, TableMsg};
 
 pub struct TargetActor<I, D>(PhantomData<fn() -> (I, D)>);
 

@@ -9,8 +9,8 @@ use crate::context::Common;
 use crate::placement::TargetServers;
 use crate::pool::PoolMemory;
 use crate::ports::TableKey;
+use crate::protocol::TableCarryOver;
 use crate::restart::RestartRecord;
-use crate::table::TableCarryOver;
 
 #[derive(Clone, Debug)]
 pub struct TargetMemory {

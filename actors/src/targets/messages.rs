@@ -1,12 +1,13 @@
 //! What a TargetActor is told, and what it tells the root supervisor.
 
+use crate::messaging::carried;
 use ractor::RpcReplyPort;
 
 use super::memory::TargetMemory;
 use crate::pool::{PoolDebug, PoolReport};
 use crate::ports::TableKey;
+use crate::protocol::TableReport;
 use crate::routing::Routed;
-use crate::table::TableReport;
 
 pub enum TargetMsg<D> {
     /// Messages or ledger changes for this target's tables (a table is spawned on its
@@ -54,53 +55,6 @@ pub enum TargetReport {
 
 // === conversions for derived references ===
 
-impl<D> From<Routed<D>> for TargetMsg<D> {
-    fn from(routed: Routed<D>) -> Self {
-        TargetMsg::Routed(routed)
-    }
-}
-
-impl<D> TryFrom<TargetMsg<D>> for Routed<D> {
-    type Error = ();
-
-    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
-        match msg {
-            TargetMsg::Routed(routed) => Ok(routed),
-            _ => Err(()),
-        }
-    }
-}
-
-impl<D> From<TableReport> for TargetMsg<D> {
-    fn from(report: TableReport) -> Self {
-        TargetMsg::FromTable(report)
-    }
-}
-
-impl<D> TryFrom<TargetMsg<D>> for TableReport {
-    type Error = ();
-
-    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
-        match msg {
-            TargetMsg::FromTable(report) => Ok(report),
-            _ => Err(()),
-        }
-    }
-}
-
-impl<D> From<PoolReport> for TargetMsg<D> {
-    fn from(report: PoolReport) -> Self {
-        TargetMsg::FromPool(report)
-    }
-}
-
-impl<D> TryFrom<TargetMsg<D>> for PoolReport {
-    type Error = ();
-
-    fn try_from(msg: TargetMsg<D>) -> Result<Self, ()> {
-        match msg {
-            TargetMsg::FromPool(report) => Ok(report),
-            _ => Err(()),
-        }
-    }
-}
+carried!(<D> Routed<D> => TargetMsg<D>, TargetMsg::Routed);
+carried!(<D> TableReport => TargetMsg<D>, TargetMsg::FromTable);
+carried!(<D> PoolReport => TargetMsg<D>, TargetMsg::FromPool);

@@ -20,33 +20,6 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
-/// How far a batch is suspected of crashing ClickHouse, from its messages' strikes.
-///
-/// Why a loss alone is not enough: an insert ClickHouse committed just before it died
-/// (killed, or crashing for reasons of its own) ends as a lost connection too. Its
-/// batch, sent again, is deduplicated, unless it is split: the halves are other blocks
-/// (other tokens), and the rows the first attempt committed go in twice. In a crash loop
-/// that strikes whatever insert is out, a batch in flight at every crash collects its
-/// strikes without being at fault; the loss alone after them must be seen twice before
-/// its rows are judged (a row ClickHouse does crash on costs one crash more).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Suspicion {
-    /// Flies beside the other flights.
-    Clear,
-    /// `poison_strikes` strikes: flies alone; a lost connection is one more strike.
-    FliesAlone,
-    /// Lost the connection alone as well: flies alone, and a lost connection after which
-    /// ClickHouse answers again is taken as a rejection of its rows (isolated).
-    IsolatedIfLostAlone,
-}
-
-impl Suspicion {
-    /// Whether the batch flies alone (see `solo`).
-    pub fn flies_alone(self) -> bool {
-        self != Suspicion::Clear
-    }
-}
-
 /// The turns of one server's inserts. A suspect waiting for its turn goes before
 /// flights that ask after it (the lock is fair), so traffic cannot starve it.
 #[derive(Clone, Debug, Default)]

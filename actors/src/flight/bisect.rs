@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::batch::keepalive::Keepalive;
 use crate::batch::{Batch, RowVerdict};
-use crate::keepalive::Keepalive;
 use crate::ledger::session::LedgerSession;
 use crate::ledger::split::RowRange;
 use crate::ledger::LedgerRefusal;
