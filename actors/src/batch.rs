@@ -363,31 +363,31 @@ impl<D: Delivery> Parked<D> {
         } else {
             (Vec::new(), acks)
         };
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        let ack_one = |d: D| {
-            let failed = &failed;
-            async move {
-                let acked = if plan.confirm {
-                    d.ack_recorded().await
-                } else {
-                    d.ack().await
-                };
-                if let Err(e) = acked {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
-                        "ack after insert failed; the message may be delivered again");
-                }
+        // Each ack says whether it went: one that failed leaves the batch unconfirmed.
+        let ack_one = |d: D| async move {
+            let acked = if plan.confirm {
+                d.ack_recorded().await
+            } else {
+                d.ack().await
+            };
+            if let Err(e) = &acked {
+                tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
+                    "ack after insert failed; the message may be delivered again");
             }
+            acked.is_ok()
         };
+        let mut all_went = true;
         for d in plain {
-            ack_one(d).await;
+            all_went &= ack_one(d).await;
         }
         if !writing.is_empty() {
-            futures::stream::iter(writing)
-                .for_each_concurrent(ACKS_AT_ONCE, ack_one)
+            all_went &= futures::stream::iter(writing)
+                .map(ack_one)
+                .buffer_unordered(ACKS_AT_ONCE)
+                .fold(true, |all, went| async move { all && went })
                 .await;
         }
-        if failed.into_inner() {
+        if !all_went {
             out.confirmed = false;
         }
         if let Some(d) = last {

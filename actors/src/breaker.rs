@@ -27,8 +27,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::backoff::BackoffPolicy;
 use crate::backoff::{Backoff, Jitter};
-use crate::settings::BackoffPolicy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BreakerState {

@@ -184,7 +184,16 @@ pub async fn run_flight<I: Inserter, D: Delivery>(
     let replica = ctx.servers.replica(tickets.replica);
     let formation = prepare(ctx, replica, cargo, held_since).await;
     let (dedup, past_dedup_window) = (formation.dedup, formation.past_dedup_window);
-    let Some(flown) = fly(ctx, replica, formation.prepared, suspicion, watch).await else {
+    let Some(flown) = fly(
+        ctx,
+        replica,
+        formation.prepared,
+        links.pool.as_ref(),
+        suspicion,
+        watch,
+    )
+    .await
+    else {
         // Settled by a record (counted when its batch was), or nothing left: the tickets
         // go back.
         watch.enter(FlightStage::Reporting);
@@ -247,6 +256,7 @@ async fn fly<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,
     prepared: Prepared<D>,
+    pool: Option<&PoolLink>,
     suspicion: Suspicion,
     watch: &FlightWatch,
 ) -> Option<Flown<D>> {
@@ -266,18 +276,19 @@ async fn fly<I: Inserter, D: Delivery>(
     }
     ctx.metrics.batch_rows.record(batch.rows() as f64);
     watch.enter(FlightStage::WaitingTurn);
-    let (verdict, last_error, untried) = match take_turn(ctx, replica, &batch, suspicion).await {
-        Some(at) => {
-            watch.enter(FlightStage::Inserting);
-            let how = Judging {
-                session: &mut session,
-                attempt,
-                at,
-            };
-            judge_or_cancel(ctx, replica, &batch, &mut verdicts, how).await
-        }
-        None => (Verdict::Unfinished, None, Vec::new()),
-    };
+    let (verdict, last_error, untried) =
+        match take_turn(ctx, replica, pool, &batch, suspicion).await {
+            Some(at) => {
+                watch.enter(FlightStage::Inserting);
+                let how = Judging {
+                    session: &mut session,
+                    attempt,
+                    at,
+                };
+                judge_or_cancel(ctx, replica, &batch, &mut verdicts, how).await
+            }
+            None => (Verdict::Unfinished, None, Vec::new()),
+        };
     Some(Flown {
         batch,
         session,

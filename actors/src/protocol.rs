@@ -21,6 +21,7 @@ use crate::batch::RowVerdict;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::Ticket;
 use crate::ledger::{LedgerRefusal, Manifest};
+use crate::pool::turns::TurnId;
 use crate::ports::{Class, ClickHouseError, Dedup, Delivery, TableKey};
 
 /// What a table hands a flight.
@@ -258,6 +259,15 @@ pub enum FlightRequest {
     /// A flight's verdict for the replica's breaker (boxed: once per flight, and it
     /// carries a whole ClickHouse error, while every flight's `WantsFlight` is small).
     Verdict(Box<VerdictReport>),
+    /// A flight's turn to talk to the server: beside the other flights, or alone (a
+    /// suspect's; see `crate::flight::turn`). Answered with the turn's number once it
+    /// may go.
+    Turn {
+        alone: bool,
+        reply: RpcReplyPort<TurnId>,
+    },
+    /// A turn given back.
+    TurnOver(TurnId),
 }
 
 /// A replica's pool's answer to [`FlightRequest::WantsFlight`]: go with its ticket, or

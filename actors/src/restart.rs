@@ -6,7 +6,7 @@ use std::time::Duration;
 use ractor::{ActorId, SupervisionEvent};
 use tokio::time::Instant;
 
-use crate::settings::RestartPolicy;
+use crate::backoff::RestartPolicy;
 
 /// A panic's message, when its payload is text (`panic!` with a message makes a `&str`
 /// or a `String`): for a flight's caught panic and the log's panic hook alike.

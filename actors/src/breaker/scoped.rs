@@ -15,11 +15,11 @@ use metrics::Gauge;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::backoff::BackoffPolicy;
 use crate::backoff::Jitter;
 use crate::breaker::outage_log::{OutageEvent, OutageLog};
 use crate::breaker::{Admission, Breaker, BreakerPhase, BreakerState, Failure, Ticket};
 use crate::ports::{ClickHouseError, TableKey};
-use crate::settings::BackoffPolicy;
 
 /// What a breaker guards.
 #[derive(Clone, Debug)]

@@ -5,11 +5,12 @@ use super::{Attempt, FlightCtx};
 use crate::batch::keepalive::Keepalive;
 use crate::batch::{Batch, RowVerdict};
 use crate::flight::bisect::{bisect, lost_on_rows, resume, Isolation};
-use crate::flight::turn::Turn;
+use crate::flight::turn::{self, Turn};
 use crate::ledger::session::LedgerSession;
 use crate::ledger::split::RowRange;
 use crate::placement::Replica;
 use crate::ports::{Class, Delivery, Inserter};
+use crate::protocol::PoolLink;
 use crate::protocol::Suspicion;
 use crate::protocol::{outage, Verdict};
 
@@ -22,17 +23,19 @@ pub(super) struct AtServer {
     suspicion: Suspicion,
 }
 
-/// Wait for the flight's turn at `replica` (a suspect's flies alone: see `solo`),
-/// keeping its rows alive meanwhile; `None` when the shutdown deadline came first.
+/// Wait for the flight's turn at `replica`, granted by its pool (a suspect's flies
+/// alone: see `turn`), keeping its rows alive meanwhile; `None` when the shutdown
+/// deadline came first, or a suspect's pool could not grant one.
 pub(super) async fn take_turn<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,
+    pool: Option<&PoolLink>,
     batch: &Batch<D>,
     suspicion: Suspicion,
 ) -> Option<AtServer> {
     let mut keepalive = Keepalive::new(ctx.common.settings.ack_wait, batch.held_since());
-    let waiting = keepalive.run(replica.solo.turn(suspicion.flies_alone()), batch);
-    let turn = unless_cut_off(ctx, waiting).await?;
+    let waiting = keepalive.run(turn::take(pool, suspicion.flies_alone()), batch);
+    let turn = unless_cut_off(ctx, waiting).await.flatten()?;
     if suspicion.flies_alone() {
         tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table, rows = batch.rows(), replica = %replica.name,
             "a batch suspected of crashing ClickHouse flies alone");
@@ -96,7 +99,7 @@ pub(super) async fn judge<I: Inserter, D: Delivery>(
     let n = batch.rows();
     let revive_within = ctx.common.settings.poison_revive_within;
     // Held to the end: a suspect flies alone, and only then, the second time, is a lost
-    // connection its rows' doing (see `solo::Suspicion`).
+    // connection its rows' doing (see `Suspicion`).
     let Judging {
         session,
         attempt,

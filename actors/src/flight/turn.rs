@@ -11,89 +11,65 @@
 //! in all the same. So only a second such loss is taken as a rejection of its rows
 //! (see [`Suspicion`] and `bisect::lost_on_rows`).
 //!
-//! One gate per server, shared by every flight of every table to it. A flight holds its
-//! turn only while it talks to the server (not while it reports or acks), so the wait
-//! for a suspect's turn is bounded by the inserts out at the time. Another Sluice
-//! instance's inserts are not seen here: docs/operations.md says what that leaves.
+//! The turns are the server's pool's to grant ([`crate::pool::turns`]), by message, like
+//! its permits: one place orders every flight of every table to the server. A flight
+//! holds its turn only while it talks to the server (not while it reports or acks), so
+//! the wait for a suspect's turn is bounded by the inserts out at the time. Another
+//! Sluice instance's inserts are not seen here: docs/operations.md says what that
+//! leaves; nor are a pool's turns that its predecessor granted before it restarted.
 
-use std::sync::Arc;
+use crate::pool::turns::TurnId;
+use crate::protocol::{FlightRequest, PoolLink};
 
-use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
-
-/// The turns of one server's inserts. A suspect waiting for its turn goes before
-/// flights that ask after it (the lock is fair), so traffic cannot starve it.
-#[derive(Clone, Debug, Default)]
-pub struct SoloGate(Arc<RwLock<()>>);
-
-/// A flight's turn at the server, held while it talks to it.
+/// A flight's turn at its server, held while it talks to it; given back to the pool
+/// when dropped (the flight done with the server, cancelled, or panicking).
 #[derive(Debug)]
-pub enum Turn {
-    /// Beside other flights.
-    Together(OwnedRwLockReadGuard<()>),
-    /// Alone: no other insert to this server is out while it is held.
-    Alone(OwnedRwLockWriteGuard<()>),
+pub struct Turn {
+    alone: bool,
+    /// The pool that granted it, and its number there (`None`: no pool to ask).
+    granted: Option<(PoolLink, TurnId)>,
 }
 
 impl Turn {
+    /// Whether no other insert to the server is out while it is held.
     pub fn is_alone(&self) -> bool {
-        matches!(self, Turn::Alone(_))
+        self.alone
     }
 }
 
-impl SoloGate {
-    /// A turn beside the other flights, once no suspect is out or waiting before it.
-    pub async fn together(&self) -> Turn {
-        Turn::Together(self.0.clone().read_owned().await)
-    }
-
-    /// A turn alone, once every flight out now is done.
-    pub async fn alone(&self) -> Turn {
-        Turn::Alone(self.0.clone().write_owned().await)
-    }
-
-    /// The turn a flight takes: alone when it is a suspect's.
-    pub async fn turn(&self, suspect: bool) -> Turn {
-        if suspect {
-            self.alone().await
-        } else {
-            self.together().await
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some((pool, id)) = self.granted.take() {
+            let _ = pool.send_message(FlightRequest::TurnOver(id));
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use futures::FutureExt;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn flights_go_together() {
-        let gate = SoloGate::default();
-        let _a = gate.together().await;
-        assert!(gate.together().now_or_never().is_some());
+/// Ask the server's pool for a turn (alone: a suspect's). `None`: no turn now — a
+/// suspect's whose pool is restarting, or died before it answered (its rows go back).
+/// A flight that is no suspect goes beside whatever is out when there is no pool to
+/// ask: ordering matters only for a suspect.
+pub async fn take(pool: Option<&PoolLink>, alone: bool) -> Option<Turn> {
+    let ungated = (!alone).then_some(Turn {
+        alone: false,
+        granted: None,
+    });
+    let Some(pool) = pool else {
+        return ungated;
+    };
+    let (tx, rx) = ractor::concurrency::oneshot();
+    let asked = FlightRequest::Turn {
+        alone,
+        reply: tx.into(),
+    };
+    if pool.send_message(asked).is_err() {
+        return ungated;
     }
-
-    #[tokio::test]
-    async fn a_suspect_waits_for_the_flights_out_and_holds_back_the_next() {
-        let gate = SoloGate::default();
-        let out = gate.together().await;
-        let suspect = tokio::spawn({
-            let gate = gate.clone();
-            async move { gate.alone().await }
-        });
-        // Bounded: the spawned task gets the runtime's turn within a few yields.
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert!(!suspect.is_finished(), "a suspect flew beside a flight out");
-        // Asked after the suspect: waits behind it (it is not starved by new flights).
-        assert!(gate.together().now_or_never().is_none());
-        drop(out);
-        let alone = suspect.await.expect("the suspect's task");
-        assert!(alone.is_alone());
-        assert!(gate.together().now_or_never().is_none());
-        drop(alone);
-        assert!(gate.together().now_or_never().is_some());
+    match rx.await {
+        Ok(id) => Some(Turn {
+            alone,
+            granted: Some((pool.clone(), id)),
+        }),
+        Err(_) => ungated,
     }
 }

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use crate::flight::turn::SoloGate;
 use crate::metrics::ReplicaMetrics;
 use crate::observe::ReplicaBoard;
 use crate::placement::Layout;
@@ -20,8 +19,6 @@ pub struct Replica<I> {
     pub name: Arc<str>,
     pub inserter: Arc<I>,
     pub metrics: ReplicaMetrics,
-    /// The turns of the inserts to it: a suspect's flies alone (see [`SoloGate`]).
-    pub solo: SoloGate,
 }
 
 pub struct TargetServers<I> {
@@ -51,7 +48,6 @@ impl<I> TargetServers<I> {
                 metrics: ReplicaMetrics::new(target, &name),
                 name: Arc::from(name),
                 inserter,
-                solo: SoloGate::default(),
             })
             .collect();
         Self {

@@ -11,11 +11,12 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::memory::{PoolMemory, Readiness};
 use super::messages::{PoolDebug, PoolMsg, PoolReport};
+use super::turns::{TurnId, Turns};
 use crate::backoff::Backoff;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::{Admission, Ticket};
@@ -67,6 +68,8 @@ pub struct PoolState<I> {
     /// Fault injection: panic on the next table's request for a flight.
     panic_on_next_flight_request: bool,
     throttle: SnapshotThrottle,
+    /// Whose turn it is to talk to the server (a suspect's alone).
+    turns: Turns<RpcReplyPort<TurnId>>,
 }
 
 // === impl PoolState ===
@@ -86,6 +89,7 @@ impl<I: Inserter> PoolState<I> {
             servers: args.servers,
             node_id,
             throttle: SnapshotThrottle::new(args.common.settings.snapshot_every),
+            turns: Turns::default(),
             common: args.common,
             target: args.target,
             breaker,
@@ -152,6 +156,14 @@ impl<I: Inserter> PoolState<I> {
         match request {
             FlightRequest::WantsFlight { key, id, reply } => self.on_wants_flight(key, id, reply),
             FlightRequest::Verdict(report) => self.on_verdict(*report),
+            FlightRequest::Turn { alone, reply } => {
+                let granted = self.turns.ask(alone, reply);
+                self.answer_turns(granted);
+            }
+            FlightRequest::TurnOver(id) => {
+                let granted = self.turns.over(id);
+                self.answer_turns(granted);
+            }
         }
     }
 
@@ -186,6 +198,16 @@ impl<I: Inserter> PoolState<I> {
                 tracing::debug!(pool = %self.servers.target, replica = %self.name(), tenant = %key.tenant,
                     table = %key.table, "a permit found its table gone: its ticket comes back");
                 self.forget_ticket(ticket, now);
+            }
+        }
+    }
+
+    /// Tell each flight granted a turn that it may go; one that is gone meanwhile (its
+    /// flight cancelled while it waited) gives its turn back at once.
+    fn answer_turns(&mut self, mut granted: Vec<(TurnId, RpcReplyPort<TurnId>)>) {
+        while let Some((id, reply)) = granted.pop() {
+            if reply.send(id).is_err() {
+                granted.extend(self.turns.over(id));
             }
         }
     }

@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod memory;
 pub mod messages;
+pub mod turns;
 
 pub use actor::{PoolActor, PoolArgs};
 pub use memory::{PoolMemory, Readiness};
