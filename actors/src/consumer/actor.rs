@@ -14,7 +14,7 @@ use crate::backoff::Backoff;
 use crate::context::Common;
 use crate::ledger::{Changes, LedgerChange};
 use crate::metrics;
-use crate::observe::{ConsumerSnapshot, NodeState, SnapshotThrottle, CONSUMER_ID};
+use crate::observe::{ConsumerSnapshot, Frame, NodeState, Observed, Registry, CONSUMER_ID};
 use crate::ports::{Delivery, Source, SourceFactory};
 use crate::routing::{Route, Routed, Router};
 use crate::rows::row_count;
@@ -52,22 +52,14 @@ pub struct ConsumerState<F: SourceFactory> {
     routes: HashMap<Box<str>, Route>,
     next_pending: Instant,
     pending_gauge: ::metrics::Gauge,
-    throttle: SnapshotThrottle,
+    /// Its place in the live tree.
+    frame: Frame,
 }
 
 /// Cap on cached subject routes (a stream of garbage subjects must not grow memory).
 const MAX_ROUTES: usize = 10_000;
 
 impl<F: SourceFactory> ConsumerState<F> {
-    fn publish(&mut self, force: bool) {
-        if self.throttle.due(force) {
-            self.args
-                .common
-                .registry
-                .publish(CONSUMER_ID, NodeState::Consumer(self.snap.clone()));
-        }
-    }
-
     fn retry_in(&self) -> Duration {
         Backoff::base(
             &self.args.common.settings.reconnect,
@@ -222,7 +214,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 self.failures = 0;
                 self.snap.connected = true;
                 tracing::info!(stream = %stream, "consumer connected");
-                self.throttle.transition();
+                self.frame.transition();
                 let _ = myself.cast(ConsumerMsg::Pull);
             }
             Some(Err(e)) => {
@@ -231,7 +223,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 tracing::warn!(stream = %stream, error = %e,
                     retry_in_ms = delay.as_millis() as u64, "consumer cannot connect");
                 self.snap.last_error = Some(e.to_string());
-                self.throttle.transition();
+                self.frame.transition();
                 myself.send_after(delay, || ConsumerMsg::Connect);
             }
         }
@@ -262,7 +254,7 @@ impl<F: SourceFactory> ConsumerState<F> {
                 self.route_ledger_changes();
                 if !batch.is_empty() {
                     self.route_batch(batch);
-                    self.throttle.dirty = true;
+                    self.frame.changed();
                 }
                 self.poll_pending().await;
                 let _ = myself.cast(ConsumerMsg::Pull);
@@ -281,16 +273,16 @@ impl<F: SourceFactory> ConsumerState<F> {
         let snap = &mut self.snap;
         if snap.waiting_for != status.waiting_for {
             snap.waiting_for = status.waiting_for;
-            self.throttle.transition();
+            self.frame.transition();
         }
         if snap.stalls != status.stalls || snap.last_stall != status.last_stall {
             snap.stalls = status.stalls;
             snap.last_stall = status.last_stall;
-            self.throttle.transition();
+            self.frame.transition();
         }
         if snap.nats != status.nats {
             snap.nats = status.nats;
-            self.throttle.dirty = true;
+            self.frame.changed();
         }
     }
 
@@ -338,7 +330,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         if let Some(p) = source.pending().await {
             self.snap.pending = Some(p);
             self.pending_gauge.set(p as f64);
-            self.throttle.dirty = true;
+            self.frame.changed();
         }
     }
 
@@ -352,7 +344,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         tracing::warn!(stream = %self.args.common.settings.stream, error = %error,
             retry_in_ms = delay.as_millis() as u64, "pull failed: reconnecting");
         self.snap.last_error = Some(error);
-        self.throttle.transition();
+        self.frame.transition();
         myself.send_after(delay, || ConsumerMsg::Connect);
     }
 
@@ -372,7 +364,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         self.stopped = true;
         self.source = None;
         self.snap.connected = false;
-        self.throttle.transition();
+        self.frame.transition();
         let _ = reply.send(());
     }
 
@@ -380,6 +372,24 @@ impl<F: SourceFactory> ConsumerState<F> {
         match debug {
             ConsumerDebug::Panic => panic!("injected panic in the consumer actor"),
         }
+    }
+}
+
+impl<F: SourceFactory> Observed for ConsumerState<F> {
+    fn frame(&self) -> &Frame {
+        &self.frame
+    }
+
+    fn frame_mut(&mut self) -> &mut Frame {
+        &mut self.frame
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.args.common.registry
+    }
+
+    fn snapshot(&self) -> NodeState {
+        NodeState::Consumer(self.snap.clone())
     }
 }
 
@@ -407,7 +417,7 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
             routes: HashMap::new(),
             next_pending: Instant::now(),
             pending_gauge: gauge,
-            throttle: SnapshotThrottle::new(every),
+            frame: Frame::new(CONSUMER_ID, every),
         })
     }
 

@@ -10,12 +10,14 @@
 
 pub mod board;
 pub mod flight_watch;
+mod frame;
 mod registry;
 mod snapshots;
 mod stats;
 mod throttle;
 
 pub use board::ReplicaBoard;
+pub use frame::{Frame, Observed};
 pub use registry::{
     pool_id, table_id, target_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID,
 };

@@ -21,7 +21,7 @@ use crate::backoff::Backoff;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::{Admission, Ticket};
 use crate::context::Common;
-use crate::observe::{self, NodeState, PoolSnapshot, SnapshotThrottle};
+use crate::observe::{self, Frame, NodeState, Observed, PoolSnapshot, Registry};
 use crate::placement::TargetServers;
 use crate::ports::{ClickHouseError, Inserter, ServerInfo, TableKey};
 use crate::protocol::{FlightRequest, PendingRows, Permit, PoolVerdict, VerdictReport};
@@ -50,7 +50,6 @@ pub struct PoolArgs<I> {
 pub struct PoolState<I> {
     servers: Arc<TargetServers<I>>,
     replica: usize,
-    node_id: String,
     common: Arc<Common>,
     target: DerivedActorRef<PoolReport>,
     breaker: ScopedBreaker,
@@ -67,7 +66,8 @@ pub struct PoolState<I> {
     memory_dirty: bool,
     /// Fault injection: panic on the next table's request for a flight.
     panic_on_next_flight_request: bool,
-    throttle: SnapshotThrottle,
+    /// Its place in the live tree.
+    frame: Frame,
     /// Whose turn it is to talk to the server (a suspect's alone).
     turns: Turns<RpcReplyPort<TurnId>>,
 }
@@ -87,8 +87,7 @@ impl<I: Inserter> PoolState<I> {
         Self {
             replica: args.replica,
             servers: args.servers,
-            node_id,
-            throttle: SnapshotThrottle::new(args.common.settings.snapshot_every),
+            frame: Frame::new(node_id, args.common.settings.snapshot_every),
             turns: Turns::default(),
             common: args.common,
             target: args.target,
@@ -124,7 +123,7 @@ impl<I: Inserter> PoolState<I> {
         }
     }
 
-    fn snapshot(&self) -> PoolSnapshot {
+    fn pool_snapshot(&self) -> PoolSnapshot {
         let replica = self.servers.replica(self.replica);
         PoolSnapshot {
             target: self.servers.target.to_string(),
@@ -144,10 +143,7 @@ impl<I: Inserter> PoolState<I> {
                 .board
                 .publish(self.replica, self.breaker.state());
         }
-        if self.throttle.due(transition) {
-            let snapshot = NodeState::Pool(self.snapshot());
-            self.common.registry.publish(&self.node_id, snapshot);
-        }
+        Observed::publish(self, transition);
     }
 
     // --- flights ---
@@ -311,7 +307,7 @@ impl<I: Inserter> PoolState<I> {
             }
         }
         self.memory_dirty = true;
-        self.throttle.transition();
+        self.frame.transition();
     }
 
     /// The pool's own probe: when a window ended and no flight came to probe for
@@ -368,8 +364,7 @@ impl<I: Inserter> PoolState<I> {
 
     fn on_tick(&mut self, myself: &ActorRef<PoolMsg>) {
         self.own_probe(myself);
-        self.common.registry.beat(&self.node_id);
-        self.throttle.dirty = true;
+        self.beat();
     }
 
     fn on_debug(&mut self, debug: PoolDebug) {
@@ -381,6 +376,24 @@ impl<I: Inserter> PoolState<I> {
             ),
             PoolDebug::PanicOnNextFlightRequest => self.panic_on_next_flight_request = true,
         }
+    }
+}
+
+impl<I: Inserter> Observed for PoolState<I> {
+    fn frame(&self) -> &Frame {
+        &self.frame
+    }
+
+    fn frame_mut(&mut self) -> &mut Frame {
+        &mut self.frame
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.common.registry
+    }
+
+    fn snapshot(&self) -> NodeState {
+        NodeState::Pool(self.pool_snapshot())
     }
 }
 

@@ -5,11 +5,18 @@
 //! ClickHouse.
 
 pub mod actor;
+mod admission;
+mod arrivals;
 pub mod buffer;
+mod flights;
 pub mod lanes;
 pub mod messages;
 pub mod routes;
+mod snapshot;
+mod state;
 pub mod strikes;
+mod timers;
 
-pub use actor::{TableActor, TableArgs};
+pub use actor::TableActor;
 pub use messages::{TableDebug, TableMsg};
+pub use state::{TableArgs, TableState};

@@ -24,7 +24,7 @@ use crate::context::Common;
 use crate::flight::FlightCtx;
 use crate::ledger::LedgerChange;
 use crate::metrics::{self, TableMetrics};
-use crate::observe::{self, NodeKind, NodeState, SnapshotThrottle, TargetSnapshot};
+use crate::observe::{self, Frame, NodeKind, NodeState, Observed, Registry, TargetSnapshot};
 use crate::placement::all_waiting;
 use crate::placement::TargetServers;
 use crate::pool::{PoolActor, PoolArgs, PoolMsg, PoolReport};
@@ -87,7 +87,6 @@ enum Child {
 pub struct TargetState<I, D> {
     index: usize,
     servers: Arc<TargetServers<I>>,
-    node_id: String,
     common: Arc<Common>,
     root: DerivedActorRef<TargetReport>,
     orphans: DerivedActorRef<TableReport>,
@@ -96,7 +95,8 @@ pub struct TargetState<I, D> {
     by_id: HashMap<ActorId, Child>,
     /// The memory the root holds is out of date.
     memory_dirty: bool,
-    throttle: SnapshotThrottle,
+    /// Its place in the live tree.
+    frame: Frame,
 }
 
 // === impl TargetState ===
@@ -119,8 +119,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         let mut state = Self {
             index: args.index,
             servers: args.servers,
-            node_id,
-            throttle: SnapshotThrottle::new(args.common.settings.snapshot_every),
+            frame: Frame::new(node_id, args.common.settings.snapshot_every),
             common: args.common,
             root: args.root,
             orphans: args.orphans,
@@ -157,17 +156,6 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
                 index: self.index,
                 memory: Box::new(self.memory()),
             });
-        }
-    }
-
-    fn publish(&mut self, force: bool) {
-        if self.throttle.due(force) {
-            let snapshot = NodeState::Target(TargetSnapshot {
-                target: self.target().to_string(),
-                shards: self.servers.shard_names(),
-                tables: self.tables.values().filter(|e| e.actor.is_some()).count(),
-            });
-            self.common.registry.publish(&self.node_id, snapshot);
         }
     }
 
@@ -301,9 +289,12 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
             return;
         };
         let name = self.servers.replica(replica).name.clone();
-        self.common
-            .registry
-            .register(&entry.node_id, NodeKind::Pool, &name, Some(&self.node_id));
+        self.common.registry.register(
+            &entry.node_id,
+            NodeKind::Pool,
+            &name,
+            Some(&self.frame.node_id),
+        );
         let args = PoolArgs {
             servers: self.servers.clone(),
             replica,
@@ -394,7 +385,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         myself: &ActorRef<TargetMsg<D>>,
         key: &TableKey,
     ) -> Option<ActorRef<TableMsg<D>>> {
-        let target_node = self.node_id.clone();
+        let target_node = self.frame.node_id.clone();
         let registry = self.common.registry.clone();
         let target_link: DerivedActorRef<TableReport> = myself.get_derived();
         let orphans = self.orphans.clone();
@@ -623,6 +614,28 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
     }
 }
 
+impl<I: Inserter, D: Delivery> Observed for TargetState<I, D> {
+    fn frame(&self) -> &Frame {
+        &self.frame
+    }
+
+    fn frame_mut(&mut self) -> &mut Frame {
+        &mut self.frame
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.common.registry
+    }
+
+    fn snapshot(&self) -> NodeState {
+        NodeState::Target(TargetSnapshot {
+            target: self.target().to_string(),
+            shards: self.servers.shard_names(),
+            tables: self.tables.values().filter(|e| e.actor.is_some()).count(),
+        })
+    }
+}
+
 impl<I: Inserter, D: Delivery> Actor for TargetActor<I, D> {
     type Msg = TargetMsg<D>;
     type State = TargetState<I, D>;
@@ -666,8 +679,7 @@ impl<I: Inserter, D: Delivery> Actor for TargetActor<I, D> {
             TargetMsg::RespawnTable(key) => state.on_respawn_table(&myself, key).await,
             TargetMsg::RespawnPool(replica) => state.on_respawn_pool(&myself, replica).await,
             TargetMsg::Tick => {
-                state.common.registry.beat(&state.node_id);
-                state.throttle.dirty = true;
+                state.beat();
             }
             TargetMsg::FlushAll(reply) => state.on_flush_all(reply),
             TargetMsg::HandBackAll(reply) => state.on_hand_back_all(reply),
