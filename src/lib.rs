@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clickhouse;
 pub mod config;
 pub mod dev;
+pub mod http;
 pub mod nats;
 pub mod openapi;
 pub mod query;

@@ -21,7 +21,6 @@ use crate::batch::RowVerdict;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::Ticket;
 use crate::ledger::{LedgerRefusal, Manifest};
-use crate::pool::turns::TurnId;
 use crate::ports::{Class, ClickHouseError, Dedup, Delivery, TableKey};
 
 /// What a table hands a flight.
@@ -247,6 +246,9 @@ impl TableCarryOver {
 /// Where a table asks a replica's pool for flights: a derived reference, so the table
 /// knows nothing of the pool's messages.
 pub type PoolLink = DerivedActorRef<FlightRequest>;
+
+/// A flight's turn at its server, as the server's pool numbered it (to give it back).
+pub type TurnId = u64;
 
 /// What a table (or its flight) asks of, or tells, the pool of one replica.
 pub enum FlightRequest {

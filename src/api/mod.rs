@@ -2,12 +2,10 @@
 //! listener's OpenAPI document.
 //!
 //! The query surface lives in `crate::query` and is mounted here with `query::route`;
-//! what the surfaces share (tenant resolution, the headers sent once) lives here.
+//! what the surfaces share (tenant resolution, the headers sent once) is in `crate::http`.
 
-pub mod headers;
 pub mod ingest;
 mod openapi;
-pub mod tenant;
 
 use std::sync::Arc;
 

@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::insert::HttpInserter;
-use super::table_info::{TableInfo, TABLE_INFO_COLUMNS};
+use super::table_info::TableInfo;
 
 /// The table list could not be read (ClickHouse down, denied, too slow), so nothing is
 /// known of a table the cache lacks.
@@ -40,7 +39,7 @@ pub trait TableSource: Send + Sync + 'static {
 }
 
 /// The tables of one target's database, cached.
-pub struct Catalog<S = super::clients::TargetClients> {
+pub struct Catalog<S> {
     target: String,
     database: String,
     source: Arc<S>,
@@ -173,25 +172,6 @@ impl<S: TableSource> Catalog<S> {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves a consistent map: take it as is.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-// === impl TableSource for HttpInserter ===
-
-impl TableSource for HttpInserter {
-    async fn list_tables(&self, database: &str) -> Result<Vec<TableInfo>, String> {
-        // `database` is an identifier (checked by the configuration): safe to quote.
-        let sql = format!(
-            "SELECT {TABLE_INFO_COLUMNS} FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
-        );
-        let text = self.query(&sql).await.map_err(|e| e.message)?;
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str::<TableInfo>(l)
-                    .map_err(|e| format!("an unexpected line in system.tables ({e}): {l}"))
-            })
-            .collect()
     }
 }
 

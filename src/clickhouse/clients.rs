@@ -7,12 +7,15 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use super::catalog::TableSource;
+use super::catalog::{Catalog, TableSource};
 use super::insert::HttpInserter;
 use super::redelivery::Redelivery;
 use super::shard::ShardReplicas;
 use super::table_info::TableInfo;
 use crate::config::{Config, TargetConfig};
+
+/// A target's table catalog, read through its clients.
+pub type TargetCatalog = Catalog<TargetClients>;
 
 /// One target's servers' clients, shard by shard.
 pub struct TargetClients {

@@ -465,3 +465,22 @@ fn not_a_verdict(what: &str, mut error: ClickHouseError) -> ClickHouseError {
     error.message = format!("{what}: {}", error.message);
     error
 }
+
+// === impl TableSource for HttpInserter ===
+
+impl super::catalog::TableSource for HttpInserter {
+    async fn list_tables(&self, database: &str) -> Result<Vec<TableInfo>, String> {
+        // `database` is an identifier (checked by the configuration): safe to quote.
+        let sql = format!(
+            "SELECT {TABLE_INFO_COLUMNS} FROM system.tables WHERE database = '{database}' FORMAT JSONEachRow"
+        );
+        let text = self.query(&sql).await.map_err(|e| e.message)?;
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str::<TableInfo>(l)
+                    .map_err(|e| format!("an unexpected line in system.tables ({e}): {l}"))
+            })
+            .collect()
+    }
+}

@@ -14,7 +14,7 @@
 //!   count once in a table inserted at least once. On 26.2+ `deduplicate_insert`
 //!   (default `enable`) overrides `insert_deduplicate`, so both are pinned.
 
-use super::insert::ServerFeatures;
+use super::features::ServerFeatures;
 
 /// `(setting, value)` for an insert on a server with `features`: of a recorded batch
 /// when it has a `token`, skipping unknown fields or not as its table asks.

@@ -26,11 +26,7 @@ const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// on the last size known (the server's own limit sits above the budget).
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Whether this nats-server enforces a discard-new `max_bytes` without pruning old
-/// messages: 2.10.5 and later.
-pub fn discard_new_is_exact(version: &str) -> bool {
-    super::version::parse(version) >= (2, 10, 5)
-}
+pub use super::version::discard_new_is_exact;
 
 /// The `max_bytes` to give the server for a configured budget: the budget itself where
 /// the server enforces it exactly, else the budget with headroom the server never

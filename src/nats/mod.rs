@@ -9,6 +9,7 @@ mod connect;
 mod delivery;
 mod dlq;
 mod encoding;
+mod error_text;
 mod held;
 mod key_store;
 mod kv_bucket;

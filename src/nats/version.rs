@@ -4,14 +4,21 @@
 
 use std::fmt::Write as _;
 
-use super::budget::discard_new_is_exact;
-
 /// `2.10.23`: releases before it could delete a whole stream when the process crashed
 /// (fixed in 2.10.23; Jepsen's analysis of NATS 2.12.1, 2025-12).
 pub const STREAM_LOSS_FIXED_IN: (u64, u64, u64) = (2, 10, 23);
 
 /// `2.10`: stream-level compression (`compression: s2`) and subject transforms.
 pub const STREAM_COMPRESSION: (u64, u64, u64) = (2, 10, 0);
+
+/// `2.10.5`: a discard-new `max_bytes` enforced without pruning old messages.
+pub const DISCARD_NEW_EXACT: (u64, u64, u64) = (2, 10, 5);
+
+/// Whether this nats-server enforces a discard-new `max_bytes` without pruning old
+/// messages (the stream's budget can then be given to the server as it is).
+pub fn discard_new_is_exact(version: &str) -> bool {
+    parse(version) >= DISCARD_NEW_EXACT
+}
 
 /// `(major, minor, patch)` of `2.10.23` or `v2.9.10`; missing parts are 0.
 pub fn parse(version: &str) -> (u64, u64, u64) {

@@ -23,8 +23,8 @@ use sluice_actors::{Class, ClickHouseError};
 use super::kill::KillOutcome;
 use super::request::RequestError;
 use super::QUERY_ID_HEADER;
-use crate::api::tenant::TenantError;
 use crate::clickhouse::classify::MISSING_TABLE_CODES;
+use crate::http::tenant::TenantError;
 
 /// ClickHouse's own time limit stopped the query.
 pub const TIMEOUT_EXCEEDED: u32 = 159;

@@ -75,7 +75,7 @@ async fn run(
     trace.tenant = Some(tenant.name.clone());
 
     let body = body.map_err(|rejection| {
-        if let Some(timed_out) = crate::server::body_timed_out(&rejection) {
+        if let Some(timed_out) = crate::http::body_timed_out(&rejection) {
             return QueryError::Request(RequestError::BodyTimedOut(timed_out.to_string()));
         }
         QueryError::Request(RequestError::Invalid(

@@ -61,8 +61,8 @@ pub use response::{PREFIX_WINDOW, RESULT_CAP_HEADER};
 pub use retry_budget::RetryBudget;
 pub use sql::{check_read_only, SqlError, READ_KEYWORDS};
 
-use crate::api::tenant::TenantResolver;
 use crate::config::Config;
+use crate::http::tenant::TenantResolver;
 
 /// The header every answer carries the query's id in.
 pub const QUERY_ID_HEADER: &str = "x-sluice-query-id";

@@ -35,8 +35,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-use super::body_deadline::{BodyTimedOut, Deadline};
 use crate::config::ListenerLimits;
+use crate::http::body_deadline::{BodyTimedOut, Deadline};
 use tokio_util::sync::CancellationToken;
 
 /// What a connection is bound by, and how its listener is named in messages.

@@ -16,11 +16,12 @@ use super::{accept, PipelineAdapter};
 use crate::admin::{self, AdminState, NatsView};
 use crate::api::ingest::idempotency::{self, Idempotency};
 use crate::api::ingest::{self, ChunkLimits, IngestState, TenantTables};
-use crate::api::tenant::TenantResolver;
 use crate::api::ApiState;
 use crate::clickhouse::catalog::{self, Catalog};
+use crate::clickhouse::clients::TargetCatalog;
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
+use crate::http::tenant::TenantResolver;
 use crate::nats::{Dlq, KeyStore, KeyStoreSettings, LandedChunks, Publisher, StreamSettings};
 use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
@@ -230,7 +231,7 @@ fn connection_caps(config: &Config) -> anyhow::Result<Caps> {
 fn catalogs(
     config: &Config,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
-) -> HashMap<String, Catalog> {
+) -> HashMap<String, TargetCatalog> {
     config
         .targets
         .values()

@@ -8,7 +8,6 @@
 //! Kubernetes) restarts the process rather than leave it up doing nothing.
 
 mod accept;
-mod body_deadline;
 mod connection;
 mod descriptors;
 mod listeners;
@@ -27,7 +26,6 @@ use crate::config::Config;
 use crate::nats::{self, Publisher, StreamSettings};
 use crate::telemetry;
 
-pub use body_deadline::body_timed_out;
 pub use pipeline::PipelineAdapter;
 
 /// Run until SIGTERM or SIGINT.

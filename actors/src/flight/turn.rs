@@ -18,7 +18,7 @@
 //! Sluice instance's inserts are not seen here: docs/operations.md says what that
 //! leaves; nor are a pool's turns that its predecessor granted before it restarted.
 
-use crate::pool::turns::TurnId;
+use crate::protocol::TurnId;
 use crate::protocol::{FlightRequest, PoolLink};
 
 /// A flight's turn at its server, held while it talks to it; given back to the pool

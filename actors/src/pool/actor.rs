@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::memory::{PoolMemory, Readiness};
 use super::messages::{PoolDebug, PoolMsg, PoolReport};
-use super::turns::{TurnId, Turns};
+use super::turns::Turns;
 use crate::backoff::Backoff;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::{Admission, Ticket};
@@ -24,7 +24,7 @@ use crate::context::Common;
 use crate::observe::{self, Frame, NodeState, Observed, PoolSnapshot, Registry};
 use crate::placement::TargetServers;
 use crate::ports::{ClickHouseError, Inserter, ServerInfo, TableKey};
-use crate::protocol::{FlightRequest, PendingRows, Permit, PoolVerdict, VerdictReport};
+use crate::protocol::{FlightRequest, PendingRows, Permit, PoolVerdict, TurnId, VerdictReport};
 
 pub struct PoolActor<I>(PhantomData<fn() -> I>);
 

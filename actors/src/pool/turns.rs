@@ -9,8 +9,7 @@
 
 use std::collections::VecDeque;
 
-/// A turn's number, for giving it back.
-pub type TurnId = u64;
+use crate::protocol::TurnId;
 
 /// The turns of one server. `R`: how a queued asker is answered (the pool's reply
 /// port; anything in the tests).

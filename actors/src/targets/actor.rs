@@ -8,32 +8,25 @@
 //! messages, respawns a failed pool or table with backoff, reaps idle tables, keeps
 //! what each must not forget, and tells its tables where the pools are.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use ractor::{
-    Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort,
-    SupervisionEvent,
+    Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent,
 };
 use tokio::time::Instant;
 
-use super::memory::{ReplicaMemory, TableMemory, TargetMemory};
-use super::messages::{TargetDebug, TargetMsg, TargetReport};
-use crate::context::Common;
-use crate::flight::FlightCtx;
+use super::messages::{TargetDebug, TargetMsg};
+use super::state::{Child, TargetArgs, TargetState};
 use crate::ledger::LedgerChange;
-use crate::metrics::{self, TableMetrics};
-use crate::observe::{self, Frame, NodeKind, NodeState, Observed, Registry, TargetSnapshot};
+use crate::observe::Observed;
 use crate::placement::all_waiting;
-use crate::placement::TargetServers;
-use crate::pool::{PoolActor, PoolArgs, PoolMsg, PoolReport};
+use crate::pool::{PoolMsg, PoolReport};
 use crate::ports::{Delivery, Inserter, TableKey};
-use crate::protocol::{FlightRequest, PoolLink, TableCarryOver, TableReport, VerdictReport};
+use crate::protocol::{FlightRequest, TableCarryOver, TableReport, VerdictReport};
 use crate::restart::child_gone;
 use crate::routing::Routed;
 use crate::settle::hand_back;
-use crate::table::{TableActor, TableArgs, TableDebug, TableMsg};
+use crate::table::{TableDebug, TableMsg};
 
 pub struct TargetActor<I, D>(PhantomData<fn() -> (I, D)>);
 
@@ -43,165 +36,10 @@ impl<I, D> Default for TargetActor<I, D> {
     }
 }
 
-pub struct TargetArgs<I> {
-    /// The target's place in the configuration (the root knows its targets by it).
-    pub index: usize,
-    pub servers: Arc<TargetServers<I>>,
-    pub common: Arc<Common>,
-    /// Where the predecessor left off (or a first memory).
-    pub memory: TargetMemory,
-    /// The root, as far as a target speaks to it.
-    pub root: DerivedActorRef<TargetReport>,
-    /// The root, for the reports of flights that outlive their table, pool and target.
-    pub orphans: DerivedActorRef<TableReport>,
-    /// Fault injection: fail in `pre_start` (the root's debug message asks for it).
-    pub fail_spawn: bool,
-}
-
-struct TableEntry<I, D> {
-    actor: Option<ActorRef<TableMsg<D>>>,
-    ctx: Arc<FlightCtx<I>>,
-    node_id: String,
-    respawn_at: Option<Instant>,
-    /// A table actor found dead by `route` before its supervision event came: the
-    /// event, when it comes, only brings the reason (the panic message).
-    down_unreported: Option<ActorId>,
-    memory: TableMemory,
-}
-
-struct PoolEntry {
-    actor: Option<ActorRef<PoolMsg>>,
-    node_id: String,
-    memory: ReplicaMemory,
-    /// Spawns failed in a row (past `max_spawn_failures` the pipeline cannot go on).
-    spawn_failures: u32,
-}
-
-/// A child of the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Child {
-    Pool(usize),
-    Table(TableKey),
-}
-
-pub struct TargetState<I, D> {
-    index: usize,
-    servers: Arc<TargetServers<I>>,
-    common: Arc<Common>,
-    root: DerivedActorRef<TargetReport>,
-    orphans: DerivedActorRef<TableReport>,
-    pools: Vec<PoolEntry>,
-    tables: HashMap<TableKey, TableEntry<I, D>>,
-    by_id: HashMap<ActorId, Child>,
-    /// The memory the root holds is out of date.
-    memory_dirty: bool,
-    /// Its place in the live tree.
-    frame: Frame,
-}
-
-// === impl TargetState ===
-
 impl<I: Inserter, D: Delivery> TargetState<I, D> {
-    fn new(args: TargetArgs<I>) -> Self {
-        let TargetMemory { pools, tables } = args.memory;
-        let target = &args.servers.target;
-        let node_id = observe::target_id(target);
-        let pools = pools
-            .into_iter()
-            .zip(&args.servers.replicas)
-            .map(|(memory, replica)| PoolEntry {
-                actor: None,
-                node_id: observe::pool_id(target, &replica.name),
-                memory,
-                spawn_failures: 0,
-            })
-            .collect();
-        let mut state = Self {
-            index: args.index,
-            servers: args.servers,
-            frame: Frame::new(node_id, args.common.settings.snapshot_every),
-            common: args.common,
-            root: args.root,
-            orphans: args.orphans,
-            pools,
-            tables: HashMap::new(),
-            by_id: HashMap::new(),
-            memory_dirty: true,
-        };
-        for (key, memory) in tables {
-            state.entry(&key).memory = memory;
-        }
-        state
-    }
-
-    fn target(&self) -> &Arc<str> {
-        &self.servers.target
-    }
-
-    fn memory(&self) -> TargetMemory {
-        TargetMemory {
-            pools: self.pools.iter().map(|p| p.memory.clone()).collect(),
-            tables: self
-                .tables
-                .iter()
-                .map(|(k, e)| (k.clone(), e.memory.clone()))
-                .collect(),
-        }
-    }
-
-    /// Send the root a fresh copy of what must outlive this target, if it changed.
-    fn remember(&mut self) {
-        if std::mem::take(&mut self.memory_dirty) {
-            let _ = self.root.send_message(TargetReport::Remember {
-                index: self.index,
-                memory: Box::new(self.memory()),
-            });
-        }
-    }
-
-    fn entry(&mut self, key: &TableKey) -> &mut TableEntry<I, D> {
-        let (servers, common) = (&self.servers, &self.common);
-        self.tables.entry(key.clone()).or_insert_with(|| {
-            let ctx = Arc::new(FlightCtx {
-                servers: servers.clone(),
-                key: key.clone(),
-                settings: common.tables.resolve(key),
-                metrics: TableMetrics::new(key),
-                common: common.clone(),
-            });
-            TableEntry {
-                actor: None,
-                ctx,
-                node_id: observe::table_id(&servers.target, key),
-                respawn_at: None,
-                down_unreported: None,
-                memory: TableMemory::default(),
-            }
-        })
-    }
-
-    /// Where the tables reach each replica's pool now (`None`: restarting).
-    fn pool_links(&self) -> Vec<Option<PoolLink>> {
-        self.pools
-            .iter()
-            .map(|p| p.actor.as_ref().map(ActorRef::get_derived))
-            .collect()
-    }
-
-    fn live_tables(&self) -> Vec<ActorRef<TableMsg<D>>> {
-        self.tables
-            .values()
-            .filter_map(|e| e.actor.clone())
-            .collect()
-    }
-
-    fn live_pools(&self) -> impl Iterator<Item = &ActorRef<PoolMsg>> {
-        self.pools.iter().filter_map(|p| p.actor.as_ref())
-    }
-
     // --- rows ---
 
-    async fn on_routed(&mut self, myself: &ActorRef<TargetMsg<D>>, routed: Routed<D>) {
+    pub(super) async fn on_routed(&mut self, myself: &ActorRef<TargetMsg<D>>, routed: Routed<D>) {
         match routed {
             Routed::Messages { key, messages } => self.on_messages(myself, key, messages).await,
             Routed::Ledger { key, changes } => self.on_ledger(&key, changes),
@@ -215,13 +53,18 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
 
     /// Changes of a table's recorded batches: to its actor, if one runs (one that starts
     /// later reads the store's snapshot, which holds them).
-    fn on_ledger(&mut self, key: &TableKey, changes: Vec<LedgerChange>) {
+    pub(super) fn on_ledger(&mut self, key: &TableKey, changes: Vec<LedgerChange>) {
         if let Some(actor) = self.tables.get(key).and_then(|e| e.actor.as_ref()) {
             let _ = actor.cast(TableMsg::Ledger(changes));
         }
     }
 
-    async fn on_messages(&mut self, myself: &ActorRef<TargetMsg<D>>, key: TableKey, rows: Vec<D>) {
+    pub(super) async fn on_messages(
+        &mut self,
+        myself: &ActorRef<TargetMsg<D>>,
+        key: TableKey,
+        rows: Vec<D>,
+    ) {
         let gates = self.servers.board.gates(Instant::now());
         if let Some(delay) = all_waiting(&gates) {
             // No server of the target takes rows now: nothing is buffered anywhere.
@@ -232,7 +75,12 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         self.route(myself, key, rows).await;
     }
 
-    async fn route(&mut self, myself: &ActorRef<TargetMsg<D>>, key: TableKey, rows: Vec<D>) {
+    pub(super) async fn route(
+        &mut self,
+        myself: &ActorRef<TargetMsg<D>>,
+        key: TableKey,
+        rows: Vec<D>,
+    ) {
         let mut rows = rows;
         let live = self
             .tables
@@ -279,80 +127,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         }
     }
 
-    // --- pools ---
-
-    /// Spawn (or respawn) a replica's pool. Awaited in the mailbox: `spawn_linked` only
-    /// waits for the actor's registration and its `pre_start`, which builds its state
-    /// and returns.
-    async fn spawn_pool(&mut self, myself: &ActorRef<TargetMsg<D>>, replica: usize) {
-        let Some(entry) = self.pools.get(replica) else {
-            return;
-        };
-        let name = self.servers.replica(replica).name.clone();
-        self.common.registry.register(
-            &entry.node_id,
-            NodeKind::Pool,
-            &name,
-            Some(&self.frame.node_id),
-        );
-        let args = PoolArgs {
-            servers: self.servers.clone(),
-            replica,
-            common: self.common.clone(),
-            memory: entry.memory.pool.clone(),
-            target: myself.get_derived(),
-            fail_spawn: false,
-        };
-        let spawned =
-            Actor::spawn_linked(None, PoolActor::<I>::default(), args, myself.get_cell()).await;
-        match spawned {
-            Ok((actor, _)) => {
-                self.by_id.insert(actor.get_id(), Child::Pool(replica));
-                let link: PoolLink = actor.get_derived();
-                self.pools[replica].actor = Some(actor);
-                self.pools[replica].spawn_failures = 0;
-                self.tell_tables_pool(replica, Some(link));
-            }
-            Err(e) => {
-                let common = self.common.clone();
-                let entry = &mut self.pools[replica];
-                entry.spawn_failures += 1;
-                let n = entry.spawn_failures;
-                let max = common.settings.restart.max_spawn_failures;
-                common
-                    .registry
-                    .failed(&entry.node_id, &e.to_string(), n < max);
-                if n >= max {
-                    common.set_fatal(format!(
-                        "pool actor {name} of target {} could not be spawned {n} times in a row: {e}",
-                        self.servers.target
-                    ));
-                    return;
-                }
-                let delay = common.restart_delay(n);
-                tracing::error!(pool = %self.servers.target, replica = %name, error = %e,
-                    retry_in_ms = delay.as_millis() as u64, "could not spawn the pool actor");
-                myself.send_after(delay, move || TargetMsg::RespawnPool(replica));
-            }
-        }
-    }
-
-    fn tell_tables_pool(&self, replica: usize, link: Option<PoolLink>) {
-        for table in self.live_tables() {
-            let _ = table.cast(TableMsg::PoolLink {
-                replica,
-                link: link.clone(),
-            });
-        }
-    }
-
-    async fn on_respawn_pool(&mut self, myself: &ActorRef<TargetMsg<D>>, replica: usize) {
-        if self.pools.get(replica).is_some_and(|p| p.actor.is_none()) {
-            self.spawn_pool(myself, replica).await;
-        }
-    }
-
-    fn on_pool_report(&mut self, report: PoolReport) {
+    pub(super) fn on_pool_report(&mut self, report: PoolReport) {
         match report {
             PoolReport::Remember { replica, memory } => {
                 if let Some(entry) = self.pools.get_mut(replica) {
@@ -365,7 +140,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
 
     /// A verdict its replica's pool could not be told (it was restarting): to the
     /// pool that runs now, whose breaker must hear it.
-    fn on_orphan_verdict(&self, report: VerdictReport) {
+    pub(super) fn on_orphan_verdict(&self, report: VerdictReport) {
         let pool = self
             .pools
             .get(report.replica)
@@ -375,144 +150,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         }
     }
 
-    // --- tables ---
-
-    /// Spawn (or respawn) a table's actor. Awaited in the mailbox: `spawn_linked` only
-    /// waits for the actor's registration and its `pre_start`, which builds its state
-    /// and returns (no I/O, no waiting on another actor).
-    async fn spawn_table(
-        &mut self,
-        myself: &ActorRef<TargetMsg<D>>,
-        key: &TableKey,
-    ) -> Option<ActorRef<TableMsg<D>>> {
-        let target_node = self.frame.node_id.clone();
-        let registry = self.common.registry.clone();
-        let target_link: DerivedActorRef<TableReport> = myself.get_derived();
-        let orphans = self.orphans.clone();
-        let pools = self.pool_links();
-        let entry = self.entry(key);
-        registry.register(
-            &entry.node_id,
-            NodeKind::Table,
-            &key.to_string(),
-            Some(&target_node),
-        );
-        let args = TableArgs {
-            ctx: entry.ctx.clone(),
-            target: target_link,
-            pools,
-            orphans,
-            node_id: entry.node_id.clone(),
-            carry_over: entry.memory.carry_over.clone(),
-        };
-        let spawned =
-            Actor::spawn_linked(None, TableActor::<I, D>::default(), args, myself.get_cell()).await;
-        match spawned {
-            Ok((actor, _)) => {
-                let entry = self.entry(key);
-                entry.actor = Some(actor.clone());
-                entry.respawn_at = None;
-                self.by_id.insert(actor.get_id(), Child::Table(key.clone()));
-                Some(actor)
-            }
-            Err(e) => {
-                tracing::error!(pool = %self.target(), tenant = %key.tenant, table = %key.table, error = %e,
-                    "could not spawn the table actor");
-                None
-            }
-        }
-    }
-
-    /// A child stopped unasked (a panic, an error).
-    fn child_down(&mut self, myself: &ActorRef<TargetMsg<D>>, id: ActorId, why: String) {
-        match self.by_id.remove(&id) {
-            Some(Child::Table(key)) => self.table_down(myself, id, key, why),
-            Some(Child::Pool(replica)) => self.pool_down(myself, id, replica, why),
-            None => {}
-        }
-    }
-
-    fn pool_down(
-        &mut self,
-        myself: &ActorRef<TargetMsg<D>>,
-        id: ActorId,
-        replica: usize,
-        why: String,
-    ) {
-        let Some(entry) = self.pools.get_mut(replica) else {
-            return;
-        };
-        if entry.actor.as_ref().map(|a| a.get_id()) != Some(id) {
-            return;
-        }
-        entry.actor = None;
-        if self.common.shutdown.is_cancelled() {
-            return;
-        }
-        let now = Instant::now();
-        let delay = entry
-            .memory
-            .restarts
-            .failed(now, &self.common.settings.restart);
-        metrics::restarts("pool").increment(1);
-        let registry = &self.common.registry;
-        registry.count_restart(&entry.node_id);
-        registry.failed(&entry.node_id, &why, true);
-        tracing::warn!(pool = %self.servers.target, replica = %self.servers.replica(replica).name,
-            error = %why, restart_in_ms = delay.as_millis() as u64,
-            "pool actor failed: its breaker is kept, respawning");
-        self.memory_dirty = true;
-        self.tell_tables_pool(replica, None);
-        myself.send_after(delay, move || TargetMsg::RespawnPool(replica));
-    }
-
-    fn table_down(
-        &mut self,
-        myself: &ActorRef<TargetMsg<D>>,
-        id: ActorId,
-        key: TableKey,
-        why: String,
-    ) {
-        // A probe token its flight was given and never used comes back.
-        for pool in self.live_pools() {
-            let _ = pool.cast(PoolMsg::TableGone(id));
-        }
-        let common = self.common.clone();
-        let target = self.servers.target.clone();
-        let Some(entry) = self.tables.get_mut(&key) else {
-            return;
-        };
-        if entry.down_unreported == Some(id) {
-            entry.down_unreported = None;
-            common.registry.set_last_error(&entry.node_id, &why);
-            tracing::warn!(pool = %target, tenant = %key.tenant, table = %key.table, error = %why,
-                "table actor failure reported");
-            return;
-        }
-        if entry.actor.as_ref().map(|a| a.get_id()) != Some(id) {
-            return;
-        }
-        let now = Instant::now();
-        entry.actor = None;
-        let delay = entry.memory.restarts.failed(now, &common.settings.restart);
-        entry.respawn_at = Some(now + delay);
-        metrics::restarts("table").increment(1);
-        common.registry.count_restart(&entry.node_id);
-        common.registry.failed(&entry.node_id, &why, true);
-        tracing::warn!(pool = %target, tenant = %key.tenant, table = %key.table, error = %why,
-            restart_in_ms = delay.as_millis() as u64,
-            "table actor failed: its buffered rows are handed back, respawning");
-        myself.send_after(delay, move || TargetMsg::RespawnTable(key));
-        self.memory_dirty = true;
-    }
-
-    async fn on_respawn_table(&mut self, myself: &ActorRef<TargetMsg<D>>, key: TableKey) {
-        if self.tables.get(&key).is_some_and(|e| e.actor.is_none()) {
-            self.spawn_table(myself, &key).await;
-        }
-    }
-
-    fn on_table_report(&mut self, report: TableReport) {
+    pub(super) fn on_table_report(&mut self, report: TableReport) {
         match report {
             TableReport::CarryOver { key, carry } => self.on_table_carry_over(key, *carry),
             TableReport::Idle { key, id } => self.on_table_idle(key, id),
@@ -520,12 +158,12 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         }
     }
 
-    fn on_table_carry_over(&mut self, key: TableKey, carry: TableCarryOver) {
+    pub(super) fn on_table_carry_over(&mut self, key: TableKey, carry: TableCarryOver) {
         self.entry(&key).memory.carry_over = Some(carry);
         self.memory_dirty = true;
     }
 
-    fn on_table_idle(&mut self, key: TableKey, id: ActorId) {
+    pub(super) fn on_table_idle(&mut self, key: TableKey, id: ActorId) {
         let current = self
             .tables
             .get(&key)
@@ -560,7 +198,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
 
     /// Every table flushes now; answered (from a task, off the mailbox) once each table
     /// answered or the call timed out.
-    fn on_flush_all(&self, reply: RpcReplyPort<()>) {
+    pub(super) fn on_flush_all(&self, reply: RpcReplyPort<()>) {
         let tables = self.live_tables();
         let timeout = self.common.settings.shutdown_deadline;
         tokio::spawn(async move {
@@ -572,7 +210,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         });
     }
 
-    fn on_hand_back_all(&self, reply: RpcReplyPort<usize>) {
+    pub(super) fn on_hand_back_all(&self, reply: RpcReplyPort<usize>) {
         let tables = self.live_tables();
         let timeout = self.common.settings.call_timeout;
         tokio::spawn(async move {
@@ -591,7 +229,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         });
     }
 
-    fn on_debug(&self, debug: TargetDebug) {
+    pub(super) fn on_debug(&self, debug: TargetDebug) {
         match debug {
             TargetDebug::Panic => panic!("injected panic in target actor {}", self.target()),
             TargetDebug::PanicTable(key, reply) => {
@@ -611,28 +249,6 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
                 let _ = reply.send(found);
             }
         }
-    }
-}
-
-impl<I: Inserter, D: Delivery> Observed for TargetState<I, D> {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-
-    fn frame_mut(&mut self) -> &mut Frame {
-        &mut self.frame
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.common.registry
-    }
-
-    fn snapshot(&self) -> NodeState {
-        NodeState::Target(TargetSnapshot {
-            target: self.target().to_string(),
-            shards: self.servers.shard_names(),
-            tables: self.tables.values().filter(|e| e.actor.is_some()).count(),
-        })
     }
 }
 

@@ -6,9 +6,12 @@
 //! the root supervisor).
 
 pub mod actor;
+mod children;
 pub mod memory;
 pub mod messages;
+mod state;
 
-pub use actor::{TargetActor, TargetArgs};
+pub use actor::TargetActor;
 pub use memory::{ReplicaMemory, TableMemory, TargetMemory};
 pub use messages::{TargetDebug, TargetMsg, TargetReport};
+pub use state::TargetArgs;

@@ -35,9 +35,9 @@ use super::parse::{self, Framing, RowLimits};
 use super::publishing::{KeyedChunks, Outcome, Publishing, Stop};
 use super::reply::{self, come_back, failure, IngestReply};
 use super::tables::TenantTables;
-use crate::api::tenant::{Tenant, TenantResolver};
-use crate::clickhouse::catalog::Catalog;
+use crate::clickhouse::clients::TargetCatalog;
 use crate::config::{is_table_name, TABLE_NAME_RULE};
+use crate::http::tenant::{Tenant, TenantResolver};
 use crate::nats::{LandedChunks, PublishError, Publisher};
 use crate::telemetry::metrics as m;
 
@@ -64,7 +64,7 @@ pub struct IngestState {
     /// `[api] publish_retry_for`: how long a chunk JetStream did not take is sent again.
     pub publish_retry_for: Duration,
     /// The tables of each ClickHouse target, by target name.
-    pub catalogs: HashMap<String, Catalog>,
+    pub catalogs: HashMap<String, TargetCatalog>,
     /// The tables each tenant writes to, capped.
     pub tables: TenantTables,
     /// The `Idempotency-Key` records.
@@ -421,7 +421,7 @@ async fn admit_table(state: &IngestState, tenant: &Tenant, table: &str) -> Resul
         .map_err(|e| failure(StatusCode::FORBIDDEN, e.to_string()))
 }
 
-fn missing_table(catalog: &Catalog, table: &str) -> Response {
+fn missing_table(catalog: &TargetCatalog, table: &str) -> Response {
     failure(
         StatusCode::NOT_FOUND,
         format!(
@@ -463,7 +463,7 @@ async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<
     let mut stream = body.into_data_stream();
     let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| match crate::server::body_timed_out(&e) {
+        let chunk = chunk.map_err(|e| match crate::http::body_timed_out(&e) {
             // Answered by the listener; counted here as what the client sees.
             Some(timed_out) => failure(StatusCode::REQUEST_TIMEOUT, timed_out.to_string()),
             None => failure(

@@ -22,7 +22,6 @@ use super::split::{self, PartOf, SplitJob, SplitOutcome};
 mod writer;
 
 pub use writer::DlqWriter;
-pub(crate) use writer::{truncate, MAX_ERROR_HEADER};
 
 /// How long an ack waits for JetStream's confirmation. The server answers at once when
 /// it is there; no answer in this long means the connection or the server is gone, and
@@ -31,11 +30,6 @@ const ACK_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The DLQ header that tells which row of a many-row message a parked row was (0-based).
 pub const ORIGINAL_LINE_HEADER: &str = "Sluice-Original-Line";
-
-/// The header of a part of a message split by shard: the stream sequence of the
-/// message it came from (see `Delivery::split`; its record and shard are in the
-/// headers of `super::split`).
-pub const SPLIT_FROM_HEADER: &str = "Sluice-Split-From";
 
 /// What a delivery keeps of a JetStream message: the subject it was published on, its
 /// reply subject (the ack address, which also encodes stream, sequence and delivery

@@ -11,12 +11,10 @@ use sluice_actors::{DeliveryMeta, Parking, SettleError};
 
 use super::ORIGINAL_LINE_HEADER;
 use crate::nats::acked_here::AckedHere;
+use crate::nats::error_text::{header_value, truncate, MAX_ERROR_HEADER};
 use crate::nats::landed::LandedChunks;
 use crate::nats::publish::{PublishError, Publisher};
 use crate::nats::split::SplitRecords;
-
-/// The most of ClickHouse's message a DLQ header carries.
-pub(crate) const MAX_ERROR_HEADER: usize = 1024;
 
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
 /// delivery settles through (and where keyed chunks are marked landed). Shared by every
@@ -167,42 +165,5 @@ impl DlqWriter {
             )),
             Err(e) => Err(SettleError(format!("publishing to the DLQ: {e}"))),
         }
-    }
-}
-
-/// NATS header values cannot hold CR or LF: a multi-line ClickHouse message is folded.
-fn header_value(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_string()
-}
-
-/// At most `max` bytes, cut at a character boundary.
-pub(crate) fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_values_are_single_lines_and_capped() {
-        assert_eq!(
-            header_value("Code: 27\r\n, e.what()"),
-            "Code: 27  , e.what()"
-        );
-        let long = "é".repeat(1000);
-        let cut = truncate(&long, MAX_ERROR_HEADER);
-        assert!(cut.len() <= MAX_ERROR_HEADER && cut.len() >= MAX_ERROR_HEADER - 1);
     }
 }

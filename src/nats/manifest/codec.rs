@@ -38,7 +38,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use sluice_actors::ledger::split::{RowRange, Split, SplitRejection};
 use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
-use crate::nats::delivery::{truncate, MAX_ERROR_HEADER};
+use crate::nats::error_text::{truncate, MAX_ERROR_HEADER};
 
 const VERSION: u8 = 4;
 /// Open and settled only, no parked flag, and no incarnation in the token.

@@ -17,8 +17,12 @@ use futures::future::join_all;
 
 use super::record::{record_key, PartOf, SplitRecord};
 use super::{Read, SplitRecords, WRITES_TRIED};
-use crate::nats::delivery::SPLIT_FROM_HEADER;
 use crate::nats::publish::Publisher;
+
+/// The header of a part of a message split by shard: the stream sequence of the
+/// message it came from (see `Delivery::split`; its record and shard are in the
+/// headers of [`super`]).
+pub const SPLIT_FROM_HEADER: &str = "Sluice-Split-From";
 
 /// A message to split.
 pub struct SplitJob<'a> {

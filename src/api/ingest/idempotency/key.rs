@@ -6,7 +6,7 @@ use axum::http::HeaderMap;
 use ring::digest::{Context, SHA256};
 
 use super::super::parse::Framing;
-use crate::api::headers;
+use crate::http::headers;
 
 /// The longest key taken, in characters.
 pub const MAX_KEY_LEN: usize = 128;
