@@ -3,7 +3,10 @@
 //!
 //! - the actors crate's modules sit on floors, and no module imports one above its own;
 //! - in both crates, no folder's children import each other in a circle;
-//! - no production file is over 600 lines.
+//! - no production file is over 600 lines, no function over 100 (the OpenAPI
+//!   documents' literals aside);
+//! - no lock or atomic decides anything in the actors crate outside `observe` and
+//!   `metrics` (the card: the actors are message-driven and lock-free).
 //!
 //! An import is any path through `crate::`, `super::` or `self::` (in `use` lines and in
 //! code), with `use` trees expanded; code under `#[cfg(test)]` and the fakes of
@@ -38,6 +41,11 @@ const ACTOR_FLOORS: &[&[&str]] = &[
 const NOT_ARCHITECTURE: &[&str] = &["testkit"];
 
 const MAX_LINES: usize = 600;
+const MAX_FN_LINES: usize = 100;
+
+/// Where the actors crate may hold a lock or an atomic: what observers read without
+/// blocking an actor, and the metrics.
+const MAY_LOCK: &[&str] = &["observe", "metrics"];
 
 /// One source file: its module path inside its crate and its production text.
 struct Source {
@@ -113,6 +121,91 @@ fn no_production_file_is_over_600_lines() {
         "files over {MAX_LINES} production lines:\n{}",
         long.join("\n")
     );
+}
+
+#[test]
+fn no_function_is_over_100_lines() {
+    let mut long = Vec::new();
+    for root in ["actors/src", "src"] {
+        for s in sources(root) {
+            if NOT_ARCHITECTURE.contains(&s.module[0].as_str()) {
+                continue;
+            }
+            // The OpenAPI documents are JSON literals written as code.
+            if s.file.ends_with("openapi.rs") {
+                continue;
+            }
+            for (name, lines) in functions(&s.code) {
+                if lines > MAX_FN_LINES {
+                    long.push(format!("{}: fn {name}: {lines} lines", s.file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn no_actor_holds_a_lock_or_an_atomic() {
+    let mut found = Vec::new();
+    for s in sources("actors/src") {
+        let top = s.module[0].as_str();
+        if MAY_LOCK.contains(&top) || NOT_ARCHITECTURE.contains(&top) {
+            continue;
+        }
+        for (n, line) in s.code.lines().enumerate() {
+            if ["Mutex", "RwLock", "Atomic"]
+                .iter()
+                .any(|w| line.contains(w))
+            {
+                found.push(format!(
+                    "{} (line {} of its code): {}",
+                    s.file.display(),
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "locks or atomics outside observe/ and metrics:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Each function's name and its length in lines, signature to closing brace.
+fn functions(code: &str) -> Vec<(String, usize)> {
+    let b = code.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while let Some(at) = find(b, i, b"fn ") {
+        i = at + 3;
+        if at > 0 && (b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_') {
+            continue;
+        }
+        let name: String = code[i..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // Its body: the first `{` before a `;` (a declaration in a trait has none).
+        let Some(open) = (i..b.len()).find(|&n| b[n] == b'{' || b[n] == b';') else {
+            break;
+        };
+        if b[open] == b';' || name.is_empty() {
+            continue;
+        }
+        let close = skip_item(b, open);
+        let lines = code[at..close].lines().count();
+        found.push((name, lines));
+        // Functions inside it are inside its count; go on after it.
+        i = close;
+    }
+    found
 }
 
 /// The checker itself: an import it must see, and a circle it must find.
@@ -293,10 +386,14 @@ fn filter(text: &str, comments: bool) -> String {
                 i += 1;
             }
         } else if !comments && rest.starts_with(b"/*") {
-            i = find(b, i, b"*/").map_or(b.len(), |n| n + 2);
+            let end = find(b, i, b"*/").map_or(b.len(), |n| n + 2);
+            out.extend(newlines(&b[i..end]));
+            i = end;
         } else if !comments && b[i] == b'"' && !(i > 0 && b[i - 1] == b'\'') {
-            i = string_end(b, i);
+            let end = string_end(b, i).min(b.len());
             out.extend_from_slice(b"\"\"");
+            out.extend(newlines(&b[i..end]));
+            i = end;
         } else if !comments
             && !after_word
             && (rest.starts_with(b"r\"") || rest.starts_with(b"r#\"") || rest.starts_with(b"r##\""))
@@ -304,8 +401,14 @@ fn filter(text: &str, comments: bool) -> String {
             let hashes = rest[1..].iter().take_while(|c| **c == b'#').count();
             let mut close = vec![b'"'];
             close.extend(std::iter::repeat_n(b'#', hashes));
-            i = find(b, i + 2 + hashes, &close).map_or(b.len(), |n| n + close.len());
+            let end = find(b, i + 2 + hashes, &close).map_or(b.len(), |n| n + close.len());
             out.extend_from_slice(b"\"\"");
+            out.extend(newlines(&b[i..end]));
+            i = end;
+        } else if let Some(end) = (!comments).then(|| char_literal_end(b, i)).flatten() {
+            // `'{'`, `b'"'`: a character, not a brace or a quote to match.
+            out.extend_from_slice(b"'_'");
+            i = end;
         } else if rest.starts_with(b"#[cfg(test)]") {
             i = skip_item(b, i + "#[cfg(test)]".len());
         } else {
@@ -314,6 +417,32 @@ fn filter(text: &str, comments: bool) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Just past the character literal opening at `at`, if one does (not a lifetime).
+fn char_literal_end(b: &[u8], at: usize) -> Option<usize> {
+    if b[at] != b'\'' {
+        return None;
+    }
+    let first = *b.get(at + 1)?;
+    let len = if first == b'\\' {
+        // An escape: `'\n'`, `'\''`, `'\u{..}'`.
+        2 + b[at + 3..].iter().take(8).position(|c| *c == b'\'')?
+    } else {
+        // One character, of one to four bytes.
+        match first {
+            0..=0x7f => 1,
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            _ => 4,
+        }
+    };
+    (b.get(at + 1 + len) == Some(&b'\'')).then_some(at + 2 + len)
+}
+
+/// The line breaks in `b` (a skipped literal keeps its lines).
+fn newlines(b: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    b.iter().copied().filter(|c| *c == b'\n')
 }
 
 /// Where `needle` starts in `b` at or after `from`.

@@ -79,175 +79,180 @@ pub const ACTOR_RESTARTS: &str = "sluice_actor_restarts_total";
 /// A full DLQ makes parking fail, and an alert needs to see it ("an alert
 /// metric rises": rows whose DLQ publish failed (they stay unacked).
 pub const DLQ_PUBLISH_FAILURES: &str = "sluice_dlq_publish_failures_total";
-// The query gateway's (written in the `sluice` crate; named here so every name lives
-// in one place).
-pub const QUERY_TOTAL: &str = "sluice_query_total";
-pub const QUERY_RETRIES: &str = "sluice_query_retries_total";
-pub const QUERY_KILLED: &str = "sluice_query_killed_total";
-pub const RETRY_BUDGET_TOKENS: &str = "sluice_retry_budget_tokens";
-pub const QUERY_DURATION: &str = "sluice_query_duration_seconds";
 
-/// Every name above, for tests and the `/metrics` acceptance check.
-pub const ALL: &[&str] = &[
-    ROWS_RECEIVED,
-    MESSAGES_RECEIVED,
-    ROWS_INSERTED,
-    ROWS_PARKED,
-    RETRIES,
-    INSERT_REQUESTS,
-    INSERT_DURATION,
-    BATCH_ROWS,
-    BREAKER_STATE,
-    TABLE_BACKOFF,
-    BUFFERED_ROWS,
-    TABLE_MISSING,
-    TABLE_EXACTLY_ONCE,
-    MANIFEST_FAILURES,
-    PAST_DEDUP_WINDOW,
-    MESSAGES_SPLIT,
-    MESSAGES_UNCOVERED,
-    SPLIT_COPIES_DROPPED,
-    SPLIT_PARTS_UNRECORDED,
-    CONSUMER_PENDING,
-    CONSUMER_STALLS,
-    ACTOR_RESTARTS,
-    DLQ_PUBLISH_FAILURES,
-    QUERY_TOTAL,
-    QUERY_RETRIES,
-    QUERY_KILLED,
-    RETRY_BUDGET_TOKENS,
-    QUERY_DURATION,
+/// How a metric is exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// A metric's name with what the exporter says of it (`# HELP`, `# TYPE`, its unit).
+#[derive(Clone, Copy, Debug)]
+pub struct Described {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    pub help: &'static str,
+}
+
+/// Every metric of the actors, described (the `/metrics` acceptance test and
+/// docs/operations.md's table read this list).
+pub const ACTOR_METRICS: &[Described] = &[
+    Described {
+        name: ROWS_RECEIVED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows pulled from the ingest stream, by tenant and table.",
+    },
+    Described {
+        name: MESSAGES_RECEIVED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Messages pulled from the ingest stream (each carries one row or many), by tenant and table.",
+    },
+    Described {
+        name: ROWS_INSERTED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows inserted into ClickHouse (and acked), by tenant and table.",
+    },
+    Described {
+        name: ROWS_PARKED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows parked on the dead-letter stream, by tenant, table and reason.",
+    },
+    Described {
+        name: RETRIES,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows handed back for redelivery with a delay, by table and reason (unavailable, denied, unknown, backoff).",
+    },
+    Described {
+        name: INSERT_REQUESTS,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Insert requests sent to ClickHouse, by target, replica and outcome.",
+    },
+    Described {
+        name: INSERT_DURATION,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Duration of one insert request, by target and replica.",
+    },
+    Described {
+        name: BATCH_ROWS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Count),
+        help: "Rows per flushed batch, by table.",
+    },
+    Described {
+        name: BREAKER_STATE,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing.",
+    },
+    Described {
+        name: TABLE_BACKOFF,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "A table's own backoff (table-scoped failures): 0 closed, 1 open, 2 probing.",
+    },
+    Described {
+        name: BUFFERED_ROWS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Rows buffered in a table actor, not yet flushed.",
+    },
+    Described {
+        name: TABLE_MISSING,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace).",
+    },
+    Described {
+        name: TABLE_EXACTLY_ONCE,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 when ClickHouse deduplicates the table's inserts (exactly-once), 0 when it does not (at-least-once).",
+    },
+    Described {
+        name: MANIFEST_FAILURES,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded.",
+    },
+    Described {
+        name: PAST_DEDUP_WINDOW,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice.",
+    },
+    Described {
+        name: MESSAGES_SPLIT,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard.",
+    },
+    Described {
+        name: MESSAGES_UNCOVERED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch.",
+    },
+    Described {
+        name: SPLIT_COPIES_DROPPED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in.",
+    },
+    Described {
+        name: SPLIT_PARTS_UNRECORDED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once.",
+    },
+    Described {
+        name: CONSUMER_PENDING,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Messages in the stream not yet delivered to the consumer (the lag).",
+    },
+    Described {
+        name: CONSUMER_STALLS,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Pulls the consumer found lost and replaced without a restart (no row and no heartbeat, a leader change, rows pending and none delivered), by stream and reason.",
+    },
+    Described {
+        name: ACTOR_RESTARTS,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Actors respawned after a failure, by kind.",
+    },
+    Described {
+        name: DLQ_PUBLISH_FAILURES,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows whose DLQ publish failed; they stay unacked (alert on this).",
+    },
 ];
 
-/// Register descriptions (and units) with the installed recorder. Call once at start.
-pub fn describe_all() {
-    describe_counter!(
-        ROWS_RECEIVED,
-        Unit::Count,
-        "Rows pulled from the ingest stream, by tenant and table."
-    );
-    describe_counter!(
-        MESSAGES_RECEIVED,
-        Unit::Count,
-        "Messages pulled from the ingest stream (each carries one row or many), by tenant and table."
-    );
-    describe_counter!(
-        ROWS_INSERTED,
-        Unit::Count,
-        "Rows inserted into ClickHouse (and acked), by tenant and table."
-    );
-    describe_counter!(
-        ROWS_PARKED,
-        Unit::Count,
-        "Rows parked on the dead-letter stream, by tenant, table and reason."
-    );
-    describe_counter!(RETRIES, Unit::Count, "Rows handed back for redelivery with a delay, by table and reason (unavailable, denied, unknown, backoff).");
-    describe_counter!(
-        INSERT_REQUESTS,
-        Unit::Count,
-        "Insert requests sent to ClickHouse, by target, replica and outcome."
-    );
-    describe_histogram!(
-        INSERT_DURATION,
-        Unit::Seconds,
-        "Duration of one insert request, by target and replica."
-    );
-    describe_histogram!(BATCH_ROWS, Unit::Count, "Rows per flushed batch, by table.");
-    describe_gauge!(
-        BREAKER_STATE,
-        "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing."
-    );
-    describe_gauge!(
-        TABLE_BACKOFF,
-        "A table's own backoff (table-scoped failures): 0 closed, 1 open, 2 probing."
-    );
-    describe_gauge!(
-        BUFFERED_ROWS,
-        Unit::Count,
-        "Rows buffered in a table actor, not yet flushed."
-    );
-    describe_gauge!(
-        TABLE_MISSING,
-        "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace)."
-    );
-    describe_gauge!(
-        TABLE_EXACTLY_ONCE,
-        "1 when ClickHouse deduplicates the table's inserts (exactly-once), 0 when it does not (at-least-once)."
-    );
-    describe_counter!(
-        MANIFEST_FAILURES,
-        Unit::Count,
-        "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded."
-    );
-    describe_counter!(
-        PAST_DEDUP_WINDOW,
-        Unit::Count,
-        "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice."
-    );
-    describe_counter!(
-        MESSAGES_SPLIT,
-        Unit::Count,
-        "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard."
-    );
-    describe_counter!(
-        MESSAGES_UNCOVERED,
-        Unit::Count,
-        "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch."
-    );
-    describe_counter!(
-        SPLIT_COPIES_DROPPED,
-        Unit::Count,
-        "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in."
-    );
-    describe_counter!(
-        SPLIT_PARTS_UNRECORDED,
-        Unit::Count,
-        "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once."
-    );
-    describe_gauge!(
-        CONSUMER_PENDING,
-        Unit::Count,
-        "Messages in the stream not yet delivered to the consumer (the lag)."
-    );
-    describe_counter!(
-        CONSUMER_STALLS,
-        Unit::Count,
-        "Pulls the consumer found lost and replaced without a restart (no row and no heartbeat, a leader change, rows pending and none delivered), by stream and reason."
-    );
-    describe_counter!(
-        ACTOR_RESTARTS,
-        Unit::Count,
-        "Actors respawned after a failure, by kind."
-    );
-    describe_counter!(
-        DLQ_PUBLISH_FAILURES,
-        Unit::Count,
-        "Rows whose DLQ publish failed; they stay unacked (alert on this)."
-    );
-    describe_counter!(
-        QUERY_TOTAL,
-        Unit::Count,
-        "Queries through the gateway, by status."
-    );
-    describe_counter!(
-        QUERY_RETRIES,
-        Unit::Count,
-        "Query retries spent from the retry budget."
-    );
-    describe_counter!(
-        QUERY_KILLED,
-        Unit::Count,
-        "Queries killed with KILL QUERY after a client timeout."
-    );
-    describe_gauge!(
-        RETRY_BUDGET_TOKENS,
-        "Tokens left in the query retry budget."
-    );
-    describe_histogram!(
-        QUERY_DURATION,
-        Unit::Seconds,
-        "Duration of one gateway query."
-    );
+/// Register the descriptions (and units) of `list` with the installed recorder. Call
+/// once at start.
+pub fn describe(list: &[Described]) {
+    for d in list {
+        match (d.kind, d.unit) {
+            (Kind::Counter, Some(unit)) => describe_counter!(d.name, unit, d.help),
+            (Kind::Counter, None) => describe_counter!(d.name, d.help),
+            (Kind::Gauge, Some(unit)) => describe_gauge!(d.name, unit, d.help),
+            (Kind::Gauge, None) => describe_gauge!(d.name, d.help),
+            (Kind::Histogram, Some(unit)) => describe_histogram!(d.name, unit, d.help),
+            (Kind::Histogram, None) => describe_histogram!(d.name, d.help),
+        }
+    }
 }
 
 /// The reason label for rows sent back after an outage answer of this class.

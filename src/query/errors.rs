@@ -240,137 +240,126 @@ impl QueryError {
 
     /// The JSON body (without `query_id`, which the caller adds).
     pub fn body(&self) -> Map<String, Value> {
-        let status = self.status();
+        let (error, code, class, retryable) = self.summary();
         let mut body = Map::new();
-        let mut put = |k: &str, v: Value| {
-            body.insert(k.to_string(), v);
-        };
+        body.insert("error".into(), json!(error));
+        body.insert("code".into(), code);
+        body.insert("class".into(), json!(class));
+        body.insert("retryable".into(), json!(retryable));
+        for (key, value) in self.details() {
+            body.insert(key.into(), value);
+        }
+        body
+    }
+
+    /// What every error body says: the message, ClickHouse's code (`null` when the
+    /// gateway answered alone), the class and whether a retry may help.
+    fn summary(&self) -> (String, Value, &'static str, bool) {
         match self {
-            QueryError::Off => {
-                put("error", json!("the query gateway is off: the configuration has no [query] section (set [query] target to enable POST /v1/query)"));
-                put("code", Value::Null);
-                put("class", json!("rejected"));
-                put("retryable", json!(false));
-            }
-            QueryError::Tenant(t) => {
-                put("error", json!(t.to_string()));
-                put("code", Value::Null);
-                put("class", json!(t.class_label()));
-                put("retryable", json!(false));
-            }
+            QueryError::Off => (
+                "the query gateway is off: the configuration has no [query] section (set [query] target to enable POST /v1/query)".into(),
+                Value::Null,
+                "rejected",
+                false,
+            ),
+            QueryError::Tenant(t) => (t.to_string(), Value::Null, t.class_label(), false),
             QueryError::Request(r) => {
-                put("error", json!(r.message()));
-                put("code", Value::Null);
-                let class = if status == StatusCode::FORBIDDEN {
+                let class = if self.status() == StatusCode::FORBIDDEN {
                     "denied"
                 } else {
                     "rejected"
                 };
-                put("class", json!(class));
-                put("retryable", json!(false));
+                (r.message(), Value::Null, class, false)
             }
             QueryError::TooManyQueries { message } => {
-                put("error", json!(message));
-                put("code", Value::Null);
-                put("class", json!("unavailable"));
-                put("retryable", json!(true));
+                (message.clone(), Value::Null, "unavailable", true)
             }
-            QueryError::ClickHouse {
-                error, attempts, ..
-            } => {
+            QueryError::ClickHouse { error, .. } => {
                 let (status, class, retryable) = map_clickhouse(error.class, error.code);
-                put("error", json!(clickhouse_message(error, status)));
-                put("code", json!(error.code));
-                put("class", json!(class));
-                put("retryable", json!(retryable));
-                put("attempts", json!(attempts));
-                if let Some(s) = error.status {
-                    put("clickhouse_status", json!(s));
-                }
+                (clickhouse_message(error, status), json!(error.code), class, retryable)
             }
-            QueryError::BudgetExhausted {
-                error, attempts, ..
-            } => {
-                put(
-                    "error",
-                    json!(format!(
-                        "ClickHouse is unavailable and the gateway's retry budget is spent, so the query was not retried: {}",
-                        error.message.trim()
-                    )),
-                );
-                put("code", json!(error.code));
-                put("class", json!("unavailable"));
-                put("retryable", json!(true));
-                put("attempts", json!(attempts));
-            }
-            QueryError::NotConfirmedGone {
-                error, attempts, ..
-            } => {
-                put(
-                    "error",
-                    json!(format!(
-                        "ClickHouse is unavailable; the query was not retried because its previous attempt could not be confirmed stopped: {}",
-                        error.message.trim()
-                    )),
-                );
-                put("code", json!(error.code));
-                put("class", json!("unavailable"));
-                put("retryable", json!(true));
-                put("attempts", json!(attempts));
-            }
-            QueryError::Timeout {
-                timeout,
-                stopped_by,
-                attempts,
-            } => {
-                put("error", json!(stopped_by.message()));
+            QueryError::BudgetExhausted { error, .. } => (
+                format!(
+                    "ClickHouse is unavailable and the gateway's retry budget is spent, so the query was not retried: {}",
+                    error.message.trim()
+                ),
+                json!(error.code),
+                "unavailable",
+                true,
+            ),
+            QueryError::NotConfirmedGone { error, .. } => (
+                format!(
+                    "ClickHouse is unavailable; the query was not retried because its previous attempt could not be confirmed stopped: {}",
+                    error.message.trim()
+                ),
+                json!(error.code),
+                "unavailable",
+                true,
+            ),
+            QueryError::Timeout { stopped_by, .. } => {
                 let code = match stopped_by {
                     StoppedBy::ClickHouse { .. } => json!(TIMEOUT_EXCEEDED),
                     StoppedBy::Sluice(_) => Value::Null,
                 };
-                put("code", code);
-                put("class", json!("timeout"));
-                put("retryable", json!(false));
-                put("attempts", json!(attempts));
-                put(
+                (stopped_by.message(), code, "timeout", false)
+            }
+            QueryError::ResultTooLarge { limit_bytes } => (
+                format!(
+                    "the result is larger than the gateway relays ({limit_bytes} bytes, [query] max_result_bytes): add a LIMIT, select fewer columns or aggregate"
+                ),
+                Value::Null,
+                "rejected",
+                false,
+            ),
+            QueryError::NotJson { content_type } => (
+                format!(
+                    "ClickHouse answered {content_type:?}, not JSON: the statement must not choose its own output format; use the request's \"format\" field"
+                ),
+                Value::Null,
+                "rejected",
+                false,
+            ),
+        }
+    }
+
+    /// The fields only some errors carry (attempts made, ClickHouse's HTTP status, what
+    /// stopped a query that timed out, the result limit).
+    fn details(&self) -> Vec<(&'static str, Value)> {
+        match self {
+            QueryError::ClickHouse {
+                error, attempts, ..
+            } => {
+                let mut details = vec![("attempts", json!(attempts))];
+                if let Some(s) = error.status {
+                    details.push(("clickhouse_status", json!(s)));
+                }
+                details
+            }
+            QueryError::BudgetExhausted { attempts, .. }
+            | QueryError::NotConfirmedGone { attempts, .. } => vec![("attempts", json!(attempts))],
+            QueryError::Timeout {
+                timeout,
+                stopped_by,
+                attempts,
+            } => vec![
+                ("attempts", json!(attempts)),
+                (
                     "timeout_ms",
                     json!(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
-                );
-                put(
+                ),
+                (
                     "stopped_by",
                     json!(match stopped_by {
                         StoppedBy::ClickHouse { .. } => "clickhouse",
                         StoppedBy::Sluice(_) => "sluice",
                     }),
-                );
-                put("kill_sent", json!(stopped_by.kill_sent()));
-                put("kill_confirmed", json!(stopped_by.kill_confirmed()));
-            }
-            QueryError::ResultTooLarge { limit_bytes } => {
-                put(
-                    "error",
-                    json!(format!(
-                        "the result is larger than the gateway relays ({limit_bytes} bytes, [query] max_result_bytes): add a LIMIT, select fewer columns or aggregate"
-                    )),
-                );
-                put("code", Value::Null);
-                put("class", json!("rejected"));
-                put("retryable", json!(false));
-                put("limit_bytes", json!(limit_bytes));
-            }
-            QueryError::NotJson { content_type } => {
-                put(
-                    "error",
-                    json!(format!(
-                        "ClickHouse answered {content_type:?}, not JSON: the statement must not choose its own output format; use the request's \"format\" field"
-                    )),
-                );
-                put("code", Value::Null);
-                put("class", json!("rejected"));
-                put("retryable", json!(false));
-            }
+                ),
+                ("kill_sent", json!(stopped_by.kill_sent())),
+                ("kill_confirmed", json!(stopped_by.kill_confirmed())),
+            ],
+            QueryError::ResultTooLarge { limit_bytes } => vec![("limit_bytes", json!(limit_bytes))],
+            _ => Vec::new(),
         }
-        body
     }
 
     /// The full answer: status, `Retry-After` where due, `X-Sluice-Query-Id`, JSON body.

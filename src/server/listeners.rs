@@ -101,35 +101,7 @@ pub async fn start(
         metrics,
         table_rows,
     } = parts;
-    let tenants = TenantResolver::new(config.clone());
-    let key_lease = idempotency::lease(config.api.limits.body_timeout);
-    let keys = idempotency_keys(config, publisher.context().clone());
-    let ingest_state = Arc::new(IngestState {
-        tenants,
-        publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
-        publisher,
-        subject_prefix: config.nats.subject_prefix.clone(),
-        max_request_bytes: config.api.max_request_bytes,
-        memory: ingest::IngestMemory::new(
-            config.api.ingest_memory,
-            config.api.max_request_bytes,
-            config.api.limits.body_timeout,
-        ),
-        max_row_bytes: config.api.max_row_bytes,
-        chunks: ChunkLimits {
-            rows: config.api.chunk_rows,
-            bytes: config.api.chunk_bytes,
-        },
-        compression: config.api.compression,
-        max_json_depth: config.api.max_json_depth,
-        retry_after: config.api.retry_after,
-        publish_retry_for: config.api.publish_retry_for,
-        catalogs: catalogs(config, &inserters),
-        tables: TenantTables::new(config.api.max_tables_per_tenant),
-        landed: LandedChunks::new(keys.clone()),
-        keys: Idempotency::new(keys, key_lease, &config.nats.stream),
-        key_lease,
-    });
+    let ingest_state = ingest_state(config, &inserters, publisher);
     let query_state =
         crate::query::QueryState::new(config.clone()).context("setting up the query gateway")?;
     let api = crate::api::router(
@@ -199,6 +171,44 @@ pub async fn start(
         admin: bound[1],
         tasks,
         failed,
+    })
+}
+
+/// The ingest API's state: its tenants, its publisher and limits, the tables' catalogs,
+/// the idempotency keys.
+fn ingest_state(
+    config: &Arc<Config>,
+    inserters: &BTreeMap<String, Arc<TargetClients>>,
+    publisher: Publisher,
+) -> Arc<IngestState> {
+    let tenants = TenantResolver::new(config.clone());
+    let key_lease = idempotency::lease(config.api.limits.body_timeout);
+    let keys = idempotency_keys(config, publisher.context().clone());
+    Arc::new(IngestState {
+        tenants,
+        publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
+        publisher,
+        subject_prefix: config.nats.subject_prefix.clone(),
+        max_request_bytes: config.api.max_request_bytes,
+        memory: ingest::IngestMemory::new(
+            config.api.ingest_memory,
+            config.api.max_request_bytes,
+            config.api.limits.body_timeout,
+        ),
+        max_row_bytes: config.api.max_row_bytes,
+        chunks: ChunkLimits {
+            rows: config.api.chunk_rows,
+            bytes: config.api.chunk_bytes,
+        },
+        compression: config.api.compression,
+        max_json_depth: config.api.max_json_depth,
+        retry_after: config.api.retry_after,
+        publish_retry_for: config.api.publish_retry_for,
+        catalogs: catalogs(config, inserters),
+        tables: TenantTables::new(config.api.max_tables_per_tenant),
+        landed: LandedChunks::new(keys.clone()),
+        keys: Idempotency::new(keys, key_lease, &config.nats.stream),
+        key_lease,
     })
 }
 

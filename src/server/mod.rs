@@ -50,25 +50,7 @@ pub async fn run_until(
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
     let streams = StreamSettings::from(&config.nats);
-    let connected = nats::wait_connected(&client, std::time::Duration::from_secs(3)).await;
-    if connected {
-        let version = client.server_info().version;
-        tracing::info!(server = %nats::version::describe(&version), "NATS server answered");
-        if let Some(warning) = nats::version::warning(&version) {
-            tracing::warn!("{warning}");
-        }
-        // No wait gives a single server more replicas: the start fails, with the reason
-        // (rather than run unready while the API stores rows in the streams there are).
-        let wait = std::time::Duration::from_secs(3);
-        if let Some(why) = nats::replicas_beyond_server(&client, streams.replicas, wait).await {
-            anyhow::bail!(why);
-        }
-        if let Err(e) = nats::ensure_streams(&js, &streams).await {
-            tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
-        }
-    } else {
-        tracing::warn!(seeds = %config.nats.seeds_text(), "NATS is not reachable yet; retrying in the background (not ready until it is)");
-    }
+    let connected = nats_at_start(&config, &client, &js, &streams).await?;
     // The ingest API's own context: enough ack permits for every publishing request's
     // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
     let ingest_js = async_nats::jetstream::ContextBuilder::new()
@@ -135,6 +117,47 @@ pub async fn run_until(
         }
     };
     shutdown.cancel();
+    stop_all(&adapter, listeners, &client).await;
+    Ok(code)
+}
+
+/// NATS at the start: its version told (and warned of), the streams set up. Whether it
+/// answered; an error when it cannot give the streams the replicas configured.
+async fn nats_at_start(
+    config: &Config,
+    client: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
+    streams: &StreamSettings,
+) -> anyhow::Result<bool> {
+    let connected = nats::wait_connected(client, std::time::Duration::from_secs(3)).await;
+    if connected {
+        let version = client.server_info().version;
+        tracing::info!(server = %nats::version::describe(&version), "NATS server answered");
+        if let Some(warning) = nats::version::warning(&version) {
+            tracing::warn!("{warning}");
+        }
+        // No wait gives a single server more replicas: the start fails, with the reason
+        // (rather than run unready while the API stores rows in the streams there are).
+        let wait = std::time::Duration::from_secs(3);
+        if let Some(why) = nats::replicas_beyond_server(client, streams.replicas, wait).await {
+            anyhow::bail!(why);
+        }
+        if let Err(e) = nats::ensure_streams(js, streams).await {
+            tracing::warn!(error = %format!("{e:#}"), "cannot set up the streams yet; retrying when the consumer connects");
+        }
+    } else {
+        tracing::warn!(seeds = %config.nats.seeds_text(), "NATS is not reachable yet; retrying in the background (not ready until it is)");
+    }
+    Ok(connected)
+}
+
+/// The stop: the pipeline flushes and hands back, the listeners drain, the client
+/// writes out its last acks and naks.
+async fn stop_all(
+    adapter: &PipelineAdapter,
+    listeners: listeners::Listeners,
+    client: &async_nats::Client,
+) {
     let summary = adapter.handle().shutdown().await;
     tracing::info!(
         flushed = summary.rows_flushed,
@@ -146,5 +169,4 @@ pub async fn run_until(
     listeners.join().await;
     // Acks and naks are publishes: give the client a moment to write them out.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), client.flush()).await;
-    Ok(code)
 }

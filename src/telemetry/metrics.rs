@@ -1,10 +1,18 @@
 //! Metric names used by the binary crate; the actor crate's `metrics` module holds the
 //! rest (and re-exported here, every name is reachable from one place).
 
+use metrics::Unit;
 pub use sluice_actors::metrics::*;
 use sluice_actors::TableKey;
 
 use crate::config::Config;
+
+/// The query gateway's.
+pub const QUERY_TOTAL: &str = "sluice_query_total";
+pub const QUERY_RETRIES: &str = "sluice_query_retries_total";
+pub const QUERY_KILLED: &str = "sluice_query_killed_total";
+pub const RETRY_BUDGET_TOKENS: &str = "sluice_retry_budget_tokens";
+pub const QUERY_DURATION: &str = "sluice_query_duration_seconds";
 
 /// `POST /v1/ingest` requests by HTTP status.
 pub const INGEST_REQUESTS: &str = "sluice_ingest_requests_total";
@@ -80,41 +88,95 @@ pub fn register_known(config: &Config) {
     }
 }
 
-pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, Unit};
-    describe_gauge!(
-        INGEST_MEMORY_RESERVED,
-        Unit::Bytes,
-        "Bytes the ingest requests in progress have reserved of [api] ingest_memory (twice each body)."
-    );
-    describe_counter!(
-        INGEST_REQUESTS,
-        Unit::Count,
-        "Ingest API requests, by HTTP status."
-    );
-    describe_counter!(
-        INGEST_ROWS,
-        Unit::Count,
-        "Rows the ingest API stored in the stream, by tenant and table."
-    );
-    describe_counter!(
-        MANIFESTS_COLLECTED,
-        Unit::Count,
-        "Orphaned batch manifests removed by the collector, by reason."
-    );
-    describe_counter!(
-        INGEST_MESSAGES,
-        Unit::Count,
-        "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table."
-    );
-    describe_counter!(
-        INGEST_ROWS_REJECTED,
-        Unit::Count,
-        "Rows the ingest API refused, by tenant and table."
-    );
-    describe_counter!(
-        INGEST_IDEMPOTENCY,
-        Unit::Count,
-        "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable)."
-    );
+/// The metrics of the binary (the ingest API's, the collector's and the query
+/// gateway's), described.
+pub const BINARY_METRICS: &[Described] = &[
+    Described {
+        name: INGEST_MEMORY_RESERVED,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Bytes),
+        help: "Bytes the ingest requests in progress have reserved of [api] ingest_memory (twice each body).",
+    },
+    Described {
+        name: INGEST_REQUESTS,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Ingest API requests, by HTTP status.",
+    },
+    Described {
+        name: INGEST_ROWS,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows the ingest API stored in the stream, by tenant and table.",
+    },
+    Described {
+        name: MANIFESTS_COLLECTED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Orphaned batch manifests removed by the collector, by reason.",
+    },
+    Described {
+        name: INGEST_MESSAGES,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table.",
+    },
+    Described {
+        name: INGEST_ROWS_REJECTED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Rows the ingest API refused, by tenant and table.",
+    },
+    Described {
+        name: INGEST_IDEMPOTENCY,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable).",
+    },
+    Described {
+        name: QUERY_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Queries through the gateway, by status.",
+    },
+    Described {
+        name: QUERY_RETRIES,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Query retries spent from the retry budget.",
+    },
+    Described {
+        name: QUERY_KILLED,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Queries killed with KILL QUERY after a client timeout.",
+    },
+    Described {
+        name: RETRY_BUDGET_TOKENS,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Tokens left in the query retry budget.",
+    },
+    Described {
+        name: QUERY_DURATION,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Duration of one gateway query.",
+    },
+];
+
+/// The design's metrics (docs/operations.md's table lists each): the actors' and the
+/// query gateway's.
+pub fn design_metrics() -> impl Iterator<Item = &'static str> {
+    let query = [
+        QUERY_TOTAL,
+        QUERY_RETRIES,
+        QUERY_KILLED,
+        RETRY_BUDGET_TOKENS,
+        QUERY_DURATION,
+    ];
+    sluice_actors::metrics::ACTOR_METRICS
+        .iter()
+        .map(|d| d.name)
+        .chain(query)
 }

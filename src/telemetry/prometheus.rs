@@ -40,8 +40,8 @@ pub fn install(config: &Config) -> anyhow::Result<Installed> {
     let table_rows = Arc::new(TableRows::default());
     metrics::set_global_recorder(TappedRecorder::new(recorder, table_rows.clone()))
         .context("installing the metrics recorder")?;
-    sluice_actors::metrics::describe_all();
-    super::metrics::describe();
+    super::metrics::describe(sluice_actors::metrics::ACTOR_METRICS);
+    super::metrics::describe(super::metrics::BINARY_METRICS);
     super::metrics::register_known(config);
     // Histograms and summaries need periodic upkeep when no HTTP listener of the
     // exporter's own runs it.

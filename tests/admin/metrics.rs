@@ -80,12 +80,12 @@ fn labels_of(m: &Metrics, name: &str) -> Result<BTreeSet<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_design_metric_appears_with_its_labels() -> Result<()> {
-    // The list here is the actor crate's list: a name added there must be added here.
-    let listed: BTreeSet<&str> = sluice_actors::metrics::ALL.iter().copied().collect();
+    // The list here is the design's list: a name added there must be added here.
+    let listed: BTreeSet<&str> = sluice::telemetry::metrics::design_metrics().collect();
     let expected: BTreeSet<&str> = EXPECTED.iter().map(|(n, _)| *n).collect();
     assert_eq!(
         listed, expected,
-        "sluice_actors::metrics::ALL and this test disagree"
+        "the design's metrics (telemetry::metrics::design_metrics) and this test disagree"
     );
 
     let mut stack = Stack::start(StackOptions::default().with_proxy()).await?;
@@ -462,8 +462,8 @@ fn documented_metrics() -> Result<BTreeMap<String, (BTreeSet<String>, String)>> 
 fn undocumented(m: &Metrics) -> Result<Vec<String>> {
     let doc = documented_metrics()?;
     let mut problems = BTreeSet::new();
-    for name in sluice_actors::metrics::ALL {
-        if !doc.contains_key(*name) {
+    for name in sluice::telemetry::metrics::design_metrics() {
+        if !doc.contains_key(name) {
             problems.insert(format!("{name} has no row in docs/operations.md's table"));
         }
     }

@@ -456,34 +456,8 @@ async fn isolate<I: Inserter, D: Delivery>(
                 if rejected {
                     report.last_rejection = Some(err.clone());
                 }
-                let named = err_at
-                    .filter(|_| rejected && hints)
-                    .and_then(|at| Some(at + row_hint(&err)?.checked_sub(1)?))
-                    .filter(|k| (r.lo..r.hi).contains(k));
-                if let Some(k) = named {
-                    // Before the named row, the row alone, after it (tried in that
-                    // order: the stack pops the last pushed first).
-                    if k + 1 < r.hi {
-                        stack.push(Range::new(k + 1, r.hi));
-                    }
-                    stack.push(Range {
-                        hinted: true,
-                        ..Range::new(k, k + 1)
-                    });
-                    if k > r.lo {
-                        stack.push(Range::new(r.lo, k));
-                    }
-                    continue;
-                }
-                let mid = r.lo + size / 2;
-                stack.push(Range {
-                    inherit: Some(err),
-                    ..Range::new(mid, r.hi)
-                });
-                stack.push(Range {
-                    left: true,
-                    ..Range::new(r.lo, mid)
-                });
+                let hint = err_at.filter(|_| rejected && hints);
+                push_pieces(&mut stack, &r, err, hint);
             }
         } else {
             report.stopped_by = Some(err);
@@ -491,6 +465,40 @@ async fn isolate<I: Inserter, D: Delivery>(
         }
     }
     stopped(report, verdicts, stack, None)
+}
+
+/// The pieces of a failed range, onto the stack: before the row the server named (at
+/// `hint`, the range's first row's number as the server counts), the row alone, after
+/// it; without a name in range, its halves (the right one inherits the error, tried
+/// only once the left one is in).
+fn push_pieces(stack: &mut Vec<Range>, r: &Range, err: ClickHouseError, hint: Option<usize>) {
+    let named = hint
+        .and_then(|at| Some(at + row_hint(&err)?.checked_sub(1)?))
+        .filter(|k| (r.lo..r.hi).contains(k));
+    if let Some(k) = named {
+        // Before the named row, the row alone, after it (tried in that
+        // order: the stack pops the last pushed first).
+        if k + 1 < r.hi {
+            stack.push(Range::new(k + 1, r.hi));
+        }
+        stack.push(Range {
+            hinted: true,
+            ..Range::new(k, k + 1)
+        });
+        if k > r.lo {
+            stack.push(Range::new(r.lo, k));
+        }
+        return;
+    }
+    let mid = r.lo + (r.hi - r.lo) / 2;
+    stack.push(Range {
+        inherit: Some(err),
+        ..Range::new(mid, r.hi)
+    });
+    stack.push(Range {
+        left: true,
+        ..Range::new(r.lo, mid)
+    });
 }
 
 #[cfg(test)]

@@ -30,48 +30,7 @@ pub(super) fn api(
         );
     }
     let max_row_bytes = row_limit(c, a, &section);
-    if a.max_request_bytes.bytes() == 0 {
-        c.problem(
-            &[&k("max_request_bytes")],
-            "[api] max_request_bytes must be above zero",
-        );
-    }
-    if a.ingest_memory < a.max_request_bytes {
-        c.problem(
-            &[&k("ingest_memory"), &k("max_request_bytes")],
-            format!(
-                "[api] ingest_memory = {} is below max_request_bytes = {}: the largest request the API takes could never be read",
-                a.ingest_memory, a.max_request_bytes
-            ),
-        );
-    }
-    if !(1..=MAX_CHUNK_ROWS).contains(&a.chunk_rows) {
-        c.problem(
-            &[&k("chunk_rows")],
-            format!(
-                "[api] chunk_rows = {}: must be 1 to {MAX_CHUNK_ROWS} (the rows of a request published together as one NATS message)",
-                a.chunk_rows
-            ),
-        );
-    }
-    if a.chunk_bytes < max_row_bytes {
-        c.problem(
-            &[&k("chunk_bytes"), &k("max_row_bytes"), &k("max_request_bytes")],
-            format!(
-                "[api] chunk_bytes = {} is below max_row_bytes = {max_row_bytes}: a row the API takes must fit one message (raise chunk_bytes or lower max_row_bytes)",
-                a.chunk_bytes
-            ),
-        );
-    }
-    if a.chunk_bytes.bytes() > MAX_CHUNK_BYTES {
-        c.problem(
-            &[&k("chunk_bytes")],
-            format!(
-                "[api] chunk_bytes = {}: at most 64MiB (nats-server's largest max_payload)",
-                a.chunk_bytes
-            ),
-        );
-    }
+    sizes(c, a, &section, max_row_bytes);
     if !(1..=MAX_JSON_DEPTH).contains(&a.max_json_depth) {
         c.problem(
             &[&k("max_json_depth")],
@@ -113,6 +72,54 @@ pub(super) fn api(
         fd_reserve: a.fd_reserve,
         limits,
         max_connections: a.max_connections,
+    }
+}
+
+/// `[api]`'s sizes agree: a request fits the memory, a row fits a chunk, a chunk fits
+/// a NATS message.
+fn sizes(c: &mut Check, a: &ApiFile, section: &Key, max_row_bytes: Size) {
+    let k = |name: &str| section.key(name);
+    if a.max_request_bytes.bytes() == 0 {
+        c.problem(
+            &[&k("max_request_bytes")],
+            "[api] max_request_bytes must be above zero",
+        );
+    }
+    if a.ingest_memory < a.max_request_bytes {
+        c.problem(
+            &[&k("ingest_memory"), &k("max_request_bytes")],
+            format!(
+                "[api] ingest_memory = {} is below max_request_bytes = {}: the largest request the API takes could never be read",
+                a.ingest_memory, a.max_request_bytes
+            ),
+        );
+    }
+    if !(1..=MAX_CHUNK_ROWS).contains(&a.chunk_rows) {
+        c.problem(
+            &[&k("chunk_rows")],
+            format!(
+                "[api] chunk_rows = {}: must be 1 to {MAX_CHUNK_ROWS} (the rows of a request published together as one NATS message)",
+                a.chunk_rows
+            ),
+        );
+    }
+    if a.chunk_bytes < max_row_bytes {
+        c.problem(
+            &[&k("chunk_bytes"), &k("max_row_bytes"), &k("max_request_bytes")],
+            format!(
+                "[api] chunk_bytes = {} is below max_row_bytes = {max_row_bytes}: a row the API takes must fit one message (raise chunk_bytes or lower max_row_bytes)",
+                a.chunk_bytes
+            ),
+        );
+    }
+    if a.chunk_bytes.bytes() > MAX_CHUNK_BYTES {
+        c.problem(
+            &[&k("chunk_bytes")],
+            format!(
+                "[api] chunk_bytes = {}: at most 64MiB (nats-server's largest max_payload)",
+                a.chunk_bytes
+            ),
+        );
     }
 }
 
