@@ -1,5 +1,5 @@
 //! The pull source against a real nats-server (`SLUICE_TEST_NATS=debian|current`): it
-//! speaks the pull protocol itself (see `src/nats/source.rs`), so the cases async-nats
+//! speaks the pull protocol itself (see `src/nats/pulling/source.rs`), so the cases async-nats
 //! used to handle for it are checked here: an expired request is renewed, a silent
 //! one is replaced and counted as a stall (and, when new requests change nothing, the
 //! source fails so that the consumer actor reconnects it), and a restarted nats-server

@@ -7,7 +7,7 @@
 //! (`[api] compression`); any other publisher may do the same with the same header
 //! (docs/operations.md, "Compressed messages").
 //!
-//! Readers: the source, as it takes a message (`super::source`: the actors see the rows
+//! Readers: the source, as it takes a message (`super::pulling::source`: the actors see the rows
 //! only, plain, and a row parked on the DLQ is parked decoded, as it came); the DLQ's
 //! peek and replay (`super::dlq`: a message parked because it could not be decoded is
 //! parked as it came, header and all). A payload that cannot be decoded (an encoding

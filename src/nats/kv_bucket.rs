@@ -13,8 +13,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv, stream};
 
-use super::budget::{discard_new_is_exact, server_max_bytes};
 use super::setup::{bytes_i64, create_or_update};
+use super::workarounds::budget::{discard_new_is_exact, server_max_bytes};
 
 /// The stream behind a bucket.
 pub fn stream_name(bucket: &str) -> String {

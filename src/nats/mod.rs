@@ -3,34 +3,23 @@
 //! actors' `Delivery`, the consumer as their `Source`, the bucket of batch
 //! manifests as their `ManifestStore`, and the ingest API's `Idempotency-Key` records.
 
-mod acked_here;
-mod budget;
 mod connect;
-mod delivery;
 mod dlq;
 mod encoding;
 mod error_text;
-mod held;
 mod key_store;
 mod kv_bucket;
 mod landed;
-mod lost_pull;
 mod manifest;
 mod placement;
 mod publish;
-mod pull_status;
-mod reply;
+mod pulling;
 mod setup;
-mod source;
 mod split;
-mod stall;
-mod stranded;
-mod stuck_consumer;
 pub mod version;
+mod workarounds;
 
-pub use acked_here::AckedHere;
 pub use connect::{connect, wait_connected};
-pub use delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use dlq::{Dlq, DlqCounts, DlqTableCount, ParkedRow, ReplayReport};
 pub use encoding::{
     decode, headers_for, Compression, Encoding, Undecodable, ENCODING_HEADER, MAX_DECODED_BYTES,
@@ -43,12 +32,14 @@ pub use manifest::{
     MANIFEST_MAX_AGE,
 };
 pub use publish::{PendingPublish, PublishError, Publisher};
+pub use pulling::delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
+pub use pulling::source::{JetStreamSource, JetStreamSourceFactory};
 pub use setup::{
     ensure_consumer, ensure_streams, replicas_beyond_server, replicas_refused_once_connected,
     StreamSettings,
 };
-pub use source::{JetStreamSource, JetStreamSourceFactory};
 pub use split::{
     keep_collecting as keep_collecting_splits, split_bucket, SplitRecords, SplitSettings,
 };
-pub use stranded::remove_stranded;
+pub use workarounds::acked_here::AckedHere;
+pub use workarounds::stranded::remove_stranded;

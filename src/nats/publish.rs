@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
-use super::budget::{stored_size, BudgetGuard, BudgetPermit};
+use super::workarounds::budget::{stored_size, BudgetGuard, BudgetPermit};
 
 /// JetStream's code for a publish refused by a stream's limits with discard-new:
 /// `maximum bytes exceeded` (and `maximum messages exceeded`) arrive with it.

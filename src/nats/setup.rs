@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use async_nats::jetstream::{self, consumer, stream};
 
-use super::budget::{discard_new_is_exact, server_max_bytes};
-use super::stranded::remove_stranded;
 use super::version;
+use super::workarounds::budget::{discard_new_is_exact, server_max_bytes};
+use super::workarounds::stranded::remove_stranded;
 use crate::config::NatsConfig;
 
 /// What the streams and the consumer are made of, from `[nats]`.

@@ -231,9 +231,9 @@ async fn cluster_stream_leader_kill9() -> Result<()> {
 /// kept its last 200 messages while the consumer showed `delivered` and `ack_floor` at
 /// the message before them and nothing pending or awaiting an ack, 15 s after every
 /// other row had gone quiet. Sluice now removes what it acked itself that the stream
-/// keeps above the floor (`src/nats/acked_here.rs`), and steps the consumer's leader
+/// keeps above the floor (`src/nats/workarounds/acked_here.rs`), and steps the consumer's leader
 /// down when the stream stays ahead of it (`stream_ahead_of_consumer`,
-/// `src/nats/stuck_consumer.rs`); the scenario is quiet only once the stream is empty,
+/// `src/nats/pulling/stuck_consumer.rs`); the scenario is quiet only once the stream is empty,
 /// and prints its counts (rows in ClickHouse or not) before failing on such messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_consumer_leader_sigstop() -> Result<()> {
@@ -307,7 +307,7 @@ async fn cluster_rolling_restart() -> Result<()> {
 /// was delivered for 90 s after the thaw while 3,950 messages waited: both instances
 /// idle, the consumer's `ack_pending` at 1,003 (its `max_ack_pending` is 1,000), held by
 /// neither, and no redelivery after `ack_wait`. Such a consumer is now noticed and its
-/// leader stepped down (`acks_held_by_nobody`, `src/nats/stuck_consumer.rs`). Back in
+/// leader stepped down (`acks_held_by_nobody`, `src/nats/pulling/stuck_consumer.rs`). Back in
 /// the suite after 7 runs on 2.9.10 beside two CPU hogs and 3 on 2.15.1 without either
 /// (2026-12-03).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -198,7 +198,7 @@ impl SplitRecords {
     }
 
     /// Deletes a surplus copy of a part from the ingest stream, one by sequence (never a
-    /// purge: see `super::stranded`). Best effort: a copy left is judged surplus when it
+    /// purge: see `super::workarounds::stranded`). Best effort: a copy left is judged surplus when it
     /// is consumed, as long as its record is kept.
     async fn delete_copy(&self, sequence: u64) {
         let name = &self.settings.stream;

@@ -40,12 +40,12 @@ use tokio::time::Instant;
 use super::delivery::{DlqWriter, JsDelivery};
 use super::held::{HeldRows, RowsPerMessage};
 use super::lost_pull::{self, ConsumerCounts, Heard, LostPull, Replace, StallTally};
-use super::manifest::JsManifestStore;
-use super::placement;
 use super::pull_status::{self, EndedBy, PullStatus};
-use super::setup::{ensure_consumer, ensure_streams, StreamSettings};
-use super::stranded::remove_stranded;
 use super::stuck_consumer::{self, ConsumerState, StuckWatch};
+use crate::nats::manifest::JsManifestStore;
+use crate::nats::placement;
+use crate::nats::setup::{ensure_consumer, ensure_streams, StreamSettings};
+use crate::nats::workarounds::stranded::remove_stranded;
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at
 /// most a couple of pull batches).

@@ -2,7 +2,7 @@
 //! the server), progress, nak with a delay, park on the dead-letter stream with the
 //! reason in its headers (the whole message, or one row of a many-row message), split
 //! by shard through its split's record, or, as a part of a split message, judged by
-//! that record (`super::split`). What every delivery shares is in `writer.rs`.
+//! that record (`crate::nats::split`). What every delivery shares is in `writer.rs`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -14,10 +14,10 @@ use bytes::Bytes;
 use sluice_actors::{Delivery, DeliveryMeta, Parking, PartCopy, Position, SettleError};
 use tokio::time::Instant;
 
-use super::encoding::{read_payload, Unreadable};
 use super::held::HeldToken;
 use super::reply::AckAddress;
-use super::split::{self, PartOf, SplitJob, SplitOutcome};
+use crate::nats::encoding::{read_payload, Unreadable};
+use crate::nats::split::{self, PartOf, SplitJob, SplitOutcome};
 
 mod writer;
 
@@ -46,10 +46,10 @@ struct Row {
     reply: Option<Subject>,
     payload: Bytes,
     /// Its message id when it is a chunk of a keyed ingest request: marked landed before
-    /// it is acked (see [`super::landed`]).
+    /// it is acked (see [`crate::nats::landed`]).
     chunk: Option<Box<str>>,
     /// Which split and shard it is when it is a part of a message split by shard
-    /// (judged by its split's record before it joins a batch, see [`super::split`]).
+    /// (judged by its split's record before it joins a batch, see [`crate::nats::split`]).
     part: Option<Box<PartOf>>,
     /// Why its payload could not be decoded (`payload` is then as it came): parked whole.
     undecodable: Option<Box<Unreadable>>,
@@ -104,7 +104,7 @@ impl JsDelivery {
         Self {
             position,
             row: Some(Row {
-                chunk: super::landed::chunk_id(message.headers.as_ref()),
+                chunk: crate::nats::landed::chunk_id(message.headers.as_ref()),
                 part: PartOf::from_headers(message.headers.as_ref()).map(Box::new),
                 subject: message.subject,
                 reply: message.reply,
@@ -134,7 +134,7 @@ impl JsDelivery {
         AckAddress::parse(self.row.as_ref()?.reply.as_ref()?.as_str())
     }
 
-    /// The key of its record when it is split by shard (see [`super::split`]).
+    /// The key of its record when it is split by shard (see [`crate::nats::split`]).
     fn split_key(&self) -> Option<String> {
         let published = self.address()?.published()?;
         Some(split::record_key(self.position.stream_sequence, published))
@@ -163,7 +163,7 @@ impl JsDelivery {
     }
 
     /// Publish the parts of a message split by shard and record them (see
-    /// `Delivery::split`, [`super::split`]).
+    /// `Delivery::split`, [`crate::nats::split`]).
     async fn split_by_record(
         &self,
         parts: Vec<(usize, Bytes)>,
@@ -257,7 +257,7 @@ impl JsDelivery {
         }
     }
 
-    /// Before its ack, a keyed request's chunk is marked landed (see [`super::landed`]).
+    /// Before its ack, a keyed request's chunk is marked landed (see [`crate::nats::landed`]).
     /// A mark that cannot be written (the bucket full or unreachable): in a recorded
     /// batch the chunk is not acked (`ack_recorded`, `ack_confirmed`): it comes again
     /// and its record settles it without another insert. In a table that records no

@@ -26,7 +26,7 @@ const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// on the last size known (the server's own limit sits above the budget).
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 
-pub use super::version::discard_new_is_exact;
+pub use crate::nats::version::discard_new_is_exact;
 
 /// The `max_bytes` to give the server for a configured budget: the budget itself where
 /// the server enforces it exactly, else the budget with headroom the server never

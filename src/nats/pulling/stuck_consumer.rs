@@ -21,7 +21,7 @@
 //!
 //! Both windows are long enough for the normal moments that look alike: acked
 //! messages a replica removes a moment late (and this or another instance removes
-//! after `super::stranded::ACKED_GRACE`), and another instance holding every delivery
+//! after `crate::nats::workarounds::stranded::ACKED_GRACE`), and another instance holding every delivery
 //! through a ClickHouse outage (it sends progress; a false alarm costs one election
 //! per window).
 
@@ -31,7 +31,7 @@ use async_nats::jetstream::{self, consumer};
 use sluice_actors::StallReason;
 use tokio::time::Instant;
 
-use super::stranded::ACKED_GRACE;
+use crate::nats::workarounds::stranded::ACKED_GRACE;
 
 /// How long the stream may keep messages past the consumer's last delivery with
 /// nothing pending before it is a stall: past the grace in which the instances remove

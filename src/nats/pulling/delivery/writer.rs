@@ -10,11 +10,11 @@ use bytes::Bytes;
 use sluice_actors::{DeliveryMeta, Parking, SettleError};
 
 use super::ORIGINAL_LINE_HEADER;
-use crate::nats::acked_here::AckedHere;
 use crate::nats::error_text::{header_value, truncate, MAX_ERROR_HEADER};
 use crate::nats::landed::LandedChunks;
 use crate::nats::publish::{PublishError, Publisher};
 use crate::nats::split::SplitRecords;
+use crate::nats::workarounds::acked_here::AckedHere;
 
 /// Publishes parked rows to `dlq.<tenant>.<table>`, and holds the connection every
 /// delivery settles through (and where keyed chunks are marked landed). Shared by every
