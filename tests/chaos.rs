@@ -910,7 +910,7 @@ async fn missing_table_grace_runs_out() -> Result<()> {
 /// In one run of `scripts/test` 37 good rows were twice in the Replicated twin: the
 /// twin's batches, in flight each time the bomb crashed ClickHouse, met the strike
 /// threshold too and were isolated after a loss ClickHouse may have committed. A suspect
-/// now flies alone (`actors/src/solo.rs`,
+/// now flies alone (its turn granted alone by its server's pool: `actors/src/pool/turns.rs`,
 /// `actors/tests/ingest.rs::a_suspect_flies_alone_so_a_neighbour_lost_beside_a_crash_is_never_split`).
 ///
 /// Ignored for a while: in round 3 of `scripts/test --repeat 3 --hogs 2 --phases

@@ -2,7 +2,7 @@
 //!
 //! Pure and synchronous, time injected: every method takes `now`. One instance per
 //! ClickHouse pool (owned by the PoolActor, inside its
-//! [`ScopedBreaker`](crate::breaker::scoped::ScopedBreaker)), and one per table for
+//! [`scoped::ScopedBreaker`]), and one per table for
 //! table-scoped failures (a read-only table backs off alone), owned by its TableActor.
 //!
 //! - Closed: every flush goes. An outage answer opens a window of `initial` (jittered).

@@ -19,20 +19,23 @@
 //! locks and atomics are in [`observe`] and [`metrics`], which record what the actors
 //! decided.
 //!
-//! Where to find what:
-//! - [`breaker`]: the outage breaker state machine (pure); [`scoped_breaker`]: a breaker
-//!   with its log lines and gauge, as its owner keeps it; [`backoff`]: delays and
-//!   jitter; [`outage_log`]: the WARN/INFO cadence.
-//! - [`bisect`]: isolation of rejected rows; [`batch`]: a flight's rows, their verdicts
-//!   and their settlement; [`ledger`]: the batch ledger (exactly-once: batch records,
-//!   their store, splits, gatherings); [`table::flight`]: one flight;
-//!   [`table::buffer`]: the triggers; [`keepalive`]: `progress()` for messages held
-//!   long.
-//! - [`consumer`], [`target`], [`pool`], [`table`], [`supervisor`]: the actors;
-//!   [`routing`]: subjects to tables to targets, and a batch to a server of its
-//!   target; [`settle`]: rows handed back or parked without an insert; [`restart`]:
-//!   respawn pacing.
-//! - [`observe`]: the live tree, readiness and totals; [`metrics`]: every metric name.
+//! Where to find what (the floors they sit on: docs/architecture.md, "Floors"):
+//! - [`ports`]: the traits the actors speak through; [`ledger::store`] the ledger's.
+//! - [`breaker`]: the outage breaker state machine (pure), with [`breaker::scoped`] (a
+//!   breaker with its log lines and gauge, as its owner keeps it), [`breaker::gate`]
+//!   and [`breaker::outage_log`]; [`backoff`]: delays and jitter.
+//! - [`flight`]: one batch's flight (prepare, send, judge,
+//!   [`flight::bisect`] the isolation of rejected rows, settle);
+//!   [`protocol`]: what table, pool and flight say to each other; [`batch`]: a flight's
+//!   rows, their verdicts and settlement ([`batch::keepalive`]: `progress()` for rows
+//!   held long); [`ledger`]: the batch ledger (exactly-once: records, their store,
+//!   splits, gatherings, a flight's session).
+//! - [`consumer`], [`targets`], [`pool`], [`table`], [`supervisor`]: the actors;
+//!   [`placement`]: replicas, shard keys and a target's servers; [`routing`]: subjects
+//!   to tables to targets; [`settle`]: rows handed back or parked without an insert;
+//!   [`restart`]: respawn pacing.
+//! - [`observe`]: the live tree, readiness, totals and the frame every actor publishes
+//!   its snapshot through; [`metrics`]: every metric name of the actors.
 //! - [`pipeline`]: start it, get a handle. `testkit` (feature `testkit`): fakes of the
 //!   ports.
 

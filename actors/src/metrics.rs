@@ -1,4 +1,4 @@
-//! Every metric name of the actors (docs/architecture.md, "Contracts"), in one place, with `describe_all()` and
+//! Every metric name of the actors (docs/architecture.md, "Contracts"), in one place, described (`ACTOR_METRICS`, `describe`), and
 //! the per-table / per-target handle caches the actors use (labels are built once per
 //! table or target, never per row).
 //!

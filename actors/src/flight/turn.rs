@@ -9,7 +9,7 @@
 //! it, and that attempt's rows did not go in (a row the server crashes on is parsed
 //! before the block is written); an earlier attempt, lost beside others, may have gone
 //! in all the same. So only a second such loss is taken as a rejection of its rows
-//! (see [`Suspicion`] and `bisect::lost_on_rows`).
+//! (see [`crate::protocol::Suspicion`] and `bisect::lost_on_rows`).
 //!
 //! The turns are the server's pool's to grant ([`crate::pool::turns`]), by message, like
 //! its permits: one place orders every flight of every table to the server. A flight

@@ -34,11 +34,11 @@
 //!    records nothing removes.
 //!
 //! A table whose inserts ClickHouse does not deduplicate records nothing: its
-//! [`SettledLines`](settled_lines::SettledLines) keep, in memory, the lines of messages
+//! [`settled_lines::SettledLines`] keep, in memory, the lines of messages
 //! handed back with some rows settled (at-least-once).
 //!
 //! The store ([`ManifestStore`]) is the only I/O: its changes reach each table as
-//! messages, into the table's [`BatchIndex`](index::BatchIndex).
+//! messages, into the table's [`index::BatchIndex`].
 
 pub mod forming;
 pub mod gathering;

@@ -22,7 +22,7 @@ pub enum TableMsg<D> {
     /// The wait for the messages of a recorded batch (by id) is over: it flies with
     /// what came, the rest read from the stream.
     ReformDue(String),
-    /// A replica's pool answers [`FlightRequest::WantsFlight`].
+    /// A replica's pool answers [`crate::protocol::FlightRequest::WantsFlight`].
     Permit(Permit),
     /// A replica's pool (re)started, or is down (`None`): where the table asks for
     /// flights to it and reports their verdicts.

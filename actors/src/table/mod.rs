@@ -1,6 +1,6 @@
 //! TableActor: one table's buffer, flush triggers (rows, bytes, age), its own backoff on
 //! each server of its target ([`routes`]: and which server a batch goes to) and its
-//! part of the batch ledger (it owns them). A flush runs as a spawned [`flight`] whose
+//! part of the batch ledger (it owns them). A flush runs as a spawned [`crate::flight`] whose
 //! verdict and outcome come back as messages, so the mailbox is never blocked by
 //! ClickHouse.
 
