@@ -23,7 +23,7 @@ const ACTOR_FLOORS: &[&[&str]] = &[
     &["breaker"],
     &["observe"],
     &["placement"],
-    &["settings", "restart"],
+    &["settings", "restart", "lifecycle"],
     &["batch"],
     &["ledger"],
     &["context", "protocol"],

@@ -46,6 +46,7 @@ pub mod consumer;
 pub mod context;
 pub mod flight;
 pub mod ledger;
+pub mod lifecycle;
 pub mod messaging;
 pub mod metrics;
 pub mod observe;

@@ -5,27 +5,27 @@
 //! targets are, and makes the pipeline fatal when a core actor cannot be spawned again.
 //!
 //! ractor restarts nothing by itself and its default `handle_supervisor_evt` stops the
-//! parent: this one (like the TargetActor's) overrides it.
+//! parent: the tree's one lifecycle (`lifecycle.rs`) overrides it, and hands a child's
+//! end to this actor (and to a TargetActor) as `child_gone`.
 
-use crate::messaging::carried;
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort,
-    SupervisionEvent,
 };
 use tokio::time::Instant;
 
 use crate::consumer::{ConsumerActor, ConsumerArgs, ConsumerMsg, TargetLink};
 use crate::context::Common;
+use crate::lifecycle::{Behaviour, Lifecycle};
+use crate::messaging::carried;
 use crate::metrics;
 use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
 use crate::placement::TargetServers;
 use crate::ports::{Inserter, Source, SourceFactory};
 use crate::protocol::TableReport;
-use crate::restart::{child_gone, RestartRecord};
+use crate::restart::RestartRecord;
 use crate::routing::Router;
 use crate::targets::{TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetReport};
 
@@ -113,13 +113,8 @@ pub struct RootState<F: SourceFactory, I> {
     stopping: bool,
 }
 
-pub struct RootSupervisor<F, I>(PhantomData<fn() -> (F, I)>);
-
-impl<F, I> Default for RootSupervisor<F, I> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
+/// The RootSupervisor: its state, run by the tree's one lifecycle.
+pub type RootSupervisor<F, I> = Lifecycle<RootState<F, I>>;
 
 // === impl RootState ===
 
@@ -353,16 +348,11 @@ fn schedule<D: Send + 'static>(
 carried!(<D> TableReport => RootMsg<D>, RootMsg::Orphan);
 carried!(<D> TargetReport => RootMsg<D>, RootMsg::FromTarget);
 
-impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
+impl<F: SourceFactory, I: Inserter> Behaviour for RootState<F, I> {
     type Msg = RootMsg<DeliveryOf<F>>;
-    type State = RootState<F, I>;
-    type Arguments = RootArgs<F, I>;
+    type Args = RootArgs<F, I>;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    fn build(args: RootArgs<F, I>) -> Result<Self, ActorProcessingErr> {
         let n = args.targets.len();
         Ok(RootState {
             common: args.common,
@@ -379,46 +369,27 @@ impl<F: SourceFactory, I: Inserter> Actor for RootSupervisor<F, I> {
         })
     }
 
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.common.registry.publish(ROOT_ID, NodeState::None {});
-        for i in 0..state.targets.len() {
-            state.spawn(&myself, Child::Target(i)).await;
+    async fn started(&mut self, myself: &ActorRef<Self::Msg>) {
+        self.common.registry.publish(ROOT_ID, NodeState::None {});
+        for i in 0..self.targets.len() {
+            self.spawn(myself, Child::Target(i)).await;
         }
-        state.spawn(&myself, Child::Consumer).await;
-        Ok(())
+        self.spawn(myself, Child::Consumer).await;
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn receive(&mut self, myself: &ActorRef<Self::Msg>, msg: Self::Msg) {
         match msg {
-            RootMsg::RespawnConsumer => state.on_respawn(&myself, Child::Consumer).await,
-            RootMsg::RespawnTarget(i) => state.on_respawn(&myself, Child::Target(i)).await,
-            RootMsg::FromTarget(report) => state.on_target_report(report),
-            RootMsg::Orphan(report) => state.on_orphan(report),
-            RootMsg::Children(reply) => state.on_children(reply),
-            RootMsg::Stopping(reply) => state.on_stopping(reply),
-            RootMsg::Debug(debug) => state.on_debug(debug),
+            RootMsg::RespawnConsumer => self.on_respawn(myself, Child::Consumer).await,
+            RootMsg::RespawnTarget(i) => self.on_respawn(myself, Child::Target(i)).await,
+            RootMsg::FromTarget(report) => self.on_target_report(report),
+            RootMsg::Orphan(report) => self.on_orphan(report),
+            RootMsg::Children(reply) => self.on_children(reply),
+            RootMsg::Stopping(reply) => self.on_stopping(reply),
+            RootMsg::Debug(debug) => self.on_debug(debug),
         }
-        Ok(())
     }
 
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        evt: SupervisionEvent,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some((id, why)) = child_gone(evt) {
-            state.child_down(&myself, id, why);
-        }
-        Ok(())
+    fn child_gone(&mut self, myself: &ActorRef<Self::Msg>, id: ActorId, why: String) {
+        self.child_down(myself, id, why);
     }
 }

@@ -2,19 +2,19 @@
 //! subject and sends one message per group to the table's target.
 
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
+use ractor::{ActorProcessingErr, ActorRef, DerivedActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::messages::{ConsumerDebug, ConsumerMsg};
 use crate::backoff::Backoff;
 use crate::context::Common;
 use crate::ledger::{Changes, LedgerChange};
+use crate::lifecycle::{Behaviour, Lifecycle};
 use crate::metrics;
-use crate::observe::{ConsumerSnapshot, Frame, NodeState, Observed, Registry, CONSUMER_ID};
+use crate::observe::{ConsumerSnapshot, Frame, NodeState, Observed, CONSUMER_ID};
 use crate::ports::{Delivery, Source, SourceFactory};
 use crate::routing::{Route, Routed, Router};
 use crate::rows::row_count;
@@ -25,13 +25,8 @@ type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 /// A target as the consumer knows it: where its rows go.
 pub type TargetLink<D> = DerivedActorRef<Routed<D>>;
 
-pub struct ConsumerActor<F>(PhantomData<fn() -> F>);
-
-impl<F> Default for ConsumerActor<F> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
+/// The ConsumerActor: its state, run by the tree's one lifecycle.
+pub type ConsumerActor<F> = Lifecycle<ConsumerState<F>>;
 
 pub struct ConsumerArgs<F: SourceFactory> {
     pub factory: Arc<F>,
@@ -376,16 +371,8 @@ impl<F: SourceFactory> ConsumerState<F> {
 }
 
 impl<F: SourceFactory> Observed for ConsumerState<F> {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-
-    fn frame_mut(&mut self) -> &mut Frame {
+    fn frame(&mut self) -> &mut Frame {
         &mut self.frame
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.args.common.registry
     }
 
     fn snapshot(&self) -> NodeState {
@@ -393,20 +380,19 @@ impl<F: SourceFactory> Observed for ConsumerState<F> {
     }
 }
 
-impl<F: SourceFactory> Actor for ConsumerActor<F> {
+impl<F: SourceFactory> Behaviour for ConsumerState<F> {
     type Msg = ConsumerMsg<DeliveryOf<F>>;
-    type State = ConsumerState<F>;
-    type Arguments = ConsumerArgs<F>;
+    type Args = ConsumerArgs<F>;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    fn build(args: ConsumerArgs<F>) -> Result<Self, ActorProcessingErr> {
         if args.fail_spawn {
             return Err("injected spawn failure of the consumer".into());
         }
-        let every = args.common.settings.snapshot_every;
+        let frame = Frame::new(
+            CONSUMER_ID,
+            args.common.registry.clone(),
+            args.common.settings.snapshot_every,
+        );
         let gauge = metrics::consumer_pending(&args.common.settings.stream);
         Ok(ConsumerState {
             args,
@@ -417,36 +403,25 @@ impl<F: SourceFactory> Actor for ConsumerActor<F> {
             routes: HashMap::new(),
             next_pending: Instant::now(),
             pending_gauge: gauge,
-            frame: Frame::new(CONSUMER_ID, every),
+            frame,
         })
     }
 
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.publish(true);
+    async fn started(&mut self, myself: &ActorRef<Self::Msg>) {
+        self.publish(true);
         let _ = myself.cast(ConsumerMsg::Connect);
-        Ok(())
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn receive(&mut self, myself: &ActorRef<Self::Msg>, msg: Self::Msg) {
         match msg {
-            ConsumerMsg::Connect => state.on_connect(&myself).await,
-            ConsumerMsg::Pull => state.on_pull(&myself).await,
-            ConsumerMsg::TargetUp { index, target } => state.on_target_up(index, target),
-            ConsumerMsg::TargetDown { index } => state.on_target_down(index),
-            ConsumerMsg::StopPulling(reply) => state.on_stop_pulling(reply),
-            ConsumerMsg::Debug(debug) => state.on_debug(debug),
+            ConsumerMsg::Connect => self.on_connect(myself).await,
+            ConsumerMsg::Pull => self.on_pull(myself).await,
+            ConsumerMsg::TargetUp { index, target } => self.on_target_up(index, target),
+            ConsumerMsg::TargetDown { index } => self.on_target_down(index),
+            ConsumerMsg::StopPulling(reply) => self.on_stop_pulling(reply),
+            ConsumerMsg::Debug(debug) => self.on_debug(debug),
         }
-        state.args.common.registry.beat(CONSUMER_ID);
-        state.publish(false);
-        Ok(())
+        self.args.common.registry.beat(CONSUMER_ID);
+        self.publish(false);
     }
 }

@@ -1,8 +1,9 @@
 //! What every actor keeps to show itself in the live tree, written once: its node, the
 //! throttle of its publications, and the heartbeat. An actor implements [`Observed`]
-//! (where its frame is, its registry, how its snapshot is built) and gets `publish`,
+//! (where its frame is, how its snapshot is built) and gets `publish`,
 //! `beat` and the marks of a change from it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{NodeState, Registry, SnapshotThrottle};
@@ -12,6 +13,8 @@ use super::{NodeState, Registry, SnapshotThrottle};
 pub struct Frame {
     /// Its node in the registry.
     pub node_id: String,
+    /// Where it publishes.
+    registry: Arc<Registry>,
     throttle: SnapshotThrottle,
     /// A publication is armed for when the throttle lets it go (see
     /// [`Frame::arm_publication`]).
@@ -19,9 +22,10 @@ pub struct Frame {
 }
 
 impl Frame {
-    pub fn new(node_id: impl Into<String>, every: Duration) -> Self {
+    pub fn new(node_id: impl Into<String>, registry: Arc<Registry>, every: Duration) -> Self {
         Self {
             node_id: node_id.into(),
+            registry,
             throttle: SnapshotThrottle::new(every),
             armed: false,
         }
@@ -55,24 +59,24 @@ impl Frame {
 
 /// An actor that shows itself in the live tree.
 pub trait Observed {
-    fn frame(&self) -> &Frame;
-    fn frame_mut(&mut self) -> &mut Frame;
-    fn registry(&self) -> &Registry;
+    fn frame(&mut self) -> &mut Frame;
     /// Its snapshot, built only when a publication is due.
     fn snapshot(&self) -> NodeState;
 
     /// Publish when due (at once with `force`).
     fn publish(&mut self, force: bool) {
-        if !self.frame_mut().throttle.due(force) {
+        if !self.frame().throttle.due(force) {
             return;
         }
         let snapshot = self.snapshot();
-        self.registry().publish(&self.frame().node_id, snapshot);
+        let frame = self.frame();
+        frame.registry.publish(&frame.node_id, snapshot);
     }
 
     /// The heartbeat: the node is alive, and its snapshot (ages, rates) is shown again.
     fn beat(&mut self) {
-        self.registry().beat(&self.frame().node_id);
-        self.frame_mut().changed();
+        let frame = self.frame();
+        frame.registry.beat(&frame.node_id);
+        frame.changed();
     }
 }

@@ -8,10 +8,9 @@
 //! while. Every transition is published on the target's board at once, so the tables
 //! pass an open replica over for its twin.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
+use ractor::{ActorId, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::memory::{PoolMemory, Readiness};
@@ -21,18 +20,14 @@ use crate::backoff::Backoff;
 use crate::breaker::scoped::ScopedBreaker;
 use crate::breaker::{Admission, Ticket};
 use crate::context::Common;
-use crate::observe::{self, Frame, NodeState, Observed, PoolSnapshot, Registry};
+use crate::lifecycle::{Behaviour, Lifecycle};
+use crate::observe::{self, Frame, NodeState, Observed, PoolSnapshot};
 use crate::placement::TargetServers;
 use crate::ports::{ClickHouseError, Inserter, ServerInfo, TableKey};
 use crate::protocol::{FlightRequest, PendingRows, Permit, PoolVerdict, TurnId, VerdictReport};
 
-pub struct PoolActor<I>(PhantomData<fn() -> I>);
-
-impl<I> Default for PoolActor<I> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
+/// The PoolActor: its state, run by the tree's one lifecycle.
+pub type PoolActor<I> = Lifecycle<PoolState<I>>;
 
 pub struct PoolArgs<I> {
     pub servers: Arc<TargetServers<I>>,
@@ -87,7 +82,11 @@ impl<I: Inserter> PoolState<I> {
         Self {
             replica: args.replica,
             servers: args.servers,
-            frame: Frame::new(node_id, args.common.settings.snapshot_every),
+            frame: Frame::new(
+                node_id,
+                args.common.registry.clone(),
+                args.common.settings.snapshot_every,
+            ),
             turns: Turns::default(),
             common: args.common,
             target: args.target,
@@ -380,16 +379,8 @@ impl<I: Inserter> PoolState<I> {
 }
 
 impl<I: Inserter> Observed for PoolState<I> {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-
-    fn frame_mut(&mut self) -> &mut Frame {
+    fn frame(&mut self) -> &mut Frame {
         &mut self.frame
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.common.registry
     }
 
     fn snapshot(&self) -> NodeState {
@@ -397,16 +388,11 @@ impl<I: Inserter> Observed for PoolState<I> {
     }
 }
 
-impl<I: Inserter> Actor for PoolActor<I> {
+impl<I: Inserter> Behaviour for PoolState<I> {
     type Msg = PoolMsg;
-    type State = PoolState<I>;
-    type Arguments = PoolArgs<I>;
+    type Args = PoolArgs<I>;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    fn build(args: PoolArgs<I>) -> Result<Self, ActorProcessingErr> {
         if args.fail_spawn {
             let name = args.servers.replica(args.replica).name.clone();
             return Err(format!("injected spawn failure of pool {name}").into());
@@ -414,40 +400,29 @@ impl<I: Inserter> Actor for PoolActor<I> {
         Ok(PoolState::new(args))
     }
 
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        myself.send_interval(state.common.settings.tick_every, || PoolMsg::Tick);
-        if !state.readiness.probed_ok {
+    async fn started(&mut self, myself: &ActorRef<PoolMsg>) {
+        myself.send_interval(self.common.settings.tick_every, || PoolMsg::Tick);
+        if !self.readiness.probed_ok {
             let _ = myself.cast(PoolMsg::ReadinessProbe);
         }
-        state.remember();
-        state.publish(true);
-        Ok(())
+        self.remember();
+        self.publish(true);
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let generation = state.breaker.generation();
+    async fn receive(&mut self, myself: &ActorRef<PoolMsg>, msg: PoolMsg) {
+        let generation = self.breaker.generation();
         match msg {
-            PoolMsg::FromTable(request) => state.on_table_request(request),
-            PoolMsg::TableGone(id) => state.on_table_gone(id),
-            PoolMsg::ReadinessProbe => state.on_readiness_probe(&myself),
-            PoolMsg::ReadinessResult(result) => state.on_readiness_result(&myself, result),
-            PoolMsg::OwnProbeDone { ticket, result } => state.on_own_probe_done(ticket, result),
-            PoolMsg::Tick => state.on_tick(&myself),
-            PoolMsg::Debug(debug) => state.on_debug(debug),
+            PoolMsg::FromTable(request) => self.on_table_request(request),
+            PoolMsg::TableGone(id) => self.on_table_gone(id),
+            PoolMsg::ReadinessProbe => self.on_readiness_probe(myself),
+            PoolMsg::ReadinessResult(result) => self.on_readiness_result(myself, result),
+            PoolMsg::OwnProbeDone { ticket, result } => self.on_own_probe_done(ticket, result),
+            PoolMsg::Tick => self.on_tick(myself),
+            PoolMsg::Debug(debug) => self.on_debug(debug),
         }
         // A breaker transition is shown at once; anything else when due.
-        let transition = state.breaker.generation() != generation;
-        state.remember();
-        state.publish(transition);
-        Ok(())
+        let transition = self.breaker.generation() != generation;
+        self.remember();
+        self.publish(transition);
     }
 }

@@ -7,18 +7,51 @@
 
 use super::messages::{TableDebug, TableMsg};
 use super::state::{TableArgs, TableState};
+use crate::lifecycle::{Behaviour, Lifecycle};
 use crate::observe::Observed;
 use crate::ports::{Delivery, Inserter};
 use crate::protocol::FlightReport;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use std::marker::PhantomData;
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::time::Duration;
 
-pub struct TableActor<I, D>(PhantomData<fn() -> (I, D)>);
+/// The TableActor: its state, run by the tree's one lifecycle.
+pub type TableActor<I, D> = Lifecycle<TableState<I, D>>;
 
-impl<I, D> Default for TableActor<I, D> {
-    fn default() -> Self {
-        Self(PhantomData)
+impl<I: Inserter, D: Delivery> Behaviour for TableState<I, D> {
+    type Msg = TableMsg<D>;
+    type Args = TableArgs<I>;
+
+    fn build(args: TableArgs<I>) -> Result<Self, ActorProcessingErr> {
+        let mut state = TableState::new(args);
+        state.load_ledger();
+        Ok(state)
+    }
+
+    async fn started(&mut self, myself: &ActorRef<TableMsg<D>>) {
+        myself.send_interval(self.ctx.common.settings.tick_every, || TableMsg::Tick);
+        self.publish(true);
+    }
+
+    async fn receive(&mut self, myself: &ActorRef<TableMsg<D>>, msg: TableMsg<D>) {
+        match msg {
+            TableMsg::Messages(rows) => self.on_messages(myself, rows),
+            TableMsg::Ledger(changes) => self.on_ledger(changes),
+            TableMsg::LedgerResync => self.load_ledger(),
+            TableMsg::AgeDue(generation) => self.on_age_due(myself, generation),
+            TableMsg::ReformDue(id) => self.on_reform_due(myself, id),
+            TableMsg::Permit(permit) => self.on_permit(myself, permit),
+            TableMsg::PoolLink { replica, link } => self.on_pool_link(myself, replica, link),
+            TableMsg::Flight(FlightReport::Verdict(verdict)) => self.on_verdict(verdict),
+            TableMsg::Flight(FlightReport::Done(outcome)) => self.on_flight_done(myself, outcome),
+            TableMsg::Tick => self.on_tick(myself),
+            TableMsg::Publish => self.on_publish(),
+            TableMsg::FlushAll(reply) => self.on_flush_all(myself, reply),
+            TableMsg::HandBackAll(reply) => self.on_hand_back_all(reply),
+            TableMsg::Retire => self.on_retire(myself),
+            TableMsg::Debug(debug) => self.on_debug(debug),
+        }
+        self.frame.changed();
+        self.publish_or_arm(myself);
     }
 }
 
@@ -74,59 +107,5 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         {
             myself.stop(Some("idle".into()));
         }
-    }
-}
-
-impl<I: Inserter, D: Delivery> Actor for TableActor<I, D> {
-    type Msg = TableMsg<D>;
-    type State = TableState<I, D>;
-    type Arguments = TableArgs<I>;
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        let mut state = TableState::new(args);
-        state.load_ledger();
-        Ok(state)
-    }
-
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        myself.send_interval(state.ctx.common.settings.tick_every, || TableMsg::Tick);
-        state.publish(true);
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            TableMsg::Messages(rows) => state.on_messages(&myself, rows),
-            TableMsg::Ledger(changes) => state.on_ledger(changes),
-            TableMsg::LedgerResync => state.load_ledger(),
-            TableMsg::AgeDue(generation) => state.on_age_due(&myself, generation),
-            TableMsg::ReformDue(id) => state.on_reform_due(&myself, id),
-            TableMsg::Permit(permit) => state.on_permit(&myself, permit),
-            TableMsg::PoolLink { replica, link } => state.on_pool_link(&myself, replica, link),
-            TableMsg::Flight(FlightReport::Verdict(verdict)) => state.on_verdict(verdict),
-            TableMsg::Flight(FlightReport::Done(outcome)) => state.on_flight_done(&myself, outcome),
-            TableMsg::Tick => state.on_tick(&myself),
-            TableMsg::Publish => state.on_publish(),
-            TableMsg::FlushAll(reply) => state.on_flush_all(&myself, reply),
-            TableMsg::HandBackAll(reply) => state.on_hand_back_all(reply),
-            TableMsg::Retire => state.on_retire(&myself),
-            TableMsg::Debug(debug) => state.on_debug(debug),
-        }
-        state.frame.changed();
-        state.publish_or_arm(&myself);
-        Ok(())
     }
 }

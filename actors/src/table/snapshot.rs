@@ -2,7 +2,7 @@
 
 use super::messages::TableMsg;
 use super::state::TableState;
-use crate::observe::{Frame, MissingTableSnapshot, NodeState, Observed, Registry, TableSnapshot};
+use crate::observe::{Frame, MissingTableSnapshot, NodeState, Observed, TableSnapshot};
 use crate::ports::{Delivery, Inserter};
 use ractor::ActorRef;
 use std::sync::Arc;
@@ -69,16 +69,8 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
 }
 
 impl<I: Inserter, D: Delivery> Observed for TableState<I, D> {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-
-    fn frame_mut(&mut self) -> &mut Frame {
+    fn frame(&mut self) -> &mut Frame {
         &mut self.frame
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.ctx.common.registry
     }
 
     fn snapshot(&self) -> NodeState {

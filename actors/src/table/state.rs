@@ -170,7 +170,11 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let routes = TableRoutes::new(&ctx, &args.node_id, args.pools, carried, now);
         let lanes = Lanes::new(ctx.settings.shard_key.clone(), ctx.servers.layout.shards());
         Self {
-            frame: Frame::new(args.node_id, ctx.common.settings.snapshot_every),
+            frame: Frame::new(
+                args.node_id,
+                ctx.common.registry.clone(),
+                ctx.common.settings.snapshot_every,
+            ),
             ctx,
             links: TableLinks {
                 target: args.target,

@@ -8,33 +8,24 @@
 //! messages, respawns a failed pool or table with backoff, reaps idle tables, keeps
 //! what each must not forget, and tells its tables where the pools are.
 
-use std::marker::PhantomData;
-
-use ractor::{
-    Actor, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent,
-};
+use ractor::{ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
 use super::messages::{TargetDebug, TargetMsg};
 use super::state::{Child, TargetArgs, TargetState};
 use crate::ledger::LedgerChange;
+use crate::lifecycle::{Behaviour, Lifecycle};
 use crate::observe::Observed;
 use crate::placement::all_waiting;
 use crate::pool::{PoolMsg, PoolReport};
 use crate::ports::{Delivery, Inserter, TableKey};
 use crate::protocol::{FlightRequest, TableCarryOver, TableReport, VerdictReport};
-use crate::restart::child_gone;
 use crate::routing::Routed;
 use crate::settle::hand_back;
 use crate::table::{TableDebug, TableMsg};
 
-pub struct TargetActor<I, D>(PhantomData<fn() -> (I, D)>);
-
-impl<I, D> Default for TargetActor<I, D> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
+/// The TargetActor: its state, run by the tree's one lifecycle.
+pub type TargetActor<I, D> = Lifecycle<TargetState<I, D>>;
 
 impl<I: Inserter, D: Delivery> TargetState<I, D> {
     // --- rows ---
@@ -252,72 +243,48 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
     }
 }
 
-impl<I: Inserter, D: Delivery> Actor for TargetActor<I, D> {
+impl<I: Inserter, D: Delivery> Behaviour for TargetState<I, D> {
     type Msg = TargetMsg<D>;
-    type State = TargetState<I, D>;
-    type Arguments = TargetArgs<I>;
+    type Args = TargetArgs<I>;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    fn build(args: TargetArgs<I>) -> Result<Self, ActorProcessingErr> {
         if args.fail_spawn {
             return Err(format!("injected spawn failure of target {}", args.servers.target).into());
         }
         Ok(TargetState::new(args))
     }
 
-    async fn post_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        myself.send_interval(state.common.settings.tick_every, || TargetMsg::Tick);
-        for replica in 0..state.pools.len() {
-            state.spawn_pool(&myself, replica).await;
+    async fn started(&mut self, myself: &ActorRef<TargetMsg<D>>) {
+        myself.send_interval(self.common.settings.tick_every, || TargetMsg::Tick);
+        for replica in 0..self.pools.len() {
+            self.spawn_pool(myself, replica).await;
         }
-        state.remember();
-        state.publish(true);
-        Ok(())
+        self.remember();
+        self.publish(true);
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn receive(&mut self, myself: &ActorRef<TargetMsg<D>>, msg: TargetMsg<D>) {
         match msg {
-            TargetMsg::Routed(routed) => state.on_routed(&myself, routed).await,
-            TargetMsg::FromTable(report) => state.on_table_report(report),
-            TargetMsg::FromPool(report) => state.on_pool_report(report),
-            TargetMsg::RespawnTable(key) => state.on_respawn_table(&myself, key).await,
-            TargetMsg::RespawnPool(replica) => state.on_respawn_pool(&myself, replica).await,
+            TargetMsg::Routed(routed) => self.on_routed(myself, routed).await,
+            TargetMsg::FromTable(report) => self.on_table_report(report),
+            TargetMsg::FromPool(report) => self.on_pool_report(report),
+            TargetMsg::RespawnTable(key) => self.on_respawn_table(myself, key).await,
+            TargetMsg::RespawnPool(replica) => self.on_respawn_pool(myself, replica).await,
             TargetMsg::Tick => {
-                state.beat();
+                self.beat();
             }
-            TargetMsg::FlushAll(reply) => state.on_flush_all(reply),
-            TargetMsg::HandBackAll(reply) => state.on_hand_back_all(reply),
-            TargetMsg::Debug(debug) => state.on_debug(debug),
+            TargetMsg::FlushAll(reply) => self.on_flush_all(reply),
+            TargetMsg::HandBackAll(reply) => self.on_hand_back_all(reply),
+            TargetMsg::Debug(debug) => self.on_debug(debug),
         }
-        state.remember();
-        state.publish(false);
-        Ok(())
+        self.remember();
+        self.publish(false);
     }
 
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        evt: SupervisionEvent,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // A retired table is no longer in `by_id`; anything else stopped unasked.
-        if let Some((id, why)) = child_gone(evt) {
-            state.child_down(&myself, id, why);
-        }
-        state.remember();
-        state.publish(false);
-        Ok(())
+    /// A retired table is no longer in `by_id`; anything else stopped unasked.
+    fn child_gone(&mut self, myself: &ActorRef<TargetMsg<D>>, id: ActorId, why: String) {
+        self.child_down(myself, id, why);
+        self.remember();
+        self.publish(false);
     }
 }

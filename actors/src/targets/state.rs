@@ -11,7 +11,7 @@ use super::messages::TargetReport;
 use crate::context::Common;
 use crate::flight::FlightCtx;
 use crate::metrics::TableMetrics;
-use crate::observe::{self, Frame, NodeState, Observed, Registry, TargetSnapshot};
+use crate::observe::{self, Frame, NodeState, Observed, TargetSnapshot};
 use crate::placement::TargetServers;
 use crate::pool::PoolMsg;
 use crate::ports::{Delivery, Inserter, TableKey};
@@ -94,7 +94,11 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         let mut state = Self {
             index: args.index,
             servers: args.servers,
-            frame: Frame::new(node_id, args.common.settings.snapshot_every),
+            frame: Frame::new(
+                node_id,
+                args.common.registry.clone(),
+                args.common.settings.snapshot_every,
+            ),
             common: args.common,
             root: args.root,
             orphans: args.orphans,
@@ -176,16 +180,8 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
 }
 
 impl<I: Inserter, D: Delivery> Observed for TargetState<I, D> {
-    fn frame(&self) -> &Frame {
-        &self.frame
-    }
-
-    fn frame_mut(&mut self) -> &mut Frame {
+    fn frame(&mut self) -> &mut Frame {
         &mut self.frame
-    }
-
-    fn registry(&self) -> &Registry {
-        &self.common.registry
     }
 
     fn snapshot(&self) -> NodeState {
