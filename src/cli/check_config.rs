@@ -13,17 +13,10 @@ use crate::config::Config;
 use crate::nats::version;
 
 pub fn run(path: Option<&Path>, offline: bool) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match super::load_config(path) {
         Ok(config) => config,
-        Err(error) => {
-            eprint!("{error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if let Some(why) = config.takes_no_row() {
-        eprintln!("{why}");
-        return ExitCode::FAILURE;
-    }
     print!("{}", config.summary());
     if !offline {
         print!("{}", nats_report(&config));

@@ -9,15 +9,9 @@ use crate::telemetry::logging;
 
 pub fn run(options: DevOptions) -> ExitCode {
     logging::init(LogFormat::Text, "info");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::service_runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let code = runtime.block_on(dev::run(options));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

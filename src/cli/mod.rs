@@ -8,10 +8,12 @@ mod dlq;
 mod healthcheck;
 mod run;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::config::Config;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -87,13 +89,33 @@ pub enum Command {
 /// A one-thread runtime for a command that makes a few requests, or the exit code of a
 /// failure to start one (said on stderr).
 fn small_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("cannot start the runtime: {e}");
-            ExitCode::FAILURE
-        })
+    runtime(tokio::runtime::Builder::new_current_thread())
+}
+
+/// The service's runtime (`run`, `dev`), or the exit code of a failure to start one.
+fn service_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    runtime(tokio::runtime::Builder::new_multi_thread())
+}
+
+fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// The configuration at `path`, valid and taking rows, or the exit code of what is
+/// wrong with it (said on stderr).
+fn load_config(path: Option<&Path>) -> Result<Config, ExitCode> {
+    let config = Config::load(path).map_err(|e| {
+        eprint!("{e}");
+        ExitCode::FAILURE
+    })?;
+    if let Some(why) = config.takes_no_row() {
+        eprintln!("{why}");
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(config)
 }
 
 pub fn main() -> ExitCode {

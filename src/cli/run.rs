@@ -3,31 +3,17 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::config::Config;
 use crate::telemetry::logging;
 
 pub fn run(path: Option<&Path>) -> ExitCode {
-    let config = match Config::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprint!("{e}");
-            return ExitCode::FAILURE;
-        }
+    let config = match super::load_config(path) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    if let Some(why) = config.takes_no_row() {
-        eprintln!("{why}");
-        return ExitCode::FAILURE;
-    }
     logging::init(config.log.format, &config.log.level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::service_runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let code = runtime.block_on(async {
         match crate::server::run(config).await {
