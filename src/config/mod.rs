@@ -269,7 +269,7 @@ pub struct ApiConfig {
     pub chunk_bytes: usize,
     /// How each message is stored (`[api] compression`, `compression_level`,
     /// `compress_from`); `None`: plain.
-    pub compression: Option<crate::nats::Compression>,
+    pub compression: Option<Compression>,
     pub retry_after: Duration,
     /// A publish JetStream did not take (a NATS election, a lost ack) is sent again with
     /// the same message id for this long before the request answers 503.
@@ -453,6 +453,17 @@ impl Config {
     pub fn summary(&self) -> String {
         summary::summary(self)
     }
+}
+
+/// How the ingest API stores the messages it publishes (`[api] compression`,
+/// `compression_level`, `compress_from`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compression {
+    /// zstd's level: 1 (fastest) to 19; negative levels are faster still.
+    pub level: i32,
+    /// A payload shorter than this stays plain: a frame's overhead and a compression
+    /// context's setup outweigh what a single short row saves.
+    pub from_bytes: usize,
 }
 
 #[cfg(test)]

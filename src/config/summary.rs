@@ -9,6 +9,17 @@ use super::{AuthMode, Config, ListenerLimits, TableSettings};
 pub fn summary(config: &Config) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "configuration: {}", config.source_name);
+    nats_part(&mut out, config);
+    routing_part(&mut out, config);
+    listeners_part(&mut out, config);
+    for w in &config.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+/// NATS: the streams, the ledger's and the keys' buckets, how messages are stored.
+fn nats_part(out: &mut String, config: &Config) {
     let n = &config.nats;
     let _ = writeln!(
         out,
@@ -54,6 +65,10 @@ pub fn summary(config: &Config) -> String {
             super::StreamCompression::None => "not compressed by the server",
         }
     );
+}
+
+/// Where rows go: the ClickHouse targets, the tenants, the tables' settings.
+fn routing_part(out: &mut String, config: &Config) {
     let _ = writeln!(out, "targets:");
     if config.targets.is_empty() {
         let _ = writeln!(out, "  (none)");
@@ -93,6 +108,10 @@ pub fn summary(config: &Config) -> String {
     for ((tenant, table), s) in &config.tables {
         let _ = writeln!(out, "  {tenant}.{table}: {}", describe(s));
     }
+}
+
+/// The HTTP surfaces: the API, the admin endpoint, the query gateway.
+fn listeners_part(out: &mut String, config: &Config) {
     let _ = writeln!(
         out,
         "api: {} (auth {}) {}, connections {}; requests up to {}, rows up to {}, json depth {}, {} tables per tenant, {} descriptors reserved; rows published in messages of at most {} rows and {}",
@@ -146,10 +165,6 @@ pub fn summary(config: &Config) -> String {
             let _ = writeln!(out, "query: off (set [query] target to enable /v1/query)");
         }
     }
-    for w in &config.warnings {
-        let _ = writeln!(out, "warning: {w}");
-    }
-    out
 }
 
 fn describe_limits(l: &ListenerLimits) -> String {

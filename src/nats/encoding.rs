@@ -19,6 +19,8 @@ use std::io::Read as _;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
+pub use crate::config::Compression;
+
 /// The header naming a payload's encoding; absent: plain NDJSON.
 pub const ENCODING_HEADER: &str = "Sluice-Encoding";
 
@@ -173,17 +175,6 @@ pub fn read_payload(
             (payload, Some(Box::new(Unreadable { why, reason })))
         }
     }
-}
-
-/// How the ingest API stores the messages it publishes (`[api] compression`,
-/// `compression_level`, `compress_from`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Compression {
-    /// zstd's level: 1 (fastest) to 19; negative levels are faster still.
-    pub level: i32,
-    /// A payload shorter than this stays plain: a frame's overhead and a compression
-    /// context's setup outweigh what a single short row saves.
-    pub from_bytes: usize,
 }
 
 thread_local! {

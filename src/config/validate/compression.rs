@@ -3,7 +3,7 @@
 
 use super::{Check, Key};
 use crate::config::file::{ApiFile, CompressionMode};
-use crate::nats::Compression;
+use crate::config::Compression;
 
 /// The zstd levels taken: the usual 1 to 19, and the fast ones down to -7 (0 would mean
 /// zstd's default, 3; 20 and above need "ultra" windows that cost far more memory).

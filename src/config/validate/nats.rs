@@ -11,76 +11,8 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
     let section = Key::table(["nats"]);
     let k = |name: &str| section.key(name);
-    let mut seeds = Vec::new();
-    if n.url.trim().is_empty() {
-        c.problem(&[&k("url")], "[nats] url is empty");
-    } else if let Some(hidden) = hide_credentials(&n.url) {
-        c.problem(
-            &[&k("url")],
-            format!(
-                "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
-            ),
-        );
-    } else {
-        match nats_url::seeds(&n.url) {
-            Ok(found) => seeds = found,
-            Err(e) => c.problem(&[&k("url")], format!("[nats] url = \"{}\": {e}", n.url)),
-        }
-    }
-    for (name, value) in [
-        ("stream", &n.stream),
-        ("consumer", &n.consumer),
-        ("dlq_stream", &n.dlq_stream),
-    ] {
-        if !is_nats_name(value) {
-            let key = k(name);
-            c.problem(
-                &[&key],
-                format!(
-                    "{key} = \"{value}\" is not a valid JetStream name (letters, digits, _ and -)"
-                ),
-            );
-        }
-    }
-    for (name, prefix) in [
-        ("subject_prefix", &n.subject_prefix),
-        ("dlq_subject_prefix", &n.dlq_subject_prefix),
-    ] {
-        if !is_subject_prefix(prefix) {
-            let key = k(name);
-            c.problem(
-                &[&key],
-                format!(
-                    "{key} = \"{prefix}\" is not a subject prefix like \"ingest\" (tokens of letters, digits, _ and -, separated by dots; no wildcards)"
-                ),
-            );
-        }
-    }
-    if n.stream == n.dlq_stream {
-        c.problem(
-            &[&k("stream"), &k("dlq_stream")],
-            "[nats] stream and dlq_stream must differ",
-        );
-    }
-    if !is_nats_name(&n.manifest_bucket) {
-        c.problem(
-            &[&k("manifest_bucket")],
-            format!(
-                "[nats] manifest_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
-                n.manifest_bucket
-            ),
-        );
-    }
-    let bucket_stream = format!("KV_{}", n.manifest_bucket);
-    if bucket_stream == n.stream || bucket_stream == n.dlq_stream {
-        c.problem(
-            &[&k("manifest_bucket"), &k("stream"), &k("dlq_stream")],
-            format!(
-                "[nats] manifest_bucket = \"{}\" is kept in stream {bucket_stream}, which is the name of another of Sluice's streams",
-                n.manifest_bucket
-            ),
-        );
-    }
+    let seeds = seeds(c, n, &section);
+    names(c, n, &section);
     idempotency_bucket(c, n, &section);
     if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
         c.problem(
@@ -148,6 +80,87 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         idempotency_bucket: n.idempotency_bucket.clone(),
         idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
         stream_compression: n.stream_compression,
+    }
+}
+
+/// `[nats] url`: the seeds it names, with no credentials in it.
+fn seeds(c: &mut Check, n: &NatsFile, section: &Key) -> Vec<String> {
+    let k = |name: &str| section.key(name);
+    let mut seeds = Vec::new();
+    if n.url.trim().is_empty() {
+        c.problem(&[&k("url")], "[nats] url is empty");
+    } else if let Some(hidden) = hide_credentials(&n.url) {
+        c.problem(
+            &[&k("url")],
+            format!(
+                "[nats] url = \"{hidden}\" carries credentials: put the user in `user` and the password in the variable named by `password_env`, or the token in the variable named by `token_env` (secrets never go in the URL)"
+            ),
+        );
+    } else {
+        match nats_url::seeds(&n.url) {
+            Ok(found) => seeds = found,
+            Err(e) => c.problem(&[&k("url")], format!("[nats] url = \"{}\": {e}", n.url)),
+        }
+    }
+    seeds
+}
+
+/// The streams', consumer's, prefixes' and bucket's names: valid, and apart.
+fn names(c: &mut Check, n: &NatsFile, section: &Key) {
+    let k = |name: &str| section.key(name);
+    for (name, value) in [
+        ("stream", &n.stream),
+        ("consumer", &n.consumer),
+        ("dlq_stream", &n.dlq_stream),
+    ] {
+        if !is_nats_name(value) {
+            let key = k(name);
+            c.problem(
+                &[&key],
+                format!(
+                    "{key} = \"{value}\" is not a valid JetStream name (letters, digits, _ and -)"
+                ),
+            );
+        }
+    }
+    for (name, prefix) in [
+        ("subject_prefix", &n.subject_prefix),
+        ("dlq_subject_prefix", &n.dlq_subject_prefix),
+    ] {
+        if !is_subject_prefix(prefix) {
+            let key = k(name);
+            c.problem(
+                &[&key],
+                format!(
+                    "{key} = \"{prefix}\" is not a subject prefix like \"ingest\" (tokens of letters, digits, _ and -, separated by dots; no wildcards)"
+                ),
+            );
+        }
+    }
+    if n.stream == n.dlq_stream {
+        c.problem(
+            &[&k("stream"), &k("dlq_stream")],
+            "[nats] stream and dlq_stream must differ",
+        );
+    }
+    if !is_nats_name(&n.manifest_bucket) {
+        c.problem(
+            &[&k("manifest_bucket")],
+            format!(
+                "[nats] manifest_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
+                n.manifest_bucket
+            ),
+        );
+    }
+    let bucket_stream = format!("KV_{}", n.manifest_bucket);
+    if bucket_stream == n.stream || bucket_stream == n.dlq_stream {
+        c.problem(
+            &[&k("manifest_bucket"), &k("stream"), &k("dlq_stream")],
+            format!(
+                "[nats] manifest_bucket = \"{}\" is kept in stream {bucket_stream}, which is the name of another of Sluice's streams",
+                n.manifest_bucket
+            ),
+        );
     }
 }
 
