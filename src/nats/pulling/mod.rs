@@ -9,6 +9,7 @@ pub(super) mod held;
 pub(super) mod lost_pull;
 pub(super) mod pull_status;
 pub(super) mod reply;
+pub(super) mod requests;
 pub(super) mod source;
 pub(super) mod stall;
 pub(super) mod stuck_consumer;
