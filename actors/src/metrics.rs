@@ -97,147 +97,74 @@ pub struct Described {
     pub help: &'static str,
 }
 
+/// A counter of events (unit: a count).
+pub const fn counter(name: &'static str, help: &'static str) -> Described {
+    counter_in(name, Unit::Count, help)
+}
+
+pub const fn counter_in(name: &'static str, unit: Unit, help: &'static str) -> Described {
+    Described {
+        name,
+        kind: Kind::Counter,
+        unit: Some(unit),
+        help,
+    }
+}
+
+/// A gauge without a unit (a state, a flag).
+pub const fn gauge(name: &'static str, help: &'static str) -> Described {
+    Described {
+        name,
+        kind: Kind::Gauge,
+        unit: None,
+        help,
+    }
+}
+
+pub const fn gauge_in(name: &'static str, unit: Unit, help: &'static str) -> Described {
+    Described {
+        name,
+        kind: Kind::Gauge,
+        unit: Some(unit),
+        help,
+    }
+}
+
+pub const fn histogram_in(name: &'static str, unit: Unit, help: &'static str) -> Described {
+    Described {
+        name,
+        kind: Kind::Histogram,
+        unit: Some(unit),
+        help,
+    }
+}
+
 /// Every metric of the actors, described (the `/metrics` acceptance test and
 /// docs/operations.md's table read this list).
 pub const ACTOR_METRICS: &[Described] = &[
-    Described {
-        name: ROWS_RECEIVED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows pulled from the ingest stream, by tenant and table.",
-    },
-    Described {
-        name: MESSAGES_RECEIVED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Messages pulled from the ingest stream (each carries one row or many), by tenant and table.",
-    },
-    Described {
-        name: ROWS_INSERTED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows inserted into ClickHouse (and acked), by tenant and table.",
-    },
-    Described {
-        name: ROWS_PARKED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows parked on the dead-letter stream, by tenant, table and reason.",
-    },
-    Described {
-        name: RETRIES,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows handed back for redelivery with a delay, by table and reason (unavailable, denied, unknown, backoff).",
-    },
-    Described {
-        name: INSERT_REQUESTS,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Insert requests sent to ClickHouse, by target, replica and outcome.",
-    },
-    Described {
-        name: INSERT_DURATION,
-        kind: Kind::Histogram,
-        unit: Some(Unit::Seconds),
-        help: "Duration of one insert request, by target and replica.",
-    },
-    Described {
-        name: BATCH_ROWS,
-        kind: Kind::Histogram,
-        unit: Some(Unit::Count),
-        help: "Rows per flushed batch, by table.",
-    },
-    Described {
-        name: BREAKER_STATE,
-        kind: Kind::Gauge,
-        unit: None,
-        help: "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing.",
-    },
-    Described {
-        name: TABLE_BACKOFF,
-        kind: Kind::Gauge,
-        unit: None,
-        help: "A table's own backoff (table-scoped failures): 0 closed, 1 open, 2 probing.",
-    },
-    Described {
-        name: BUFFERED_ROWS,
-        kind: Kind::Gauge,
-        unit: Some(Unit::Count),
-        help: "Rows buffered in a table actor, not yet flushed.",
-    },
-    Described {
-        name: TABLE_MISSING,
-        kind: Kind::Gauge,
-        unit: None,
-        help: "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace).",
-    },
-    Described {
-        name: TABLE_EXACTLY_ONCE,
-        kind: Kind::Gauge,
-        unit: None,
-        help: "1 when ClickHouse deduplicates the table's inserts (exactly-once), 0 when it does not (at-least-once).",
-    },
-    Described {
-        name: MANIFEST_FAILURES,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded.",
-    },
-    Described {
-        name: PAST_DEDUP_WINDOW,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice.",
-    },
-    Described {
-        name: MESSAGES_SPLIT,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard.",
-    },
-    Described {
-        name: MESSAGES_UNCOVERED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch.",
-    },
-    Described {
-        name: SPLIT_COPIES_DROPPED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in.",
-    },
-    Described {
-        name: SPLIT_PARTS_UNRECORDED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once.",
-    },
-    Described {
-        name: CONSUMER_PENDING,
-        kind: Kind::Gauge,
-        unit: Some(Unit::Count),
-        help: "Messages in the stream not yet delivered to the consumer (the lag).",
-    },
-    Described {
-        name: CONSUMER_STALLS,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Pulls the consumer found lost and replaced without a restart (no row and no heartbeat, a leader change, rows pending and none delivered), by stream and reason.",
-    },
-    Described {
-        name: ACTOR_RESTARTS,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Actors respawned after a failure, by kind.",
-    },
-    Described {
-        name: DLQ_PUBLISH_FAILURES,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows whose DLQ publish failed; they stay unacked (alert on this).",
-    },
+    counter(ROWS_RECEIVED, "Rows pulled from the ingest stream, by tenant and table."),
+    counter(MESSAGES_RECEIVED, "Messages pulled from the ingest stream (each carries one row or many), by tenant and table."),
+    counter(ROWS_INSERTED, "Rows inserted into ClickHouse (and acked), by tenant and table."),
+    counter(ROWS_PARKED, "Rows parked on the dead-letter stream, by tenant, table and reason."),
+    counter(RETRIES, "Rows handed back for redelivery with a delay, by table and reason (unavailable, denied, unknown, backoff)."),
+    counter(INSERT_REQUESTS, "Insert requests sent to ClickHouse, by target, replica and outcome."),
+    histogram_in(INSERT_DURATION, Unit::Seconds, "Duration of one insert request, by target and replica."),
+    histogram_in(BATCH_ROWS, Unit::Count, "Rows per flushed batch, by table."),
+    gauge(BREAKER_STATE, "A ClickHouse server's outage breaker (its pool's), by target and replica: 0 closed, 1 open, 2 probing."),
+    gauge(TABLE_BACKOFF, "A table's own backoff (table-scoped failures): 0 closed, 1 open, 2 probing."),
+    gauge_in(BUFFERED_ROWS, Unit::Count, "Rows buffered in a table actor, not yet flushed."),
+    gauge(TABLE_MISSING, "1 while ClickHouse says the table does not exist and its rows wait for it (missing_table_grace)."),
+    gauge(TABLE_EXACTLY_ONCE, "1 when ClickHouse deduplicates the table's inserts (exactly-once), 0 when it does not (at-least-once)."),
+    counter(MANIFEST_FAILURES, "Batches that could not be recorded in the manifest store; they wait, nothing is inserted unrecorded."),
+    counter(PAST_DEDUP_WINDOW, "Recorded batches sent again later than the table's deduplication window since they were claimed: ClickHouse may take their rows twice."),
+    counter(MESSAGES_SPLIT, "Messages whose rows belong to several shards of the table's shard_key, published again as one message per shard."),
+    counter(MESSAGES_UNCOVERED, "Messages delivered again into an exactly-once table that no batch record covers, formed into a fresh batch."),
+    counter(SPLIT_COPIES_DROPPED, "Copies of a split message's part that the split's record does not count (another copy of the part is inserted): acked without their rows going in."),
+    counter(SPLIT_PARTS_UNRECORDED, "Parts of split messages that found no record of their split (expired, or removed once its parts were acked): inserted, at least once."),
+    gauge_in(CONSUMER_PENDING, Unit::Count, "Messages in the stream not yet delivered to the consumer (the lag)."),
+    counter(CONSUMER_STALLS, "Pulls the consumer found lost and replaced without a restart (no row and no heartbeat, a leader change, rows pending and none delivered), by stream and reason."),
+    counter(ACTOR_RESTARTS, "Actors respawned after a failure, by kind."),
+    counter(DLQ_PUBLISH_FAILURES, "Rows whose DLQ publish failed; they stay unacked (alert on this)."),
 ];
 
 /// Register the descriptions (and units) of `list` with the installed recorder. Call

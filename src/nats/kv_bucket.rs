@@ -80,8 +80,8 @@ pub async fn ensure(js: &jetstream::Context, shape: &BucketShape<'_>) -> anyhow:
 /// Not `kv::Store::entry`: on a bucket with `allow_direct` (every bucket Sluice makes,
 /// as `create_key_value` makes them) that is a direct get, which any replica of an R3
 /// bucket answers, a lagging one with an older value: a batch's record read as still
-/// open after its settled state was written and its messages acked (the chaos round
-/// that found it: `cluster_consumer_leader_sigstop`, 2026-12-03, 49 rows twice). A
+/// open after its settled state was written and its messages acked, and its rows
+/// inserted again (`cluster_consumer_leader_sigstop` found it). A
 /// decision taken on what a record says now must read it where writes are ordered.
 pub async fn read_from_leader(kv: &kv::Store, key: &str) -> Result<Option<kv::Entry>, String> {
     let subject = format!("{}{key}", kv.prefix);

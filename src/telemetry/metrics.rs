@@ -91,78 +91,18 @@ pub fn register_known(config: &Config) {
 /// The metrics of the binary (the ingest API's, the collector's and the query
 /// gateway's), described.
 pub const BINARY_METRICS: &[Described] = &[
-    Described {
-        name: INGEST_MEMORY_RESERVED,
-        kind: Kind::Gauge,
-        unit: Some(Unit::Bytes),
-        help: "Bytes the ingest requests in progress have reserved of [api] ingest_memory (twice each body).",
-    },
-    Described {
-        name: INGEST_REQUESTS,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Ingest API requests, by HTTP status.",
-    },
-    Described {
-        name: INGEST_ROWS,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows the ingest API stored in the stream, by tenant and table.",
-    },
-    Described {
-        name: MANIFESTS_COLLECTED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Orphaned batch manifests removed by the collector, by reason.",
-    },
-    Described {
-        name: INGEST_MESSAGES,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table.",
-    },
-    Described {
-        name: INGEST_ROWS_REJECTED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Rows the ingest API refused, by tenant and table.",
-    },
-    Described {
-        name: INGEST_IDEMPOTENCY,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable).",
-    },
-    Described {
-        name: QUERY_TOTAL,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Queries through the gateway, by status.",
-    },
-    Described {
-        name: QUERY_RETRIES,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Query retries spent from the retry budget.",
-    },
-    Described {
-        name: QUERY_KILLED,
-        kind: Kind::Counter,
-        unit: Some(Unit::Count),
-        help: "Queries killed with KILL QUERY after a client timeout.",
-    },
-    Described {
-        name: RETRY_BUDGET_TOKENS,
-        kind: Kind::Gauge,
-        unit: None,
-        help: "Tokens left in the query retry budget.",
-    },
-    Described {
-        name: QUERY_DURATION,
-        kind: Kind::Histogram,
-        unit: Some(Unit::Seconds),
-        help: "Duration of one gateway query.",
-    },
+    gauge_in(INGEST_MEMORY_RESERVED, Unit::Bytes, "Bytes the ingest requests in progress have reserved of [api] ingest_memory (twice each body)."),
+    counter(INGEST_REQUESTS, "Ingest API requests, by HTTP status."),
+    counter(INGEST_ROWS, "Rows the ingest API stored in the stream, by tenant and table."),
+    counter(MANIFESTS_COLLECTED, "Orphaned batch manifests removed by the collector, by reason."),
+    counter(INGEST_MESSAGES, "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table."),
+    counter(INGEST_ROWS_REJECTED, "Rows the ingest API refused, by tenant and table."),
+    counter(INGEST_IDEMPOTENCY, "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable)."),
+    counter(QUERY_TOTAL, "Queries through the gateway, by status."),
+    counter(QUERY_RETRIES, "Query retries spent from the retry budget."),
+    counter(QUERY_KILLED, "Queries killed with KILL QUERY after a client timeout."),
+    gauge(RETRY_BUDGET_TOKENS, "Tokens left in the query retry budget."),
+    histogram_in(QUERY_DURATION, Unit::Seconds, "Duration of one gateway query."),
 ];
 
 /// The design's metrics (docs/operations.md's table lists each): the actors' and the
