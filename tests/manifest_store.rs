@@ -1446,10 +1446,10 @@ async fn a_settled_record_is_never_written_over() -> Result<()> {
     }
     let done = settled(claimed.clone(), Vec::new());
     b.record(&done).await?;
-    let split = claimed.with_state(ManifestState::Split(sluice_actors::ledger::split::Split {
+    let split = claimed.with_state(ManifestState::Split(sluice_actors::ledger::Split {
         untried: vec![
-            sluice_actors::ledger::split::RowRange::new(2, 4),
-            sluice_actors::ledger::split::RowRange::new(0, 2),
+            sluice_actors::ledger::RowRange::new(2, 4),
+            sluice_actors::ledger::RowRange::new(0, 2),
         ],
         ..Default::default()
     }));

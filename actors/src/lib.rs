@@ -20,7 +20,7 @@
 //! decided.
 //!
 //! Where to find what (the floors they sit on: docs/architecture.md, "Floors"):
-//! - [`ports`]: the traits the actors speak through; [`ledger::store`] the ledger's.
+//! - [`ports`]: the traits the actors speak through; `ledger::store` the ledger's.
 //! - [`breaker`]: the outage breaker state machine (pure), with [`breaker::scoped`] (a
 //!   breaker with its log lines and gauge, as its owner keeps it), [`breaker::gate`]
 //!   and [`breaker::outage_log`]; [`backoff`]: delays and jitter.

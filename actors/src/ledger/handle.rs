@@ -52,7 +52,7 @@ impl Ledger {
         super::settle_by_record(self.store.as_ref(), manifest, deliveries, plan).await
     }
 
-    /// A fresh batch for shard `shard`, claimed first (see [`claim_fresh`]); `None`
+    /// A fresh batch for shard `shard`, claimed first (see `claim_fresh`); `None`
     /// without a store.
     pub async fn claim<D: Delivery>(
         &self,
@@ -73,7 +73,7 @@ impl Ledger {
         Ok(claim_fresh(&io, deliveries, held_since, shard).await)
     }
 
-    /// Recorded batch `id` formed again (see [`reform`]); `None` without a store.
+    /// Recorded batch `id` formed again (see `reform`); `None` without a store.
     pub async fn reform<D: Delivery>(
         &self,
         key: &TableKey,

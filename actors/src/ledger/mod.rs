@@ -16,16 +16,16 @@
 //!    own index): a message of no recorded batch is fresh; one of a batch whose verdicts
 //!    are recorded is settled by them, with no insert; one of a batch still open is
 //!    gathered to fly again as exactly that batch.
-//! 2. **Claim** ([`forming::claim_fresh`]): before a fresh batch's first attempt its
+//! 2. **Claim** (`forming::claim_fresh`): before a fresh batch's first attempt its
 //!    identity (its messages by stream sequence, in the order their rows are sent, and
 //!    the stream's incarnation: the token) is recorded. The store answers typed: claimed,
 //!    a conflict (a batch recorded earlier holds one of its messages and wins), a lease
 //!    lost (a message may be in another batch by now), the store down. Nothing is sent
 //!    unclaimed.
-//! 3. **Form again** ([`forming::reform`]): a recorded batch is formed from its record
+//! 3. **Form again** (`forming::reform`): a recorded batch is formed from its record
 //!    as the store holds it now: the same messages, the rows in the same order, the same
-//!    token; a split batch resumes its split ([`split`]), never whole.
-//! 4. **Record** ([`session`]): a split before any range of it is sent on its own; the
+//!    token; a split batch resumes its split (`split`), never whole.
+//! 4. **Record** (`session`): a split before any range of it is sent on its own; the
 //!    verdicts before any row is settled; the rows parked before any message is acked;
 //!    each write over the record as its flight last read it (compare-and-set), and a
 //!    batch formed again marks its attempt before it is sent.
@@ -34,29 +34,32 @@
 //!    records nothing removes.
 //!
 //! A table whose inserts ClickHouse does not deduplicate records nothing: its
-//! [`settled_lines::SettledLines`] keep, in memory, the lines of messages
+//! `settled_lines::SettledLines` keep, in memory, the lines of messages
 //! handed back with some rows settled (at-least-once).
 //!
 //! The store ([`ManifestStore`]) is the only I/O: its changes reach each table as
 //! messages, into the table's [`index::BatchIndex`].
 
-pub mod forming;
-pub mod gathering;
-pub mod handle;
-pub mod index;
-pub mod manifest;
-pub mod session;
-pub mod settled_lines;
-pub mod split;
-pub mod store;
+pub(crate) mod forming;
+pub(crate) mod gathering;
+pub(crate) mod handle;
+pub(crate) mod index;
+pub(crate) mod manifest;
+pub(crate) mod session;
+pub(crate) mod settled_lines;
+pub(crate) mod split;
+pub(crate) mod store;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
+pub use forming::unix_ms;
 pub use handle::Ledger;
+pub use index::BatchIndex;
 pub use manifest::{Manifest, ManifestState, RejectedRow};
+pub use split::{RowRange, Split, SplitRejection};
 pub use store::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, ManifestStore, Recorded,
     StoreError, UpdateError,
@@ -65,7 +68,7 @@ pub use store::{
 use crate::batch::{Batch, RowVerdict, SettlePlan, Settled};
 use crate::ports::Delivery;
 use gathering::{Gathering, Gatherings};
-use index::{BatchIndex, SequenceSet};
+use index::SequenceSet;
 use settled_lines::SettledLines;
 
 /// Why a batch was not sent (its messages go back and come again).

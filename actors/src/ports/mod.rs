@@ -1,7 +1,7 @@
 //! The ports the actors speak through, and the types that cross them: an [`Inserter`]
 //! (ClickHouse), a [`Delivery`] (one JetStream message, carrying one row or many) and
 //! the [`Source`] of deliveries. The batch ledger's own port, the manifest store, is
-//! in [`crate::ledger::store`].
+//! in `crate::ledger::store`.
 //!
 //! Every decision the actors make (buffer, flush, bisect, park, back off) is taken
 //! against these traits, never against ClickHouse or JetStream directly, so each

@@ -35,7 +35,7 @@
 //! incarnation: it is part of the key.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use sluice_actors::ledger::split::{RowRange, Split, SplitRejection};
+use sluice_actors::ledger::{RowRange, Split, SplitRejection};
 use sluice_actors::{Class, Manifest, ManifestState, RejectedRow, TableKey};
 
 use crate::nats::error_text::{truncate, MAX_ERROR_HEADER};

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use sluice_actors::ledger::index::BatchIndex;
+use sluice_actors::ledger::BatchIndex;
 use sluice_actors::{Changes, LedgerChange, LedgerSnapshot, Manifest, TableKey};
 use tokio::time::Instant;
 
