@@ -21,6 +21,7 @@ use super::store::{ClaimError, FetchError, ManifestStore, Recorded};
 use super::LedgerRefusal;
 use crate::batch::keepalive::{any_lease_ran_out, lease_ran_out};
 use crate::batch::Batch;
+use crate::clock::WallClock;
 use crate::ports::{Delivery, TableKey};
 
 /// What forming needs of the flight's table.
@@ -28,6 +29,8 @@ pub struct LedgerIo<'a> {
     pub store: &'a Arc<dyn ManifestStore>,
     pub key: &'a TableKey,
     pub ack_wait: Duration,
+    /// The time the claim is recorded at.
+    pub clock: &'a WallClock,
 }
 
 /// What forming made of a cargo.
@@ -103,7 +106,7 @@ pub async fn claim_fresh<D: Delivery>(
     };
     let batch = Batch::new(live, held_since);
     let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences())
-        .claimed_at(unix_ms())
+        .claimed_at(io.clock.now_ms())
         .on_shard(u32::try_from(shard).unwrap_or(u32::MAX));
     let (manifest, revision) = match io.store.claim(&manifest).await {
         Ok(revision) => (manifest.claimed_as(revision), revision),
@@ -135,13 +138,6 @@ pub async fn claim_fresh<D: Delivery>(
         back: Vec::new(),
     };
     (formed, expired)
-}
-
-/// Now, in ms since the epoch (a record's time: it is read by other instances).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A recorded batch again: the record read now; the messages held, the others read
