@@ -8,7 +8,7 @@
 //! messages, respawns a failed pool or table with backoff, reaps idle tables, keeps
 //! what each must not forget, and tells its tables where the pools are.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -91,7 +91,7 @@ pub struct TargetState<I, D> {
     root: DerivedActorRef<TargetReport>,
     orphans: DerivedActorRef<TableReport>,
     pools: Vec<PoolEntry>,
-    tables: HashMap<TableKey, TableEntry<I, D>>,
+    tables: BTreeMap<TableKey, TableEntry<I, D>>,
     by_id: HashMap<ActorId, Child>,
     /// The memory the root holds is out of date.
     memory_dirty: bool,
@@ -124,7 +124,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
             root: args.root,
             orphans: args.orphans,
             pools,
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
             by_id: HashMap::new(),
             memory_dirty: true,
         };

@@ -22,7 +22,10 @@ pub fn check(w: &World, settled: bool) -> Result<(), String> {
         ));
     }
     for m in w.kv.records() {
-        problems.push(format!("record {} left in the bucket ({:?})", m.id, m.state));
+        problems.push(format!(
+            "record {} left in the bucket ({:?})",
+            m.id, m.state
+        ));
     }
     let mut parked: BTreeSet<String> = BTreeSet::new();
     for (seq, line) in w.stream.parked() {

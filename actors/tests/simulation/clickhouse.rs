@@ -167,13 +167,21 @@ impl ClickHouse {
 
     /// The server's answer to one insert, and what it did (`committed`: the rows went in
     /// or were there).
-    fn take(&self, shard: usize, req: &InsertRequest, dice: &crate::dice::Dice) -> (Result<(), ClickHouseError>, bool) {
+    fn take(
+        &self,
+        shard: usize,
+        req: &InsertRequest,
+        dice: &crate::dice::Dice,
+    ) -> (Result<(), ClickHouseError>, bool) {
         let name = table_name(&req.table);
         let kind = self.kind(&name);
         let now_ms = self.server_ms();
         let mut s = self.shard(shard);
         let pressed = s.pressure_until.is_some_and(|u| Instant::now() < u);
-        let id = req.dedup_token.clone().unwrap_or_else(|| hash_of(&req.body));
+        let id = req
+            .dedup_token
+            .clone()
+            .unwrap_or_else(|| hash_of(&req.body));
         let log = s.tables.entry(name).or_default();
         let busy = || {
             if dice.chance(0.5) {
@@ -244,7 +252,10 @@ pub struct SimInserter {
 
 impl SimInserter {
     async fn reach(&self) -> Result<(), ClickHouseError> {
-        self.port.over(Link::ClickHouse).await.map_err(|e| refused(&e))?;
+        self.port
+            .over(Link::ClickHouse)
+            .await
+            .map_err(|e| refused(&e))?;
         if self.ch.down[self.replica].load(Ordering::Relaxed) {
             return Err(refused("connection refused (replica down)"));
         }
@@ -262,7 +273,11 @@ impl Inserter for SimInserter {
             1,
             self.port.host.index as u64,
             Coverage::text(request.dedup_token.as_deref().unwrap_or("-")),
-            answer.as_ref().err().and_then(|e| e.code).map_or(0, u64::from),
+            answer
+                .as_ref()
+                .err()
+                .and_then(|e| e.code)
+                .map_or(0, u64::from),
             u64::from(committed),
         ]);
         // The answer comes back over the same link: cut (or the replica gone) meanwhile,

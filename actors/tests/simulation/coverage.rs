@@ -86,6 +86,11 @@ pub struct Coverage {
 impl Coverage {
     /// Fold one thing the servers saw into the trace.
     pub fn trace(&self, what: &[u64]) {
+        if std::env::var_os("SIM_TRACE").is_some() {
+            static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+            let at = START.get_or_init(tokio::time::Instant::now).elapsed();
+            eprintln!("TRACE {at:?} {what:?}");
+        }
         let mut h = self.trace.load(Ordering::Relaxed) ^ 0xcbf2_9ce4_8422_2325;
         for w in what {
             h ^= *w;
@@ -131,7 +136,11 @@ impl Coverage {
     pub fn report(&self) -> String {
         let mut out = String::new();
         for what in Reached::ALL {
-            let must = if Reached::MUST.contains(what) { "*" } else { " " };
+            let must = if Reached::MUST.contains(what) {
+                "*"
+            } else {
+                " "
+            };
             let _ = writeln!(out, "  {must} {:<48} {}", what.as_str(), self.get(*what));
         }
         out

@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use sluice_actors::Manifest;
-use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::mark::Mark;
 
 /// A key's value now: a record, or the marker of its removal.
 #[derive(Clone)]
@@ -45,7 +46,7 @@ pub struct NotAsExpected;
 pub struct Kv {
     state: Mutex<State>,
     /// The last revision written (what a watch waits on).
-    head: watch::Sender<u64>,
+    head: Mark,
 }
 
 #[derive(Default)]
@@ -62,7 +63,7 @@ impl Kv {
     pub fn new() -> Self {
         Self {
             state: Mutex::default(),
-            head: watch::Sender::new(0),
+            head: Mark::default(),
         }
     }
 
@@ -70,8 +71,8 @@ impl Kv {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn watch_head(&self) -> watch::Receiver<u64> {
-        self.head.subscribe()
+    pub fn head(&self) -> &Mark {
+        &self.head
     }
 
     fn fits(entry: Option<&Entry>, expect: Expect) -> bool {
@@ -93,7 +94,10 @@ impl Kv {
         let mut s = self.state();
         let fits = Self::fits(s.keys.get(key), expect);
         s.writes += 1;
-        s.trace = s.trace.wrapping_mul(31).wrapping_add(u64::from(fits) + 2 * value.is_some() as u64)
+        s.trace = s
+            .trace
+            .wrapping_mul(31)
+            .wrapping_add(u64::from(fits) + 2 * value.is_some() as u64)
             ^ key.len() as u64;
         if !fits {
             return Err(NotAsExpected);
@@ -114,7 +118,7 @@ impl Kv {
             at: Instant::now(),
         });
         drop(s);
-        self.head.send_replace(revision);
+        self.head.set(revision);
         Ok(revision)
     }
 

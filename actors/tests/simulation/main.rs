@@ -13,6 +13,7 @@ mod clickhouse;
 mod coverage;
 mod dice;
 mod kv;
+mod mark;
 mod net;
 mod plan;
 mod store;
@@ -32,7 +33,11 @@ const COVERAGE_FROM: u64 = 200;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+    )
 }
 
 /// Play one seed on its own paused, single-threaded runtime.
@@ -52,7 +57,10 @@ fn play(seed: u64) -> (Result<(), String>, Arc<Coverage>) {
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
-        (Err(format!("the simulation panicked: {text}")), Arc::default())
+        (
+            Err(format!("the simulation panicked: {text}")),
+            Arc::default(),
+        )
     })
 }
 
@@ -83,7 +91,10 @@ fn play_all(first: u64, count: u64, threads: usize) -> Outcome {
                 coverage.add(&cov);
                 if let Err(e) = verdict {
                     lowest_failure.fetch_min(seed, Ordering::Relaxed);
-                    failures.lock().unwrap_or_else(|e| e.into_inner()).push((seed, e));
+                    failures
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((seed, e));
                 }
             });
         }

@@ -17,11 +17,11 @@ use sluice_actors::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
     ManifestStore, Recorded, StoreError, TableKey, UpdateError,
 };
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::coverage::{Coverage, Reached};
 use crate::kv::{Expect, Kv};
+use crate::mark::Mark;
 use crate::net::{Link, Port};
 use crate::stream::Stream;
 
@@ -41,7 +41,7 @@ pub struct SimStore {
     answer_lost: f64,
     index: Mutex<Index>,
     /// The last revision the watch applied.
-    watched: watch::Sender<u64>,
+    watched: Mark,
     /// Record id → the connection it was last written on.
     recorded: Mutex<BTreeMap<String, u64>>,
 }
@@ -60,8 +60,14 @@ struct Index {
 
 impl Index {
     fn put(&mut self, revision: u64, manifest: Arc<Manifest>) {
-        if self.by_id.get(&manifest.id).is_some_and(|(r, _)| *r >= revision)
-            || self.tombstones.get(&manifest.id).is_some_and(|r| *r > revision)
+        if self
+            .by_id
+            .get(&manifest.id)
+            .is_some_and(|(r, _)| *r >= revision)
+            || self
+                .tombstones
+                .get(&manifest.id)
+                .is_some_and(|r| *r > revision)
         {
             return;
         }
@@ -113,7 +119,7 @@ impl SimStore {
             cov,
             answer_lost,
             index: Mutex::default(),
-            watched: watch::Sender::new(0),
+            watched: Mark::default(),
             recorded: Mutex::default(),
         });
         tokio::spawn(keep_watching(store.clone()));
@@ -144,10 +150,7 @@ impl SimStore {
     }
 
     async fn wait_watched(&self, revision: u64) -> bool {
-        let mut watched = self.watched.subscribe();
-        tokio::time::timeout(CLAIM_WAIT, watched.wait_for(|w| *w >= revision))
-            .await
-            .is_ok_and(|r| r.is_ok())
+        self.watched.reached_within(revision, CLAIM_WAIT).await
     }
 
     async fn claim_now(&self, m: &Manifest) -> Result<u64, ClaimError> {
@@ -160,7 +163,10 @@ impl SimStore {
                 earlier,
             }
         };
-        let Ok(revision) = self.kv.write(&m.id, Some(Arc::new(m.clone())), Expect::Create) else {
+        let Ok(revision) = self
+            .kv
+            .write(&m.id, Some(Arc::new(m.clone())), Expect::Create)
+        else {
             return Err(conflict(m.id.clone()));
         };
         if self.lost_answer() {
@@ -183,7 +189,10 @@ impl SimStore {
             return Ok(revision);
         };
         if self.port.over(Link::Kv).await.is_ok()
-            && self.kv.write(&m.id, None, Expect::Revision(revision)).is_ok()
+            && self
+                .kv
+                .write(&m.id, None, Expect::Revision(revision))
+                .is_ok()
         {
             self.index().remove(&m.id, None);
             self.recorded().remove(&m.id);
@@ -197,9 +206,9 @@ impl SimStore {
             .await
             .map_err(|e| UpdateError::Unavailable(down(e)))?;
         let before = self.kv.get(&m.id).and_then(|e| e.value);
-        let Ok(revision) = self
-            .kv
-            .write(&m.id, Some(Arc::new(m.clone())), Expect::Revision(expected))
+        let Ok(revision) =
+            self.kv
+                .write(&m.id, Some(Arc::new(m.clone())), Expect::Revision(expected))
         else {
             self.cov.hit(Reached::CasSuperseded);
             return Err(UpdateError::Superseded { id: m.id.clone() });
@@ -215,7 +224,9 @@ impl SimStore {
         }
         if self.lost_answer() {
             self.port.dead_end().await;
-            return Err(UpdateError::Unavailable(down("the write's answer was lost".into())));
+            return Err(UpdateError::Unavailable(down(
+                "the write's answer was lost".into(),
+            )));
         }
         self.port.dead_end().await;
         self.index().put(revision, Arc::new(m.clone()));
@@ -259,7 +270,9 @@ impl SimStore {
         self.cov.hit(Reached::RecordWithdrawn);
         if self.lost_answer() {
             self.port.dead_end().await;
-            return Err(UpdateError::Unavailable(down("the removal's answer was lost".into())));
+            return Err(UpdateError::Unavailable(down(
+                "the removal's answer was lost".into(),
+            )));
         }
         self.port.dead_end().await;
         self.recorded().remove(id);
@@ -287,8 +300,14 @@ impl SimStore {
     /// The watch: the bucket's writes into the index, each once the host's lag has
     /// passed since it was written; stalled while the bucket is out of reach; the
     /// index made again from the bucket after every reconnect.
-    async fn watch_once(&self, head: &mut watch::Receiver<u64>) {
-        if self.port.is_cut(Link::Kv) || self.port.host.frozen.load(std::sync::atomic::Ordering::Relaxed) {
+    async fn watch_once(&self) {
+        if self.port.is_cut(Link::Kv)
+            || self
+                .port
+                .host
+                .frozen
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             tokio::time::sleep(Duration::from_millis(500)).await;
             return;
         }
@@ -308,7 +327,7 @@ impl SimStore {
             }
             index.outbox.clear();
             drop(index);
-            self.watched.send_replace(revision);
+            self.watched.set(revision);
             return;
         }
         let lag = Duration::from_millis(
@@ -319,7 +338,8 @@ impl SimStore {
         );
         let now = Instant::now();
         let mut next_due = None;
-        let watched = *self.watched.borrow();
+        let head = self.kv.head().get();
+        let watched = self.watched.get();
         for logged in self.kv.since(watched) {
             if logged.at + lag > now {
                 next_due = Some(logged.at + lag);
@@ -331,12 +351,12 @@ impl SimStore {
                 None => index.remove(&logged.key, Some(logged.revision)),
             }
             drop(index);
-            self.watched.send_replace(logged.revision);
+            self.watched.set(logged.revision);
         }
         let wait = next_due.unwrap_or(now + Duration::from_secs(1));
         tokio::select! {
             biased;
-            _ = head.changed(), if next_due.is_none() => {}
+            _ = self.kv.head().moved_from(head), if next_due.is_none() => {}
             _ = tokio::time::sleep_until(wait) => {}
         }
     }
@@ -347,8 +367,12 @@ impl SimStore {
             return;
         }
         let (floor, first) = self.stream.floor();
-        let records: Vec<Arc<Manifest>> =
-            self.index().by_id.values().map(|(_, m)| m.clone()).collect();
+        let records: Vec<Arc<Manifest>> = self
+            .index()
+            .by_id
+            .values()
+            .map(|(_, m)| m.clone())
+            .collect();
         for m in records {
             let last = m.messages.last().copied().unwrap_or(0);
             if !((m.is_settled() && last <= floor) || last < first) {
@@ -366,9 +390,8 @@ impl SimStore {
 }
 
 async fn keep_watching(store: Arc<SimStore>) {
-    let mut head = store.kv.watch_head();
     while store.port.alive() {
-        store.watch_once(&mut head).await;
+        store.watch_once().await;
     }
 }
 
@@ -414,7 +437,11 @@ impl ManifestStore for SimStore {
         Box::pin(self.forget_now(id))
     }
 
-    fn withdraw<'a>(&'a self, id: &'a str, expected: u64) -> BoxFuture<'a, Result<(), UpdateError>> {
+    fn withdraw<'a>(
+        &'a self,
+        id: &'a str,
+        expected: u64,
+    ) -> BoxFuture<'a, Result<(), UpdateError>> {
         Box::pin(self.withdraw_now(id, expected))
     }
 
@@ -437,7 +464,10 @@ impl ManifestStore for SimStore {
     fn in_stream<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         Box::pin(async move {
             self.port.over(Link::Stream).await.map_err(down)?;
-            Ok(seqs.iter().map(|s| self.stream.payload(*s).is_some()).collect())
+            Ok(seqs
+                .iter()
+                .map(|s| self.stream.payload(*s).is_some())
+                .collect())
         })
     }
 
@@ -456,7 +486,7 @@ impl ManifestStore for SimStore {
     }
 
     fn of_table(&self, table: &TableKey) -> LedgerSnapshot {
-        let as_of = *self.watched.borrow();
+        let as_of = self.watched.get();
         let index = self.index();
         LedgerSnapshot {
             as_of,

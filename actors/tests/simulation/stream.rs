@@ -98,9 +98,7 @@ impl Stream {
                 subject: Arc::from(subject),
                 payload: Bytes::from(payload),
                 deliveries: 0,
-                lease: Lease::Free {
-                    at: Instant::now(),
-                },
+                lease: Lease::Free { at: Instant::now() },
             },
         );
         drop(s);
@@ -320,7 +318,9 @@ impl Delivery for SimDelivery {
         Ok(())
     }
 
-    fn progress(&self) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
+    fn progress(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
         *self.alive_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let (port, stream, seq) = (self.port.clone(), self.stream.clone(), self.seq);
         async move {
@@ -345,7 +345,12 @@ impl Delivery for SimDelivery {
         Ok(())
     }
 
-    async fn park_row(&self, line: u32, _row: Bytes, _parking: &Parking) -> Result<(), SettleError> {
+    async fn park_row(
+        &self,
+        line: u32,
+        _row: Bytes,
+        _parking: &Parking,
+    ) -> Result<(), SettleError> {
         self.port.over(Link::Stream).await.map_err(SettleError)?;
         self.stream.park(self.seq, Some(line));
         Ok(())
@@ -358,7 +363,10 @@ impl Delivery for SimDelivery {
     }
 
     async fn split(self, _parts: Vec<(usize, Bytes)>) -> Result<(), (Self, SettleError)> {
-        Err((self, SettleError("messages split by shard are not simulated".into())))
+        Err((
+            self,
+            SettleError("messages split by shard are not simulated".into()),
+        ))
     }
 
     async fn park(mut self, parking: &Parking) -> Result<(), (Self, SettleError)> {
@@ -412,7 +420,9 @@ impl Source for SimSource {
             let wake = self
                 .stream
                 .next_due()
-                .map_or(Instant::now() + PULL_WAIT, |at| at.min(Instant::now() + PULL_WAIT));
+                .map_or(Instant::now() + PULL_WAIT, |at| {
+                    at.min(Instant::now() + PULL_WAIT)
+                });
             let arrived = self.stream.arrived.notified();
             tokio::select! {
                 biased;

@@ -99,7 +99,8 @@ impl World {
                     index,
                     ..Host::default()
                 };
-                host.watch_lag_ms.store(plan.watch_lag_ms, Ordering::Relaxed);
+                host.watch_lag_ms
+                    .store(plan.watch_lag_ms, Ordering::Relaxed);
                 Arc::new(host)
             })
             .collect();
@@ -165,7 +166,9 @@ impl World {
             self.plan.kv_answer_lost,
         );
         let (start, skew) = (self.start, self.wall_skew_ms.clone());
-        let mut settings = self.plan.settings(self.seed.wrapping_mul(1_000).wrapping_add(self.lives));
+        let mut settings = self
+            .plan
+            .settings(self.seed.wrapping_mul(1_000).wrapping_add(self.lives));
         settings.wall_clock = WallClock::simulated(move || {
             EPOCH_MS
                 + Instant::now().duration_since(start).as_millis() as u64
@@ -204,7 +207,8 @@ impl World {
 
     fn due(&mut self, after: Duration, what: Later) {
         self.later_n += 1;
-        self.later.insert((Instant::now() + after, self.later_n), what);
+        self.later
+            .insert((Instant::now() + after, self.later_n), what);
     }
 
     async fn apply(&mut self, what: Later) {
@@ -324,7 +328,9 @@ impl World {
                 self.due(thaw, Later::Unfreeze(slot));
             }
             58..=60 => {
-                self.hosts[slot].dropping_acks.store(true, Ordering::Relaxed);
+                self.hosts[slot]
+                    .dropping_acks
+                    .store(true, Ordering::Relaxed);
                 self.cov.hit(Reached::LostAcks);
                 let back = self.dice.ms(20, 1_000);
                 self.due(back, Later::Reconnect(slot));
