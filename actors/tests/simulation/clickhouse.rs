@@ -212,6 +212,10 @@ impl ClickHouse {
             self.cov.hit(Reached::DedupHit);
             return (Ok(()), true);
         }
+        crate::coverage::log(format_args!(
+            "ch shard {shard} {} {id} rows {ids:?}",
+            req.table.table
+        ));
         let again = log.forgotten.remove(&id);
         if again {
             self.cov.hit(Reached::RetryPastWindow);

@@ -86,11 +86,7 @@ pub struct Coverage {
 impl Coverage {
     /// Fold one thing the servers saw into the trace.
     pub fn trace(&self, what: &[u64]) {
-        if std::env::var_os("SIM_TRACE").is_some() {
-            static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
-            let at = START.get_or_init(tokio::time::Instant::now).elapsed();
-            eprintln!("TRACE {at:?} {what:?}");
-        }
+        log(format_args!("{what:?}"));
         let mut h = self.trace.load(Ordering::Relaxed) ^ 0xcbf2_9ce4_8422_2325;
         for w in what {
             h ^= *w;
@@ -144,5 +140,14 @@ impl Coverage {
             let _ = writeln!(out, "  {must} {:<48} {}", what.as_str(), self.get(*what));
         }
         out
+    }
+}
+
+/// With `SIM_TRACE` set, print what happened and when (a replayed seed, followed).
+pub fn log(what: std::fmt::Arguments<'_>) {
+    if std::env::var_os("SIM_TRACE").is_some() {
+        static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+        let at = START.get_or_init(tokio::time::Instant::now).elapsed();
+        eprintln!("TRACE {at:?} {what}");
     }
 }

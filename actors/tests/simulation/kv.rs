@@ -99,6 +99,10 @@ impl Kv {
             .wrapping_mul(31)
             .wrapping_add(u64::from(fits) + 2 * value.is_some() as u64)
             ^ key.len() as u64;
+        crate::coverage::log(format_args!(
+            "kv {key} {expect:?} fits {fits} -> {:?}",
+            value.as_ref().map(|m| &m.state)
+        ));
         if !fits {
             return Err(NotAsExpected);
         }

@@ -243,6 +243,7 @@ impl SimStore {
             return Ok(());
         }
         self.port.over(Link::Kv).await.map_err(down)?;
+        crate::coverage::log(format_args!("host {} forgets {id}", self.port.host.index));
         let _ = self.kv.write(id, None, Expect::Anything);
         if self.lost_answer() {
             // The removal may have gone out: written again behind it (the real
@@ -381,6 +382,10 @@ impl SimStore {
             if self.port.over(Link::Kv).await.is_err() {
                 return;
             }
+            crate::coverage::log(format_args!(
+                "host {} collects {}",
+                self.port.host.index, m.id
+            ));
             let _ = self.kv.write(&m.id, None, Expect::Anything);
             self.cov.hit(Reached::RecordCollected);
             self.index().remove(&m.id, None);
