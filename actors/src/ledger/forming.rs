@@ -129,11 +129,13 @@ pub async fn claim_fresh<D: Delivery>(
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);
     }
-    let session = LedgerSession::recorded(
-        io.store.clone(),
-        Recorded { manifest, revision },
-        Sent::Never,
-    );
+    // A message delivered before may have been in a batch sent, acked and forgotten
+    // while a copy stayed here (this instance cut off from NATS, its progress lost).
+    let sent = match batch.deliveries().all(|d| d.position().deliveries <= 1) {
+        true => Sent::Never,
+        false => Sent::Maybe,
+    };
+    let session = LedgerSession::recorded(io.store.clone(), Recorded { manifest, revision }, sent);
     let formed = Formed::Batch {
         batch,
         session,
@@ -441,5 +443,36 @@ mod tests {
         );
         let kept = fake.holding(1).expect("the settled record is still there");
         assert!(kept.is_settled(), "{kept:?}");
+    }
+
+    /// A fresh claim of messages delivered before is no proof nobody sent them: an
+    /// earlier batch of them may have gone in, been acked and forgotten, while a copy
+    /// stayed here (this instance cut off from NATS, its progress never arriving). An
+    /// availability answer must not split it: the pieces would go in beside the block
+    /// ClickHouse has (found by the simulation, seed 13).
+    #[tokio::test]
+    async fn a_fresh_claim_of_messages_delivered_before_may_have_been_sent() {
+        let journal = Journal::new();
+        let store: Arc<dyn ManifestStore> = FakeManifestStore::new(&journal);
+        let key = TableKey::new("acme", "events");
+        let io = LedgerIo {
+            store: &store,
+            key: &key,
+            ack_wait: ACK_WAIT,
+            clock: &WallClock::default(),
+        };
+        let first = journal.rows("acme.events", 2);
+        let (Formed::Batch { session, .. }, _) = claim_fresh(&io, first, Instant::now(), 0).await
+        else {
+            panic!("a first delivery is claimed");
+        };
+        assert!(session.whole_never_sent(), "its claimer sends it first");
+        let again = vec![journal.redeliver(1, 2), journal.redeliver(2, 1)];
+        let _ = store.forget(&session.record().expect("recorded").id).await;
+        let (Formed::Batch { session, .. }, _) = claim_fresh(&io, again, Instant::now(), 0).await
+        else {
+            panic!("a redelivery is claimed");
+        };
+        assert!(!session.whole_never_sent(), "a redelivered batch may be in");
     }
 }
