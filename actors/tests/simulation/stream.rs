@@ -182,13 +182,20 @@ impl Stream {
     }
 
     /// Progress is taken by stream sequence: it renews whoever's lease it is.
-    fn progress(&self, seq: u64) {
+    /// A progress for delivery `deliveries` of message `seq`: renews the lease of its
+    /// holder, whoever that is now (nats-server renews by stream sequence); returns
+    /// whether the lease renewed is that delivery's.
+    fn progress(&self, seq: u64, deliveries: u64) -> bool {
         let until = Instant::now() + self.ack_wait;
-        if let Some(m) = self.state().messages.get_mut(&seq) {
+        let Some(m) = self.state().messages.get_mut(&seq).map(|m| {
             if let Lease::Held { until: u, .. } = &mut m.lease {
                 *u = until;
             }
-        }
+            m.deliveries == deliveries && matches!(m.lease, Lease::Held { .. })
+        }) else {
+            return false;
+        };
+        m
     }
 
     fn park(&self, seq: u64, line: Option<u32>) {
@@ -242,7 +249,8 @@ pub struct SimDelivery {
     payload: Bytes,
     stream: Arc<Stream>,
     port: Port,
-    alive_since: Mutex<Instant>,
+    /// When the stream last heard of this delivery (shared with progress in flight).
+    alive_since: Arc<Mutex<Instant>>,
     settled: bool,
 }
 
@@ -321,12 +329,19 @@ impl Delivery for SimDelivery {
     fn progress(
         &self,
     ) -> impl std::future::Future<Output = Result<(), SettleError>> + Send + 'static {
-        *self.alive_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        // The port's contract: `alive_since` is when JetStream last heard of the
+        // message, so a progress counts once it reached the stream. (The NATS adapter,
+        // src/nats/delivery, counts it when handed to the client: an instance cut off
+        // from NATS, whose client buffers the publishes, would believe its leases live
+        // while JetStream delivers the messages elsewhere.)
         let (port, stream, seq) = (self.port.clone(), self.stream.clone(), self.seq);
+        let (deliveries, alive_since) = (self.deliveries, self.alive_since.clone());
         async move {
+            let sent = Instant::now();
             port.over(Link::Stream).await.map_err(SettleError)?;
-            if !port.host.dropping_acks.load(Ordering::Relaxed) {
-                stream.progress(seq);
+            if !port.host.dropping_acks.load(Ordering::Relaxed) && stream.progress(seq, deliveries)
+            {
+                *alive_since.lock().unwrap_or_else(|e| e.into_inner()) = sent;
             }
             Ok(())
         }
@@ -442,7 +457,7 @@ impl Source for SimSource {
                 payload: h.payload,
                 stream: self.stream.clone(),
                 port: self.port.clone(),
-                alive_since: Mutex::new(now),
+                alive_since: Arc::new(Mutex::new(now)),
                 settled: false,
             })
             .collect())
