@@ -24,7 +24,7 @@ macro_rules! reached {
 reached! {
     ClaimConflict: "claim conflict",
     ClaimUnjudged: "claim written, answer lost or unjudged",
-    LeaseLost: "claim given up: lease lost",
+    LeaseLost: "claim given up by its claimer",
     CasSuperseded: "compare-and-set superseded",
     SplitRecorded: "split recorded",
     SplitResumed: "split resumed",
@@ -56,6 +56,7 @@ impl Reached {
     pub const MUST: &'static [Reached] = &[
         Reached::ClaimConflict,
         Reached::ClaimUnjudged,
+        Reached::LeaseLost,
         Reached::CasSuperseded,
         Reached::SplitRecorded,
         Reached::SplitResumed,

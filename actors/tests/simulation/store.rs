@@ -264,6 +264,11 @@ impl SimStore {
             .over(Link::Kv)
             .await
             .map_err(|e| UpdateError::Unavailable(down(e)))?;
+        // Withdrawn by the life that claimed it: the claim given up (its lease ran out
+        // while it was judged), or lost to an earlier one.
+        if self.recorded().contains_key(id) {
+            self.cov.hit(Reached::LeaseLost);
+        }
         if self.kv.write(id, None, Expect::Revision(expected)).is_err() {
             self.cov.hit(Reached::CasSuperseded);
             return Err(UpdateError::Superseded { id: id.to_owned() });
