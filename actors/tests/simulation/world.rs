@@ -302,12 +302,10 @@ impl World {
                 let n = 1 + self.dice.below(5);
                 self.publish(n);
             }
-            45..=47 => {
-                if self.crash(slot) {
-                    self.cov.hit(Reached::Crash);
-                    let back = self.dice.ms(200, 3 * ack_wait);
-                    self.due(back, Later::Restart(slot));
-                }
+            45..=47 if self.crash(slot) => {
+                self.cov.hit(Reached::Crash);
+                let back = self.dice.ms(200, 3 * ack_wait);
+                self.due(back, Later::Restart(slot));
             }
             48..=53 => {
                 let link = *self.dice.pick(&[Link::Stream, Link::Kv, Link::ClickHouse]);
