@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 /// neighbours only where no circle forms (checked apart), and any floor below.
 const ACTOR_FLOORS: &[&[&str]] = &[
     &["ports"],
-    &["backoff", "metrics", "rows", "messaging"],
+    &["backoff", "metrics", "rows", "messaging", "clock"],
     &["breaker"],
     &["observe"],
     &["placement"],

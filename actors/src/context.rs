@@ -46,6 +46,7 @@ impl Common {
         manifests: Option<Arc<dyn ManifestStore>>,
     ) -> Arc<Self> {
         let shutdown = CancellationToken::new();
+        let ledger = Ledger::new(manifests, settings.wall_clock.clone());
         let (fatal, _) = watch::channel(None);
         Arc::new(Self {
             settings,
@@ -59,7 +60,7 @@ impl Common {
             cancel_flights: CancellationToken::new(),
             shutdown,
             fatal,
-            ledger: Ledger::new(manifests),
+            ledger,
         })
     }
 

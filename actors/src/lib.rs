@@ -42,6 +42,7 @@
 pub mod backoff;
 pub mod batch;
 pub mod breaker;
+pub mod clock;
 pub mod consumer;
 pub mod context;
 pub mod flight;
@@ -66,6 +67,7 @@ pub mod targets;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
+pub use clock::WallClock;
 pub use ledger::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
     ManifestStore, Recorded, RejectedRow, StoreError, UpdateError,

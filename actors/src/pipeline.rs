@@ -402,6 +402,17 @@ impl<D: Delivery> PipelineHandle<D> {
             .cast(RootMsg::Debug(RootDebug::FailSpawns { kind, n }));
     }
 
+    /// Debug hook (the simulation's crash): every actor killed at once, with no step
+    /// of a shutdown, and the flights cut off. What a killed process would leave,
+    /// provided the caller also silences the ports (a dead process's rows are neither
+    /// acked nor handed back: the simulation's fakes answer it nothing).
+    #[doc(hidden)]
+    pub fn kill(&self) {
+        self.common.shutdown.cancel();
+        self.common.cancel_flights.cancel();
+        self.root.kill();
+    }
+
     /// Graceful shutdown: stop pulling, flush every buffer now, wait for the flights up
     /// to the deadline, hand back whatever is left (at once), stop the tree. A second
     /// call only waits for the tree to be stopped.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 pub use crate::backoff::{BackoffPolicy, RestartPolicy};
+use crate::clock::WallClock;
 use crate::placement::ShardKey;
 use crate::ports::TableKey;
 
@@ -177,6 +178,9 @@ pub struct PipelineSettings {
     pub jitter_seed: Option<u64>,
     /// A crash on purpose at one point of a flight (tests of what a crash leaves).
     pub failpoint: Option<Failpoint>,
+    /// Where a batch's record reads the time it was claimed (the system's clock; a
+    /// simulation's own).
+    pub wall_clock: WallClock,
 }
 
 /// Where Sluice crashes the process on purpose, for the tests that show what a crash
@@ -246,6 +250,7 @@ impl Default for PipelineSettings {
             poison_revive_within: Duration::from_secs(30),
             jitter_seed: None,
             failpoint: None,
+            wall_clock: WallClock::default(),
         }
     }
 }

@@ -814,7 +814,7 @@ async fn a_batch_sent_again_past_the_dedup_window_is_counted() {
         blocks: 1000,
         seconds: Some(Duration::from_secs(60)),
     }));
-    let now = sluice_actors::ledger::unix_ms();
+    let now = sluice_actors::WallClock::default().now_ms();
     let mut all = Vec::new();
     for claimed_ago in [600_000u64, 10_000] {
         let seqs = made_elsewhere(&r, 2);

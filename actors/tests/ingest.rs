@@ -1129,3 +1129,47 @@ async fn only_the_copies_of_parts_their_split_counts_go_in() {
     no_parks(&r);
     r.handle.shutdown().await;
 }
+
+/// A batch due by age while the table's flights are all out waits for one to land
+/// (its end pumps the table again): the table does not wake itself meanwhile. It did:
+/// its age timer, armed for a deadline already past, fired at once, again and again,
+/// so the paused clock (which moves only when every task waits) never reached the
+/// insert's answer. The rig runs on a thread of its own, watched with a real deadline.
+#[test]
+fn a_batch_due_by_age_while_the_flights_are_out_does_not_spin_the_table() {
+    let (done, landed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let mut tables = tables(1_000);
+            tables.defaults.batch_age = Duration::from_secs(1);
+            let r = rig(
+                &["main"],
+                &[("acme", "main")],
+                tables,
+                PipelineSettings {
+                    max_inflight_flushes: 1,
+                    ..settings()
+                },
+            )
+            .await;
+            r.main().set_latency(Duration::from_secs(10));
+            r.push(SUBJ, 3, &[]);
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            // Due by age at 2.5 s, while the first batch's insert runs until 11 s.
+            r.push(SUBJ, 2, &[]);
+            r.settled(5).await;
+            assert_eq!(r.main().rows_inserted(), 5);
+            r.handle.shutdown().await;
+        });
+        let _ = done.send(());
+    });
+    assert!(
+        landed.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "the rows did not land within a minute of real time: the table spun on its age timer"
+    );
+}

@@ -148,7 +148,7 @@ pub(super) async fn past_window<I: Inserter>(
     replica: &Replica<I>,
     m: &Manifest,
 ) -> bool {
-    let Some(age) = m.age(crate::ledger::forming::unix_ms()) else {
+    let Some(age) = m.age(ctx.common.ledger.now_ms()) else {
         return false;
     };
     // Cut short by the shutdown deadline: the flight is, at its turn, right after.

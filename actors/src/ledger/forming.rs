@@ -21,6 +21,7 @@ use super::store::{ClaimError, FetchError, ManifestStore, Recorded};
 use super::LedgerRefusal;
 use crate::batch::keepalive::{any_lease_ran_out, lease_ran_out};
 use crate::batch::Batch;
+use crate::clock::WallClock;
 use crate::ports::{Delivery, TableKey};
 
 /// What forming needs of the flight's table.
@@ -28,6 +29,8 @@ pub struct LedgerIo<'a> {
     pub store: &'a Arc<dyn ManifestStore>,
     pub key: &'a TableKey,
     pub ack_wait: Duration,
+    /// The time the claim is recorded at.
+    pub clock: &'a WallClock,
 }
 
 /// What forming made of a cargo.
@@ -103,7 +106,7 @@ pub async fn claim_fresh<D: Delivery>(
     };
     let batch = Batch::new(live, held_since);
     let manifest = Manifest::new(io.key.clone(), incarnation, batch.sequences())
-        .claimed_at(unix_ms())
+        .claimed_at(io.clock.now_ms())
         .on_shard(u32::try_from(shard).unwrap_or(u32::MAX));
     let (manifest, revision) = match io.store.claim(&manifest).await {
         Ok(revision) => (manifest.claimed_as(revision), revision),
@@ -118,30 +121,27 @@ pub async fn claim_fresh<D: Delivery>(
     };
     // The record may have taken long (NATS slow or frozen), or this process stood
     // still: a message JetStream gave up on meanwhile may be in another batch already.
+    // The claim goes only as it was made: another instance may have formed it again
+    // from the record and sent it meanwhile, and its record must stay.
     if any_lease_ran_out(batch.deliveries(), io.ack_wait, Instant::now()) {
-        let _ = io.store.forget(&manifest.id).await;
+        let _ = io.store.withdraw(&manifest.id, revision).await;
         let why = LedgerRefusal::LeaseLost { id: manifest.id };
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);
     }
-    let session = LedgerSession::recorded(
-        io.store.clone(),
-        Recorded { manifest, revision },
-        Sent::Never,
-    );
+    // A message delivered before may have been in a batch sent, acked and forgotten
+    // while a copy stayed here (this instance cut off from NATS, its progress lost).
+    let sent = match batch.deliveries().all(|d| d.position().deliveries <= 1) {
+        true => Sent::Never,
+        false => Sent::Maybe,
+    };
+    let session = LedgerSession::recorded(io.store.clone(), Recorded { manifest, revision }, sent);
     let formed = Formed::Batch {
         batch,
         session,
         back: Vec::new(),
     };
     (formed, expired)
-}
-
-/// Now, in ms since the epoch (a record's time: it is read by other instances).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A recorded batch again: the record read now; the messages held, the others read
@@ -341,5 +341,138 @@ async fn withdrawn<D: Delivery>(io: &LedgerIo<'_>, recorded: &Recorded, held: Ve
         by_record: None,
         copies: Vec::new(),
         back: held,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::manifest::ManifestState;
+    use crate::ledger::store::{Changes, LedgerSnapshot, UpdateError};
+    use crate::ledger::StoreError;
+    use crate::testkit::{FakeManifestStore, Journal};
+    use bytes::Bytes;
+    use futures::future::BoxFuture;
+
+    const ACK_WAIT: Duration = Duration::from_secs(30);
+
+    /// A store whose claim is judged late (its watch lags): meanwhile JetStream gave
+    /// the messages to another instance, which formed the batch again from the claim,
+    /// sent it and recorded its verdicts.
+    struct LateClaim(Arc<FakeManifestStore>);
+
+    impl ManifestStore for LateClaim {
+        fn incarnation(&self) -> Option<u64> {
+            self.0.incarnation()
+        }
+        fn claim<'a>(&'a self, m: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>> {
+            Box::pin(async move {
+                let revision = self.0.claim(m).await?;
+                let settled = m
+                    .clone()
+                    .claimed_as(revision)
+                    .with_state(ManifestState::Settled { rejected: vec![] });
+                self.0.plant(&settled);
+                tokio::time::sleep(ACK_WAIT * 2).await;
+                Ok(revision)
+            })
+        }
+        fn earlier_claim(&self, m: &Manifest) -> Option<String> {
+            self.0.earlier_claim(m)
+        }
+        fn update<'a>(
+            &'a self,
+            m: &'a Manifest,
+            e: u64,
+        ) -> BoxFuture<'a, Result<u64, UpdateError>> {
+            self.0.update(m, e)
+        }
+        fn current<'a>(
+            &'a self,
+            id: &'a str,
+        ) -> BoxFuture<'a, Result<Option<Recorded>, StoreError>> {
+            self.0.current(id)
+        }
+        fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.0.forget(id)
+        }
+        fn withdraw<'a>(&'a self, id: &'a str, e: u64) -> BoxFuture<'a, Result<(), UpdateError>> {
+            self.0.withdraw(id, e)
+        }
+        fn fetch<'a>(&'a self, s: &'a [u64]) -> BoxFuture<'a, Result<Vec<Bytes>, FetchError>> {
+            self.0.fetch(s)
+        }
+        fn in_stream<'a>(&'a self, s: &'a [u64]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+            self.0.in_stream(s)
+        }
+        fn changes(&self) -> Changes {
+            self.0.changes()
+        }
+        fn of_table(&self, table: &TableKey) -> LedgerSnapshot {
+            self.0.of_table(table)
+        }
+    }
+
+    /// A claim judged after its messages' lease ran out is given up, but only as it was
+    /// claimed: the record another instance moved on meanwhile (settled, its rows in
+    /// ClickHouse) stays, or the messages, delivered again, would be claimed as new and
+    /// their rows could go in twice (found by the simulation, seed 39).
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_given_up_leaves_a_record_another_instance_moved_on() {
+        let journal = Journal::new();
+        let fake = FakeManifestStore::new(&journal);
+        let store: Arc<dyn ManifestStore> = Arc::new(LateClaim(fake.clone()));
+        let key = TableKey::new("acme", "events");
+        let io = LedgerIo {
+            store: &store,
+            key: &key,
+            ack_wait: ACK_WAIT,
+            clock: &WallClock::default(),
+        };
+        let deliveries = journal.rows("acme.events", 2);
+        let (formed, _) = claim_fresh(&io, deliveries, Instant::now(), 0).await;
+        assert!(
+            matches!(
+                &formed,
+                Formed::Refused {
+                    why: LedgerRefusal::LeaseLost { .. },
+                    ..
+                }
+            ),
+            "the claim is given up"
+        );
+        let kept = fake.holding(1).expect("the settled record is still there");
+        assert!(kept.is_settled(), "{kept:?}");
+    }
+
+    /// A fresh claim of messages delivered before is no proof nobody sent them: an
+    /// earlier batch of them may have gone in, been acked and forgotten, while a copy
+    /// stayed here (this instance cut off from NATS, its progress never arriving). An
+    /// availability answer must not split it: the pieces would go in beside the block
+    /// ClickHouse has (found by the simulation, seed 13).
+    #[tokio::test]
+    async fn a_fresh_claim_of_messages_delivered_before_may_have_been_sent() {
+        let journal = Journal::new();
+        let store: Arc<dyn ManifestStore> = FakeManifestStore::new(&journal);
+        let key = TableKey::new("acme", "events");
+        let io = LedgerIo {
+            store: &store,
+            key: &key,
+            ack_wait: ACK_WAIT,
+            clock: &WallClock::default(),
+        };
+        let first = journal.rows("acme.events", 2);
+        let (Formed::Batch { session, .. }, _) = claim_fresh(&io, first, Instant::now(), 0).await
+        else {
+            panic!("a first delivery is claimed");
+        };
+        assert!(session.whole_never_sent(), "its claimer sends it first");
+        let again = vec![journal.redeliver(1, 2), journal.redeliver(2, 1)];
+        let _ = store.forget(&session.record().expect("recorded").id).await;
+        let (Formed::Batch { session, .. }, _) = claim_fresh(&io, again, Instant::now(), 0).await
+        else {
+            panic!("a redelivery is claimed");
+        };
+        assert!(!session.whole_never_sent(), "a redelivered batch may be in");
     }
 }

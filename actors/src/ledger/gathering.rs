@@ -3,7 +3,7 @@
 //! is here, or once `reform_wait` passed since the first came (the rest are read from
 //! the stream: another instance holds them, or they wait out a delay).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -22,7 +22,7 @@ pub struct Gathering<D> {
 }
 
 pub struct Gatherings<D> {
-    gathering: HashMap<String, Gathering<D>>,
+    gathering: BTreeMap<String, Gathering<D>>,
     /// Batches ready to fly, first come first served.
     ready: VecDeque<Gathering<D>>,
 }
@@ -30,7 +30,7 @@ pub struct Gatherings<D> {
 impl<D> Default for Gatherings<D> {
     fn default() -> Self {
         Self {
-            gathering: HashMap::new(),
+            gathering: BTreeMap::new(),
             ready: VecDeque::new(),
         }
     }
@@ -118,7 +118,7 @@ impl<D: Delivery> Gatherings<D> {
     /// Everything held (shutdown past its deadline, the table's window open).
     pub fn take_all(&mut self) -> Vec<D> {
         let mut all = Vec::new();
-        for (_, g) in self.gathering.drain() {
+        for g in std::mem::take(&mut self.gathering).into_values() {
             all.extend(g.held);
         }
         for g in self.ready.drain(..) {

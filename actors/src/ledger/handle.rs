@@ -12,6 +12,7 @@ use super::forming::{claim_fresh, reform, Formed, LedgerIo};
 use super::manifest::Manifest;
 use super::store::{Changes, LedgerSnapshot, ManifestStore};
 use crate::batch::{SettlePlan, Settled};
+use crate::clock::WallClock;
 use crate::ports::{Delivery, TableKey};
 
 /// See the module's doc. `None` inside: no table records its batches (every table is
@@ -19,11 +20,18 @@ use crate::ports::{Delivery, TableKey};
 #[derive(Clone, Default)]
 pub struct Ledger {
     store: Option<Arc<dyn ManifestStore>>,
+    /// The time a claim is recorded at (see [`WallClock`]).
+    clock: WallClock,
 }
 
 impl Ledger {
-    pub fn new(store: Option<Arc<dyn ManifestStore>>) -> Self {
-        Self { store }
+    pub fn new(store: Option<Arc<dyn ManifestStore>>, clock: WallClock) -> Self {
+        Self { store, clock }
+    }
+
+    /// Now by the ledger's wall clock, in ms since the epoch (a record's age).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// Whether batches are recorded at all (a manifest store is there).
@@ -69,6 +77,7 @@ impl Ledger {
             store,
             key,
             ack_wait,
+            clock: &self.clock,
         };
         Ok(claim_fresh(&io, deliveries, held_since, shard).await)
     }
@@ -89,6 +98,7 @@ impl Ledger {
             store,
             key,
             ack_wait,
+            clock: &self.clock,
         };
         Ok(reform(&io, id, held, held_since).await)
     }

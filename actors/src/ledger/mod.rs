@@ -55,7 +55,6 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-pub use forming::unix_ms;
 pub use handle::Ledger;
 pub use index::BatchIndex;
 pub use manifest::{Manifest, ManifestState, RejectedRow};

@@ -14,7 +14,9 @@
 //! (its answer lost, or sent by another flight) with 252 or 241 before it looks at the
 //! block's id. Split then, its pieces would go in as new blocks beside the block it
 //! has. An availability answer may split only what no one can have sent before: the
-//! whole batch on the first attempt of the flight that claimed it, or a range this
+//! whole batch on the first attempt of the flight that claimed it (its messages on
+//! their first delivery: a copy delivered again may outlive a batch of it that went
+//! in, was acked and forgotten), or a range this
 //! flight's own split made. Any other flight writes before it sends (the mark), so a
 //! split recorded by compare-and-set over this flight's own last write proves nobody
 //! sent anything of the batch since.
@@ -49,7 +51,7 @@ const PARKED_TRIES: usize = 3;
 /// Who may have sent the batch before this flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sent {
-    /// Nobody: this flight claimed it, and sends it for the first time.
+    /// Nobody: this flight claimed it, on its messages' first delivery.
     Never,
     /// Maybe (formed again from its record: an earlier attempt may be in ClickHouse).
     Maybe,

@@ -28,6 +28,13 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         if self.timers.age.armed.is_some_and(|a| a <= deadline) {
             return;
         }
+        if deadline <= Instant::now() {
+            // Due already, and `pump` could not send it (its flights are out, or a
+            // permit is asked): the flight's end, the permit or the tick pumps again.
+            // Armed now, the table would wake itself at once, again and again, until then.
+            self.timers.age.armed = None;
+            return;
+        }
         self.timers.age.generation += 1;
         let generation = self.timers.age.generation;
         self.timers.age.armed = Some(deadline);

@@ -3,7 +3,7 @@
 //! sends a copy to the root supervisor whenever it changes; the root hands it to the
 //! target's successor, which starts its pools and tables from it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::context::Common;
 use crate::placement::TargetServers;
@@ -16,7 +16,7 @@ use crate::restart::RestartRecord;
 pub struct TargetMemory {
     /// By replica index.
     pub pools: Vec<ReplicaMemory>,
-    pub tables: HashMap<TableKey, TableMemory>,
+    pub tables: BTreeMap<TableKey, TableMemory>,
 }
 
 /// What outlives one server's pool (kept by its target).
@@ -50,7 +50,7 @@ impl TargetMemory {
                     restarts: RestartRecord::default(),
                 })
                 .collect(),
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The TargetActor's state: its pools and tables, and what it keeps of each.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ractor::{ActorId, ActorRef, DerivedActorRef};
@@ -66,7 +66,7 @@ pub struct TargetState<I, D> {
     pub(super) root: DerivedActorRef<TargetReport>,
     pub(super) orphans: DerivedActorRef<TableReport>,
     pub(super) pools: Vec<PoolEntry>,
-    pub(super) tables: HashMap<TableKey, TableEntry<I, D>>,
+    pub(super) tables: BTreeMap<TableKey, TableEntry<I, D>>,
     pub(super) by_id: HashMap<ActorId, Child>,
     /// The memory the root holds is out of date.
     pub(super) memory_dirty: bool,
@@ -103,7 +103,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
             root: args.root,
             orphans: args.orphans,
             pools,
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
             by_id: HashMap::new(),
             memory_dirty: true,
         };
