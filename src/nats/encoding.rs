@@ -19,6 +19,8 @@ use std::io::Read as _;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
+use crate::config::units::Share;
+
 /// The header naming a payload's encoding; absent: plain NDJSON.
 pub const ENCODING_HEADER: &str = "Sluice-Encoding";
 
@@ -176,7 +178,7 @@ pub fn read_payload(
 }
 
 /// How the ingest API stores the messages it publishes (`[api] compression`,
-/// `compression_level`, `compress_from`).
+/// `compression_level`, `compress_from`, `compress_above`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compression {
     /// zstd's level: 1 (fastest) to 19; negative levels are faster still.
@@ -184,6 +186,12 @@ pub struct Compression {
     /// A payload shorter than this stays plain: a frame's overhead and a compression
     /// context's setup outweigh what a single short row saves.
     pub from_bytes: usize,
+    /// Messages are compressed only while the stream holds more than this share of its
+    /// budget: a backlog, which is what compression makes room for. Compressing every
+    /// message cost the pipeline a quarter more CPU per row (compressed by the API,
+    /// decoded by the source: docs/benchmark.md, "Compressed messages"), for rows that
+    /// leave the stream within a second. Zero: every message.
+    pub while_above: Share,
 }
 
 thread_local! {
@@ -247,6 +255,7 @@ mod tests {
     const ON: Compression = Compression {
         level: 1,
         from_bytes: 512,
+        while_above: Share::percent(0),
     };
 
     #[test]
@@ -271,6 +280,7 @@ mod tests {
         let everything = Compression {
             level: 1,
             from_bytes: 0,
+            while_above: Share::percent(0),
         };
         // Seven bytes do not shrink: a frame's header alone is longer.
         assert_eq!(everything.encode(short.clone()), (short, None));

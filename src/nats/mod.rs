@@ -24,6 +24,7 @@ mod source;
 mod split;
 mod stall;
 mod stranded;
+mod stream_fill;
 mod stuck_consumer;
 pub mod version;
 
