@@ -174,21 +174,40 @@ async fn messages_are_compressed_only_while_the_stream_holds_a_backlog() -> Resu
     };
     // The stream nearly empty: stored plain.
     let (status, reply) = stack
-        .ingest_raw("events", "application/x-ndjson", post(200).into_bytes(), &[])
+        .ingest_raw(
+            "events",
+            "application/x-ndjson",
+            post(200).into_bytes(),
+            &[],
+        )
         .await?;
     assert_eq!((status, &reply["accepted"]), (202, &json!(200)), "{reply}");
     let js = jetstream_of(&stack).await?;
-    assert_eq!(encodings(&js).await?, vec![None, None], "two plain messages");
+    assert_eq!(
+        encodings(&js).await?,
+        vec![None, None],
+        "two plain messages"
+    );
     // Past 5% of the budget (three requests: ~450 KB of rows), the messages that
     // follow are compressed.
     for _ in 0..3 {
         let (status, reply) = stack
-            .ingest_raw("events", "application/x-ndjson", post(1000).into_bytes(), &[])
+            .ingest_raw(
+                "events",
+                "application/x-ndjson",
+                post(1000).into_bytes(),
+                &[],
+            )
             .await?;
         assert_eq!((status, &reply["accepted"]), (202, &json!(1000)), "{reply}");
     }
     let (status, reply) = stack
-        .ingest_raw("events", "application/x-ndjson", post(200).into_bytes(), &[])
+        .ingest_raw(
+            "events",
+            "application/x-ndjson",
+            post(200).into_bytes(),
+            &[],
+        )
         .await?;
     assert_eq!((status, &reply["accepted"]), (202, &json!(200)), "{reply}");
     let stored = encodings(&js).await?;

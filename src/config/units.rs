@@ -169,7 +169,9 @@ impl FromStr for Share {
         if !(0.0..=100.0).contains(&value) {
             return Err(format!("share `{text}` is not between 0% and 100%"));
         }
-        Ok(Share((value * f64::from(Self::WHOLE) / 100.0).round() as u32))
+        Ok(Share(
+            (value * f64::from(Self::WHOLE) / 100.0).round() as u32
+        ))
     }
 }
 
@@ -246,7 +248,10 @@ mod tests {
         assert!("101%".parse::<Share>().unwrap_err().contains("between"));
         assert!("-1%".parse::<Share>().is_err());
         assert_eq!(Share::percent(5).to_string(), "5%");
-        assert_eq!("12.5%".parse::<Share>().map(|s| s.to_string()), Ok("12.5%".into()));
+        assert_eq!(
+            "12.5%".parse::<Share>().map(|s| s.to_string()),
+            Ok("12.5%".into())
+        );
     }
 
     #[test]

@@ -97,7 +97,12 @@ impl Publisher {
     /// A publisher into `stream`, whose configured budget is `max_bytes`.
     pub fn new(js: jetstream::Context, stream: &str, max_bytes: u64) -> Self {
         let fill = Arc::new(StreamFill::new(js.clone(), stream));
-        let budget = Arc::new(BudgetGuard::new(js.clone(), stream, max_bytes, fill.clone()));
+        let budget = Arc::new(BudgetGuard::new(
+            js.clone(),
+            stream,
+            max_bytes,
+            fill.clone(),
+        ));
         Self {
             js,
             budget,
