@@ -155,16 +155,15 @@ impl BudgetGuard {
             // Zeroed before asking: a publish confirmed meanwhile is counted twice (in
             // the answer and here), never forgotten.
             let since = self.stored_since.swap(0, Ordering::SeqCst);
-            let fill_since = self.fill.restart_count();
+            let fill_mark = self.fill.mark();
             match tokio::time::timeout(REFRESH_TIMEOUT, self.js.get_stream(&self.stream)).await {
                 Ok(Ok(stream)) => {
                     state.stored = stream.cached_info().state.bytes;
                     state.refreshed = Some(Instant::now());
-                    self.fill.observed(state.stored);
+                    self.fill.observed(state.stored, fill_mark);
                 }
                 Ok(Err(_)) | Err(_) => {
                     self.stored_since.fetch_add(since, Ordering::SeqCst);
-                    self.fill.reading_failed(fill_since);
                 }
             }
         }

@@ -26,10 +26,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct StreamFill {
     js: jetstream::Context,
     stream: String,
-    /// The stream's stored bytes at the last reading.
-    read: AtomicU64,
-    /// Bytes this process had stored since that reading was asked for.
-    since: AtomicU64,
+    estimate: Estimate,
     /// When the last reading was asked for, in ms after `epoch` (0: never).
     asked_ms: AtomicU64,
     epoch: Instant,
@@ -42,8 +39,7 @@ impl StreamFill {
         Self {
             js,
             stream: stream.into(),
-            read: AtomicU64::new(0),
-            since: AtomicU64::new(0),
+            estimate: Estimate::default(),
             asked_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             reading: AtomicBool::new(false),
@@ -59,33 +55,25 @@ impl StreamFill {
         if stale && !self.reading.swap(true, Ordering::AcqRel) {
             self.start_reading(now_ms);
         }
-        self.read
-            .load(Ordering::Relaxed)
-            .saturating_add(self.since.load(Ordering::Relaxed))
+        self.estimate.bytes()
     }
 
     /// JetStream stored `bytes` more for this process.
     pub fn stored(&self, bytes: u64) {
-        self.since.fetch_add(bytes, Ordering::Relaxed);
+        self.estimate.since.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// A reading taken elsewhere (the byte budget's guard, which zeroed the count with
-    /// [`StreamFill::restart_count`] as it asked): the stream held `bytes`.
-    pub(super) fn observed(&self, bytes: u64) {
-        self.read.store(bytes, Ordering::Relaxed);
+    /// What this process stored since the last reading, taken as a reading is asked
+    /// for: [`StreamFill::observed`] takes it off the count with the answer.
+    pub(super) fn mark(&self) -> u64 {
+        self.estimate.since.load(Ordering::Relaxed)
+    }
+
+    /// A reading (this one's, or the byte budget's guard's, asked at `mark`): the
+    /// stream held `bytes`.
+    pub(super) fn observed(&self, bytes: u64, mark: u64) {
+        self.estimate.observed(bytes, mark);
         self.asked_ms.store(self.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Zeroes what was stored since the last reading, as a reading is asked for:
-    /// returned, to be given back if the reading fails. Stored while the reading is
-    /// under way is counted twice (in the answer and here), never forgotten.
-    pub(super) fn restart_count(&self) -> u64 {
-        self.since.swap(0, Ordering::Relaxed)
-    }
-
-    /// A reading failed: what was zeroed for it counts again.
-    pub(super) fn reading_failed(&self, zeroed: u64) {
-        self.since.fetch_add(zeroed, Ordering::Relaxed);
     }
 
     fn start_reading(self: &Arc<Self>, now_ms: u64) {
@@ -96,13 +84,11 @@ impl StreamFill {
         };
         let fill = Arc::clone(self);
         runtime.spawn(async move {
-            let zeroed = fill.restart_count();
+            let mark = fill.mark();
             let info = tokio::time::timeout(READ_TIMEOUT, fill.js.get_stream(&fill.stream)).await;
-            match info {
-                Ok(Ok(stream)) => fill
-                    .read
-                    .store(stream.cached_info().state.bytes, Ordering::Relaxed),
-                Ok(Err(_)) | Err(_) => fill.reading_failed(zeroed),
+            if let Ok(Ok(stream)) = info {
+                fill.estimate
+                    .observed(stream.cached_info().state.bytes, mark);
             }
             fill.reading.store(false, Ordering::Release);
         });
@@ -112,5 +98,59 @@ impl StreamFill {
         u64::try_from(self.epoch.elapsed().as_millis())
             .unwrap_or(u64::MAX)
             .saturating_add(1)
+    }
+}
+
+/// The stream's bytes at the last reading, and what this process stored since that
+/// reading was asked for. What is stored while a reading is under way counts until the
+/// answer comes (then in the answer too, perhaps twice): the estimate never dips below
+/// what the stream holds because a reading was asked.
+#[derive(Default)]
+struct Estimate {
+    read: AtomicU64,
+    since: AtomicU64,
+}
+
+impl Estimate {
+    fn bytes(&self) -> u64 {
+        self.read
+            .load(Ordering::Relaxed)
+            .saturating_add(self.since.load(Ordering::Relaxed))
+    }
+
+    /// A reading asked when `since` was `mark` answered `bytes`.
+    fn observed(&self, bytes: u64, mark: u64) {
+        self.read.store(bytes, Ordering::Relaxed);
+        // Saturating: two readings under way at once may both take off the same bytes.
+        let _ = self
+            .since
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some(s.saturating_sub(mark))
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_under_way_takes_nothing_off_the_estimate() {
+        let e = Estimate::default();
+        e.since.fetch_add(300, Ordering::Relaxed);
+        // A reading is asked (its mark: 300 stored since the last), then 50 more are
+        // stored before it answers: still counted.
+        let mark = e.since.load(Ordering::Relaxed);
+        e.since.fetch_add(50, Ordering::Relaxed);
+        assert_eq!(e.bytes(), 350);
+        // The answer holds the 300 (and perhaps the 50): they are not lost either way.
+        e.observed(300, mark);
+        assert_eq!(e.bytes(), 350);
+        // The consumer drained the stream: the next reading says so.
+        e.observed(0, e.since.load(Ordering::Relaxed));
+        assert_eq!(e.bytes(), 0);
+        // A mark above what is left (two readings took the same bytes off): zero, no wrap.
+        e.observed(10, 300);
+        assert_eq!(e.bytes(), 10);
     }
 }
