@@ -107,6 +107,7 @@ listen = "127.0.0.1:{api_port}"
 auth = "none"
 compression = "{variant['messages']}"
 compression_level = {args.level}
+compress_above = "{variant.get('above', args.compress_above)}"
 [admin]
 listen = "127.0.0.1:{admin_port}"
 """
@@ -190,6 +191,8 @@ def main():
                    help="a nats-server 2.10+ (for S2)")
     p.add_argument("--max-bytes", default="32MiB")
     p.add_argument("--level", type=int, default=1, help="[api] compression_level")
+    p.add_argument("--compress-above", default="5%",
+                   help="[api] compress_above of the zstd variants but zstd-always (0%%)")
     p.add_argument("--request-rows", type=int, default=1000)
     p.add_argument("--max-requests", type=int, default=5000)
     p.add_argument("--variants", default="off,zstd,s2,both")
@@ -200,6 +203,8 @@ def main():
     variants = {
         "off": {"messages": "none", "stream": "none", "nats": args.nats_old},
         "zstd": {"messages": "zstd", "stream": "none", "nats": args.nats_old},
+        "zstd-always": {"messages": "zstd", "stream": "none", "nats": args.nats_old,
+                        "above": "0%"},
         "off-2.10+": {"messages": "none", "stream": "none", "nats": args.nats_current},
         "s2": {"messages": "none", "stream": "s2", "nats": args.nats_current},
         "both": {"messages": "zstd", "stream": "s2", "nats": args.nats_current},

@@ -456,7 +456,7 @@ impl Config {
 }
 
 /// How the ingest API stores the messages it publishes (`[api] compression`,
-/// `compression_level`, `compress_from`).
+/// `compression_level`, `compress_from`, `compress_above`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compression {
     /// zstd's level: 1 (fastest) to 19; negative levels are faster still.
@@ -464,6 +464,12 @@ pub struct Compression {
     /// A payload shorter than this stays plain: a frame's overhead and a compression
     /// context's setup outweigh what a single short row saves.
     pub from_bytes: usize,
+    /// Messages are compressed only while the stream holds more than this share of its
+    /// budget: a backlog, which is what compression makes room for. Compressing every
+    /// message cost the pipeline a quarter more CPU per row (compressed by the API,
+    /// decoded by the source: docs/benchmark.md, "Compressed messages"), for rows that
+    /// leave the stream within a second. Zero: every message.
+    pub while_above: units::Share,
 }
 
 #[cfg(test)]

@@ -57,7 +57,15 @@ fn nats_part(out: &mut String, config: &Config) {
         out,
         "storage: messages {}; streams {}",
         match &config.api.compression {
-            Some(c) => format!("zstd level {} from {}", c.level, Size(c.from_bytes as u64)),
+            Some(c) if c.while_above.is_zero() => {
+                format!("zstd level {} from {}", c.level, Size(c.from_bytes as u64))
+            }
+            Some(c) => format!(
+                "zstd level {} from {} while the stream holds over {} of max_bytes (a backlog), plain otherwise",
+                c.level,
+                Size(c.from_bytes as u64),
+                c.while_above
+            ),
             None => "plain".into(),
         },
         match n.stream_compression {

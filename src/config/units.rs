@@ -127,6 +127,68 @@ impl<'de> Deserialize<'de> for Span {
     }
 }
 
+// === Share (a percentage) ===
+
+/// A share of something written as a percentage: `5%`, `0%`, `12.5%`. Kept in parts per
+/// million, so it compares and prints exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Share(u32);
+
+impl Share {
+    const WHOLE: u32 = 1_000_000;
+
+    /// This share of `whole`, rounded down.
+    pub fn of(self, whole: u64) -> u64 {
+        u64::try_from(u128::from(whole) * u128::from(self.0) / u128::from(Self::WHOLE))
+            .unwrap_or(u64::MAX)
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
+    pub const fn percent(p: u32) -> Self {
+        Self(p * (Self::WHOLE / 100))
+    }
+}
+
+impl FromStr for Share {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let s = text.trim();
+        let Some(number) = s.strip_suffix('%') else {
+            return Err(format!(
+                "share `{text}` needs a %, like \"5%\" (a share of the whole, 0% to 100%)"
+            ));
+        };
+        let value: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| format!("share `{text}` does not start with a number"))?;
+        if !(0.0..=100.0).contains(&value) {
+            return Err(format!("share `{text}` is not between 0% and 100%"));
+        }
+        Ok(Share(
+            (value * f64::from(Self::WHOLE) / 100.0).round() as u32
+        ))
+    }
+}
+
+impl fmt::Display for Share {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let percent = f64::from(self.0) * 100.0 / f64::from(Self::WHOLE);
+        write!(f, "{percent}%")
+    }
+}
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = UnitText::deserialize(deserializer)?;
+        text.0.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The text of a value that must carry a unit. A bare number is taken too, only to
 /// give the "needs a unit" error rather than serde's "expected a string".
 struct UnitText(String);
@@ -173,6 +235,23 @@ mod tests {
         assert!("MiB".parse::<Size>().is_err());
         assert_eq!(Size(8 << 20).to_string(), "8MiB");
         assert_eq!(Size(1000).to_string(), "1000B");
+    }
+
+    #[test]
+    fn shares() {
+        assert_eq!("5%".parse::<Share>(), Ok(Share::percent(5)));
+        assert_eq!(" 12.5 % ".parse::<Share>().map(|s| s.of(1000)), Ok(125));
+        assert_eq!("0%".parse::<Share>().map(Share::is_zero), Ok(true));
+        assert_eq!(Share::percent(100).of(u64::MAX), u64::MAX);
+        assert_eq!(Share::percent(5).of(32 << 20), 1_677_721);
+        assert!("5".parse::<Share>().unwrap_err().contains("needs a %"));
+        assert!("101%".parse::<Share>().unwrap_err().contains("between"));
+        assert!("-1%".parse::<Share>().is_err());
+        assert_eq!(Share::percent(5).to_string(), "5%");
+        assert_eq!(
+            "12.5%".parse::<Share>().map(|s| s.to_string()),
+            Ok("12.5%".into())
+        );
     }
 
     #[test]

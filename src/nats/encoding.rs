@@ -223,6 +223,7 @@ pub fn headers_for(encoding: Option<Encoding>) -> Option<HeaderMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::units::Share;
 
     fn rows(n: usize) -> Bytes {
         let lines: Vec<String> = (0..n)
@@ -238,6 +239,7 @@ mod tests {
     const ON: Compression = Compression {
         level: 1,
         from_bytes: 512,
+        while_above: Share::percent(0),
     };
 
     #[test]
@@ -262,6 +264,7 @@ mod tests {
         let everything = Compression {
             level: 1,
             from_bytes: 0,
+            while_above: Share::percent(0),
         };
         // Seven bytes do not shrink: a frame's header alone is longer.
         assert_eq!(everything.encode(short.clone()), (short, None));

@@ -16,6 +16,7 @@ mod publish;
 mod pulling;
 mod setup;
 mod split;
+mod stream_fill;
 pub mod version;
 mod workarounds;
 

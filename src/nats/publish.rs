@@ -13,7 +13,9 @@ use std::sync::Arc;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
+use super::stream_fill::StreamFill;
 use super::workarounds::budget::{stored_size, BudgetGuard, BudgetPermit};
+use crate::config::units::Share;
 
 /// JetStream's code for a publish refused by a stream's limits with discard-new:
 /// `maximum bytes exceeded` (and `maximum messages exceeded`) arrive with it.
@@ -66,6 +68,8 @@ impl PublishError {
 pub struct PendingPublish {
     ack: PublishAckFuture,
     permit: Option<BudgetPermit>,
+    /// The stream's fill, and the bytes this publish adds to it once stored.
+    fill: (Arc<StreamFill>, u64),
 }
 
 /// What a publish ack said.
@@ -81,6 +85,10 @@ pub struct Published {
 pub struct Publisher {
     js: jetstream::Context,
     budget: Arc<BudgetGuard>,
+    /// How full the stream is (whether it holds a backlog), as this process sees it.
+    fill: Arc<StreamFill>,
+    /// The stream's configured budget.
+    max_bytes: u64,
 }
 
 // === impl Publisher ===
@@ -88,8 +96,25 @@ pub struct Publisher {
 impl Publisher {
     /// A publisher into `stream`, whose configured budget is `max_bytes`.
     pub fn new(js: jetstream::Context, stream: &str, max_bytes: u64) -> Self {
-        let budget = Arc::new(BudgetGuard::new(js.clone(), stream, max_bytes));
-        Self { js, budget }
+        let fill = Arc::new(StreamFill::new(js.clone(), stream));
+        let budget = Arc::new(BudgetGuard::new(
+            js.clone(),
+            stream,
+            max_bytes,
+            fill.clone(),
+        ));
+        Self {
+            js,
+            budget,
+            fill,
+            max_bytes,
+        }
+    }
+
+    /// Whether the stream holds more than `share` of its budget, as last seen (never
+    /// waits: see `super::stream_fill`); always true for a zero share.
+    pub fn holds_more_than(&self, share: Share) -> bool {
+        share.is_zero() || self.fill.bytes() > share.of(self.max_bytes)
     }
 
     pub fn context(&self) -> &jetstream::Context {
@@ -116,9 +141,10 @@ impl Publisher {
                     + v.iter().map(|v| v.as_str().len() + 4).sum::<usize>()
             })
             .sum();
+        let size = stored_size(&subject, payload.len(), header_bytes);
         let permit = self
             .budget
-            .admit(stored_size(&subject, payload.len(), header_bytes))
+            .admit(size)
             .await
             .map_err(|_| PublishError::QueueFull)?;
         let ack = self
@@ -126,15 +152,22 @@ impl Publisher {
             .publish_with_headers(subject, headers, payload)
             .await
             .map_err(classify)?;
-        Ok(PendingPublish { ack, permit })
+        Ok(PendingPublish {
+            ack,
+            permit,
+            fill: (self.fill.clone(), size),
+        })
     }
 
     /// Wait for the stream's ack of a sent row. A duplicate (or a failure) gives its
     /// bytes back to the budget; a stored row keeps them.
     pub async fn confirm(pending: PendingPublish) -> Result<Published, PublishError> {
-        let PendingPublish { ack, permit } = pending;
+        let PendingPublish { ack, permit, fill } = pending;
         match ack.await {
             Ok(ack) => {
+                if !ack.duplicate {
+                    fill.0.stored(fill.1);
+                }
                 if let (false, Some(permit)) = (ack.duplicate, permit) {
                     permit.stored();
                 }

@@ -209,7 +209,11 @@ impl<'a> Publishing<'a> {
         if self.outcome.stop.is_some() {
             return;
         }
-        let chunk = chunk.encoded(self.compression);
+        // Compressed only while the stream holds a backlog (`Compression::while_above`).
+        let compression = self
+            .compression
+            .filter(|c| self.publisher.holds_more_than(c.while_above));
+        let chunk = chunk.encoded(compression);
         match self.publish(&chunk).await {
             Ok(ack) => {
                 self.outcome.sent += 1;

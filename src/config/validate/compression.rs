@@ -1,5 +1,5 @@
-//! `[api] compression`, `compression_level`, `compress_from`: how the ingest API stores
-//! each message (`nats::encoding`).
+//! `[api] compression`, `compression_level`, `compress_from`, `compress_above`: how the
+//! ingest API stores each message (`nats::encoding`).
 
 use super::{Check, Key};
 use crate::config::file::{ApiFile, CompressionMode};
@@ -25,5 +25,6 @@ pub(super) fn api(c: &mut Check, a: &ApiFile, section: &Key) -> Option<Compressi
     Some(Compression {
         level: a.compression_level,
         from_bytes: a.compress_from.as_usize(),
+        while_above: a.compress_above,
     })
 }

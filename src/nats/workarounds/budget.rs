@@ -18,6 +18,8 @@ use async_nats::jetstream;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use crate::nats::stream_fill::StreamFill;
+
 /// How stale the stream's stored size may be before a publish refreshes it.
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How long a refresh may take. The stream's info comes from its leader: while a NATS
@@ -66,6 +68,8 @@ pub struct BudgetGuard {
     in_flight: AtomicU64,
     /// Bytes confirmed stored since the last refresh.
     stored_since: AtomicU64,
+    /// Told of every refresh: a reading of the stream's fill it need not take itself.
+    fill: Arc<StreamFill>,
 }
 
 struct GuardState {
@@ -109,7 +113,12 @@ impl Drop for BudgetPermit {
 // === impl BudgetGuard ===
 
 impl BudgetGuard {
-    pub fn new(js: jetstream::Context, stream: impl Into<String>, budget: u64) -> Self {
+    pub fn new(
+        js: jetstream::Context,
+        stream: impl Into<String>,
+        budget: u64,
+        fill: Arc<StreamFill>,
+    ) -> Self {
         Self {
             js,
             stream: stream.into(),
@@ -121,6 +130,7 @@ impl BudgetGuard {
             }),
             in_flight: AtomicU64::new(0),
             stored_since: AtomicU64::new(0),
+            fill,
         }
     }
 
@@ -141,10 +151,12 @@ impl BudgetGuard {
             // Zeroed before asking: a publish confirmed meanwhile is counted twice (in
             // the answer and here), never forgotten.
             let since = self.stored_since.swap(0, Ordering::SeqCst);
+            let fill_mark = self.fill.mark();
             match tokio::time::timeout(REFRESH_TIMEOUT, self.js.get_stream(&self.stream)).await {
                 Ok(Ok(stream)) => {
                     state.stored = stream.cached_info().state.bytes;
                     state.refreshed = Some(Instant::now());
+                    self.fill.observed(state.stored, fill_mark);
                 }
                 Ok(Err(_)) | Err(_) => {
                     self.stored_since.fetch_add(since, Ordering::SeqCst);
