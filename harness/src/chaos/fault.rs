@@ -32,6 +32,37 @@ impl Scenario {
     /// (see the module's doc); returns that INSERT as the proxy logged it. Needs the
     /// proxy ([`crate::StackOptions::with_proxy`]).
     pub async fn freeze_clickhouse_mid_insert(&mut self) -> Result<RequestRecord> {
+        self.freeze_clickhouse_catching(
+            "an INSERT to reach the frozen ClickHouse",
+            forwarded_insert,
+        )
+        .await
+    }
+
+    /// Freezes ClickHouse and returns once a flight's first request has reached it: an
+    /// INSERT, or the question a flight asks before its insert after an outage (which
+    /// settings the server knows: Sluice asks it again once a server was down, so the
+    /// first flight after a crash may hang on it rather than on its insert).
+    pub async fn freeze_clickhouse_mid_flight(&mut self) -> Result<RequestRecord> {
+        self.freeze_clickhouse_catching("a flight's request to reach the frozen ClickHouse", |r| {
+            forwarded_insert(r) || forwarded_settings_lookup(r)
+        })
+        .await
+    }
+
+    /// Kills ClickHouse with -9 while a flight's request is out (see
+    /// [`Scenario::freeze_clickhouse_mid_flight`]).
+    pub async fn kill_clickhouse_mid_flight(&mut self) -> Result<RequestRecord> {
+        let caught = self.freeze_clickhouse_mid_flight().await?;
+        self.stack.clickhouse.kill9().await?;
+        Ok(caught)
+    }
+
+    async fn freeze_clickhouse_catching(
+        &mut self,
+        what: &str,
+        caught: impl Fn(&RequestRecord) -> bool,
+    ) -> Result<RequestRecord> {
         anyhow::ensure!(
             self.stack.proxy.is_some(),
             "catching an insert needs the fault proxy (StackOptions::with_proxy)"
@@ -41,12 +72,7 @@ impl Scenario {
         // Every request numbered from here on came after every thread had stopped.
         let first = proxy.requests_seen();
         proxy
-            .wait_for_request(
-                first,
-                "an INSERT to reach the frozen ClickHouse",
-                CATCH_DEADLINE,
-                forwarded_insert,
-            )
+            .wait_for_request(first, what, CATCH_DEADLINE, caught)
             .await
             .with_context(|| self.logs())
     }
@@ -87,6 +113,14 @@ impl Scenario {
         .await
         .with_context(|| self.logs())
     }
+}
+
+/// Sluice's questions of the server's version and the settings it knows (asked in that
+/// order before a flight's insert after an outage), sent on to ClickHouse.
+fn forwarded_settings_lookup(record: &RequestRecord) -> bool {
+    let sql = record.sql_text();
+    record.action.ends_with("pass")
+        && (sql.contains("SELECT version()") || sql.contains("FROM system.settings"))
 }
 
 /// An INSERT the proxy sent on to ClickHouse (by the script or by a rule).
