@@ -325,6 +325,7 @@ async fn stream_compression_is_set_where_the_server_has_it_and_refused_by_name_w
         max_ack_pending: 1000,
         replicas: 1,
         s2: true,
+        partitions: 1,
     };
     let version = js.client().server_info().version;
     let compression_of = |name: &'static str| {

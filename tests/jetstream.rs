@@ -13,8 +13,8 @@ use async_nats::jetstream::{self, consumer, message::StreamMessage, stream};
 use bytes::Bytes;
 use serde_json::json;
 use sluice::nats::{
-    ensure_consumer, ensure_streams, remove_stranded, AckedHere, Dlq, DlqWriter, JetStreamSource,
-    JetStreamSourceFactory, JsDelivery, PublishError, Publisher, StreamSettings,
+    ensure_consumer, ensure_streams, remove_stranded, AckedHere, Dlq, DlqWriter, IngestStreams,
+    JetStreamSource, JetStreamSourceFactory, JsDelivery, PublishError, Publisher, StreamSettings,
     ORIGINAL_LINE_HEADER,
 };
 use sluice_actors::{Class, Delivery, Parking, Position, Source, SourceFactory, TableKey};
@@ -57,6 +57,7 @@ fn settings(max_bytes: u64, ack_wait: Duration) -> StreamSettings {
         max_ack_pending: 1000,
         replicas: 1,
         s2: false,
+        partitions: 1,
     }
 }
 
@@ -99,7 +100,7 @@ impl Setup {
             self.dlq_writer.clone(),
             100,
         )
-        .connect()
+        .connect(0)
         .await
         .map_err(|e| anyhow!("opening the consumer: {e}"))
     }
@@ -115,7 +116,11 @@ impl Setup {
     }
 
     fn dlq(&self) -> Dlq {
-        Dlq::new(self.js.clone(), self.settings.clone(), self.ingest.clone())
+        Dlq::new(
+            self.js.clone(),
+            self.settings.clone(),
+            IngestStreams::new(&self.js, &self.settings),
+        )
     }
 }
 
@@ -762,7 +767,7 @@ async fn full_dlq_round(
             .await?;
     }
     let mut source = JetStreamSourceFactory::new(js.clone(), settings.clone(), dlq_writer, 100)
-        .connect()
+        .connect(0)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     let deliveries = pull(&mut source, rows as usize, DEADLINE).await?;
@@ -877,8 +882,11 @@ async fn a_replay_into_a_full_queue_leaves_the_rows_parked() -> Result<()> {
             .publish("dlq.acme.events".into(), row.into(), None, None)
             .await?;
     }
-    let ingest = Publisher::new(js.clone(), &settings.stream, budget);
-    let dlq = Dlq::new(js.clone(), settings.clone(), ingest);
+    let dlq = Dlq::new(
+        js.clone(),
+        settings.clone(),
+        IngestStreams::new(&js, &settings),
+    );
     let report = dlq.replay("acme", "events", 1000, false).await?;
     assert!(report.replayed > 0, "{report:?}");
     assert!(report.failed >= 1, "{report:?}");
@@ -916,8 +924,11 @@ async fn a_replay_retried_after_its_removal_failed_does_not_publish_twice() -> R
     dlq_publisher
         .publish("dlq.acme.events".into(), r#"{"id":1}"#.into(), None, None)
         .await?;
-    let ingest = Publisher::new(js.clone(), &settings.stream, settings.max_bytes);
-    let dlq = Dlq::new(js.clone(), settings.clone(), ingest);
+    let dlq = Dlq::new(
+        js.clone(),
+        settings.clone(),
+        IngestStreams::new(&js, &settings),
+    );
     // The DLQ refuses deletes: the replay publishes, then cannot remove the row.
     let mut stream = js.get_stream("DLQ").await?;
     let mut config = stream.info().await?.config.clone();
@@ -1148,7 +1159,7 @@ async fn a_row_that_does_not_fit_the_dlq_fails_with_the_reason_and_stays_queued(
         settings.dlq_subject_prefix.clone(),
     ));
     let mut source = JetStreamSourceFactory::new(js.clone(), settings.clone(), dlq_writer, 10)
-        .connect()
+        .connect(0)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     let delivery = pull(&mut source, 1, DEADLINE).await?.pop().context("one")?;

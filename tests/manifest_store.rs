@@ -49,6 +49,7 @@ fn stream_settings() -> StreamSettings {
         max_ack_pending: 1000,
         replicas: 1,
         s2: false,
+        partitions: 1,
     }
 }
 
@@ -199,7 +200,7 @@ impl Instance {
 
     async fn source(&self) -> Result<JetStreamSource> {
         self.factory
-            .connect()
+            .connect(0)
             .await
             .map_err(|e| anyhow!("opening the consumer: {e}"))
     }

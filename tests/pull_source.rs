@@ -35,6 +35,7 @@ fn settings(ack_wait: Duration) -> StreamSettings {
         max_ack_pending: 1000,
         replicas: 1,
         s2: false,
+        partitions: 1,
     }
 }
 
@@ -100,7 +101,7 @@ impl Setup {
 
     async fn source(&self) -> Result<JetStreamSource> {
         self.factory
-            .connect()
+            .connect(0)
             .await
             .map_err(|e| anyhow!("opening the consumer: {e}"))
     }
@@ -135,7 +136,7 @@ async fn drain(
             }
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(fresh) = setup.factory.connect().await {
+                if let Ok(fresh) = setup.factory.connect(0).await {
                     *source = fresh;
                 }
             }

@@ -81,6 +81,7 @@ pub use ports::{
     SettleError, Source, SourceError, SourceFactory, SourceStatus, SourceWait, StallReason,
     TableKey,
 };
+pub use routing::{parse_subject, partition_prefix, server_mapping};
 pub use settings::{
     BackoffPolicy, Failpoint, PipelineSettings, RestartPolicy, TableOverrides, TableSettings,
     TableSettingsResolver,

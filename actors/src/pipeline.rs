@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::consumer::{ConsumerDebug, ConsumerMsg};
 use crate::context::Common;
 use crate::ledger::ManifestStore;
-use crate::observe::{self, NodeKind, Registry, StatsSnapshot, TreeNode, CONSUMER_ID, ROOT_ID};
+use crate::observe::{self, consumer_id, NodeKind, Registry, StatsSnapshot, TreeNode, ROOT_ID};
 use crate::placement::TargetServers;
 use crate::pool::PoolDebug;
 use crate::ports::{Delivery, Inserter, Source, SourceFactory, TableKey};
@@ -163,12 +163,16 @@ where
     let registry = Registry::new(cfg.settings.stale_after);
     let common = Common::new(cfg.settings, cfg.tables, registry.clone(), cfg.manifests);
     registry.register(ROOT_ID, NodeKind::Root, "sluice", None);
-    registry.register(
-        CONSUMER_ID,
-        NodeKind::Consumer,
-        &common.settings.stream,
-        Some(ROOT_ID),
-    );
+    let partitions: Vec<Arc<str>> = cfg
+        .source
+        .partitions()
+        .unwrap_or_else(|| vec![common.settings.stream.clone()])
+        .into_iter()
+        .map(Arc::from)
+        .collect();
+    for (p, stream) in partitions.iter().enumerate() {
+        registry.register(&consumer_id(p), NodeKind::Consumer, stream, Some(ROOT_ID));
+    }
     let probe_wait = common.settings.pool_backoff.probe_handback_min;
     let targets: Vec<TargetSpec<I>> = cfg
         .targets
@@ -196,6 +200,7 @@ where
     let args = RootArgs {
         common: common.clone(),
         factory: Arc::new(cfg.source),
+        partitions,
         router: router.clone(),
         targets,
     };
@@ -383,11 +388,14 @@ impl<D: Delivery> PipelineHandle<D> {
             .map_err(|_| "the target is gone".to_string())
     }
 
-    /// Debug hook: panic inside the ConsumerActor.
+    /// Debug hook: panic inside the (first) ConsumerActor.
     pub async fn inject_consumer_panic(&self) -> Result<(), String> {
         self.children()
             .await?
-            .consumer
+            .consumers
+            .into_iter()
+            .next()
+            .flatten()
             .ok_or("the consumer is restarting")?
             .cast(ConsumerMsg::Debug(ConsumerDebug::Panic))
             .map_err(|_| "the consumer is gone".to_string())
@@ -439,11 +447,11 @@ impl<D: Delivery> PipelineHandle<D> {
         let step = Some(settings.call_timeout);
         let _ = self.root.call(RootMsg::Stopping, step).await;
         let children = self.children().await.ok();
-        let (consumer, targets) = match children {
-            Some(c) => (c.consumer, c.targets.into_iter().flatten().collect()),
-            None => (None, Vec::new()),
+        let (consumers, targets) = match children {
+            Some(c) => (c.consumers, c.targets.into_iter().flatten().collect()),
+            None => (Vec::new(), Vec::new()),
         };
-        if let Some(c) = consumer {
+        for c in consumers.into_iter().flatten() {
             let _ = c.call(ConsumerMsg::StopPulling, step).await;
         }
         let flush_for = Some(deadline.saturating_duration_since(Instant::now()));

@@ -1,6 +1,9 @@
 //! Subjects to tables to targets: `<prefix>.<tenant>.<table>` with identifier tokens
-//! ([`TENANT_NAME_RULE`], [`TABLE_NAME_RULE`]). A tenant with no ClickHouse target, or
-//! a subject that does not parse, is parked with a clear error.
+//! ([`TENANT_NAME_RULE`], [`TABLE_NAME_RULE`]), or the same in a partition of the queue,
+//! `<prefix>_part.<n>.<tenant>.<table>` ([`partition_prefix`]); either may end in one
+//! more token of the publisher's choosing (a key that spreads a table's rows over the
+//! partitions: it names no table and is ignored here). A tenant with no ClickHouse
+//! target, or a subject that does not parse, is parked with a clear error.
 //!
 //! The name rules here are the only ones: the ingest API, the admin endpoint and the
 //! configuration check names with [`is_tenant`] and [`is_table`] too, so a name one
@@ -81,11 +84,65 @@ fn is_identifier(s: &str, extra: &[u8]) -> bool {
         && b.all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
 }
 
-/// `(tenant, table)` of a subject, or `None` when it is not `<prefix>.<tenant>.<table>`.
+/// The suffix of the subject prefix a partition's subjects start with: a token of its
+/// own, so that the server's subject mapping (which turns `<prefix>.<tenant>.<table>`
+/// into a partition's subject) never maps a partition's subject again, and so that
+/// the unpartitioned stream's `<prefix>.>` and a partition's subjects never overlap.
+pub const PARTITION_SUFFIX: &str = "_part";
+
+/// The subjects of partition `partition` start with this: `<prefix>_part.<partition>`.
+pub fn partition_prefix(prefix: &str, partition: usize) -> String {
+    format!("{prefix}{PARTITION_SUFFIX}.{partition}")
+}
+
+/// The `mappings` block of a nats-server configuration that sends what publishers
+/// publish on `<prefix>.<tenant>.<table>` (by the table) and `<prefix>.<tenant>.<table>.<key>`
+/// (by the table and the key: how one table spreads over every partition) to one of
+/// `partitions` partitions, deterministically (the server's `partition` function, a
+/// hash of the tokens named; nats-server 2.9 has it). The server maps a subject once,
+/// so the partition's own subjects (`<prefix>_part.<n>...`) pass through as they are.
+pub fn server_mapping(prefix: &str, partitions: usize) -> String {
+    let to = |tokens: &str, wildcards: &str| {
+        format!("{prefix}{PARTITION_SUFFIX}.{{{{partition({partitions},{tokens})}}}}.{wildcards}")
+    };
+    format!(
+        "mappings = {{\n  \"{prefix}.*.*\": \"{}\"\n  \"{prefix}.*.*.*\": \"{}\"\n}}\n",
+        to("1,2", "{{wildcard(1)}}.{{wildcard(2)}}"),
+        to("1,2,3", "{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"),
+    )
+}
+
+/// `(tenant, table)` of a subject, or `None` when it is not
+/// `<prefix>.<tenant>.<table>[.<key>]` or `<prefix>_part.<n>.<tenant>.<table>[.<key>]`.
 pub fn parse_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, &'a str)> {
-    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
-    let (tenant, table) = rest.split_once('.')?;
+    let after = subject.strip_prefix(prefix)?;
+    let rest = match after.strip_prefix('.') {
+        Some(rest) => rest,
+        None => {
+            let numbered = after.strip_prefix(PARTITION_SUFFIX)?.strip_prefix('.')?;
+            let (n, rest) = numbered.split_once('.')?;
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            rest
+        }
+    };
+    let (tenant, rest) = rest.split_once('.')?;
+    let table = match rest.split_once('.') {
+        None => rest,
+        Some((table, key)) if is_key_token(key) => table,
+        Some(_) => return None,
+    };
     (is_tenant(tenant) && is_table(table)).then_some((tenant, table))
+}
+
+/// The token a publisher may add after the table: any one NATS token (no dots, no
+/// wildcards, no spaces), at most [`MAX_NAME_LEN`] bytes.
+fn is_key_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'.' | b'*' | b'>'))
 }
 
 /// The tenant → target map (targets by index, in configuration order).
@@ -164,9 +221,30 @@ mod tests {
             parse_subject("ingest", "ingest.a-b_1.t_2"),
             Some(("a-b_1", "t_2"))
         );
+        // A publisher's spreading key after the table, and a partition's subjects.
+        assert_eq!(
+            parse_subject("ingest", "ingest.acme.events.user-42"),
+            Some(("acme", "events"))
+        );
+        assert_eq!(
+            parse_subject("ingest", "ingest_part.2.acme.events"),
+            Some(("acme", "events"))
+        );
+        assert_eq!(
+            parse_subject(
+                "ingest",
+                &format!("{}.acme.events.k", partition_prefix("ingest", 11))
+            ),
+            Some(("acme", "events"))
+        );
         for bad in [
             "ingest.acme",
-            "ingest.acme.events.x",
+            "ingest.acme.events.x.y",
+            "ingest_part.acme.events",
+            "ingest_part.x1.acme.events",
+            "ingest_part..acme.events",
+            "ingest_partx.1.acme.events",
+            "ingest_part.1.acme",
             "other.acme.events",
             "ingestx.acme.events",
             "ingest.1acme.events",
@@ -181,6 +259,14 @@ mod tests {
         }
         let longest = "t".repeat(MAX_NAME_LEN);
         assert!(parse_subject("ingest", &format!("ingest.acme.{longest}")).is_some());
+    }
+
+    #[test]
+    fn the_server_mapping_partitions_by_the_table_and_by_the_key() {
+        assert_eq!(
+            server_mapping("ingest", 3),
+            "mappings = {\n  \"ingest.*.*\": \"ingest_part.{{partition(3,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}\"\n  \"ingest.*.*.*\": \"ingest_part.{{partition(3,1,2,3)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}\"\n}\n"
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! RootSupervisor: spawns the ConsumerActor and one TargetActor per ClickHouse target,
+//! RootSupervisor: spawns a ConsumerActor per partition of the queue and one TargetActor per ClickHouse target,
 //! respawns a failed child with backoff (100 ms doubling to 10 s), counts restarts per
 //! kind, keeps what each target must not forget (its [`TargetMemory`]: its servers'
 //! breakers, its tables' backoffs) for its successor, tells the consumer where the
@@ -21,7 +21,7 @@ use crate::context::Common;
 use crate::lifecycle::{Behaviour, Lifecycle};
 use crate::messaging::carried;
 use crate::metrics;
-use crate::observe::{NodeState, CONSUMER_ID, ROOT_ID};
+use crate::observe::{consumer_id, NodeState, ROOT_ID};
 use crate::placement::TargetServers;
 use crate::ports::{Inserter, Source, SourceFactory};
 use crate::protocol::TableReport;
@@ -32,7 +32,7 @@ use crate::targets::{TargetActor, TargetArgs, TargetMemory, TargetMsg, TargetRep
 type DeliveryOf<F> = <<F as SourceFactory>::Source as Source>::Delivery;
 
 pub enum RootMsg<D> {
-    RespawnConsumer,
+    RespawnConsumer(usize),
     RespawnTarget(usize),
     /// What a target says (through a derived reference).
     FromTarget(TargetReport),
@@ -57,7 +57,8 @@ pub enum RootDebug {
 
 /// The children that run now; `None` while one is restarting.
 pub struct Children<D> {
-    pub consumer: Option<ActorRef<ConsumerMsg<D>>>,
+    /// One per partition of the queue.
+    pub consumers: Vec<Option<ActorRef<ConsumerMsg<D>>>>,
     pub targets: Vec<Option<ActorRef<TargetMsg<D>>>>,
 }
 
@@ -71,20 +72,23 @@ pub struct TargetSpec<I> {
 pub struct RootArgs<F: SourceFactory, I> {
     pub common: Arc<Common>,
     pub factory: Arc<F>,
+    /// The streams of the factory's sources (see `SourceFactory::partitions`).
+    pub partitions: Vec<Arc<str>>,
     pub router: Arc<Router>,
     pub targets: Vec<TargetSpec<I>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Child {
-    Consumer,
+    /// The ConsumerActor of a partition.
+    Consumer(usize),
     Target(usize),
 }
 
 impl Child {
     fn kind(self) -> &'static str {
         match self {
-            Child::Consumer => "consumer",
+            Child::Consumer(_) => "consumer",
             Child::Target(_) => "target",
         }
     }
@@ -103,8 +107,10 @@ pub struct RootState<F: SourceFactory, I> {
     factory: Arc<F>,
     router: Arc<Router>,
     specs: Vec<TargetSpec<I>>,
-    consumer: ChildState,
-    consumer_ref: Option<ActorRef<ConsumerMsg<DeliveryOf<F>>>>,
+    /// The partitions' streams, by index (one ConsumerActor each).
+    partitions: Vec<Arc<str>>,
+    consumers: Vec<ChildState>,
+    consumer_refs: Vec<Option<ActorRef<ConsumerMsg<DeliveryOf<F>>>>>,
     targets: Vec<ChildState>,
     target_refs: Vec<Option<ActorRef<TargetMsg<DeliveryOf<F>>>>>,
     by_id: HashMap<ActorId, Child>,
@@ -121,14 +127,14 @@ pub type RootSupervisor<F, I> = Lifecycle<RootState<F, I>>;
 impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     fn node_id(&self, c: Child) -> String {
         match c {
-            Child::Consumer => CONSUMER_ID.to_owned(),
+            Child::Consumer(p) => consumer_id(p),
             Child::Target(i) => crate::observe::target_id(&self.specs[i].servers.target),
         }
     }
 
     fn child(&mut self, c: Child) -> &mut ChildState {
         match c {
-            Child::Consumer => &mut self.consumer,
+            Child::Consumer(p) => &mut self.consumers[p],
             Child::Target(i) => &mut self.targets[i],
         }
     }
@@ -156,7 +162,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         }
         let fail_spawn = self.take_failing_spawn(c.kind());
         let spawned = match c {
-            Child::Consumer => self.spawn_consumer(myself, fail_spawn).await,
+            Child::Consumer(p) => self.spawn_consumer(myself, p, fail_spawn).await,
             Child::Target(i) => self.spawn_target(myself, i, fail_spawn).await,
         };
         match spawned {
@@ -173,10 +179,13 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
     async fn spawn_consumer(
         &mut self,
         myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
+        partition: usize,
         fail_spawn: bool,
     ) -> Result<ActorCell, String> {
         let args = ConsumerArgs {
             factory: self.factory.clone(),
+            partition,
+            stream: self.partitions[partition].clone(),
             router: self.router.clone(),
             common: self.common.clone(),
             targets: self.target_links(),
@@ -186,7 +195,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
             Actor::spawn_linked(None, ConsumerActor::<F>::default(), args, myself.get_cell())
                 .await
                 .map_err(|e| e.to_string())?;
-        self.consumer_ref = Some(actor.clone());
+        self.consumer_refs[partition] = Some(actor.clone());
         Ok(actor.get_cell())
     }
 
@@ -217,7 +226,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         .await
         .map_err(|e| e.to_string())?;
         self.target_refs[index] = Some(actor.clone());
-        if let Some(consumer) = &self.consumer_ref {
+        for consumer in self.consumer_refs.iter().flatten() {
             let _ = consumer.cast(ConsumerMsg::TargetUp {
                 index,
                 target: actor.get_derived(),
@@ -251,10 +260,10 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
             return;
         };
         match c {
-            Child::Consumer => self.consumer_ref = None,
+            Child::Consumer(p) => self.consumer_refs[p] = None,
             Child::Target(i) => {
                 self.target_refs[i] = None;
-                if let Some(consumer) = &self.consumer_ref {
+                for consumer in self.consumer_refs.iter().flatten() {
                     let _ = consumer.cast(ConsumerMsg::TargetDown { index: i });
                 }
             }
@@ -277,7 +286,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
 
     async fn on_respawn(&mut self, myself: &ActorRef<RootMsg<DeliveryOf<F>>>, c: Child) {
         let down = match c {
-            Child::Consumer => self.consumer.cell.is_none(),
+            Child::Consumer(p) => self.consumers.get(p).is_some_and(|c| c.cell.is_none()),
             Child::Target(i) => self.targets.get(i).is_some_and(|p| p.cell.is_none()),
         };
         if down {
@@ -313,7 +322,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
 
     fn on_children(&self, reply: RpcReplyPort<Children<DeliveryOf<F>>>) {
         let _ = reply.send(Children {
-            consumer: self.consumer_ref.clone(),
+            consumers: self.consumer_refs.clone(),
             targets: self.target_refs.clone(),
         });
     }
@@ -338,7 +347,7 @@ fn schedule<D: Send + 'static>(
     delay: std::time::Duration,
 ) {
     myself.send_after(delay, move || match c {
-        Child::Consumer => RootMsg::RespawnConsumer,
+        Child::Consumer(p) => RootMsg::RespawnConsumer(p),
         Child::Target(i) => RootMsg::RespawnTarget(i),
     });
 }
@@ -354,13 +363,15 @@ impl<F: SourceFactory, I: Inserter> Behaviour for RootState<F, I> {
 
     fn build(args: RootArgs<F, I>) -> Result<Self, ActorProcessingErr> {
         let n = args.targets.len();
+        let p = args.partitions.len();
         Ok(RootState {
             common: args.common,
             factory: args.factory,
             router: args.router,
             specs: args.targets,
-            consumer: ChildState::default(),
-            consumer_ref: None,
+            partitions: args.partitions,
+            consumers: (0..p).map(|_| ChildState::default()).collect(),
+            consumer_refs: vec![None; p],
             targets: (0..n).map(|_| ChildState::default()).collect(),
             target_refs: vec![None; n],
             by_id: HashMap::new(),
@@ -374,12 +385,14 @@ impl<F: SourceFactory, I: Inserter> Behaviour for RootState<F, I> {
         for i in 0..self.targets.len() {
             self.spawn(myself, Child::Target(i)).await;
         }
-        self.spawn(myself, Child::Consumer).await;
+        for p in 0..self.consumers.len() {
+            self.spawn(myself, Child::Consumer(p)).await;
+        }
     }
 
     async fn receive(&mut self, myself: &ActorRef<Self::Msg>, msg: Self::Msg) {
         match msg {
-            RootMsg::RespawnConsumer => self.on_respawn(myself, Child::Consumer).await,
+            RootMsg::RespawnConsumer(p) => self.on_respawn(myself, Child::Consumer(p)).await,
             RootMsg::RespawnTarget(i) => self.on_respawn(myself, Child::Target(i)).await,
             RootMsg::FromTarget(report) => self.on_target_report(report),
             RootMsg::Orphan(report) => self.on_orphan(report),

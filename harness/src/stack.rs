@@ -51,6 +51,8 @@ pub struct StackOptions {
     /// nats-servers joined in a JetStream cluster (0 or 1: one standalone server).
     /// Sluice gets every node as a seed and `[nats] replicas` set to their number.
     pub nats_nodes: usize,
+    /// Added to every nats-server's configuration file.
+    pub nats_config: String,
     /// A cluster of (shards, replicas) ClickHouse servers on one ZooKeeper instead of
     /// one server, the target `main` listing them all (`shards`).
     pub cluster: Option<(usize, usize)>,
@@ -77,6 +79,12 @@ impl StackOptions {
     pub fn with_cluster(mut self, shards: usize, replicas: usize) -> Self {
         self.cluster = Some((shards, replicas));
         self.zookeeper = true;
+        self
+    }
+
+    /// Text added to every nats-server's configuration file (a `mappings` block).
+    pub fn with_nats_config(mut self, text: impl Into<String>) -> Self {
+        self.nats_config.push_str(&text.into());
         self
     }
 
@@ -127,7 +135,12 @@ impl Stack {
             None => NatsFlavor::from_env()?,
         };
         let (nats, (mut clickhouse, zookeeper)) = tokio::try_join!(
-            NatsCluster::start(flavor, options.nats_nodes, options.nats_args.clone()),
+            NatsCluster::start_configured(
+                flavor,
+                options.nats_nodes,
+                options.nats_args.clone(),
+                &options.nats_config
+            ),
             start_clickhouse(options.zookeeper, options.cluster)
         )?;
         let cluster_nodes = if clickhouse.len() > 1 {

@@ -46,7 +46,25 @@ pub struct NatsOverview {
     /// index), while it waits.
     pub waiting_for: Option<serde_json::Value>,
     /// The stream's and the consumer's leader and replicas (with their lag), as the
-    /// last lag poll read them: `null` before the first.
+    /// last lag poll read them: `null` before the first. Of the first partition when
+    /// there are several (each partition's in `partitions`).
+    pub placement: Option<serde_json::Value>,
+    /// `[nats] partitions`: each partition's stream, its consumer's lag and figures and
+    /// where its leaders are; the figures above are their sums. One entry when the
+    /// queue is not partitioned.
+    pub partitions: Vec<PartitionFacts>,
+}
+
+/// One partition of the queue: its stream and what its ConsumerActor last said.
+#[derive(Debug, Serialize)]
+pub struct PartitionFacts {
+    pub stream: String,
+    pub subjects: String,
+    pub consumer_lag_messages: Option<u64>,
+    pub pulled_messages: u64,
+    pub pulled_rows: u64,
+    pub stalls: u64,
+    pub waiting_for: Option<serde_json::Value>,
     pub placement: Option<serde_json::Value>,
 }
 
@@ -61,7 +79,7 @@ pub struct ServerFacts {
 }
 
 /// The consumer's snapshot as the actor tree shows it (the fields read here).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 struct ConsumerFacts {
     pending: Option<u64>,
@@ -90,9 +108,29 @@ impl NatsView {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// The overview, with the consumer's figures read from the actor tree `tree`.
+    /// The overview, with the consumers' figures read from the actor tree `tree`.
     pub fn overview(&self, tree: &serde_json::Value) -> NatsOverview {
-        let consumer = consumer_facts(tree);
+        let each = consumer_facts(tree);
+        let partitions: Vec<PartitionFacts> = self
+            .streams
+            .each_partition()
+            .into_iter()
+            .enumerate()
+            .map(|(n, p)| {
+                let facts = each.get(n).cloned().unwrap_or_default();
+                PartitionFacts {
+                    subjects: format!("{}.>", p.subject_prefix),
+                    stream: p.stream,
+                    consumer_lag_messages: facts.pending,
+                    pulled_messages: facts.pulled_total,
+                    pulled_rows: facts.pulled_rows_total,
+                    stalls: facts.stalls,
+                    waiting_for: facts.waiting_for,
+                    placement: facts.nats,
+                }
+            })
+            .collect();
+        let consumer = total(each);
         let info = self.client.server_info();
         let server = (!info.server_id.is_empty()).then(|| ServerFacts {
             name: info.server_name,
@@ -106,7 +144,10 @@ impl NatsView {
             url: self.url.clone(),
             server,
             stream: self.streams.stream.clone(),
-            subjects: format!("{}.>", self.streams.subject_prefix),
+            subjects: match self.streams.partitioned() {
+                true => format!("{}_part.<n>.>", self.streams.subject_prefix),
+                false => format!("{}.>", self.streams.subject_prefix),
+            },
             consumer: self.streams.consumer.clone(),
             dlq_stream: self.streams.dlq_stream.clone(),
             consumer_lag_messages: consumer.pending,
@@ -118,20 +159,43 @@ impl NatsView {
             last_stall: consumer.last_stall,
             waiting_for: consumer.waiting_for,
             placement: consumer.nats,
+            partitions,
         }
     }
 }
 
-/// The consumer node's state in the tree (the root's children), or zeros before it
-/// published one.
-fn consumer_facts(tree: &serde_json::Value) -> ConsumerFacts {
+/// The partitions' figures as one: counts summed, the lag summed once every consumer
+/// has told it, the first partition's error, stall, wait and placement.
+fn total(each: Vec<ConsumerFacts>) -> ConsumerFacts {
+    let mut sum = ConsumerFacts::default();
+    let mut lags = Some(0u64);
+    for (n, facts) in each.into_iter().enumerate() {
+        lags = lags.zip(facts.pending).map(|(a, b)| a + b);
+        sum.pulled_total += facts.pulled_total;
+        sum.pulled_rows_total += facts.pulled_rows_total;
+        sum.reconnects += facts.reconnects;
+        sum.stalls += facts.stalls;
+        sum.last_error = sum.last_error.or(facts.last_error);
+        sum.last_stall = sum.last_stall.or(facts.last_stall);
+        sum.waiting_for = sum.waiting_for.or(facts.waiting_for);
+        if n == 0 {
+            sum.nats = facts.nats;
+        }
+        sum.pending = lags;
+    }
+    sum
+}
+
+/// The consumer nodes' states in the tree (the root's children, a partition's each, in
+/// order), zeros for one that published none yet.
+fn consumer_facts(tree: &serde_json::Value) -> Vec<ConsumerFacts> {
     tree["children"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|node| node["kind"] == "consumer")
-        .and_then(|node| ConsumerFacts::deserialize(&node["state"]).ok())
-        .unwrap_or_default()
+        .filter(|node| node["kind"] == "consumer")
+        .map(|node| ConsumerFacts::deserialize(&node["state"]).unwrap_or_default())
+        .collect()
 }
 
 #[cfg(test)]
@@ -150,7 +214,7 @@ mod tests {
                 "nats": {"connected_server": "n2", "stream": {"name": "INGEST", "leader": "n1",
                     "replicas": [{"name": "n2", "current": true, "offline": false, "lag": 0}]}}}}
         ]});
-        let facts = consumer_facts(&tree);
+        let facts = total(consumer_facts(&tree));
         assert_eq!(facts.stalls, 2);
         assert_eq!(facts.last_stall, Some(json!("leadership_change")));
         assert_eq!(
@@ -160,7 +224,20 @@ mod tests {
         assert_eq!(facts.pending, Some(12));
         assert_eq!((facts.pulled_total, facts.pulled_rows_total), (3, 300));
         assert_eq!(facts.reconnects, 1);
-        let empty = consumer_facts(&json!(null));
+        let empty = total(consumer_facts(&json!(null)));
         assert_eq!(empty.pending, None);
+        // Partitions: summed, the lag once every partition told it.
+        let two = json!({"kind": "root", "children": [
+            {"kind": "consumer", "state": {"pending": 5, "pulled_total": 1, "stalls": 1}},
+            {"kind": "consumer", "state": {"pending": 7, "pulled_total": 2}},
+        ]});
+        let sum = total(consumer_facts(&two));
+        assert_eq!(
+            (sum.pending, sum.pulled_total, sum.stalls),
+            (Some(12), 3, 1)
+        );
+        let untold = json!({"children": [{"kind": "consumer", "state": {"pending": 5}},
+            {"kind": "consumer", "state": {}}]});
+        assert_eq!(total(consumer_facts(&untold)).pending, None);
     }
 }

@@ -78,6 +78,9 @@ pub struct NatsFile {
     /// The server's own block compression of the ingest and DLQ streams (`s2`,
     /// nats-server 2.10 and later), on top of or instead of `[api] compression`.
     pub stream_compression: StreamCompression,
+    /// How many streams the ingest queue is spread over, each with its own durable
+    /// consumer and its own leader in a NATS cluster (1: the one `stream`).
+    pub partitions: usize,
 }
 
 impl Default for NatsFile {
@@ -104,6 +107,7 @@ impl Default for NatsFile {
             idempotency_bucket: "SLUICE_IDEMPOTENCY".into(),
             idempotency_max_bytes: Size(256 << 20),
             stream_compression: StreamCompression::None,
+            partitions: 1,
         }
     }
 }

@@ -126,6 +126,10 @@ pub struct NatsConfig {
     /// `[nats] stream_compression`: the server compresses the ingest and DLQ streams'
     /// blocks (2.10 and later; Sluice refuses to start on an older server).
     pub stream_compression: StreamCompression,
+    /// `[nats] partitions`: the ingest queue in this many streams (`<stream>_<n>`, on
+    /// subjects `<subject_prefix>_part.<n>.>`), each with its durable consumer; 1: the
+    /// one `stream` on `<subject_prefix>.>` (see `nats::partitions`).
+    pub partitions: usize,
 }
 
 impl NatsConfig {

@@ -36,6 +36,24 @@ fn nats_part(out: &mut String, config: &Config) {
         humantime::format_duration(n.ack_wait),
         n.max_ack_pending
     );
+    if n.partitions > 1 {
+        let _ = writeln!(
+            out,
+            "partitions: {} streams {}_0..{}_{} (subjects {}_part.<n>.<tenant>.<table>, max {} each), a consumer {} on each; publishers other than the API publish on {}.<tenant>.<table>[.<key>] through this mapping in the nats-server configuration:",
+            n.partitions,
+            n.stream,
+            n.stream,
+            n.partitions - 1,
+            n.subject_prefix,
+            Size(n.max_bytes / n.partitions as u64),
+            n.consumer,
+            n.subject_prefix
+        );
+        out.push_str(&sluice_actors::server_mapping(
+            &n.subject_prefix,
+            n.partitions,
+        ));
+    }
     let _ = writeln!(
         out,
         "exactly-once: {} (manifests in bucket {}, max {})",

@@ -1040,3 +1040,54 @@ fn config_toml_shows_every_key_with_a_comment() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+#[test]
+fn partitions_are_counted_and_what_they_do_not_do_yet_is_refused_by_name() {
+    let config = Config::from_parts(
+        "x",
+        "[nats]\npartitions = 3\nmax_bytes = \"3GiB\"\n[ingest]\nexactly_once = false\n",
+        &env(&[]),
+    )
+    .expect("three partitions, at-least-once");
+    assert_eq!(config.nats.partitions, 3);
+    let summary = config.summary();
+    assert!(
+        summary.contains("partitions: 3 streams INGEST_0..INGEST_2 (subjects ingest_part.<n>.<tenant>.<table>, max 1GiB each)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("\"ingest.*.*\": \"ingest_part.{{partition(3,1,2)}}"),
+        "the mapping for the nats-server: {summary}"
+    );
+    assert_eq!(
+        Config::from_parts("x", "", &env(&[]))
+            .map(|c| c.nats.partitions)
+            .ok(),
+        Some(1),
+        "one partition by default"
+    );
+    for bad in ["0", "65"] {
+        let p = problems(&format!("[nats]\npartitions = {bad}\n"), &[]);
+        assert!(
+            p.iter()
+                .any(|p| p.contains(&format!("[nats] partitions = {bad}: must be 1 to 64"))),
+            "{p:?}"
+        );
+    }
+    // Exactly-once is on by default: it needs one partition, and says so.
+    let p = problems("[nats]\npartitions = 2\n", &[]);
+    assert!(
+        p.iter()
+            .any(|p| p.contains("[nats] partitions = 2 with [ingest] exactly_once = true")),
+        "{p:?}"
+    );
+    let p = problems(
+        "[nats]\npartitions = 2\n[ingest]\nexactly_once = false\n[tenants.acme]\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
+        &[],
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.contains("shard_key with [nats] partitions = 2")),
+        "{p:?}"
+    );
+}

@@ -11,6 +11,7 @@ mod key_store;
 mod kv_bucket;
 mod landed;
 mod manifest;
+mod partitions;
 mod placement;
 mod publish;
 mod pulling;
@@ -32,6 +33,7 @@ pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,
 };
+pub use partitions::{keep_retiring, partition_stream, IngestStreams};
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use pulling::delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use pulling::source::{JetStreamSource, JetStreamSourceFactory};

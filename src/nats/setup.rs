@@ -27,6 +27,8 @@ pub struct StreamSettings {
     pub replicas: usize,
     /// `[nats] stream_compression = "s2"`: the server compresses the streams' blocks.
     pub s2: bool,
+    /// `[nats] partitions`: the queue in this many streams (see `super::partitions`).
+    pub partitions: usize,
 }
 
 impl From<&NatsConfig> for StreamSettings {
@@ -44,32 +46,36 @@ impl From<&NatsConfig> for StreamSettings {
             max_ack_pending: c.max_ack_pending,
             replicas: c.replicas,
             s2: c.stream_compression == crate::config::StreamCompression::S2,
+            partitions: c.partitions,
         }
     }
 }
 
-/// The INGEST stream: a work queue (an acked row leaves it, so `max_bytes` bounds the
-/// backlog, not the history) that refuses new publishes when full (the ingest API then
-/// answers 503; nothing already accepted is dropped). And the DLQ: limits retention,
-/// also discard-new, so a full DLQ makes parking fail instead of deleting parked rows.
+/// The INGEST stream (or each partition's: `super::partitions`): a work queue (an acked
+/// row leaves it, so `max_bytes` bounds the backlog, not the history) that refuses new
+/// publishes when full (the ingest API then answers 503; nothing already accepted is
+/// dropped). And the DLQ: limits retention, also discard-new, so a full DLQ makes
+/// parking fail instead of deleting parked rows.
 pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyhow::Result<()> {
     let version = js.client().server_info().version;
     let exact = discard_new_is_exact(&version);
     let compression = stream_compression(s.s2, &version)?;
-    let ingest = stream::Config {
-        name: s.stream.clone(),
-        description: Some("Sluice ingest queue: rows waiting for ClickHouse".into()),
-        subjects: vec![format!("{}.>", s.subject_prefix)],
-        retention: stream::RetentionPolicy::WorkQueue,
-        discard: stream::DiscardPolicy::New,
-        storage: stream::StorageType::File,
-        max_bytes: bytes_i64(server_max_bytes(s.max_bytes, exact)),
-        duplicate_window: s.duplicate_window,
-        num_replicas: s.replicas,
-        compression: compression.clone(),
-        ..Default::default()
-    };
-    create_or_update(js, ingest).await?;
+    for p in s.each_partition() {
+        let ingest = stream::Config {
+            name: p.stream.clone(),
+            description: Some("Sluice ingest queue: rows waiting for ClickHouse".into()),
+            subjects: vec![format!("{}.>", p.subject_prefix)],
+            retention: stream::RetentionPolicy::WorkQueue,
+            discard: stream::DiscardPolicy::New,
+            storage: stream::StorageType::File,
+            max_bytes: bytes_i64(server_max_bytes(p.max_bytes, exact)),
+            duplicate_window: p.duplicate_window,
+            num_replicas: p.replicas,
+            compression: compression.clone(),
+            ..Default::default()
+        };
+        create_or_update(js, ingest).await?;
+    }
     let dlq = stream::Config {
         name: s.dlq_stream.clone(),
         description: Some("Sluice dead letters: rows ClickHouse rejected, with the reason".into()),
@@ -90,7 +96,8 @@ pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyh
     Ok(())
 }
 
-/// The durable pull consumer every Sluice instance shares: explicit acks, unlimited
+/// The durable pull consumer every Sluice instance shares (on the stream `s` names: a
+/// partition's settings for a partitioned queue): explicit acks, unlimited
 /// deliveries (the DLQ is the only way out), `max_ack_pending` bounding what the
 /// instances hold in memory, `[nats] replicas` copies.
 pub async fn ensure_consumer(

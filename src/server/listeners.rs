@@ -22,7 +22,7 @@ use crate::clickhouse::clients::TargetCatalog;
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
 use crate::http::tenant::TenantResolver;
-use crate::nats::{Dlq, KeyStore, KeyStoreSettings, LandedChunks, Publisher, StreamSettings};
+use crate::nats::{Dlq, IngestStreams, KeyStore, KeyStoreSettings, LandedChunks, StreamSettings};
 use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
@@ -58,7 +58,8 @@ impl Listeners {
 pub struct Parts {
     /// The insert clients of each target, by name: the table catalogs read through them.
     pub inserters: BTreeMap<String, Arc<TargetClients>>,
-    pub publisher: Publisher,
+    /// The ingest streams' publishers (one per partition).
+    pub publisher: IngestStreams,
     pub dlq: Dlq,
     pub pipeline: Arc<PipelineAdapter>,
     pub client: async_nats::Client,
@@ -179,16 +180,15 @@ pub async fn start(
 fn ingest_state(
     config: &Arc<Config>,
     inserters: &BTreeMap<String, Arc<TargetClients>>,
-    publisher: Publisher,
+    publisher: IngestStreams,
 ) -> Arc<IngestState> {
     let tenants = TenantResolver::new(config.clone());
     let key_lease = idempotency::lease(config.api.limits.body_timeout);
-    let keys = idempotency_keys(config, publisher.context().clone());
+    let keys = idempotency_keys(config, publisher.first().context().clone());
     Arc::new(IngestState {
         tenants,
         publishing: tokio::sync::Semaphore::new(ingest::MAX_PUBLISHING),
         publisher,
-        subject_prefix: config.nats.subject_prefix.clone(),
         max_request_bytes: config.api.max_request_bytes,
         memory: ingest::IngestMemory::new(
             config.api.ingest_memory,

@@ -23,7 +23,7 @@ use anyhow::Context as _;
 
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
-use crate::nats::{self, Publisher, StreamSettings};
+use crate::nats::{self, IngestStreams, StreamSettings};
 use crate::telemetry;
 
 pub use pipeline::PipelineAdapter;
@@ -58,7 +58,13 @@ pub async fn run_until(
             crate::api::ingest::MAX_PUBLISHING * crate::api::ingest::PIPELINE_WINDOW + 1024,
         )
         .build(client.clone());
-    let ingest_publisher = Publisher::new(ingest_js, &streams.stream, streams.max_bytes);
+    let ingest_publisher = IngestStreams::new(&ingest_js, &streams);
+    // Streams of an earlier `[nats] partitions`: drained into these, then removed.
+    tokio::spawn(nats::keep_retiring(
+        js.clone(),
+        streams.clone(),
+        ingest_publisher.clone(),
+    ));
 
     // One insert client per server of each target, shared by the actor tree and the
     // ingest API's table catalogs.

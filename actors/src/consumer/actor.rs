@@ -14,7 +14,7 @@ use crate::context::Common;
 use crate::ledger::{Changes, LedgerChange};
 use crate::lifecycle::{Behaviour, Lifecycle};
 use crate::metrics;
-use crate::observe::{ConsumerSnapshot, Frame, NodeState, Observed, CONSUMER_ID};
+use crate::observe::{consumer_id, ConsumerSnapshot, Frame, NodeId, NodeState, Observed};
 use crate::ports::{Delivery, Source, SourceFactory};
 use crate::routing::{Route, Routed, Router};
 use crate::rows::row_count;
@@ -30,6 +30,10 @@ pub type ConsumerActor<F> = Lifecycle<ConsumerState<F>>;
 
 pub struct ConsumerArgs<F: SourceFactory> {
     pub factory: Arc<F>,
+    /// Which of the factory's sources this actor pulls from (0 when there is one).
+    pub partition: usize,
+    /// That source's stream (the consumer's label in the tree, logs and metrics).
+    pub stream: Arc<str>,
     pub router: Arc<Router>,
     pub common: Arc<Common>,
     /// The targets that run now, by index (`None`: restarting).
@@ -49,6 +53,7 @@ pub struct ConsumerState<F: SourceFactory> {
     pending_gauge: ::metrics::Gauge,
     /// Its place in the live tree.
     frame: Frame,
+    node: NodeId,
 }
 
 /// Cap on cached subject routes (a stream of garbage subjects must not grow memory).
@@ -198,10 +203,10 @@ impl<F: SourceFactory> ConsumerState<F> {
         let stop = self.args.common.stop_pulling.clone();
         let connected = tokio::select! {
             biased;
-            r = self.args.factory.connect() => Some(r),
+            r = self.args.factory.connect(self.args.partition) => Some(r),
             _ = stop.cancelled() => None,
         };
-        let stream = self.args.common.settings.stream.clone();
+        let stream = self.args.stream.clone();
         match connected {
             None => self.stopped = true,
             Some(Ok(source)) => {
@@ -245,8 +250,12 @@ impl<F: SourceFactory> ConsumerState<F> {
             Some(Ok(batch)) => {
                 self.take_source_status();
                 // The store's changes first: a table has heard of every batch recorded
-                // before one of its messages arrives.
-                self.route_ledger_changes();
+                // before one of its messages arrives. One consumer takes them: the
+                // ledger serves an unpartitioned queue (the configuration refuses
+                // exactly-once with more than one partition).
+                if self.args.partition == 0 {
+                    self.route_ledger_changes();
+                }
                 if !batch.is_empty() {
                     self.route_batch(batch);
                     self.frame.changed();
@@ -336,7 +345,7 @@ impl<F: SourceFactory> ConsumerState<F> {
         self.snap.reconnects += 1;
         self.failures = 1;
         let delay = self.retry_in();
-        tracing::warn!(stream = %self.args.common.settings.stream, error = %error,
+        tracing::warn!(stream = %self.args.stream, error = %error,
             retry_in_ms = delay.as_millis() as u64, "pull failed: reconnecting");
         self.snap.last_error = Some(error);
         self.frame.transition();
@@ -388,12 +397,13 @@ impl<F: SourceFactory> Behaviour for ConsumerState<F> {
         if args.fail_spawn {
             return Err("injected spawn failure of the consumer".into());
         }
+        let node = consumer_id(args.partition);
         let frame = Frame::new(
-            CONSUMER_ID,
+            &node,
             args.common.registry.clone(),
             args.common.settings.snapshot_every,
         );
-        let gauge = metrics::consumer_pending(&args.common.settings.stream);
+        let gauge = metrics::consumer_pending(&args.stream);
         Ok(ConsumerState {
             args,
             source: None,
@@ -404,6 +414,7 @@ impl<F: SourceFactory> Behaviour for ConsumerState<F> {
             next_pending: Instant::now(),
             pending_gauge: gauge,
             frame,
+            node,
         })
     }
 
@@ -421,7 +432,7 @@ impl<F: SourceFactory> Behaviour for ConsumerState<F> {
             ConsumerMsg::StopPulling(reply) => self.on_stop_pulling(reply),
             ConsumerMsg::Debug(debug) => self.on_debug(debug),
         }
-        self.args.common.registry.beat(CONSUMER_ID);
+        self.args.common.registry.beat(&self.node);
         self.publish(false);
     }
 }

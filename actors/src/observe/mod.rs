@@ -19,7 +19,7 @@ mod throttle;
 pub use board::ReplicaBoard;
 pub use frame::{Frame, Observed};
 pub use registry::{
-    pool_id, table_id, target_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID,
+    consumer_id, pool_id, table_id, target_id, NodeId, Registry, TreeNode, CONSUMER_ID, ROOT_ID,
 };
 pub use snapshots::{
     BatchRoute, ConsumerSnapshot, FlightSnapshot, FlightStage, MissingTableSnapshot, NodeKind,

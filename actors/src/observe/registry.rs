@@ -44,7 +44,7 @@ pub struct TreeNode {
     pub children: Vec<TreeNode>,
 }
 
-/// Node ids: `root`, `consumer`, `target/<target>`, `target/<target>/pool/<replica>`,
+/// Node ids: `root`, `consumer` (and `consumer-<n>` for partition n above 0), `target/<target>`, `target/<target>/pool/<replica>`,
 /// `target/<target>/table/<tenant>.<table>`.
 pub type NodeId = String;
 
@@ -62,6 +62,15 @@ pub fn table_id(target: &str, key: &crate::ports::TableKey) -> NodeId {
 
 pub const ROOT_ID: &str = "root";
 pub const CONSUMER_ID: &str = "consumer";
+
+/// The ConsumerActor of partition `partition`: `consumer` for the first (the one of an
+/// unpartitioned queue), `consumer-<n>` for the others.
+pub fn consumer_id(partition: usize) -> NodeId {
+    match partition {
+        0 => CONSUMER_ID.to_owned(),
+        n => format!("{CONSUMER_ID}-{n}"),
+    }
+}
 
 #[derive(Debug)]
 pub struct Registry {
@@ -219,24 +228,28 @@ impl Registry {
     pub fn readiness(&self) -> Result<(), Vec<String>> {
         let nodes = self.lock();
         let mut reasons = vec![];
-        match nodes.get(CONSUMER_ID) {
-            None => reasons.push("consumer: not started".to_owned()),
-            Some(n) => {
-                if n.status != NodeStatus::Running {
-                    reasons.push(format!("consumer: {}", status_word(n.status)));
-                }
-                match &n.state {
-                    NodeState::Consumer(c) if c.connected => {
-                        if let Some(wait) = c.waiting_for {
-                            reasons.push(format!("consumer: {wait}"));
-                        }
+        let consumers: Vec<_> = nodes
+            .iter()
+            .filter(|(_, n)| n.kind == NodeKind::Consumer)
+            .collect();
+        if consumers.is_empty() {
+            reasons.push("consumer: not started".to_owned());
+        }
+        for (id, n) in consumers {
+            if n.status != NodeStatus::Running {
+                reasons.push(format!("{id}: {}", status_word(n.status)));
+            }
+            match &n.state {
+                NodeState::Consumer(c) if c.connected => {
+                    if let Some(wait) = c.waiting_for {
+                        reasons.push(format!("{id}: {wait}"));
                     }
-                    NodeState::Consumer(c) => reasons.push(match &c.last_error {
-                        Some(e) => format!("consumer: not connected to the stream ({e})"),
-                        None => "consumer: not connected to the stream".to_owned(),
-                    }),
-                    _ => reasons.push("consumer: not connected to the stream".to_owned()),
                 }
+                NodeState::Consumer(c) => reasons.push(match &c.last_error {
+                    Some(e) => format!("{id}: not connected to the stream ({e})"),
+                    None => format!("{id}: not connected to the stream"),
+                }),
+                _ => reasons.push(format!("{id}: not connected to the stream")),
             }
         }
         reasons.extend(unprobed_shards(&nodes));

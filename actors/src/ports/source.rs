@@ -156,8 +156,22 @@ pub struct SourceStatus {
 }
 
 /// Opens a `Source`; called again after a source fails, with backoff.
+///
+/// A factory may open several sources at once, one per partition of the queue (each
+/// a stream with its durable consumer and its own leader): the tree runs a
+/// ConsumerActor for each, all routing to the same tables.
 pub trait SourceFactory: Send + Sync + 'static {
     type Source: Source;
 
-    fn connect(&self) -> impl Future<Output = Result<Self::Source, SourceError>> + Send;
+    /// The streams of the sources this factory opens, by index: one ConsumerActor
+    /// each. `None`: one source, on `PipelineSettings::stream`.
+    fn partitions(&self) -> Option<Vec<String>> {
+        None
+    }
+
+    /// Opens source number `partition` (0 when there is one).
+    fn connect(
+        &self,
+        partition: usize,
+    ) -> impl Future<Output = Result<Self::Source, SourceError>> + Send;
 }

@@ -88,7 +88,7 @@ pub struct FakeSourceFactory {
 impl SourceFactory for FakeSourceFactory {
     type Source = FakeSource;
 
-    async fn connect(&self) -> Result<FakeSource, SourceError> {
+    async fn connect(&self, _partition: usize) -> Result<FakeSource, SourceError> {
         self.queue.connects.fetch_add(1, Ordering::Relaxed);
         if self
             .queue

@@ -409,7 +409,7 @@ pub struct SimSource {
 impl SourceFactory for SimSourceFactory {
     type Source = SimSource;
 
-    async fn connect(&self) -> Result<SimSource, SourceError> {
+    async fn connect(&self, _partition: usize) -> Result<SimSource, SourceError> {
         self.port.over(Link::Stream).await.map_err(SourceError)?;
         Ok(SimSource {
             stream: self.stream.clone(),

@@ -61,7 +61,19 @@ impl NatsCluster {
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
-        let node = NatsServer::start_with_args(flavor.clone(), extra_args).await?;
+        Self::single_configured(flavor, extra_args, "").await
+    }
+
+    async fn single_configured<I, S>(
+        flavor: NatsFlavor,
+        extra_args: I,
+        extra_config: &str,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let node = NatsServer::start_configured(flavor.clone(), extra_args, extra_config).await?;
         Ok(Self {
             nodes: vec![node],
             names: vec!["n1".into()],
@@ -78,13 +90,28 @@ impl NatsCluster {
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
+        Self::start_configured(flavor, nodes, extra_args, "").await
+    }
+
+    /// Like [`NatsCluster::start`], with `extra_config` added to every node's
+    /// configuration file (a `mappings` block, say).
+    pub async fn start_configured<I, S>(
+        flavor: NatsFlavor,
+        nodes: usize,
+        extra_args: I,
+        extra_config: &str,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
         let extra: Vec<OsString> = extra_args.into_iter().map(Into::into).collect();
         if nodes <= 1 {
-            return Self::single(flavor, extra).await;
+            return Self::single_configured(flavor, extra, extra_config).await;
         }
         let mut last_error = anyhow!("the cluster was not started");
         for _ in 0..PORT_ATTEMPTS {
-            match Self::start_once(&flavor, nodes, &extra).await {
+            match Self::start_once(&flavor, nodes, &extra, extra_config).await {
                 Ok(cluster) => return Ok(cluster),
                 Err(e) if format!("{e:#}").contains("address already in use") => {
                     tracing::warn!("a port of the nats cluster was taken; new ports: {e:#}");
@@ -96,7 +123,12 @@ impl NatsCluster {
         Err(last_error)
     }
 
-    async fn start_once(flavor: &NatsFlavor, nodes: usize, extra: &[OsString]) -> Result<Self> {
+    async fn start_once(
+        flavor: &NatsFlavor,
+        nodes: usize,
+        extra: &[OsString],
+        extra_config: &str,
+    ) -> Result<Self> {
         let configs = tempfile::Builder::new()
             .prefix("sluice-nats-cluster-")
             .tempdir()
@@ -108,7 +140,7 @@ impl NatsCluster {
         let mut starting = JoinSet::new();
         for (i, name) in names.iter().enumerate() {
             let path = configs.path().join(format!("{name}.conf"));
-            std::fs::write(&path, node_config(name, i, &routes))
+            std::fs::write(&path, node_config(name, i, &routes) + extra_config)
                 .with_context(|| format!("writing {}", path.display()))?;
             let mut args = vec![OsString::from("-c"), path.into_os_string()];
             args.extend(extra.iter().cloned());

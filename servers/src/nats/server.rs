@@ -57,6 +57,20 @@ impl NatsServer {
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
+        Self::start_configured(flavor, extra_args, "").await
+    }
+
+    /// Like [`NatsServer::start_with_args`], with `extra_config` added to its
+    /// configuration file (a `mappings` block, say).
+    pub async fn start_configured<I, S>(
+        flavor: NatsFlavor,
+        extra_args: I,
+        extra_config: &str,
+    ) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
         let binary = flavor.binary()?;
         let version = version_of(&binary)?;
         let extra: Vec<OsString> = extra_args.into_iter().map(Into::into).collect();
@@ -66,7 +80,7 @@ impl NatsServer {
             .context("creating a temp dir for nats-server")?;
         let store_dir = dir.path().join("store");
         let config = dir.path().join("nats.conf");
-        std::fs::write(&config, NATS_CONFIG)
+        std::fs::write(&config, format!("{NATS_CONFIG}{extra_config}"))
             .with_context(|| format!("writing {}", config.display()))?;
         let http = crate::http::loopback_client(Duration::from_secs(2))?;
 

@@ -38,7 +38,7 @@ use super::tables::TenantTables;
 use crate::clickhouse::clients::TargetCatalog;
 use crate::config::{is_table_name, TABLE_NAME_RULE};
 use crate::http::tenant::{Tenant, TenantResolver};
-use crate::nats::{LandedChunks, PublishError, Publisher};
+use crate::nats::{IngestStreams, LandedChunks, PublishError};
 use crate::telemetry::metrics as m;
 
 /// What the ingest endpoint needs.
@@ -46,8 +46,8 @@ pub struct IngestState {
     pub tenants: TenantResolver,
     /// `MAX_PUBLISHING` permits: requests publishing at once.
     pub publishing: tokio::sync::Semaphore,
-    pub publisher: Publisher,
-    pub subject_prefix: String,
+    /// Where rows go: a publisher per partition of the queue.
+    pub publisher: IngestStreams,
     /// `[api] max_request_bytes`: a longer body is refused (413).
     pub max_request_bytes: usize,
     /// `[api] ingest_memory`: room for the bodies of the requests in progress.
@@ -133,7 +133,12 @@ async fn handle(state: &IngestState, table: &str, headers: &HeaderMap, body: Bod
 /// Without a connection every publish (and the key's record) would wait out its
 /// timeout before failing: the reason to tell the client at once instead.
 fn not_connected(state: &IngestState) -> Option<Stop> {
-    let connected = state.publisher.context().client().connection_state()
+    let connected = state
+        .publisher
+        .first()
+        .context()
+        .client()
+        .connection_state()
         == async_nats::connection::State::Connected;
     (!connected).then(|| {
         Stop::Publish(PublishError::Unavailable(
@@ -258,7 +263,6 @@ async fn publish(
         let stopping = failure(StatusCode::SERVICE_UNAVAILABLE, "sluice is stopping".into());
         return settle(claim, &Outcome::default(), None, stopping).await;
     };
-    let subject = format!("{}.{}.{table}", state.subject_prefix, admitted.tenant.name);
     let keyed = claim.as_ref().map(|claim| KeyedChunks {
         stem: claim.message_stem(),
         stored_before: claim.stored_before(),
@@ -274,7 +278,7 @@ async fn publish(
     let mut reply = IngestReply::default();
     let mut publishing = Publishing::new(
         &state.publisher,
-        subject,
+        (&admitted.tenant.name, table),
         keyed,
         chunks,
         state.publish_retry_for,
@@ -372,7 +376,10 @@ fn count_rows(tenant: &str, table: &str, reply: &IngestReply, outcome: &Outcome)
 /// How this instance splits a body now: the configured limits, within what one NATS
 /// message can carry beside its headers.
 fn split_for(state: &IngestState, keyed: bool) -> Split {
-    let room = message_room(state.publisher.context().client().max_payload(), keyed);
+    let room = message_room(
+        state.publisher.first().context().client().max_payload(),
+        keyed,
+    );
     Split {
         chunk_rows: state.chunks.rows,
         chunk_bytes: state.chunks.bytes.min(room),

@@ -30,8 +30,8 @@ use tokio::time::Instant;
 use super::chunk::{Chunk, ChunkLimits, Chunker};
 use super::idempotency::ChunkSet;
 use crate::nats::{
-    chunk_message_id, headers_for, Compression, KeyStoreError, LandedChunks, PendingPublish,
-    PublishError, Publisher,
+    chunk_message_id, headers_for, Compression, IngestStreams, KeyStoreError, LandedChunks,
+    PendingPublish, PublishError, Publisher,
 };
 
 /// Publishes in flight per request. JetStream's client lends a fixed number of ack
@@ -108,11 +108,12 @@ impl KeyedChunks<'_> {
     }
 }
 
-/// The rows of one request, sent to one subject.
+/// The rows of one request, sent to one table (each chunk to its partition).
 pub struct Publishing<'a> {
-    publisher: &'a Publisher,
+    streams: &'a IngestStreams,
     chunker: Chunker,
-    subject: String,
+    /// The tenant and the table.
+    table: (&'a str, &'a str),
     keyed: Option<KeyedChunks<'a>>,
     /// How a chunk is stored (`[api] compression`); `None`: plain.
     compression: Option<Compression>,
@@ -131,17 +132,17 @@ impl<'a> Publishing<'a> {
     /// `stop`: a reason not to send anything at all (NATS is not connected);
     /// `resend_for`: `[api] publish_retry_for`.
     pub fn new(
-        publisher: &'a Publisher,
-        subject: String,
+        streams: &'a IngestStreams,
+        table: (&'a str, &'a str),
         keyed: Option<KeyedChunks<'a>>,
         chunks: ChunkLimits,
         resend_for: Duration,
         stop: Option<Stop>,
     ) -> Self {
         Self {
-            publisher,
+            streams,
             chunker: Chunker::new(chunks),
-            subject,
+            table,
             keyed,
             compression: None,
             pending: VecDeque::with_capacity(PIPELINE_WINDOW),
@@ -210,9 +211,10 @@ impl<'a> Publishing<'a> {
             return;
         }
         // Compressed only while the stream holds a backlog (`Compression::while_above`).
+        let (publisher, _) = self.route(&chunk);
         let compression = self
             .compression
-            .filter(|c| self.publisher.holds_more_than(c.while_above));
+            .filter(|c| publisher.holds_more_than(c.while_above));
         let chunk = chunk.encoded(compression);
         match self.publish(&chunk).await {
             Ok(ack) => {
@@ -224,18 +226,31 @@ impl<'a> Publishing<'a> {
     }
 
     async fn publish(&self, chunk: &Chunk) -> Result<PendingPublish, PublishError> {
-        let id = self
-            .keyed
-            .as_ref()
-            .map(|k| chunk_message_id(k.stem, chunk.index));
-        self.publisher
+        let id = self.message_id(chunk);
+        let (publisher, subject) = self.route(chunk);
+        publisher
             .send(
-                self.subject.clone(),
+                subject,
                 chunk.payload.clone(),
                 headers_for(chunk.encoding),
                 id.as_deref(),
             )
             .await
+    }
+
+    /// A keyed request's chunk carries a message id; others none.
+    fn message_id(&self, chunk: &Chunk) -> Option<String> {
+        self.keyed
+            .as_ref()
+            .map(|k| chunk_message_id(k.stem, chunk.index))
+    }
+
+    /// The chunk's partition (by its message id: a chunk sent again goes where it went
+    /// first) and the subject it is published on there.
+    fn route(&self, chunk: &Chunk) -> (&'a Publisher, String) {
+        let (tenant, table) = self.table;
+        self.streams
+            .route(tenant, table, self.message_id(chunk).as_deref())
     }
 
     async fn confirm(&mut self, (ack, chunk): (PendingPublish, Chunk)) {
@@ -268,7 +283,7 @@ impl<'a> Publishing<'a> {
             && error.may_send_again(self.keyed.is_some())
             && Instant::now() < until
         {
-            tracing::debug!(error = %error, subject = %self.subject, chunk = chunk.index,
+            tracing::debug!(error = %error, tenant = self.table.0, table = self.table.1, chunk = chunk.index,
                 "a publish JetStream did not take: sending it again");
             tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
             pause = (pause * 2).min(RESEND_MAX);

@@ -57,6 +57,15 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
             format!("[nats] replicas = {}: must be 1 to 5", n.replicas),
         );
     }
+    if n.partitions == 0 || n.partitions > MAX_PARTITIONS {
+        c.problem(
+            &[&k("partitions")],
+            format!(
+                "[nats] partitions = {}: must be 1 to {MAX_PARTITIONS} (each is a stream with its own consumer and leader)",
+                n.partitions
+            ),
+        );
+    }
     let auth = nats_auth(c, file, &section);
     if n.stream_compression == StreamCompression::S2 {
         c.warn(STREAM_COMPRESSION_NEEDS_2_10);
@@ -80,6 +89,46 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         idempotency_bucket: n.idempotency_bucket.clone(),
         idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
         stream_compression: n.stream_compression,
+        partitions: n.partitions,
+    }
+}
+
+/// The most partitions taken: each is a stream, a consumer and a ConsumerActor, and a
+/// cluster has a few nodes to spread their leaders over.
+const MAX_PARTITIONS: usize = 64;
+
+/// What a partitioned queue does not do yet, refused by name: the batch ledger
+/// (exactly-once) and the records of messages split by `shard_key` name a message by
+/// its place in one stream.
+pub(super) fn partitioned_refusals(
+    c: &mut Check,
+    nats: &NatsConfig,
+    exactly_once: bool,
+    shard_keys: impl Iterator<Item = String>,
+) {
+    if nats.partitions <= 1 {
+        return;
+    }
+    let partitions = Key::table(["nats"]).key("partitions");
+    if exactly_once {
+        let key = Key::table(["ingest"]).key("exactly_once");
+        c.problem(
+            &[&partitions, &key],
+            format!(
+                "[nats] partitions = {} with [ingest] exactly_once = true: the batch ledger names a message by its place in one stream, so exactly-once needs one partition; set [ingest] exactly_once = false (every table at-least-once) or [nats] partitions = 1",
+                nats.partitions
+            ),
+        );
+    }
+    for table in shard_keys {
+        let key = Key::table(["tables", table.as_str()]).key("shard_key");
+        c.problem(
+            &[&partitions, &key],
+            format!(
+                "{key} with [nats] partitions = {}: a message split by shard is recorded by its place in one stream, so shard_key needs one partition",
+                nats.partitions
+            ),
+        );
     }
 }
 

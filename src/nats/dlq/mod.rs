@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sluice_actors::Failpoint;
 
 use super::key_store::KeyStore;
-use super::publish::Publisher;
+use super::partitions::IngestStreams;
 use super::setup::StreamSettings;
 
 mod replay;
@@ -95,7 +95,7 @@ pub struct ReplayReport {
 pub struct Dlq {
     js: jetstream::Context,
     settings: StreamSettings,
-    ingest: Publisher,
+    ingest: IngestStreams,
     /// A mark per row being replayed, or whose replay was cut off (see `replay`).
     replays: Arc<KeyStore>,
     /// The tests' crash on purpose (`SLUICE_TEST_FAILPOINT`); `None` in production.
@@ -122,7 +122,7 @@ async fn next_parked(
 // === impl Dlq ===
 
 impl Dlq {
-    pub fn new(js: jetstream::Context, settings: StreamSettings, ingest: Publisher) -> Self {
+    pub fn new(js: jetstream::Context, settings: StreamSettings, ingest: IngestStreams) -> Self {
         let replays = KeyStore::new(
             js.clone(),
             replay::bucket_settings(&settings.dlq_stream, settings.replicas),

@@ -140,7 +140,8 @@ impl Dlq {
     ) -> anyhow::Result<ReplayReport> {
         let stream = self.stream().await?;
         let subject = self.subject(tenant, table);
-        let target = format!("{}.{tenant}.{table}", self.settings.subject_prefix);
+        // Published on the current layout: its partition picked by the replay id.
+        let target = (tenant, table);
         let mut report = ReplayReport {
             dry_run,
             ..Default::default()
@@ -171,7 +172,7 @@ impl Dlq {
                 report.replayed += 1;
                 continue;
             }
-            match self.replay_one(&stream, &target, &message, payload).await {
+            match self.replay_one(&stream, target, &message, payload).await {
                 Ok(ReplayedRow::Done) => report.replayed += 1,
                 Ok(ReplayedRow::StreamFull) => {
                     report.failed += 1;
@@ -196,7 +197,7 @@ impl Dlq {
     async fn replay_one(
         &self,
         stream: &jetstream::stream::Stream,
-        target: &str,
+        target: (&str, &str),
         message: &jetstream::message::StreamMessage,
         payload: Bytes,
     ) -> anyhow::Result<ReplayedRow> {
@@ -250,16 +251,14 @@ impl Dlq {
     /// again); one whose outcome is unknown keeps it (the row stays parked for good).
     async fn publish_marked(
         &self,
-        target: &str,
+        (tenant, table): (&str, &str),
         payload: Bytes,
         id: &str,
         key: &str,
         revision: u64,
     ) -> Result<(), Unpublished> {
-        match self
-            .ingest
-            .publish(target.to_string(), payload, None, Some(id))
-            .await
+        let (ingest, subject) = self.ingest.route(tenant, table, Some(id));
+        match ingest.publish(subject, payload, None, Some(id)).await
         {
             Ok(_) => {}
             Err(e) if e.stored_nothing() => {

@@ -134,15 +134,21 @@ impl JetStreamSourceFactory {
 impl SourceFactory for JetStreamSourceFactory {
     type Source = JetStreamSource;
 
-    async fn connect(&self) -> Result<JetStreamSource, SourceError> {
+    fn partitions(&self) -> Option<Vec<String>> {
+        let each = self.settings.each_partition();
+        self.settings
+            .partitioned()
+            .then(|| each.into_iter().map(|p| p.stream).collect())
+    }
+
+    async fn connect(&self, partition: usize) -> Result<JetStreamSource, SourceError> {
         super::stall::start();
         let fail = |e: anyhow::Error| SourceError(format!("{e:#}"));
         ensure_streams(&self.js, &self.settings)
             .await
             .map_err(fail)?;
-        let consumer = ensure_consumer(&self.js, &self.settings)
-            .await
-            .map_err(fail)?;
+        let settings = self.settings.partition(partition);
+        let consumer = ensure_consumer(&self.js, &settings).await.map_err(fail)?;
         if let Some(store) = &self.manifests {
             wait_for_index(store).await?;
         }
@@ -151,7 +157,7 @@ impl SourceFactory for JetStreamSourceFactory {
         let subscriber = client.subscribe(inbox.clone()).await.map_err(|e| {
             SourceError(format!(
                 "subscribing to pull from {}: {e}",
-                self.settings.consumer
+                settings.consumer
             ))
         })?;
         let now = Instant::now();
@@ -159,7 +165,7 @@ impl SourceFactory for JetStreamSourceFactory {
             requests: Requests {
                 next_subject: Subject::from(format!(
                     "{API_PREFIX}.CONSUMER.MSG.NEXT.{}.{}",
-                    self.settings.stream, self.settings.consumer
+                    settings.stream, settings.consumer
                 )),
                 expires_ns: u64::try_from(self.expires.as_nanos()).unwrap_or(u64::MAX),
                 heartbeat_ns: u64::try_from(self.heartbeat.as_nanos()).unwrap_or(u64::MAX),
@@ -182,7 +188,7 @@ impl SourceFactory for JetStreamSourceFactory {
                 silence: self.heartbeat * 2 + Duration::from_secs(1),
             },
             watch: Watch {
-                lost: LostPull::new(&self.settings.stream, self.stalls.clone()),
+                lost: LostPull::new(&settings.stream, self.stalls.clone()),
                 stuck: StuckWatch::default(),
                 stalls: self.stalls.clone(),
                 waiting: None,
@@ -191,7 +197,7 @@ impl SourceFactory for JetStreamSourceFactory {
             server: Server {
                 consumer,
                 js: self.js.clone(),
-                stream: self.settings.stream.clone(),
+                stream: settings.stream.clone(),
             },
             held: self.held.clone(),
             failed: None,
