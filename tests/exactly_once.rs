@@ -160,6 +160,81 @@ async fn a_batch_redelivered_to_another_instance_is_formed_again_and_inserted_on
     Ok(())
 }
 
+/// [`stack`] with the queue in three partitions and 20 rows a message: a batch holds
+/// messages of several partitions, its record names them by partition, and they are
+/// read back (a batch formed again) and acked (one confirmed ack per partition) each in
+/// its own stream.
+async fn partitioned_stack() -> Result<Option<Stack>> {
+    let Some(mut stack) = stack().await? else {
+        return Ok(None);
+    };
+    stack.set("nats.partitions", 3);
+    stack.set("api.chunk_rows", 20);
+    Ok(Some(stack))
+}
+
+/// How many of the three partitions' streams hold or held a message.
+async fn partitions_used(stack: &Stack) -> Result<usize> {
+    let js = async_nats::jetstream::new(async_nats::connect(stack.nats.url()).await?);
+    let mut used = 0;
+    for n in 0..3 {
+        let mut stream = js.get_stream(format!("INGEST_{n}")).await?;
+        if stream.info().await?.state.last_sequence > 0 {
+            used += 1;
+        }
+    }
+    Ok(used)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_three_partitions_killed_after_the_record_the_rows_are_acked_without_another_insert(
+) -> Result<()> {
+    let Some(mut stack) = partitioned_stack().await? else {
+        return Ok(());
+    };
+    crash_at(&mut stack, "crash-after-verdicts", 0..200).await?;
+    ensure!(
+        partitions_used(&stack).await? >= 2,
+        "the crashed batch's ten messages all went to one partition"
+    );
+    let survivor = survive(&mut stack, 1000..1100, 300).await?;
+    let (total, distinct) = counts(&stack.clickhouse, TABLE).await?;
+    ensure!(
+        (total, distinct) == (300, 300),
+        "count() = {total}, uniqExact(id) = {distinct}: a row went in twice or is missing"
+    );
+    let inserted = metric_value(
+        &stack.metrics_of(survivor).await?,
+        "sluice_rows_inserted_total",
+        &[("table", TABLE)],
+    );
+    ensure!(
+        inserted == 100.0,
+        "the survivor inserted {inserted} rows; only the 100 fresh ones were its to insert"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_three_partitions_a_batch_formed_again_from_their_streams_is_inserted_once(
+) -> Result<()> {
+    let Some(mut stack) = partitioned_stack().await? else {
+        return Ok(());
+    };
+    crash_at(&mut stack, "crash-after-insert", 0..200).await?;
+    ensure!(
+        partitions_used(&stack).await? >= 2,
+        "the crashed batch's ten messages all went to one partition"
+    );
+    survive(&mut stack, 1000..1100, 300).await?;
+    let (total, distinct) = counts(&stack.clickhouse, TABLE).await?;
+    ensure!(
+        (total, distinct) == (300, 300),
+        "count() = {total}, uniqExact(id) = {distinct}: the batch formed again was not the same block"
+    );
+    Ok(())
+}
+
 /// `sluice check-config` asks the target which tables are exactly-once, with the
 /// arithmetic: the Replicated table at 1000 blocks is, the one left at 18.16's default
 /// (100) is not and says what to set, the plain one does not deduplicate.

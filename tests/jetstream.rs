@@ -1346,7 +1346,7 @@ async fn messages_acked_here_above_the_floor_go_once_their_grace_is_over() -> Re
     acked.record(8, long_ago);
     // Acked just now (the server has not been told here; what counts is the grace).
     acked.record(3, now);
-    assert_eq!(remove_stranded(&stream, &info, Some(&acked)).await, 2);
+    assert_eq!(remove_stranded(&stream, &info, Some((&acked, 0))).await, 2);
     let mut kept = Vec::new();
     for seq in 1..=10 {
         if stream.get_raw_message(seq).await.is_ok() {

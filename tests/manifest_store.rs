@@ -60,6 +60,7 @@ fn manifest_settings() -> ManifestSettings {
         replicas: 1,
         stream: "INGEST".into(),
         consumer: "sluice".into(),
+        partitions: Vec::new(),
         // The tests collect when they mean to.
         collect_every: Duration::from_secs(3600),
         marker_age: Duration::from_secs(60),

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use futures::StreamExt as _;
 
-use crate::ports::{ClickHouseError, Delivery, Parking, TableKey};
+use crate::ports::{ClickHouseError, Delivery, Parking, Position, TableKey};
 use crate::rows::line_ranges;
 
 /// Acks of one batch sent at once at most (see [`Parked::ack`]).
@@ -350,7 +350,13 @@ impl<D: Delivery> Parked<D> {
         let Parked {
             mut acks, mut out, ..
         } = self;
-        let last = if plan.confirm { acks.pop() } else { None };
+        // Confirmed: the last of each partition (its consumer's acks are confirmed in
+        // order; another partition's consumer may be on another server).
+        let lasts = if plan.confirm {
+            last_of_each_partition(&mut acks)
+        } else {
+            Vec::new()
+        };
         // An ack that waits for a write of its own first (the delivery marks a keyed
         // ingest chunk landed) goes a few at a time: one after the other they would
         // cost a round trip per message. The others (nearly all) one after the other:
@@ -390,7 +396,7 @@ impl<D: Delivery> Parked<D> {
         if !all_went {
             out.confirmed = false;
         }
-        if let Some(d) = last {
+        for d in lasts {
             if let Err(e) = d.ack_confirmed().await {
                 out.confirmed = false;
                 tracing::debug!(tenant = %plan.table.tenant, table = %plan.table.table, error = %e,
@@ -399,6 +405,26 @@ impl<D: Delivery> Parked<D> {
         }
         out
     }
+}
+
+/// Takes out of `acks` the last delivery of each partition (the one confirmed), in the
+/// order of their partitions; one partition (nearly always): the last delivery.
+fn last_of_each_partition<D: Delivery>(acks: &mut Vec<D>) -> Vec<D> {
+    let partition = |d: &D| Position::partition_of(d.position().stream_sequence);
+    let first = acks.first().map(partition);
+    if acks.iter().all(|d| Some(partition(d)) == first) {
+        return acks.pop().into_iter().collect();
+    }
+    let mut last: std::collections::BTreeMap<usize, usize> = Default::default();
+    for (i, d) in acks.iter().enumerate() {
+        last.insert(partition(d), i);
+    }
+    let mut at: Vec<usize> = last.into_values().collect();
+    at.sort_unstable();
+    // Removed from the back, so the indices before stay put.
+    let mut taken: Vec<D> = at.iter().rev().map(|&i| acks.remove(i)).collect();
+    taken.reverse();
+    taken
 }
 
 /// One held message's share of a batch, for its settlement.

@@ -122,6 +122,41 @@ impl ClusterView {
         Ok(())
     }
 
+    /// Asks `stream`'s leader to step down (`$JS.API.STREAM.LEADER.STEPDOWN`).
+    pub async fn step_down_stream(&self, stream: &str) -> Result<()> {
+        let subject = format!("STREAM.LEADER.STEPDOWN.{stream}");
+        let answer: serde_json::Value = self
+            .js
+            .request(subject, &serde_json::json!({}))
+            .await
+            .map_err(|e| anyhow!("stepping down the leader of {stream}: {e}"))?;
+        if answer["success"] != true {
+            bail!("the leader of {stream} did not step down: {answer}");
+        }
+        Ok(())
+    }
+
+    /// Moves the leaders of `streams` (as many as the nodes, or fewer) until no two
+    /// share a node, stepping one down at a time (at most 20 times, each waited for);
+    /// returns the leaders, by stream.
+    pub async fn spread_stream_leaders(&self, streams: &[&str]) -> Result<Vec<String>> {
+        for _ in 0..20 {
+            let mut leaders = Vec::new();
+            for stream in streams {
+                leaders.push(self.stream(stream).await?.leader);
+            }
+            let Some(twin) = (1..leaders.len()).find(|&i| leaders[..i].contains(&leaders[i]))
+            else {
+                return Ok(leaders);
+            };
+            let (stream, old) = (streams[twin], leaders[twin].clone());
+            self.step_down_stream(stream).await?;
+            self.new_stream_leader(stream, &old, Duration::from_secs(30))
+                .await?;
+        }
+        bail!("the leaders of {streams:?} still share a node after 20 step-downs")
+    }
+
     /// Waits until every replica of `stream` (and of its `consumer`, if named) is
     /// current and online, as many as configured: a node restarted in a rolling
     /// restart has caught up, as an operator checks before taking the next one down.

@@ -1045,10 +1045,10 @@ fn config_toml_shows_every_key_with_a_comment() {
 fn partitions_are_counted_and_what_they_do_not_do_yet_is_refused_by_name() {
     let config = Config::from_parts(
         "x",
-        "[nats]\npartitions = 3\nmax_bytes = \"3GiB\"\n[ingest]\nexactly_once = false\n",
+        "[nats]\npartitions = 3\nmax_bytes = \"3GiB\"\n",
         &env(&[]),
     )
-    .expect("three partitions, at-least-once");
+    .expect("three partitions");
     assert_eq!(config.nats.partitions, 3);
     let summary = config.summary();
     assert!(
@@ -1074,15 +1074,13 @@ fn partitions_are_counted_and_what_they_do_not_do_yet_is_refused_by_name() {
             "{p:?}"
         );
     }
-    // Exactly-once is on by default: it needs one partition, and says so.
-    let p = problems("[nats]\npartitions = 2\n", &[]);
+    // Exactly-once (on by default) holds across partitions.
     assert!(
-        p.iter()
-            .any(|p| p.contains("[nats] partitions = 2 with [ingest] exactly_once = true")),
-        "{p:?}"
+        Config::from_parts("x", "[nats]\npartitions = 2\n", &env(&[]))
+            .is_ok_and(|c| c.exactly_once && c.nats.partitions == 2)
     );
     let p = problems(
-        "[nats]\npartitions = 2\n[ingest]\nexactly_once = false\n[tenants.acme]\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
+        "[nats]\npartitions = 2\n[tenants.acme]\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
         &[],
     );
     assert!(

@@ -20,12 +20,18 @@
 //! | `cluster_bucket_leader_kill9`     | the manifest bucket's leader killed with -9, started again once another is elected |
 //! | `cluster_rolling_restart`         | each node restarted in turn, its replicas current before the next |
 //! | `cluster_connected_node_sigstop`  | the node the first Sluice is connected to frozen 12 s |
+//! | `cluster_partitioned_stream_leader_kill9` | `[nats] partitions = 3`, the partitions' leaders spread over the three nodes: `INGEST_0`'s leader killed with -9 |
+//! | `cluster_partitioned_rolling_restart` | `[nats] partitions = 3`, leaders spread: each node restarted in turn |
+//!
+//! The partitioned ones put the subject mapping for three partitions in every node's
+//! configuration (the straight feed publishes on `ingest.<tenant>.<table>`).
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, DLQ_STREAM, INGEST_STREAM};
 use sluice_harness::nats_cluster::{consumer_state, ClusterView};
+use sluice_actors::server_mapping;
 use sluice_harness::{wait_for, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -65,18 +71,44 @@ enum ClusterFault {
 /// heartbeat (5 s) and `ack_wait` (5 s).
 const FROZEN: Duration = Duration::from_secs(12);
 
+/// The ingest streams of a queue in `partitions` partitions.
+fn ingest_streams(partitions: usize) -> Vec<String> {
+    match partitions {
+        1 => vec![INGEST_STREAM.to_owned()],
+        n => (0..n).map(|p| format!("{INGEST_STREAM}_{p}")).collect(),
+    }
+}
+
 async fn cluster_scenario(name: &str, fault: ClusterFault) -> Result<()> {
-    let options = StackOptions::default().with_nats_cluster();
+    partitioned_scenario(name, fault, 1).await
+}
+
+/// A scenario with the queue in `partitions` partitions (1: one stream), their
+/// leaders spread over the nodes first.
+async fn partitioned_scenario(name: &str, fault: ClusterFault, partitions: usize) -> Result<()> {
+    let mut options = StackOptions::default().with_nats_cluster();
+    if partitions > 1 {
+        options = options.with_nats_config(server_mapping("ingest", partitions));
+    }
     let Some(mut s) = Scenario::start(name, SLUICE, options).await? else {
         return Ok(());
     };
     s.create_tables(&[TABLE]).await?;
     s.stack
         .set("log.level", "info,sluice_actors=debug,sluice=debug");
+    if partitions > 1 {
+        s.stack.set("nats.partitions", partitions as i64);
+    }
     let first = s.start_sluice().await?;
     s.stack.fresh_ports()?;
     s.start_sluice().await?;
     let view = ClusterView::connect(&s.stack.nats).await?;
+    let streams = ingest_streams(partitions);
+    let streams: Vec<&str> = streams.iter().map(String::as_str).collect();
+    if partitions > 1 {
+        let leaders = view.spread_stream_leaders(&streams).await?;
+        eprintln!("{name}: leaders {streams:?} on {leaders:?}");
+    }
 
     let through_api = s.feed_api_of(
         first,
@@ -94,17 +126,16 @@ async fn cluster_scenario(name: &str, fault: ClusterFault) -> Result<()> {
         .await
         .with_context(|| s.logs())?;
     s.watch_flow(TWIN)?;
-    inject(&mut s, &view, first, fault)
+    inject(&mut s, &view, first, fault, &streams)
         .await
         .with_context(|| format!("{fault:?}\n{}", s.stack.nats.log_tail(20)))?;
     s.fault_over();
     // Rows can flow only once NATS has leaders again: the resume bound runs from then.
+    let mut led_streams = streams.clone();
+    led_streams.extend([BUCKET, DLQ_STREAM]);
+    let consumers: Vec<(&str, &str)> = streams.iter().map(|st| (*st, CONSUMER)).collect();
     let led = view
-        .wait_leaders(
-            &[INGEST_STREAM, BUCKET, DLQ_STREAM],
-            &[(INGEST_STREAM, CONSUMER)],
-            LEADERS_BACK,
-        )
+        .wait_leaders(&led_streams, &consumers, LEADERS_BACK)
         .await;
     if led.is_ok() {
         s.leaders_back();
@@ -123,9 +154,12 @@ async fn inject(
     view: &ClusterView,
     first: usize,
     fault: ClusterFault,
+    streams: &[&str],
 ) -> Result<()> {
+    // The fault's stream: the first partition's (or the one stream).
+    let ingest = streams.first().copied().unwrap_or(INGEST_STREAM);
     let frozen_or_killed = match fault {
-        ClusterFault::StreamLeaderKill9 => view.stream(INGEST_STREAM).await?.leader,
+        ClusterFault::StreamLeaderKill9 => view.stream(ingest).await?.leader,
         ClusterFault::BucketLeaderKill9 => view.stream(BUCKET).await?.leader,
         ClusterFault::ConsumerLeaderSigstop => view.consumer(INGEST_STREAM, CONSUMER).await?.leader,
         ClusterFault::ConnectedNodeSigstop => connected_server(s, first, None).await?,
@@ -135,7 +169,7 @@ async fn inject(
         ClusterFault::StreamLeaderKill9 | ClusterFault::BucketLeaderKill9 => {
             let stream = match fault {
                 ClusterFault::BucketLeaderKill9 => BUCKET,
-                _ => INGEST_STREAM,
+                _ => ingest,
             };
             let nats = &mut s.stack.nats;
             let node = nats.index_of(&frozen_or_killed)?;
@@ -175,9 +209,10 @@ async fn inject(
                 nats.node_mut(node)?.restart().await?;
                 // As an operator would: the next node goes only once this one caught
                 // up (its /healthz says it runs, not that its replicas are current).
-                for (stream, consumer) in [(INGEST_STREAM, Some(CONSUMER)), (BUCKET, None)] {
-                    view.wait_current(stream, consumer, ELECTION).await?;
+                for stream in streams {
+                    view.wait_current(stream, Some(CONSUMER), ELECTION).await?;
                 }
+                view.wait_current(BUCKET, None, ELECTION).await?;
             }
         }
     }
@@ -315,6 +350,31 @@ async fn cluster_connected_node_sigstop() -> Result<()> {
     cluster_scenario(
         "cluster_connected_node_sigstop",
         ClusterFault::ConnectedNodeSigstop,
+    )
+    .await
+}
+
+/// The queue in three partitions, their leaders on three nodes: one partition's leader
+/// killed with -9. Its rows wait out the election (the API sends them again under the
+/// same ids); the other two partitions' rows flow on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_partitioned_stream_leader_kill9() -> Result<()> {
+    partitioned_scenario(
+        "cluster_partitioned_stream_leader_kill9",
+        ClusterFault::StreamLeaderKill9,
+        3,
+    )
+    .await
+}
+
+/// The queue in three partitions, their leaders on three nodes: every node restarted
+/// in turn (each partition's leader moves at least once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_partitioned_rolling_restart() -> Result<()> {
+    partitioned_scenario(
+        "cluster_partitioned_rolling_restart",
+        ClusterFault::RollingRestart,
+        3,
     )
     .await
 }

@@ -250,12 +250,12 @@ impl<F: SourceFactory> ConsumerState<F> {
             Some(Ok(batch)) => {
                 self.take_source_status();
                 // The store's changes first: a table has heard of every batch recorded
-                // before one of its messages arrives. One consumer takes them: the
-                // ledger serves an unpartitioned queue (the configuration refuses
-                // exactly-once with more than one partition).
-                if self.args.partition == 0 {
-                    self.route_ledger_changes();
-                }
+                // before one of its messages this consumer pulled arrives. (With
+                // partitions, whichever consumer pulls next takes the changes: a
+                // message another one routes a moment earlier may reach its table
+                // first; the claim of a batch checks every record, so such a message
+                // joins no second batch, it goes back and comes again.)
+                self.route_ledger_changes();
                 if !batch.is_empty() {
                     self.route_batch(batch);
                     self.frame.changed();

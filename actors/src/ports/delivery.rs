@@ -12,9 +12,35 @@ use super::{Class, ClickHouseError, TableKey};
 /// Where a message stands in its stream, read cheaply from its ack address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Position {
+    /// The message's name in the queue, which the ledger records: its stream sequence,
+    /// and, in a queue of several partitions (streams), its partition's number above
+    /// [`Position::PARTITION_SHIFT`] (see [`Position::in_partition`]), so that messages
+    /// of two partitions never share a name. Partition 0 is the stream sequence alone.
     pub stream_sequence: u64,
     /// How many times JetStream has delivered the message (1 on the first delivery).
     pub deliveries: u64,
+}
+
+impl Position {
+    /// The bits of [`Position::stream_sequence`] below the partition's number: a
+    /// stream numbers 2^48 messages before it wraps, which no stream reaches.
+    pub const PARTITION_SHIFT: u32 = 48;
+
+    /// The name in the queue of message `stream_sequence` of partition `partition`.
+    pub const fn in_partition(partition: usize, stream_sequence: u64) -> u64 {
+        ((partition as u64) << Self::PARTITION_SHIFT)
+            | (stream_sequence & ((1 << Self::PARTITION_SHIFT) - 1))
+    }
+
+    /// The partition a name of [`Position::in_partition`] is in.
+    pub const fn partition_of(name: u64) -> usize {
+        (name >> Self::PARTITION_SHIFT) as usize
+    }
+
+    /// The stream sequence a name of [`Position::in_partition`] carries.
+    pub const fn sequence_of(name: u64) -> u64 {
+        name & ((1 << Self::PARTITION_SHIFT) - 1)
+    }
 }
 
 /// Where a delivered row came from, for the DLQ headers and the logs.
@@ -105,11 +131,12 @@ pub trait Delivery: Send + Sync + 'static {
         false
     }
 
-    /// Ack, and wait until JetStream confirms it: the last ack of a recorded batch
-    /// (which waits for its own write first as [`Delivery::ack_recorded`] does).
-    /// JetStream handles a connection's acks
-    /// in the order they were sent, so once this one is confirmed every ack sent before
-    /// it on the same connection was handled too: one confirmed ack closes a batch.
+    /// Ack, and wait until JetStream confirms it: the last ack of a recorded batch in
+    /// each partition (which waits for its own write first as
+    /// [`Delivery::ack_recorded`] does). JetStream handles a connection's acks to one
+    /// consumer in the order they were sent, so once this one is confirmed every ack
+    /// sent before it to the same consumer on the same connection was handled too: one
+    /// confirmed ack per partition closes a batch.
     fn ack_confirmed(self) -> impl Future<Output = Result<(), SettleError>> + Send;
 
     /// Tell the queue the message is still being worked on, so `ack_wait` does not run

@@ -106,23 +106,50 @@ impl JetStreamView {
         &self.js
     }
 
-    /// The ingest stream's messages and its consumer's counts.
+    /// The ingest stream's messages and its consumer's counts; of a partitioned queue
+    /// (`[nats] partitions`: no `INGEST`, streams `INGEST_0`, `INGEST_1`...), the sums
+    /// of its partitions' (their sequences those of the last partition).
     pub async fn backlog(&self) -> Result<Backlog> {
+        match self.stream_backlog(INGEST_STREAM).await {
+            Ok(backlog) => Ok(backlog),
+            Err(e) if !format!("{e:#}").contains("stream not found") => Err(e),
+            Err(e) => {
+                let mut sum: Option<Backlog> = None;
+                // Bounded: a queue has at most 64 partitions.
+                for n in 0..64 {
+                    let Ok(b) = self.stream_backlog(&format!("{INGEST_STREAM}_{n}")).await else {
+                        break;
+                    };
+                    let s = sum.get_or_insert_with(Backlog::default);
+                    s.messages += b.messages;
+                    s.pending += b.pending;
+                    s.ack_pending += b.ack_pending;
+                    s.redelivered += b.redelivered;
+                    (s.first_seq, s.last_seq) = (b.first_seq, b.last_seq);
+                    (s.ack_floor, s.delivered) = (b.ack_floor, b.delivered);
+                }
+                sum.ok_or(e)
+            }
+        }
+    }
+
+    /// One stream's messages and its consumer's counts.
+    async fn stream_backlog(&self, name: &str) -> Result<Backlog> {
         let mut stream = self
             .js
-            .get_stream(INGEST_STREAM)
+            .get_stream(name)
             .await
-            .map_err(|e| anyhow!("reading stream {INGEST_STREAM}: {e}"))?;
+            .map_err(|e| anyhow!("reading stream {name}: {e}"))?;
         let state = stream
             .info()
             .await
-            .map_err(|e| anyhow!("reading stream {INGEST_STREAM}: {e}"))?
+            .map_err(|e| anyhow!("reading stream {name}: {e}"))?
             .state
             .clone();
         let consumer = stream
             .consumer_info(CONSUMER)
             .await
-            .map_err(|e| anyhow!("reading consumer {CONSUMER}: {e}"))?;
+            .map_err(|e| anyhow!("reading consumer {CONSUMER} of {name}: {e}"))?;
         Ok(Backlog {
             messages: state.messages,
             first_seq: state.first_sequence,

@@ -133,7 +133,7 @@ pub(super) fn validate(
         .iter()
         .filter(|(_, s)| s.shard_key.is_some())
         .map(|((tenant, table), _)| format!("{tenant}.{table}"));
-    nats::partitioned_refusals(&mut c, &nats, file.ingest.exactly_once, keyed);
+    nats::partitioned_refusals(&mut c, &nats, keyed);
 
     let mut problems = c.problems;
     problems.retain(|p| !p.keys.iter().any(|k| refused.iter().any(|r| r.contains(k))));

@@ -97,29 +97,17 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
 /// cluster has a few nodes to spread their leaders over.
 const MAX_PARTITIONS: usize = 64;
 
-/// What a partitioned queue does not do yet, refused by name: the batch ledger
-/// (exactly-once) and the records of messages split by `shard_key` name a message by
-/// its place in one stream.
+/// What a partitioned queue does not do yet, refused by name: the records of messages
+/// split by `shard_key` name a message by its place in one stream.
 pub(super) fn partitioned_refusals(
     c: &mut Check,
     nats: &NatsConfig,
-    exactly_once: bool,
     shard_keys: impl Iterator<Item = String>,
 ) {
     if nats.partitions <= 1 {
         return;
     }
     let partitions = Key::table(["nats"]).key("partitions");
-    if exactly_once {
-        let key = Key::table(["ingest"]).key("exactly_once");
-        c.problem(
-            &[&partitions, &key],
-            format!(
-                "[nats] partitions = {} with [ingest] exactly_once = true: the batch ledger names a message by its place in one stream, so exactly-once needs one partition; set [ingest] exactly_once = false (every table at-least-once) or [nats] partitions = 1",
-                nats.partitions
-            ),
-        );
-    }
     for table in shard_keys {
         let key = Key::table(["tables", table.as_str()]).key("shard_key");
         c.problem(

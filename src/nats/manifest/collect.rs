@@ -19,13 +19,13 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer;
-use sluice_actors::StoreError;
+use sluice_actors::{Manifest, StoreError};
 use tokio::time::Instant;
 
 use super::bucket::{stream_name, subject};
-use super::trusted_floor::Floor;
-use super::{incarnation_of, Shared};
+use super::partitions::{last_of_each, queue_incarnation};
+use super::trusted_floor::{Floor, TrustedFloor};
+use super::Shared;
 use crate::telemetry::metrics::MANIFESTS_COLLECTED;
 
 /// Why a manifest was collected (the metric's `reason` label).
@@ -140,42 +140,19 @@ async fn expired(
 /// them nothing is removed.
 pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
     let s = &shared.settings;
-    let mut ingest = shared
-        .js
-        .get_stream(&s.stream)
-        .await
-        .map_err(|e| StoreError(format!("reading stream {}: {e}", s.stream)))?;
-    let info = ingest
-        .info()
-        .await
-        .map_err(|e| StoreError(format!("reading stream {}: {e}", s.stream)))?;
-    let incarnation = incarnation_of(info);
-    let first = info.state.first_sequence;
+    let read = shared.read_partitions().await?;
+    let incarnation = queue_incarnation(&read.iter().map(|r| r.incarnation).collect::<Vec<_>>());
     shared.index.set_incarnation(incarnation);
-    // No consumer (yet): nothing is known acked, (b) removes nothing.
-    let floor = match ingest
-        .get_consumer::<consumer::pull::Config>(&s.consumer)
-        .await
-    {
-        Ok(mut c) => c
-            .info()
-            .await
-            .map(|i| i.ack_floor.stream_sequence)
-            .unwrap_or(0),
-        Err(_) => 0,
+    let now = Instant::now();
+    let floors: Vec<Floor> = {
+        let mut trusted = shared.floor_reads.lock().unwrap_or_else(|e| e.into_inner());
+        trusted.resize_with(read.len(), TrustedFloor::default);
+        trusted
+            .iter_mut()
+            .zip(&read)
+            .map(|(t, r)| t.read(now, r.floor, s.replicas))
+            .collect()
     };
-    let read = Floor {
-        ack_floor: floor,
-        first_sequence: first,
-    };
-    let Floor {
-        ack_floor: floor,
-        first_sequence: first,
-    } = shared
-        .floor_reads
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .read(Instant::now(), read, s.replicas);
     let mut out = Collected::default();
     let snapshot = shared.index.snapshot();
     shared.keep_only(
@@ -191,22 +168,13 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             continue;
         }
         let m = &indexed.manifest;
-        let last = m.messages.last().copied().unwrap_or(0);
         let reason = if indexed.incarnation < incarnation {
             Some(Reason::OldIncarnation)
         } else if indexed.incarnation > incarnation {
             // Written for a stream newer than the one just read: not ours to judge.
             None
-        } else if m.is_settled() && last <= floor {
-            Some(if shared.deferred(&m.id) {
-                Reason::ForgottenAfterReconnect
-            } else {
-                Reason::Acked
-            })
-        } else if last < first {
-            Some(Reason::Gone)
         } else {
-            None
+            done_with(m, &floors, shared.deferred(&m.id))
         };
         let Some(reason) = reason else { continue };
         match shared.purge_key(&key, None).await {
@@ -215,8 +183,7 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
                 shared.settled(&m.id);
                 out.count(reason);
                 metrics::counter!(MANIFESTS_COLLECTED, "reason" => reason.as_str()).increment(1);
-                tracing::debug!(key = %key, reason = reason.as_str(), first_sequence = first,
-                    ack_floor = floor, "collected a manifest");
+                tracing::debug!(key = %key, reason = reason.as_str(), "collected a manifest");
             }
             Err(e) => {
                 out.failed += 1;
@@ -226,6 +193,28 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
     }
     drop_markers(shared, &mut out).await;
     Ok(out)
+}
+
+/// Why a record of the current incarnation can go, if it can: settled and every one of
+/// its messages at or below its partition's ack floor (acked), or every one below its
+/// stream's first sequence (gone from the stream).
+fn done_with(m: &Manifest, floors: &[Floor], deferred: bool) -> Option<Reason> {
+    let lasts = last_of_each(&m.messages);
+    let floor_of = |p: usize| floors.get(p).copied().unwrap_or_default();
+    if m.is_settled() && lasts.iter().all(|&(p, last)| last <= floor_of(p).ack_floor) {
+        Some(if deferred {
+            Reason::ForgottenAfterReconnect
+        } else {
+            Reason::Acked
+        })
+    } else if lasts
+        .iter()
+        .all(|&(p, last)| last < floor_of(p).first_sequence)
+    {
+        Some(Reason::Gone)
+    } else {
+        None
+    }
 }
 
 /// Drop the removal markers every watch has seen by now (up to and including the

@@ -37,6 +37,7 @@ mod bucket;
 mod codec;
 mod collect;
 mod index;
+mod partitions;
 mod records;
 mod stream_reads;
 mod trusted_floor;
@@ -46,7 +47,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use sluice_actors::{
@@ -89,6 +90,9 @@ pub struct ManifestSettings {
     /// (whose ack floor tells which settled manifests are done with).
     pub stream: String,
     pub consumer: String,
+    /// A partitioned queue's streams by partition (`[nats] partitions`); empty: the
+    /// one `stream`.
+    pub partitions: Vec<String>,
     pub collect_every: Duration,
     /// Removal markers older than this are dropped from the bucket by the collector,
     /// so that a new watch does not read a day of them.
@@ -106,6 +110,12 @@ impl From<&NatsConfig> for ManifestSettings {
             replicas: c.replicas,
             stream: c.stream.clone(),
             consumer: c.consumer.clone(),
+            partitions: match c.partitions {
+                0 | 1 => Vec::new(),
+                n => (0..n)
+                    .map(|p| crate::nats::partition_stream(&c.stream, p))
+                    .collect(),
+            },
             collect_every: COLLECT_EVERY,
             marker_age: MARKER_AGE,
             max_age: bucket::MAX_AGE,
@@ -134,8 +144,8 @@ pub(crate) struct Shared {
     /// Manifests whose `forget` came after a reconnect: the collector removes them.
     deferred: Mutex<HashSet<String>>,
     /// The consumer's ack floor and the stream's first sequence as the collector's
-    /// passes read them (see `trusted_floor`).
-    floor_reads: Mutex<TrustedFloor>,
+    /// passes read them (see `trusted_floor`), by partition.
+    floor_reads: Mutex<Vec<TrustedFloor>>,
 }
 
 // === impl JsManifestStore ===
@@ -181,14 +191,9 @@ impl JsManifestStore {
     /// for the ingest stream as it is now. The source calls this before it pulls, and
     /// again after a reconnect.
     pub async fn ready(&self, deadline: Duration) -> Result<(), String> {
-        let s = &self.shared.settings;
-        let ingest = tokio::time::timeout(deadline, self.shared.js.get_stream(&s.stream))
-            .await
-            .map_err(|_| format!("reading stream {} took over {deadline:?}", s.stream))?
-            .map_err(|e| format!("reading stream {}: {e}", s.stream))?;
-        self.shared
-            .index
-            .set_incarnation(incarnation_of(ingest.cached_info()));
+        let incarnation =
+            partitions::read_incarnation(&self.shared.js, &self.shared.settings, deadline).await?;
+        self.shared.index.set_incarnation(incarnation);
         self.shared
             .index
             .wait_caught_up(&self.shared.js.client(), deadline)
@@ -295,12 +300,6 @@ impl ManifestStore for JsManifestStore {
     fn of_table(&self, table: &TableKey) -> LedgerSnapshot {
         self.shared.index.of_table(table)
     }
-}
-
-/// The ingest stream's incarnation: its creation time, in ns since the epoch (kept by
-/// the server across restarts).
-fn incarnation_of(info: &stream::Info) -> u64 {
-    u64::try_from(info.created.unix_timestamp_nanos()).unwrap_or(0)
 }
 
 /// A poisoned lock still holds a consistent set (each change is one operation).

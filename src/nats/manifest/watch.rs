@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use super::bucket::{ensure_bucket, stream_name};
 use super::codec::{decode, encode};
 use super::index::Index;
-use super::{incarnation_of, ManifestSettings};
+use super::partitions::read_incarnation;
+use super::ManifestSettings;
 
 /// How often the watch checks for a reconnect and for a catch-up that takes too long.
 const TICK: Duration = Duration::from_millis(250);
@@ -86,8 +87,8 @@ async fn watch_once(
     };
     on_open(store.clone());
     // The ingest stream may not exist yet (the source creates it): known later then.
-    if let Ok(ingest) = js.get_stream(&settings.stream).await {
-        index.set_incarnation(incarnation_of(ingest.cached_info()));
+    if let Ok(incarnation) = read_incarnation(js, settings, Duration::from_secs(5)).await {
+        index.set_incarnation(incarnation);
     }
     // `watch_with_history`: the last value of every key, then every change
     // (async-nats's `watch_all` only delivers changes made after it opens).

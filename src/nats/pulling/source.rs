@@ -196,6 +196,7 @@ impl SourceFactory for JetStreamSourceFactory {
             },
             server: Server {
                 consumer,
+                partition,
                 js: self.js.clone(),
                 stream: settings.stream.clone(),
             },
@@ -251,6 +252,8 @@ struct Watch {
 /// The consumer and its stream.
 struct Server {
     consumer: consumer::PullConsumer,
+    /// Which partition of the queue its stream is (0 when there is one).
+    partition: usize,
     js: jetstream::Context,
     /// The stream's name, to look for acked rows a crashed server left behind.
     stream: String,
@@ -329,7 +332,8 @@ impl JetStreamSource {
                 self.requests.pending = self.requests.pending.saturating_sub(1);
                 self.times.last_row = Instant::now();
                 self.heard(Heard::Row);
-                let delivery = JsDelivery::sent_by(message, self.dlq.clone(), self.times.sent);
+                let delivery = JsDelivery::sent_by(message, self.dlq.clone(), self.times.sent)
+                    .in_partition(self.server.partition);
                 // An undecodable message is parked whole: one row.
                 let rows = match delivery.undecodable() {
                     Some(_) => 1,
@@ -470,7 +474,8 @@ impl Source for JetStreamSource {
                 .ok()
                 .and_then(Result::ok);
         if let Some(stream) = &stream {
-            remove_stranded(stream, &info, self.dlq.acked_here()).await;
+            let acked = self.dlq.acked_here().map(|a| (a, self.server.partition));
+            remove_stranded(stream, &info, acked).await;
         }
         self.watch.nats = Some(placement::view(
             &self.requests.client.server_info().server_name,
@@ -524,7 +529,10 @@ impl Drop for JetStreamSource {
         for _ in 0..MAX_DRAINED {
             match self.requests.subscriber.next().now_or_never() {
                 Some(Some(message)) if matches!(message.status, None | Some(StatusCode::OK)) => {
-                    drop(JsDelivery::new(message, self.dlq.clone()))
+                    drop(
+                        JsDelivery::new(message, self.dlq.clone())
+                            .in_partition(self.server.partition),
+                    )
                 }
                 Some(Some(_status)) => continue,
                 _ => break,

@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use sluice_actors::Position;
 use tokio::time::Instant;
 
 /// The most spans kept (a few hundred KiB). Acks of one batch come in order, so a
@@ -86,23 +87,43 @@ impl AckedHere {
     /// Takes out the spans whose last ack is no later than `cutoff` (inclusive first
     /// and last sequences, lowest first): each is looked at once.
     pub fn take_acked_before(&self, cutoff: Instant) -> Vec<(u64, u64)> {
+        self.take_acked_before_in(0, cutoff)
+    }
+
+    /// [`AckedHere::take_acked_before`] of one partition of the queue: the sequences are
+    /// recorded as the queue names them (`Position::in_partition`), and come out as
+    /// its stream's own. A span never runs over two partitions (2^48 apart).
+    pub fn take_acked_before_in(&self, partition: usize, cutoff: Instant) -> Vec<(u64, u64)> {
+        let low = Position::in_partition(partition, 0);
+        let high = Position::in_partition(partition + 1, 0);
         let mut spans = self.lock();
         let old: Vec<(u64, u64)> = spans
-            .iter()
+            .range(low..high)
             .filter(|(_, span)| span.acked_at <= cutoff)
             .map(|(first, span)| (*first, span.last))
             .collect();
         for (first, _) in &old {
             spans.remove(first);
         }
-        old
+        old.into_iter()
+            .map(|(first, last)| (Position::sequence_of(first), Position::sequence_of(last)))
+            .collect()
     }
 
     /// Spans a removal pass took and could not look at (the stream did not answer, or
     /// the pass reached its bound): looked at by the next pass.
     pub fn put_back(&self, spans: &[(u64, u64)], acked_at: Instant) {
+        self.put_back_in(0, spans, acked_at);
+    }
+
+    /// [`AckedHere::put_back`] of one partition's spans, as its stream numbers them.
+    pub fn put_back_in(&self, partition: usize, spans: &[(u64, u64)], acked_at: Instant) {
         let mut held = self.lock();
         for &(first, last) in spans {
+            let (first, last) = (
+                Position::in_partition(partition, first),
+                Position::in_partition(partition, last),
+            );
             held.entry(first)
                 .and_modify(|span| span.last = span.last.max(last))
                 .or_insert(Span { last, acked_at });
@@ -152,6 +173,15 @@ mod tests {
         acked.record(9, t0);
         assert_eq!(acked.take_acked_before(t0), vec![(9, 9)]);
         assert_eq!(acked.take_acked_before(later), vec![(1, 2)]);
+        // Partitions: each takes its own, as its stream numbers them.
+        acked.record(Position::in_partition(2, 7), t0);
+        acked.record(Position::in_partition(2, 8), t0);
+        acked.record(Position::in_partition(1, 7), t0);
+        assert_eq!(acked.take_acked_before_in(2, t0), vec![(7, 8)]);
+        acked.put_back_in(2, &[(7, 8)], t0);
+        assert_eq!(acked.take_acked_before_in(1, t0), vec![(7, 7)]);
+        assert_eq!(acked.take_acked_before_in(2, t0), vec![(7, 8)]);
+        assert_eq!(acked.spans(), 0);
     }
 
     #[test]

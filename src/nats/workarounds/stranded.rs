@@ -73,7 +73,7 @@ fn is_no_message_found(e: &DeleteMessageError) -> bool {
 pub async fn remove_stranded(
     stream: &Stream,
     consumer: &consumer::Info,
-    acked: Option<&AckedHere>,
+    acked: Option<(&AckedHere, usize)>,
 ) -> u64 {
     let done = done_through(consumer);
     let first = stream.cached_info().state.first_sequence;
@@ -91,7 +91,7 @@ pub async fn remove_stranded(
             );
         }
     }
-    if let Some(acked) = acked {
+    if let Some((acked, partition)) = acked {
         // The stream keeps no more than the consumer accounts for: nothing acked is
         // left, and the spans are let go without a look (a look is a request each).
         let accounted = consumer
@@ -100,9 +100,9 @@ pub async fn remove_stranded(
         let kept = stream.cached_info().state.messages.saturating_sub(removed);
         let floor = done.max(first.saturating_sub(1));
         if kept > accounted {
-            removed += remove_acked_here(stream, acked, floor).await;
+            removed += remove_acked_here(stream, (acked, partition), floor).await;
         } else if let Some(cutoff) = Instant::now().checked_sub(ACKED_GRACE) {
-            acked.take_acked_before(cutoff);
+            acked.take_acked_before_in(partition, cutoff);
         }
     }
     removed
@@ -110,29 +110,33 @@ pub async fn remove_stranded(
 
 /// The messages this process acked at least [`ACKED_GRACE`] ago that the stream keeps
 /// above `done` (everything at or below it is the floor's pass).
-async fn remove_acked_here(stream: &Stream, acked: &AckedHere, done: u64) -> u64 {
+async fn remove_acked_here(
+    stream: &Stream,
+    (acked, partition): (&AckedHere, usize),
+    done: u64,
+) -> u64 {
     let cutoff = Instant::now().checked_sub(ACKED_GRACE);
     let Some(cutoff) = cutoff else {
         return 0;
     };
     let spans: Vec<(u64, u64)> = acked
-        .take_acked_before(cutoff)
+        .take_acked_before_in(partition, cutoff)
         .into_iter()
         .filter(|&(_, last)| last > done)
         .map(|(first, last)| (first.max(done + 1), last))
         .collect();
     let (now, later) = spans.split_at(spans.len().min(MAX_SPANS_PER_PASS));
-    acked.put_back(later, cutoff);
+    acked.put_back_in(partition, later, cutoff);
     let mut removed = 0;
     for (i, &(first, last)) in now.iter().enumerate() {
         let pass = remove_range(stream, first, last, MAX_REMOVED_PER_PASS - removed).await;
         removed += pass.removed;
         if pass.failed {
-            acked.put_back(&now[i..], cutoff);
+            acked.put_back_in(partition, &now[i..], cutoff);
             break;
         }
         if removed >= MAX_REMOVED_PER_PASS {
-            acked.put_back(&now[i + 1..], cutoff);
+            acked.put_back_in(partition, &now[i + 1..], cutoff);
             break;
         }
     }

@@ -118,6 +118,20 @@ impl JsDelivery {
         }
     }
 
+    /// A message of partition `partition` of the queue: named in the queue by its
+    /// partition and its sequence (`Position::in_partition`); partition 0 keeps the
+    /// stream sequence as it is.
+    pub fn in_partition(mut self, partition: usize) -> Self {
+        self.position.stream_sequence =
+            Position::in_partition(partition, self.position.stream_sequence);
+        self
+    }
+
+    /// Its sequence in its own stream (without its partition's number).
+    fn stream_sequence(&self) -> u64 {
+        Position::sequence_of(self.position.stream_sequence)
+    }
+
     /// Counts its rows as held by the source until it is dropped.
     pub fn holding(mut self, token: HeldToken) -> Self {
         self.held = Some(token);
@@ -137,7 +151,7 @@ impl JsDelivery {
     /// The key of its record when it is split by shard (see [`crate::nats::split`]).
     fn split_key(&self) -> Option<String> {
         let published = self.address()?.published()?;
-        Some(split::record_key(self.position.stream_sequence, published))
+        Some(split::record_key(self.stream_sequence(), published))
     }
 
     /// The DLQ message id of this message's row `line` (`None`: the message is parked
@@ -185,7 +199,7 @@ impl JsDelivery {
         };
         let job = SplitJob {
             subject: row.subject.as_str(),
-            sequence: self.position.stream_sequence,
+            sequence: self.stream_sequence(),
             published,
             place: &self.place(),
             parts,
@@ -309,7 +323,7 @@ impl Delivery for JsDelivery {
         let position = self.position();
         DeliveryMeta {
             subject: self.subject().to_string(),
-            stream_sequence: position.stream_sequence,
+            stream_sequence: Position::sequence_of(position.stream_sequence),
             deliveries: position.deliveries,
         }
     }
@@ -354,7 +368,7 @@ impl Delivery for JsDelivery {
             return Ok(PartCopy::Counted);
         };
         splits
-            .judge(part, self.position.stream_sequence)
+            .judge(part, self.stream_sequence())
             .await
             .map_err(|e| SettleError(format!("judging a part of a split message: {e}")))
     }
