@@ -84,7 +84,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 
 /// `--sluice`, else `sluice` beside this binary (`scripts/bench` builds both, so the
 /// binary measured is the one of the source at hand).
-fn sluice_binary(given: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn sluice_binary(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_path_buf());
     }

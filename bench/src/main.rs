@@ -28,6 +28,7 @@
 
 mod bench;
 mod load;
+mod partitions;
 mod procfs;
 mod publish;
 mod reference;
@@ -60,6 +61,9 @@ enum Command {
     /// The load generator of the `api` phases (started by the benchmark).
     #[command(hide = true)]
     Load(load::LoadArgs),
+    /// The queue in 1, 3 and 6 partitions on a three-node NATS cluster: how the
+    /// nodes share the work (docs/benchmark.md, "Partitions").
+    Partitions(partitions::PartitionsArgs),
 }
 
 /// A part of the benchmark.
@@ -186,6 +190,7 @@ fn main() -> ExitCode {
     let child = match cli.command {
         Some(Command::Reference(args)) => Some(("reference loop", reference::main(args))),
         Some(Command::Load(args)) => Some(("load generator", load::main(args))),
+        Some(Command::Partitions(args)) => Some(("partitions", partitions::main(args))),
         None => None,
     };
     if let Some((what, outcome)) = child {
