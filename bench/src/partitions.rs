@@ -70,7 +70,10 @@ async fn run(args: PartitionsArgs) -> Result<()> {
         all.push(m);
     }
     println!();
-    println!("{} rows, one a message, streams of {} replica(s):", args.rows, args.replicas);
+    println!(
+        "{} rows, one a message, streams of {} replica(s):",
+        args.rows, args.replicas
+    );
     println!("| partitions | leaders | publish rows/s | drain rows/s | node CPU µs/row (publish+drain) | busiest node µs/row | busiest's share |");
     println!("|---|---|---|---|---|---|---|");
     for m in &all {
@@ -156,7 +159,9 @@ async fn measure(
     // The streams, made by a first start (Sluice makes them), then left idle.
     let first = stack.start_sluice(sluice).await?;
     stack.sluice[first].sigterm()?;
-    stack.sluice[first].wait_exit(Duration::from_secs(30)).await?;
+    stack.sluice[first]
+        .wait_exit(Duration::from_secs(30))
+        .await?;
     let streams: Vec<String> = match partitions {
         1 => vec!["INGEST".into()],
         n => (0..n).map(|p| format!("INGEST_{p}")).collect(),

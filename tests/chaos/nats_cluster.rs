@@ -29,9 +29,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use sluice_actors::server_mapping;
 use sluice_harness::chaos::{Pace, RowSet, Scenario, CONSUMER, DLQ_STREAM, INGEST_STREAM};
 use sluice_harness::nats_cluster::{consumer_state, ClusterView};
-use sluice_actors::server_mapping;
 use sluice_harness::{wait_for, StackOptions};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
