@@ -35,10 +35,23 @@ const WINDOW: Duration = Duration::from_secs(2);
 
 /// A stack on a cluster of two shards of one replica each, `TABLE` placed by `id`.
 async fn two_shards() -> Result<Option<Stack>> {
+    two_shards_in(1).await
+}
+
+/// [`two_shards`] with the queue in `partitions` partitions (and the nats-server's
+/// subject mapping for them, for the test's own publishes).
+async fn two_shards_in(partitions: usize) -> Result<Option<Stack>> {
     if sluice_harness::available("keyed_split", sluice_harness::clickhouse::binary())?.is_none() {
         return Ok(None);
     }
-    let mut stack = Stack::start(StackOptions::default().with_cluster(2, 1)).await?;
+    let mut options = StackOptions::default().with_cluster(2, 1);
+    if partitions > 1 {
+        options = options.with_nats_config(sluice_actors::server_mapping("ingest", partitions));
+    }
+    let mut stack = Stack::start(options).await?;
+    if partitions > 1 {
+        stack.set("nats.partitions", partitions as i64);
+    }
     stack.set(&format!("tables.\"{TENANT}.{TABLE}\".shard_key"), "id");
     stack.set("nats.duplicate_window", "2s");
     // A message left unacked comes back soon.
@@ -110,7 +123,19 @@ async fn every_row_once(stack: &Stack, index: usize, n: u64) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_message_whose_ack_was_lost_is_not_stored_again_past_the_duplicate_window(
 ) -> Result<()> {
-    let Some(mut stack) = two_shards().await? else {
+    ack_lost_after_the_parts(1).await
+}
+
+/// The same with the queue in three partitions: the message is split into its own
+/// partition's stream, recorded in that stream's split records (`INGEST_<n>_SPLITS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_partitioned_queue_a_split_message_whose_ack_was_lost_is_not_stored_again(
+) -> Result<()> {
+    ack_lost_after_the_parts(3).await
+}
+
+async fn ack_lost_after_the_parts(partitions: usize) -> Result<()> {
+    let Some(mut stack) = two_shards_in(partitions).await? else {
         return Ok(());
     };
     stack.create_cluster_table(TABLE, COLUMNS, "id").await?;

@@ -160,6 +160,8 @@ async fn changing_the_partitions_moves_every_waiting_row_once() -> Result<()> {
     stack.set("api.chunk_rows", 10);
     stack.set("pipeline.backoff_initial", "200ms");
     stack.set("pipeline.backoff_max", "1s");
+    // A stop hands back what is held without waiting on inserts that cannot go.
+    stack.set("pipeline.shutdown_deadline", "1s");
     let proxy = stack.proxy.as_ref().context("a stack with a proxy")?;
     // ClickHouse takes no insert: the rows wait in the queue through both changes.
     proxy.add_rule(Rule::contains(

@@ -32,25 +32,32 @@ pub async fn start(
     let settings = pipeline_settings(config, failpoint);
     // A keyed request's chunk is marked landed before its ack (`nats::LandedChunks`).
     let landed = LandedChunks::new(super::listeners::idempotency_keys(config, js.clone()));
-    // Messages split by shard are recorded, their parts judged by the records; an
-    // instance removes the records of the splits it finished (`nats::split`).
-    let splits = Arc::new(SplitRecords::new(
-        js.clone(),
-        SplitSettings::from(&config.nats),
-    ));
-    tokio::spawn(keep_collecting_splits(Arc::downgrade(&splits)));
     let mut dlq = DlqWriter::new(
         Publisher::new(js.clone(), &streams.dlq_stream, streams.dlq_max_bytes),
         streams.dlq_subject_prefix.clone(),
     )
     .with_landed(Arc::new(landed))
-    .with_ingest(Publisher::new(
-        js.clone(),
-        &streams.stream,
-        streams.max_bytes,
-    ))
-    .with_splits(splits.clone())
     .crashing_after_split_parts(settings.failpoint == Some(Failpoint::CrashAfterSplitParts));
+    // Messages split by shard are recorded, their parts judged by the records; an
+    // instance removes the records of the splits it finished (`nats::split`). Each
+    // partition's stream has its records, and its parts are published into it.
+    for partition in streams.each_partition() {
+        let splits = Arc::new(SplitRecords::new(
+            js.clone(),
+            SplitSettings {
+                stream: partition.stream.clone(),
+                ..SplitSettings::from(&config.nats)
+            },
+        ));
+        tokio::spawn(keep_collecting_splits(Arc::downgrade(&splits)));
+        dlq = dlq
+            .with_ingest(Publisher::new(
+                js.clone(),
+                &partition.stream,
+                partition.max_bytes,
+            ))
+            .with_splits(splits);
+    }
     // Only a replicated stream can keep a message acked here (`nats::AckedHere`).
     if streams.replicas > 1 {
         dlq = dlq.recording_acks();

@@ -129,11 +129,6 @@ pub(super) fn validate(
 
     tables::chunk_advice(&mut c, &api, &nats, &ingest, &tables);
     tables::shard_key_advice(&mut c, &tables, &tenants, &targets);
-    let keyed = tables
-        .iter()
-        .filter(|(_, s)| s.shard_key.is_some())
-        .map(|((tenant, table), _)| format!("{tenant}.{table}"));
-    nats::partitioned_refusals(&mut c, &nats, keyed);
 
     let mut problems = c.problems;
     problems.retain(|p| !p.keys.iter().any(|k| refused.iter().any(|r| r.contains(k))));

@@ -97,29 +97,6 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
 /// cluster has a few nodes to spread their leaders over.
 const MAX_PARTITIONS: usize = 64;
 
-/// What a partitioned queue does not do yet, refused by name: the records of messages
-/// split by `shard_key` name a message by its place in one stream.
-pub(super) fn partitioned_refusals(
-    c: &mut Check,
-    nats: &NatsConfig,
-    shard_keys: impl Iterator<Item = String>,
-) {
-    if nats.partitions <= 1 {
-        return;
-    }
-    let partitions = Key::table(["nats"]).key("partitions");
-    for table in shard_keys {
-        let key = Key::table(["tables", table.as_str()]).key("shard_key");
-        c.problem(
-            &[&partitions, &key],
-            format!(
-                "{key} with [nats] partitions = {}: a message split by shard is recorded by its place in one stream, so shard_key needs one partition",
-                nats.partitions
-            ),
-        );
-    }
-}
-
 /// `[nats] url`: the seeds it names, with no credentials in it.
 fn seeds(c: &mut Check, n: &NatsFile, section: &Key) -> Vec<String> {
     let k = |name: &str| section.key(name);

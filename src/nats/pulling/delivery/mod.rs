@@ -132,6 +132,11 @@ impl JsDelivery {
         Position::sequence_of(self.position.stream_sequence)
     }
 
+    /// The partition of the queue its stream is.
+    fn partition(&self) -> usize {
+        Position::partition_of(self.position.stream_sequence)
+    }
+
     /// Counts its rows as held by the source until it is dropped.
     pub fn holding(mut self, token: HeldToken) -> Self {
         self.held = Some(token);
@@ -184,8 +189,8 @@ impl JsDelivery {
     ) -> Result<SplitOutcome, SettleError> {
         let (Some(row), Some(ingest), Some(splits)) = (
             self.row.as_ref(),
-            self.dlq.ingest.as_ref(),
-            self.dlq.splits.as_ref(),
+            self.dlq.ingest.get(self.partition()),
+            self.dlq.splits_of(self.partition()),
         ) else {
             return Err(SettleError(
                 "a message spanning shards cannot be split here: no publisher into the ingest stream"
@@ -363,7 +368,7 @@ impl Delivery for JsDelivery {
     async fn judge_part(&self) -> Result<PartCopy, SettleError> {
         let (Some(part), Some(splits)) = (
             self.row.as_ref().and_then(|r| r.part.as_deref()),
-            self.dlq.splits.as_ref(),
+            self.dlq.splits_of(self.partition()),
         ) else {
             return Ok(PartCopy::Counted);
         };
@@ -445,7 +450,7 @@ impl Delivery for JsDelivery {
         match self.send_confirmed().await {
             Ok(()) => {
                 if let (SplitOutcome::Recorded, Some(key), Some(splits)) =
-                    (outcome, key, self.dlq.splits.as_ref())
+                    (outcome, key, self.dlq.splits_of(self.partition()))
                 {
                     splits.acked(&key);
                 }

@@ -32,12 +32,14 @@ pub struct DlqWriter {
     /// of one replica, which cannot keep one: the record costs ~2% of the
     /// instructions per row (docs/benchmark.md).
     pub(super) acked: Option<Arc<AckedHere>>,
-    /// Publishes the parts of a message split by shard into the ingest stream (`None`:
-    /// such a message cannot be split and goes back, as in tests of the delivery alone).
-    pub(super) ingest: Option<Publisher>,
-    /// The records of messages split by shard (`None`: such a message cannot be split,
-    /// and a part is judged counted, as in tests of the delivery alone).
-    pub(super) splits: Option<Arc<SplitRecords>>,
+    /// Publishes the parts of a message split by shard into its ingest stream, by
+    /// partition (none: such a message cannot be split and goes back, as in tests of
+    /// the delivery alone).
+    pub(super) ingest: Vec<Publisher>,
+    /// The records of messages split by shard, by partition: each partition's stream
+    /// has its own (none: such a message cannot be split, and a part is judged counted,
+    /// as in tests of the delivery alone).
+    pub(super) splits: Vec<Arc<SplitRecords>>,
     /// The tests' failpoint `crash-after-split-parts`: the process aborts once a split
     /// message's parts are stored (`SLUICE_TEST_FAILPOINT`; never in production).
     pub(super) crash_after_split_parts: bool,
@@ -51,8 +53,8 @@ impl DlqWriter {
             subject_prefix: subject_prefix.into(),
             landed: None,
             acked: None,
-            ingest: None,
-            splits: None,
+            ingest: Vec::new(),
+            splits: Vec::new(),
             crash_after_split_parts: false,
         }
     }
@@ -64,17 +66,23 @@ impl DlqWriter {
         self
     }
 
-    /// Publishes the parts of messages split by shard through `ingest`.
+    /// Publishes the parts of messages split by shard through `ingest`: the next
+    /// partition's stream (the first, the one of an unpartitioned queue).
     pub fn with_ingest(mut self, ingest: Publisher) -> Self {
-        self.ingest = Some(ingest);
+        self.ingest.push(ingest);
         self
     }
 
-    /// Records the splits of messages by shard in `splits`, and judges their parts by
-    /// them.
+    /// Records the splits of messages of the next partition's stream in `splits`, and
+    /// judges their parts by them.
     pub fn with_splits(mut self, splits: Arc<SplitRecords>) -> Self {
-        self.splits = Some(splits);
+        self.splits.push(splits);
         self
+    }
+
+    /// The split records of partition `partition`'s stream.
+    pub(super) fn splits_of(&self, partition: usize) -> Option<&Arc<SplitRecords>> {
+        self.splits.get(partition)
     }
 
     /// Keeps the sequences acked through this writer (`acked_here`): for a stream of
