@@ -625,3 +625,39 @@ async fn a_script_can_end_in_refusal() -> Result<()> {
     );
     Ok(())
 }
+
+/// A passed request is logged unanswered while the upstream holds it, and answered once
+/// its answer came back: what a freeze that catches an insert still out tells by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_request_is_logged_unanswered_until_its_answer_comes_back() -> Result<()> {
+    let Some((_server, proxy)) = clickhouse_behind_proxy(
+        "a_passed_request_is_logged_unanswered_until_its_answer_comes_back",
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let client = client(DEADLINE)?;
+    let slow = {
+        let (client, proxy_url) = (client.clone(), proxy.url());
+        tokio::spawn(async move {
+            client
+                .post(format!("{proxy_url}/"))
+                .body("SELECT sleep(2)")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    wait_until("the slow request was passed", DEADLINE, POLL, || async {
+        proxy.requests_forwarded() == 1
+    })
+    .await?;
+    let out = proxy.requests();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(!out[0].answered, "held by the server: {out:?}");
+    assert_eq!(slow.await??, 200);
+    let back = proxy.requests();
+    assert!(back[0].answered, "{back:?}");
+    Ok(())
+}

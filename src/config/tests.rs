@@ -1080,10 +1080,10 @@ fn partitions_are_counted_and_printed_with_the_server_mapping() {
             .is_ok_and(|c| c.exactly_once && c.nats.partitions == 2)
     );
     // And so does a shard_key: each partition's stream has its split records.
-    assert!(Config::from_parts(
+    let keyed = Config::from_parts(
         "x",
-        "[nats]\npartitions = 2\n[tenants.acme]\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
-        &env(&[])
-    )
-    .is_ok());
+        "[api]\nauth = \"none\"\n[nats]\npartitions = 2\n[tenants.acme]\n[tables.\"acme.events\"]\nshard_key = \"user_id\"\n",
+        &env(&[]),
+    );
+    assert!(keyed.is_ok(), "{:?}", keyed.err());
 }

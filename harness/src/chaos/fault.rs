@@ -4,10 +4,11 @@
 //! dies mid-insert proves nothing when no insert was out at that moment, and an insert
 //! seen "in flight" in a snapshot may have been answered just before the fault. So the
 //! fault comes in two steps. ClickHouse is frozen (SIGSTOP, every thread stopped), and
-//! then the scenario waits until the fault proxy passes it an INSERT: sent after the
-//! freeze, that one cannot have been answered, and Sluice's flight for it stays out
-//! until ClickHouse continues or dies, or the insert timeout passes. Only then does the
-//! scenario go on (kill it, send SIGTERM to Sluice, keep it frozen).
+//! then the scenario waits until the fault proxy has an INSERT the frozen server holds:
+//! one passed to it after the freeze (that one cannot have been answered), or one
+//! passed before and still unanswered a second after it. Sluice's flight for it stays
+//! out until ClickHouse continues or dies, or the insert timeout passes. Only then does
+//! the scenario go on (kill it, send SIGTERM to Sluice, keep it frozen).
 //!
 //! A stop or kill of Sluice first waits for rows it holds: JetStream's own count of
 //! deliveries not yet acked, read fresh from the server.
@@ -19,11 +20,14 @@ use anyhow::{Context, Result};
 use super::{Backlog, Scenario};
 use crate::proxy::RequestRecord;
 
-/// How long a frozen ClickHouse may wait to be sent an INSERT. Sluice sends one as soon
-/// as a flight slot is free; when every slot holds a flight the freeze caught, at the
-/// latest once those time out (the longest `insert_timeout` a scenario sets is 10 s)
-/// and their retry is sent after a backoff.
+/// How long a frozen ClickHouse may wait to hold an INSERT. Sluice sends one as soon as
+/// a flight slot is free; when every slot held an insert at the freeze, those are held.
 const CATCH_DEADLINE: Duration = Duration::from_secs(40);
+
+/// How long after the freeze a request sent before it and still unanswered counts as
+/// held by the frozen server: an answer the server wrote just before it stopped is on
+/// its way to the proxy for far less (loopback), and then marks the request answered.
+const ANSWER_IN_TRANSIT: Duration = Duration::from_secs(1);
 
 // === impl Scenario ===
 
@@ -68,11 +72,20 @@ impl Scenario {
             "catching an insert needs the fault proxy (StackOptions::with_proxy)"
         );
         self.stack.clickhouse.sigstop().await?;
+        let frozen_at = tokio::time::Instant::now();
         let proxy = self.stack.proxy.as_ref().context("no proxy")?;
         // Every request numbered from here on came after every thread had stopped.
         let first = proxy.requests_seen();
+        // Or one sent before and still unanswered: when every flight slot held such an
+        // insert at the freeze, they time out, the server is judged down and only the
+        // pool's probes (no insert) go to it until it answers again.
+        let held = |record: &RequestRecord| {
+            record.seq >= first || (!record.answered && frozen_at.elapsed() >= ANSWER_IN_TRANSIT)
+        };
         proxy
-            .wait_for_request(first, what, CATCH_DEADLINE, caught)
+            .wait_for_request(0, what, CATCH_DEADLINE, |record| {
+                held(record) && caught(record)
+            })
             .await
             .with_context(|| self.logs())
     }

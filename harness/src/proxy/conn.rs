@@ -122,6 +122,7 @@ async fn serve_one(
             .into_owned(),
         body_len: body.len(),
         action: action.clone(),
+        answered: false,
     };
 
     match decision.mode {
@@ -150,16 +151,24 @@ async fn serve_one(
         }
         mode @ (Mode::PassThrough | Mode::Delay(_)) => {
             let body = ensure_body(client, &head, &mut body).await?;
-            shared.record(record(&body.decoded));
+            let seq = shared.record(record(&body.decoded));
             if let Mode::Delay(by) = mode {
                 tokio::time::sleep(by).await;
             }
-            forward(client, &head, body, shared, upstream, Answer::CopyBack).await
+            forward(
+                client,
+                &head,
+                body,
+                (shared, seq),
+                upstream,
+                Answer::CopyBack,
+            )
+            .await
         }
         Mode::AnswerLost => {
             let body = ensure_body(client, &head, &mut body).await?;
-            shared.record(record(&body.decoded));
-            forward(client, &head, body, shared, upstream, Answer::Lose).await
+            let seq = shared.record(record(&body.decoded));
+            forward(client, &head, body, (shared, seq), upstream, Answer::Lose).await
         }
     }
 }
@@ -248,7 +257,7 @@ async fn forward(
     client: &mut Client,
     head: &RequestHead,
     body: &Body,
-    shared: &Shared,
+    (shared, seq): (&Shared, u64),
     upstream: SocketAddr,
     answer: Answer,
 ) -> Result<Next> {
@@ -293,6 +302,7 @@ async fn forward(
         }
         break response;
     };
+    shared.answered(seq);
     if answer == Answer::Lose {
         http::copy_body(&mut server, &mut tokio::io::sink(), response.framing).await?;
         return Ok(Next::End(End::Reset));

@@ -144,10 +144,22 @@ impl Shared {
     /// Counts a request and logs it, numbering it in log order. Done once the proxy
     /// has decided and read what it reads, so a count a test waited for always has its
     /// record.
-    pub fn record(&self, mut record: RequestRecord) {
+    /// Returns the number given.
+    pub fn record(&self, mut record: RequestRecord) -> u64 {
         let mut log = self.log();
-        record.seq = Self::bump(&self.seen);
+        let seq = Self::bump(&self.seen);
+        record.seq = seq;
         log.push(record);
+        seq
+    }
+
+    /// Notes that the upstream answered request `seq` (if the log still holds it).
+    pub fn answered(&self, seq: u64) {
+        let mut log = self.log();
+        let at = log.partition_point(|record| record.seq < seq);
+        if let Some(record) = log.get_mut(at).filter(|record| record.seq == seq) {
+            record.answered = true;
+        }
     }
 
     pub fn records(&self) -> Vec<RequestRecord> {

@@ -24,6 +24,10 @@ pub struct RequestRecord {
     /// What the proxy did: `pass`, `reset`, `stall`, `respond 503`, `delay 1s`,
     /// `refuse`; prefixed with `rule N: ` when a rule decided it.
     pub action: String,
+    /// Whether the upstream's answer (its status line) came back to the proxy: false
+    /// while a passed request is out, and for every request not passed. A freeze that
+    /// catches an insert still out at the moment it froze tells it by this.
+    pub answered: bool,
 }
 
 // === impl RequestRecord ===
@@ -83,6 +87,7 @@ mod tests {
             body_prefix: "{\"a\":1}".into(),
             body_len: 7,
             action: "pass".into(),
+            answered: false,
         }
     }
 
