@@ -65,6 +65,9 @@ fn manifest_settings() -> ManifestSettings {
         collect_every: Duration::from_secs(3600),
         marker_age: Duration::from_secs(60),
         max_age: MANIFEST_MAX_AGE,
+        // Collected as soon as done with: how long a settled record is kept first is
+        // a test of its own (`a_settled_record_stays_for_ack_wait_before_it_is_collected`).
+        keep_settled: Duration::ZERO,
     }
 }
 
@@ -510,8 +513,11 @@ async fn a_claim_keeps_its_place_when_its_batch_is_written_again() -> Result<()>
         "a record never written again is at its claim: {}",
         loser_now.claim_revision
     );
-    assert_eq!(c.store.earlier_claim(&loser_now), Some(winner.id.clone()));
-    assert_eq!(c.store.earlier_claim(&winner_now), None);
+    assert_eq!(
+        c.store.earlier_claim(&loser_now).await.ok(),
+        Some(Some(winner.id.clone()))
+    );
+    assert_eq!(c.store.earlier_claim(&winner_now).await.ok(), Some(None));
     c.wait_holding(seqs[1], Some(&winner)).await?;
     Ok(())
 }
@@ -711,6 +717,73 @@ async fn a_forget_after_a_reconnect_waits_for_the_ack_floor_then_is_collected() 
     assert_eq!(collected.gone_from_stream, 1, "{collected:?}");
     assert!(setup.bucket().await?.is_empty());
     a.wait_holding(seqs[2], None).await?;
+    Ok(())
+}
+
+/// A settled record whose every message is acked stays until `keep_settled` (the
+/// consumer's `ack_wait`) has passed since the store saw it settled: a copy of its
+/// messages held elsewhere under an older lease must meet it, not a gap (see
+/// `sluice_actors::keep_settled_for`). Then the collector removes it.
+#[tokio::test]
+async fn a_settled_record_stays_for_ack_wait_before_it_is_collected() -> Result<()> {
+    const KEEP: Duration = Duration::from_secs(8);
+    let Some(setup) =
+        Setup::start("a_settled_record_stays_for_ack_wait_before_it_is_collected").await?
+    else {
+        return Ok(());
+    };
+    let store = JsManifestStore::start(
+        connect(&setup.server).await?,
+        ManifestSettings {
+            keep_settled: KEEP,
+            ..manifest_settings()
+        },
+    );
+    store.ready(READY).await.map_err(|e| anyhow!("{e}"))?;
+    let a = setup.instance().await?;
+    a.ready().await?;
+    let seqs = setup.publish_rows(2).await?;
+    let mut source = a.source().await?;
+    let delivered = pull(&mut source, 2).await?;
+    let before = Instant::now();
+    let m = settled(batch_of(&store, seqs.clone()), vec![]);
+    record(&store, &m).await?;
+    for d in delivered {
+        d.ack_confirmed().await.map_err(|e| anyhow!("ack: {e}"))?;
+    }
+    wait_until("the ack floor passed the batch", DEADLINE, POLL, || async {
+        ack_floor(&setup.js).await.ok() == Some(seqs[1])
+    })
+    .await?;
+    wait_until("the store indexed the record", DEADLINE, POLL, || async {
+        store.holding(seqs[0]).is_some()
+    })
+    .await?;
+
+    // Settled and acked, but seen so for less than KEEP: kept.
+    let collected = store.collect().await.map_err(|e| anyhow!("{e}"))?;
+    let looked_after = before.elapsed();
+    ensure!(
+        looked_after < KEEP,
+        "the test took {looked_after:?} to reach its first collection: it cannot tell the keeping"
+    );
+    assert_eq!(collected.removed(), 0, "kept: {collected:?}");
+    assert_eq!(setup.bucket().await?.len(), 1);
+
+    // Once KEEP has passed since, collected.
+    wait_until(
+        "the collector removed the record",
+        KEEP + DEADLINE,
+        Duration::from_millis(200),
+        || async { store.collect().await.is_ok_and(|c| c.acked == 1) },
+    )
+    .await?;
+    assert!(
+        before.elapsed() >= KEEP,
+        "removed {:?} after it was recorded, before {KEEP:?}",
+        before.elapsed()
+    );
+    assert!(setup.bucket().await?.is_empty());
     Ok(())
 }
 
@@ -1115,7 +1188,9 @@ impl Setup {
 }
 
 /// Exactly-once within an instance: an insert that may have landed is repeated with
-/// the same rows and token, and the manifest goes once the rows are acked.
+/// the same rows and token, and the manifest goes once the rows are acked (by the
+/// collector here: the pipeline stops before `ack_wait` has passed since it settled,
+/// and leaves its records to it).
 #[tokio::test]
 async fn a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_token() -> Result<()>
 {
@@ -1127,22 +1202,27 @@ async fn a_batch_that_failed_ambiguously_is_sent_again_with_the_same_rows_and_to
     };
     let table = Arc::new(DedupTable::default());
     table.fail_next.store(true, Ordering::SeqCst);
-    let pipeline = setup
-        .pipeline(setup.instance().await?, table.clone())
-        .await?;
+    let instance = setup.instance().await?;
+    let store = instance.store.clone();
+    let pipeline = setup.pipeline(instance, table.clone()).await?;
     setup.publish_rows(10).await?;
     setup.wait_queue_empty().await?;
     pipeline.shutdown().await;
+    assert_eq!(setup.bucket().await?.len(), 1, "kept past the shutdown");
 
     let sent = table.sent();
     assert_eq!(sent.len(), 2, "the failed attempt and its retry: {sent:#?}");
     assert!(sent[0].0.is_some(), "a deduplication token");
     assert_eq!(sent[0], sent[1], "the same rows under the same token");
     assert_eq!(sent[0].1.lines().count(), 10);
-    wait_until("the manifest removed", DEADLINE, POLL, || async {
-        setup.bucket().await.is_ok_and(|b| b.is_empty())
-    })
+    wait_until(
+        "the collector removed the manifest",
+        DEADLINE,
+        POLL,
+        || async { store.collect().await.is_ok_and(|c| c.acked == 1) },
+    )
     .await?;
+    assert!(setup.bucket().await?.is_empty());
     Ok(())
 }
 
@@ -1545,11 +1625,11 @@ async fn records_written_back_after_a_loss_keep_their_order_of_claim() -> Result
             read(behind.id.clone()).await?,
         );
         assert_eq!(
-            c.store.earlier_claim(&behind_now),
-            Some(earlier.id.clone()),
+            c.store.earlier_claim(&behind_now).await.ok(),
+            Some(Some(earlier.id.clone())),
             "the batch left behind still comes after the one claimed before it"
         );
-        assert_eq!(c.store.earlier_claim(&earlier_now), None);
+        assert_eq!(c.store.earlier_claim(&earlier_now).await.ok(), Some(None));
     }
     Ok(())
 }

@@ -69,8 +69,8 @@ pub mod testkit;
 
 pub use clock::WallClock;
 pub use ledger::{
-    Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
-    ManifestStore, Recorded, RejectedRow, StoreError, UpdateError,
+    keep_settled_for, Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest,
+    ManifestState, ManifestStore, Recorded, RejectedRow, StoreError, UpdateError,
 };
 pub use observe::StatsSnapshot;
 pub use pipeline::{start, PipelineConfig, PipelineHandle, ShutdownSummary, StartError, Target};

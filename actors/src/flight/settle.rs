@@ -90,7 +90,8 @@ pub(super) async fn settle<I, D: Delivery>(
     // again). The collector removes the record once every message is acked.
     let all_acked = settled.confirmed && settled.handed_back == 0;
     if judged == Judged::Whole && held_all && all_acked {
-        session.release(&ctx.common.tracker, &ctx.common.shutdown, &ctx.key);
+        let keep = crate::ledger::keep_settled_for(ctx.common.settings.ack_wait);
+        session.release(&ctx.common.tracker, &ctx.common.shutdown, &ctx.key, keep);
     }
     settled
 }

@@ -129,6 +129,11 @@ pub async fn claim_fresh<D: Delivery>(
         let messages = batch.into_deliveries();
         return (Formed::Refused { messages, why }, expired);
     }
+    if let Some(why) = acked_elsewhere(io, &batch, &manifest.id).await {
+        let _ = io.store.withdraw(&manifest.id, revision).await;
+        let messages = batch.into_deliveries();
+        return (Formed::Refused { messages, why }, expired);
+    }
     // A message delivered before may have been in a batch sent, acked and forgotten
     // while a copy stayed here (this instance cut off from NATS, its progress lost).
     let sent = match batch.deliveries().all(|d| d.position().deliveries <= 1) {
@@ -142,6 +147,45 @@ pub async fn claim_fresh<D: Delivery>(
         back: Vec::new(),
     };
     (formed, expired)
+}
+
+/// Why a fresh batch's claim cannot stand because a message of it was acked elsewhere,
+/// or the stream could not say. Only messages received here longer ago than a settled
+/// record is kept ([`super::keep_settled_for`]) are looked up: a copy of a message
+/// settled by another batch meets that batch's record while it stays, so a claim that
+/// met none can hold such a copy only once the record went, and by then the copy is
+/// that old. (Its lease says nothing here: a progress sent for a copy renews whatever
+/// delivery of the message is current.) Nearly every batch is younger: no lookup.
+async fn acked_elsewhere<D: Delivery>(
+    io: &LedgerIo<'_>,
+    batch: &Batch<D>,
+    id: &str,
+) -> Option<LedgerRefusal> {
+    let now = Instant::now();
+    let horizon = super::keep_settled_for(io.ack_wait);
+    let old: Vec<u64> = batch
+        .deliveries()
+        .filter(|d| now.saturating_duration_since(d.received_at()) >= horizon)
+        .map(|d| d.position().stream_sequence)
+        .collect();
+    if old.is_empty() {
+        return None;
+    }
+    match io.store.in_stream(&old).await {
+        Ok(there) => {
+            let gone = there.iter().filter(|&&there| !there).count();
+            (gone > 0).then(|| {
+                tracing::info!(tenant = %io.key.tenant, table = %io.key.table, manifest = %id,
+                    gone, held_long = old.len(),
+                    "messages held here past ack_wait were acked elsewhere meanwhile (their batch settled and its record went): the claim is withdrawn, the rest come again");
+                LedgerRefusal::AckedElsewhere {
+                    id: id.to_owned(),
+                    gone,
+                }
+            })
+        }
+        Err(e) => Some(LedgerRefusal::StoreDown(e)),
+    }
 }
 
 /// A recorded batch again: the record read now; the messages held, the others read
@@ -159,8 +203,15 @@ pub async fn reform<D: Delivery>(
     let manifest = &recorded.manifest;
     // Only an open record can be of a batch that lost its claim: a split one was sent.
     if manifest.state == ManifestState::Open {
-        if let Some(earlier) = io.store.earlier_claim(manifest) {
-            return lost_its_claim(io, &recorded, &earlier, held).await;
+        match io.store.earlier_claim(manifest).await {
+            Ok(Some(earlier)) => return lost_its_claim(io, &recorded, &earlier, held).await,
+            Ok(None) => {}
+            Err(e) => {
+                return Formed::Refused {
+                    messages: held,
+                    why: LedgerRefusal::StoreDown(e),
+                }
+            }
         }
     }
     let have: HashSet<u64> = held.iter().map(|d| d.position().stream_sequence).collect();
@@ -356,6 +407,19 @@ mod tests {
 
     const ACK_WAIT: Duration = Duration::from_secs(30);
 
+    fn io_of<'a>(
+        store: &'a Arc<dyn ManifestStore>,
+        key: &'a TableKey,
+        clock: &'a WallClock,
+    ) -> LedgerIo<'a> {
+        LedgerIo {
+            store,
+            key,
+            ack_wait: ACK_WAIT,
+            clock,
+        }
+    }
+
     /// A store whose claim is judged late (its watch lags): meanwhile JetStream gave
     /// the messages to another instance, which formed the batch again from the claim,
     /// sent it and recorded its verdicts.
@@ -377,7 +441,10 @@ mod tests {
                 Ok(revision)
             })
         }
-        fn earlier_claim(&self, m: &Manifest) -> Option<String> {
+        fn earlier_claim<'a>(
+            &'a self,
+            m: &'a Manifest,
+        ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
             self.0.earlier_claim(m)
         }
         fn update<'a>(
@@ -422,13 +489,8 @@ mod tests {
         let journal = Journal::new();
         let fake = FakeManifestStore::new(&journal);
         let store: Arc<dyn ManifestStore> = Arc::new(LateClaim(fake.clone()));
-        let key = TableKey::new("acme", "events");
-        let io = LedgerIo {
-            store: &store,
-            key: &key,
-            ack_wait: ACK_WAIT,
-            clock: &WallClock::default(),
-        };
+        let (key, clock) = (TableKey::new("acme", "events"), WallClock::default());
+        let io = io_of(&store, &key, &clock);
         let deliveries = journal.rows("acme.events", 2);
         let (formed, _) = claim_fresh(&io, deliveries, Instant::now(), 0).await;
         assert!(
@@ -445,6 +507,52 @@ mod tests {
         assert!(kept.is_settled(), "{kept:?}");
     }
 
+    /// A copy held here longer than a settled record is kept (`ack_wait`) is looked up
+    /// in the stream before its claim stands, whatever its lease says (a progress sent
+    /// for a copy renews whichever delivery of the message is current). Acked elsewhere
+    /// meanwhile (its batch settled there and its record went), it is not sent: the
+    /// claim is withdrawn. Without it, a copy held through a consumer leader change
+    /// formed a batch of its own, went to another shard and its rows in twice (found by
+    /// the simulation, seed 215 of the partitions work).
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_held_past_ack_wait_and_acked_elsewhere_is_not_claimed() {
+        let journal = Journal::new();
+        let fake = FakeManifestStore::new(&journal);
+        let store: Arc<dyn ManifestStore> = fake.clone();
+        let (key, clock) = (TableKey::new("acme", "events"), WallClock::default());
+        let io = io_of(&store, &key, &clock);
+        let held_long = |n: usize| {
+            let held = journal.rows("acme.events", n);
+            async move {
+                tokio::time::advance(ACK_WAIT + Duration::from_secs(1)).await;
+                for d in &held {
+                    // Its progress went out all along: its lease looks live.
+                    let _ = d.progress().await;
+                }
+                held
+            }
+        };
+        let held = held_long(2).await;
+        journal.remove_from_stream(2);
+        let (formed, expired) = claim_fresh(&io, held, Instant::now(), 0).await;
+        assert!(expired.is_empty(), "every lease looks live");
+        let Formed::Refused { messages, why } = formed else {
+            panic!("a copy acked elsewhere is not claimed");
+        };
+        assert!(
+            matches!(why, LedgerRefusal::AckedElsewhere { gone: 1, .. }),
+            "{why}"
+        );
+        assert_eq!(messages.len(), 2, "both go back (the acked one to nothing)");
+        assert!(fake.holding(1).is_none(), "the claim is withdrawn");
+
+        // Held as long, and still in the stream: claimed.
+        let held = held_long(2).await;
+        let (formed, _) = claim_fresh(&io, held, Instant::now(), 0).await;
+        assert!(matches!(formed, Formed::Batch { .. }), "claimed");
+        assert!(fake.holding(3).is_some());
+    }
+
     /// A fresh claim of messages delivered before is no proof nobody sent them: an
     /// earlier batch of them may have gone in, been acked and forgotten, while a copy
     /// stayed here (this instance cut off from NATS, its progress never arriving). An
@@ -454,13 +562,8 @@ mod tests {
     async fn a_fresh_claim_of_messages_delivered_before_may_have_been_sent() {
         let journal = Journal::new();
         let store: Arc<dyn ManifestStore> = FakeManifestStore::new(&journal);
-        let key = TableKey::new("acme", "events");
-        let io = LedgerIo {
-            store: &store,
-            key: &key,
-            ack_wait: ACK_WAIT,
-            clock: &WallClock::default(),
-        };
+        let (key, clock) = (TableKey::new("acme", "events"), WallClock::default());
+        let io = io_of(&store, &key, &clock);
         let first = journal.rows("acme.events", 2);
         let (Formed::Batch { session, .. }, _) = claim_fresh(&io, first, Instant::now(), 0).await
         else {

@@ -29,9 +29,10 @@
 //!    verdicts before any row is settled; the rows parked before any message is acked;
 //!    each write over the record as its flight last read it (compare-and-set), and a
 //!    batch formed again marks its attempt before it is sent.
-//! 5. **Release**: once every ack is confirmed, the record is removed (a moment later:
-//!    JetStream confirms an ack before it writes it down); the store collects the
-//!    records nothing removes.
+//! 5. **Release**: once every ack is confirmed, the record is removed, but not before
+//!    [`keep_settled_for`] has passed (a copy of a message held under an older lease
+//!    must meet the record, not a gap); the store collects the records nothing removes
+//!    by the same rule.
 //!
 //! A table whose inserts ClickHouse does not deduplicate records nothing: its
 //! `settled_lines::SettledLines` keep, in memory, the lines of messages
@@ -52,6 +53,7 @@ pub(crate) mod store;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -70,6 +72,23 @@ use gathering::{Gathering, Gatherings};
 use index::SequenceSet;
 use settled_lines::SettledLines;
 
+/// How long a settled batch's record stays before anything removes it (its flight, or
+/// the store's collector, counting from when it saw the record settled): `ack_wait`.
+///
+/// A copy of a message can outlive the batch that settled it: an instance that stood
+/// still (SIGSTOP, a stalled runtime), or a consumer leader change that handed every
+/// pending message out again at once, leaves a copy here while another instance
+/// inserts, settles, acks it. Such a copy was received before that batch settled. While
+/// the record stays, the copy's claim meets it (a conflict: settled by the record, no
+/// insert). Once it is gone, the copy has been held here longer than `ack_wait`, and a
+/// fresh claim looks such messages up in the stream first (`forming::claim_fresh`): an
+/// acked one is no longer there. Without the wait, the copy formed a batch of its own,
+/// with no record to meet, sent it to another shard than the first one's and its rows
+/// went in twice (simulation, seed 215 of the partitions work).
+pub fn keep_settled_for(ack_wait: Duration) -> Duration {
+    ack_wait
+}
+
 /// Why a batch was not sent (its messages go back and come again).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerRefusal {
@@ -86,6 +105,13 @@ pub enum LedgerRefusal {
     Conflict { id: String, earlier: String },
     #[error("batch {id} was held past ack_wait while it was recorded: its messages may be in another batch by now")]
     LeaseLost { id: String },
+    /// A message held here longer than a settled record is kept has left the stream:
+    /// it was acked, its rows settled by another batch whose record is gone. The
+    /// claim is withdrawn; what is still queued comes again.
+    #[error(
+        "batch {id} holds {gone} message(s) acked elsewhere while they were held here: not sent"
+    )]
+    AckedElsewhere { id: String, gone: usize },
     /// Another flight recorded the batch since this one read it: the rows go back, to
     /// be formed from the record as it is now.
     #[error("batch {id} was recorded by another flight meanwhile: its rows go back to be formed from the record as it is now")]

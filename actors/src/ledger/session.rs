@@ -40,8 +40,10 @@ use crate::ports::{Delivery, TableKey};
 /// JetStream confirms an ack before it has written it down: a nats-server killed
 /// within that moment comes back without the ack and delivers the rows again, and
 /// their manifest must still be there to settle them by (not insert them anew). So a
-/// manifest whose rows are all settled and confirmed goes a little later (at once when
-/// the pipeline shuts down); one left by a failure is collected by the store.
+/// manifest whose rows are all settled and confirmed goes this much later at the
+/// least, and not before [`super::keep_settled_for`] (a copy of its messages may still
+/// be held elsewhere); one left by a failure, or by a pipeline that shut down first,
+/// is collected by the store.
 pub const FORGET_AFTER: Duration = Duration::from_secs(2);
 
 /// How often recording the parked rows reads the record again when another flight
@@ -237,11 +239,17 @@ impl LedgerSession {
         record_parked(&held.store, &held.record.id, parked).await
     }
 
-    /// The record, once every row is settled and every ack confirmed: removed a moment
-    /// later (see [`FORGET_AFTER`]).
-    pub fn release(self, tracker: &TaskTracker, shutdown: &CancellationToken, key: &TableKey) {
+    /// The record, once every row is settled and every ack confirmed: removed once
+    /// `keep` has passed ([`super::keep_settled_for`]; [`FORGET_AFTER`] at the least).
+    pub fn release(
+        self,
+        tracker: &TaskTracker,
+        shutdown: &CancellationToken,
+        key: &TableKey,
+        keep: Duration,
+    ) {
         if let Some(held) = self.held {
-            forget_soon(&held.store, tracker, shutdown, key, &held.record.id);
+            forget_later(&held.store, (tracker, shutdown), key, &held.record.id, keep);
         }
     }
 }
@@ -311,22 +319,24 @@ pub async fn record_parked(
     Err(LedgerRefusal::Superseded { id: id.to_owned() })
 }
 
-/// Remove a settled batch's record a moment after its acks were confirmed.
-fn forget_soon(
+/// Remove a settled batch's record once `keep` (at least [`FORGET_AFTER`]) has passed
+/// since its acks were confirmed.
+fn forget_later(
     store: &Arc<dyn ManifestStore>,
-    tracker: &TaskTracker,
-    shutdown: &CancellationToken,
+    (tracker, shutdown): (&TaskTracker, &CancellationToken),
     key: &TableKey,
     id: &str,
+    keep: Duration,
 ) {
     let (store, shutdown) = (store.clone(), shutdown.clone());
     let (id, key) = (id.to_string(), key.clone());
     tracker.spawn(async move {
-        // A graceful shutdown does not wait for it: the moment has mostly passed, and
-        // an instance that stops leaves no collector behind for its own manifests.
+        // A graceful shutdown does not wait for it, nor remove it early: the store's
+        // collector (of another instance, or of this one when it starts again) removes
+        // it by the same rule.
         tokio::select! {
-            _ = tokio::time::sleep(FORGET_AFTER) => {}
-            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(keep.max(FORGET_AFTER)) => {}
+            _ = shutdown.cancelled() => return,
         }
         if let Err(e) = store.forget(&id).await {
             tracing::debug!(tenant = %key.tenant, table = %key.table, manifest = %id, error = %e,

@@ -147,11 +147,19 @@ pub trait ManifestStore: Send + Sync + 'static {
     /// ([`ManifestStore::earlier_claim`]).
     fn claim<'a>(&'a self, manifest: &'a Manifest) -> BoxFuture<'a, Result<u64, ClaimError>>;
 
-    /// A batch claimed before `manifest` that holds one of its messages, as far as the
-    /// store has read the records (`manifest` need not be among them: its
-    /// [`Manifest::claim_revision`] then tells its place). Such a batch lost its claim,
-    /// so nothing of it was ever sent: a batch formed again asks this first.
-    fn earlier_claim(&self, manifest: &Manifest) -> Option<String>;
+    /// A batch claimed before `manifest` that holds one of its messages (`manifest` need
+    /// not be among the records read: its [`Manifest::claim_revision`] then tells its
+    /// place). Such a batch lost its claim, so nothing of it was ever sent: a batch
+    /// formed again asks this first. Judged only once the store has read every record
+    /// written before `manifest`'s claim (waiting for that as a claim does): a claim
+    /// still waiting to be judged leaves its record behind, a copy of its message that
+    /// came again meanwhile forms that record again, and an index that had not yet read
+    /// the earlier batch would let it be sent beside it. `Err` when the store did not
+    /// read that far in time (nothing is sent).
+    fn earlier_claim<'a>(
+        &'a self,
+        manifest: &'a Manifest,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>>;
 
     /// Record a later state of a claimed batch (its split, its verdicts, its parked
     /// rows), only over the state at `expected` (a compare-and-set): returns the new

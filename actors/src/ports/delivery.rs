@@ -153,6 +153,12 @@ pub trait Delivery: Send + Sync + 'static {
     /// runtime stalled): such a message must not start a batch of its own.
     fn alive_since(&self) -> tokio::time::Instant;
 
+    /// When this delivery reached this process; unlike [`Delivery::alive_since`], never
+    /// moved by a progress (one sent for a copy JetStream has since delivered elsewhere
+    /// renews that other delivery). A copy held longer than a settled record is kept may
+    /// be of a message acked elsewhere meanwhile: see `ledger::keep_settled_for`.
+    fn received_at(&self) -> tokio::time::Instant;
+
     /// Hand the message back to be delivered again after `delay`.
     fn nak(self, delay: Duration) -> impl Future<Output = Result<(), SettleError>> + Send;
 

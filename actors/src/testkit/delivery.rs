@@ -96,6 +96,7 @@ impl Journal {
             journal: self.clone(),
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
+            received_at: tokio::time::Instant::now(),
             parked_whole: Mutex::new(None),
             part: None,
             undecodable: None,
@@ -114,6 +115,7 @@ impl Journal {
             journal: self.clone(),
             settled: false,
             alive_since: Mutex::new(tokio::time::Instant::now()),
+            received_at: tokio::time::Instant::now(),
             parked_whole: Mutex::new(None),
             part: None,
             undecodable: None,
@@ -249,6 +251,8 @@ pub struct FakeDelivery {
     settled: bool,
     /// Moved on by `progress()`.
     alive_since: Mutex<tokio::time::Instant>,
+    /// When it was made (delivered).
+    received_at: tokio::time::Instant,
     /// Published to the DLQ whole (`park_message`): its ack is recorded as
     /// [`Event::Parked`], as [`Delivery::park`] records it.
     parked_whole: Mutex<Option<Parking>>,
@@ -373,6 +377,10 @@ impl Delivery for FakeDelivery {
 
     fn alive_since(&self) -> tokio::time::Instant {
         *self.alive_since.lock().unwrap()
+    }
+
+    fn received_at(&self) -> tokio::time::Instant {
+        self.received_at
     }
 
     async fn nak(self, delay: Duration) -> Result<(), SettleError> {

@@ -191,19 +191,24 @@ impl crate::ledger::ManifestStore for FakeManifestStore {
         })
     }
 
-    fn earlier_claim(&self, manifest: &crate::ledger::Manifest) -> Option<String> {
+    fn earlier_claim<'a>(
+        &'a self,
+        manifest: &'a crate::ledger::Manifest,
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, crate::ledger::StoreError>> {
+        // Every record is read at once here: nothing to wait for.
         let state = self.state.lock().unwrap();
         let order = state
             .manifests
             .get(&manifest.id)
             .map_or(manifest.claim_order(u64::MAX), |(r, m)| m.claim_order(*r));
-        state
+        let earlier = state
             .manifests
             .values()
             .filter(|(_, m)| m.id != manifest.id)
             .filter(|(r, m)| m.claim_order(*r) < order)
             .find(|(_, m)| manifest.messages.iter().any(|s| m.holds(*s)))
-            .map(|(_, m)| m.id.clone())
+            .map(|(_, m)| m.id.clone());
+        Box::pin(std::future::ready(Ok(earlier)))
     }
 
     fn update<'a>(

@@ -49,6 +49,8 @@ reached! {
     LeaderChange: "consumer leader change",
     WatchLag: "kv watch lagging",
     ClockJump: "clock jump",
+    BatchAcrossStreams: "a batch across queue partitions",
+    PartitionAcksLost: "one queue partition's acks lost",
 }
 
 impl Reached {
@@ -73,6 +75,8 @@ impl Reached {
         Reached::Freeze,
         Reached::LostAcks,
         Reached::LeaderChange,
+        Reached::BatchAcrossStreams,
+        Reached::PartitionAcksLost,
     ];
 }
 

@@ -24,6 +24,10 @@ pub struct Host {
     pub frozen: AtomicBool,
     /// Acks sent now are lost with the connection (which is made again after).
     pub dropping_acks: AtomicBool,
+    /// Acks of these queue partitions (a bit each) sent now are lost on their way to
+    /// the partition's consumer leader (a route between NATS servers dropped), while the
+    /// other partitions' acks go through.
+    pub dropping_partitions: AtomicU64,
     /// The NATS client's connection count (a reconnect after a cut or a drop).
     pub connects: AtomicU64,
     /// How long the bucket's watch takes to show a write here.

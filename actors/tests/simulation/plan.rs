@@ -19,6 +19,8 @@ pub const TABLES: [(&str, &str); 3] = [
 
 pub struct Plan {
     pub instances: usize,
+    /// The queue's partitions (streams, each with its consumer): 1 to 3.
+    pub partitions: usize,
     pub ack_wait: Duration,
     /// Target `main`'s shards, each of `replicas` servers; target `solo` is one more
     /// shard of one server.
@@ -67,6 +69,7 @@ impl Plan {
         );
         let replicas = 1 + dice.below(2) as usize;
         Self {
+            partitions: 1 + dice.below(3) as usize,
             instances: 2 + dice.below(2) as usize,
             ack_wait: Duration::from_secs(*dice.pick(&[4, 8, 15])),
             shards: 1 + dice.below(2) as usize,

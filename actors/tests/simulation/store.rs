@@ -4,7 +4,8 @@
 //! (`CLAIM_WAIT`, else it stays unjudged); every later write is a compare-and-set; a
 //! current state is read from the bucket itself; `forget` defers to the collector
 //! after a reconnect; the collector removes settled records the ack floor passed and
-//! records whose messages all left the stream.
+//! records whose messages all left the stream, once it has held them in that state
+//! for `keep_settled_for(ack_wait)`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use futures::future::BoxFuture;
 use sluice_actors::ledger::BatchIndex;
 use sluice_actors::{
     Changes, ClaimError, FetchError, LedgerChange, LedgerSnapshot, Manifest, ManifestState,
-    ManifestStore, Recorded, StoreError, TableKey, UpdateError,
+    ManifestStore, Position, Recorded, StoreError, TableKey, UpdateError,
 };
 use tokio::time::Instant;
 
@@ -49,6 +50,9 @@ pub struct SimStore {
 #[derive(Default)]
 struct Index {
     by_id: BTreeMap<String, (u64, Arc<Manifest>)>,
+    /// When the index took each record's value (the collector keeps a record
+    /// `keep_settled_for(ack_wait)` past it).
+    taken_at: BTreeMap<String, Instant>,
     claims: BatchIndex,
     /// Removal markers seen: a value older than its marker is not taken.
     tombstones: BTreeMap<String, u64>,
@@ -72,6 +76,7 @@ impl Index {
             return;
         }
         self.tombstones.remove(&manifest.id);
+        self.taken_at.insert(manifest.id.clone(), Instant::now());
         self.by_id
             .insert(manifest.id.clone(), (revision, manifest.clone()));
         let change = LedgerChange::Put { revision, manifest };
@@ -89,6 +94,7 @@ impl Index {
         let Some((_, m)) = self.by_id.remove(id) else {
             return;
         };
+        self.taken_at.remove(id);
         let change = LedgerChange::Removed {
             table: m.table.clone(),
             id: id.to_owned(),
@@ -169,6 +175,13 @@ impl SimStore {
         else {
             return Err(conflict(m.id.clone()));
         };
+        let first = m.messages.first().map(|&n| Position::partition_of(n));
+        if m.messages
+            .iter()
+            .any(|&n| Some(Position::partition_of(n)) != first)
+        {
+            self.cov.hit(Reached::BatchAcrossStreams);
+        }
         if self.lost_answer() {
             self.cov.hit(Reached::ClaimUnjudged);
             self.port.dead_end().await;
@@ -372,16 +385,36 @@ impl SimStore {
         if self.port.is_cut(Link::Kv) {
             return;
         }
-        let (floor, first) = self.stream.floor();
-        let records: Vec<Arc<Manifest>> = self
-            .index()
-            .by_id
-            .values()
-            .map(|(_, m)| m.clone())
+        let floors: Vec<(u64, u64)> = (0..self.stream.partitions)
+            .map(|p| self.stream.floor(p))
             .collect();
+        let keep = sluice_actors::keep_settled_for(self.stream.ack_wait);
+        let now = Instant::now();
+        let records: Vec<Arc<Manifest>> = {
+            let index = self.index();
+            index
+                .by_id
+                .values()
+                .filter(|(_, m)| {
+                    index
+                        .taken_at
+                        .get(&m.id)
+                        .is_some_and(|&at| now.saturating_duration_since(at) >= keep)
+                })
+                .map(|(_, m)| m.clone())
+                .collect()
+        };
         for m in records {
-            let last = m.messages.last().copied().unwrap_or(0);
-            if !((m.is_settled() && last <= floor) || last < first) {
+            // Each partition's last message against its own floor.
+            let mut lasts: BTreeMap<usize, u64> = BTreeMap::new();
+            for &name in &m.messages {
+                let last = lasts.entry(Position::partition_of(name)).or_default();
+                *last = (*last).max(Position::sequence_of(name));
+            }
+            let floor_of = |p: usize| floors.get(p).copied().unwrap_or((0, 0));
+            let acked = lasts.iter().all(|(&p, &last)| last <= floor_of(p).0);
+            let gone = lasts.iter().all(|(&p, &last)| last < floor_of(p).1);
+            if !((m.is_settled() && acked) || gone) {
                 continue;
             }
             if self.port.over(Link::Kv).await.is_err() {
@@ -424,11 +457,23 @@ impl ManifestStore for SimStore {
         Box::pin(self.claim_now(manifest))
     }
 
-    fn earlier_claim(&self, manifest: &Manifest) -> Option<String> {
-        self.index()
-            .claims
-            .earlier_claim(manifest)
-            .map(|e| e.id.clone())
+    fn earlier_claim<'a>(
+        &'a self,
+        manifest: &'a Manifest,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            if !self.wait_watched(manifest.claim_revision).await {
+                return Err(down(format!(
+                    "the index did not see batch {}'s claim within {CLAIM_WAIT:?}",
+                    manifest.id
+                )));
+            }
+            Ok(self
+                .index()
+                .claims
+                .earlier_claim(manifest)
+                .map(|e| e.id.clone()))
+        })
     }
 
     fn update<'a>(

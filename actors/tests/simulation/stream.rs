@@ -8,6 +8,11 @@
 //! delay; a connection that drops loses the acks sent on it (the later confirmed ack
 //! fails with them: JetStream handles one connection's acks in order); a consumer
 //! leader change hands every unacked delivery out again at once.
+//!
+//! The queue may be in partitions (1 to 3 streams, each with its consumer: one source
+//! each): a message is named as the adapter names it (`Position::in_partition`), and
+//! a partition's acks can be lost on their own (the route to its consumer's leader),
+//! failing only that partition's confirmed ack.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -32,6 +37,8 @@ const PULL_WAIT: Duration = Duration::from_millis(500);
 
 pub struct Stream {
     state: Mutex<State>,
+    /// The queue's partitions.
+    pub partitions: usize,
     /// A message became available.
     arrived: Notify,
     pub ack_wait: Duration,
@@ -43,7 +50,8 @@ pub struct Stream {
 
 #[derive(Default)]
 struct State {
-    last_seq: u64,
+    /// Each partition's last stream sequence.
+    last_seq: Vec<u64>,
     messages: BTreeMap<u64, Message>,
     /// Rows published to the DLQ: (stream sequence, line; `None`: the whole message).
     dlq: Vec<(u64, Option<u32>)>,
@@ -72,9 +80,19 @@ struct Handed {
 }
 
 impl Stream {
-    pub fn new(ack_wait: Duration, dice: Dice, cov: Arc<Coverage>, ack_answer_lost: f64) -> Self {
+    pub fn new(
+        partitions: usize,
+        ack_wait: Duration,
+        dice: Dice,
+        cov: Arc<Coverage>,
+        ack_answer_lost: f64,
+    ) -> Self {
         Self {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                last_seq: vec![0; partitions.max(1)],
+                ..State::default()
+            }),
+            partitions: partitions.max(1),
             arrived: Notify::new(),
             ack_wait,
             dice,
@@ -87,11 +105,13 @@ impl Stream {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Publish a message (accepted: JetStream stored it); returns its sequence.
+    /// Publish a message (accepted: JetStream stored it) into a partition the dice
+    /// pick; returns its name in the queue.
     pub fn publish(&self, subject: &str, payload: String) -> u64 {
+        let partition = self.dice.below(self.partitions as u64) as usize;
         let mut s = self.state();
-        s.last_seq += 1;
-        let seq = s.last_seq;
+        s.last_seq[partition] += 1;
+        let seq = Position::in_partition(partition, s.last_seq[partition]);
         s.messages.insert(
             seq,
             Message {
@@ -106,13 +126,14 @@ impl Stream {
         seq
     }
 
-    /// Up to `max` messages whose turn has come, leased to `host`.
-    fn take(&self, host: usize, max: usize) -> Vec<Handed> {
+    /// Up to `max` messages of `partition` whose turn has come, leased to `host`.
+    fn take(&self, host: usize, max: usize, partition: usize) -> Vec<Handed> {
         let now = Instant::now();
         let until = now + self.ack_wait;
         let mut s = self.state();
         let mut out = Vec::new();
-        for (seq, m) in s.messages.iter_mut() {
+        let range = Position::in_partition(partition, 0)..Position::in_partition(partition + 1, 0);
+        for (seq, m) in s.messages.range_mut(range) {
             if out.len() >= max {
                 break;
             }
@@ -219,13 +240,24 @@ impl Stream {
         self.state().messages.get(&seq).map(|m| m.payload.clone())
     }
 
-    /// The consumer's ack floor and the stream's first sequence.
-    pub fn floor(&self) -> (u64, u64) {
+    /// Partition `partition`'s consumer's ack floor and its stream's first sequence.
+    pub fn floor(&self, partition: usize) -> (u64, u64) {
         let s = self.state();
-        match s.messages.keys().next() {
-            Some(first) => (first - 1, *first),
-            None => (s.last_seq, s.last_seq + 1),
+        let range = Position::in_partition(partition, 0)..Position::in_partition(partition + 1, 0);
+        let last = s.last_seq.get(partition).copied().unwrap_or(0);
+        match s.messages.range(range).next() {
+            Some((first, _)) => {
+                let first = Position::sequence_of(*first);
+                (first - 1, first)
+            }
+            None => (last, last + 1),
         }
+    }
+
+    /// Messages of `partition` in the stream.
+    fn held_in(&self, partition: usize) -> usize {
+        let range = Position::in_partition(partition, 0)..Position::in_partition(partition + 1, 0);
+        self.state().messages.range(range).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -251,6 +283,8 @@ pub struct SimDelivery {
     port: Port,
     /// When the stream last heard of this delivery (shared with progress in flight).
     alive_since: Arc<Mutex<Instant>>,
+    /// When it was handed to this host.
+    received_at: Instant,
     settled: bool,
 }
 
@@ -259,8 +293,11 @@ impl SimDelivery {
         self.port.host.index
     }
 
+    /// Its acks are lost now: the connection's, or its partition's route.
     fn dropping(&self) -> bool {
+        let partition = Position::partition_of(self.seq);
         self.port.host.dropping_acks.load(Ordering::Relaxed)
+            || self.port.host.dropping_partitions.load(Ordering::Relaxed) & (1 << partition) != 0
     }
 
     /// Ack once the link lets it (lost with a dropping connection: `Ok` all the same,
@@ -297,7 +334,7 @@ impl Delivery for SimDelivery {
     fn meta(&self) -> DeliveryMeta {
         DeliveryMeta {
             subject: self.subject.to_string(),
-            stream_sequence: self.seq,
+            stream_sequence: Position::sequence_of(self.seq),
             deliveries: self.deliveries,
         }
     }
@@ -336,10 +373,13 @@ impl Delivery for SimDelivery {
         // while JetStream delivers the messages elsewhere.)
         let (port, stream, seq) = (self.port.clone(), self.stream.clone(), self.seq);
         let (deliveries, alive_since) = (self.deliveries, self.alive_since.clone());
+        let dropping = self.dropping();
         async move {
             let sent = Instant::now();
             port.over(Link::Stream).await.map_err(SettleError)?;
-            if !port.host.dropping_acks.load(Ordering::Relaxed) && stream.progress(seq, deliveries)
+            if !dropping
+                && !port.host.dropping_acks.load(Ordering::Relaxed)
+                && stream.progress(seq, deliveries)
             {
                 *alive_since.lock().unwrap_or_else(|e| e.into_inner()) = sent;
             }
@@ -349,6 +389,10 @@ impl Delivery for SimDelivery {
 
     fn alive_since(&self) -> Instant {
         *self.alive_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn received_at(&self) -> Instant {
+        self.received_at
     }
 
     async fn nak(mut self, delay: Duration) -> Result<(), SettleError> {
@@ -404,17 +448,27 @@ pub struct SimSource {
     stream: Arc<Stream>,
     port: Port,
     store: Arc<SimStore>,
+    partition: usize,
 }
 
 impl SourceFactory for SimSourceFactory {
     type Source = SimSource;
 
-    async fn connect(&self, _partition: usize) -> Result<SimSource, SourceError> {
+    fn partitions(&self) -> Option<Vec<String>> {
+        (self.stream.partitions > 1).then(|| {
+            (0..self.stream.partitions)
+                .map(|p| format!("S_{p}"))
+                .collect()
+        })
+    }
+
+    async fn connect(&self, partition: usize) -> Result<SimSource, SourceError> {
         self.port.over(Link::Stream).await.map_err(SourceError)?;
         Ok(SimSource {
             stream: self.stream.clone(),
             port: self.port.clone(),
             store: self.store.clone(),
+            partition,
         })
     }
 }
@@ -430,7 +484,7 @@ impl Source for SimSource {
             tokio::time::sleep(Duration::from_millis(100)).await;
             return Ok(Vec::new());
         }
-        let mut handed = self.stream.take(self.port.host.index, max);
+        let mut handed = self.stream.take(self.port.host.index, max, self.partition);
         if handed.is_empty() {
             let wake = self
                 .stream
@@ -445,7 +499,7 @@ impl Source for SimSource {
                 _ = tokio::time::sleep_until(wake.max(Instant::now() + Duration::from_millis(1))) => {}
             }
             self.port.over(Link::Stream).await.map_err(SourceError)?;
-            handed = self.stream.take(self.port.host.index, max);
+            handed = self.stream.take(self.port.host.index, max, self.partition);
         }
         let now = Instant::now();
         Ok(handed
@@ -458,12 +512,13 @@ impl Source for SimSource {
                 stream: self.stream.clone(),
                 port: self.port.clone(),
                 alive_since: Arc::new(Mutex::new(now)),
+                received_at: now,
                 settled: false,
             })
             .collect())
     }
 
     async fn pending(&mut self) -> Option<u64> {
-        Some(self.stream.state().messages.len() as u64)
+        Some(self.stream.held_in(self.partition) as u64)
     }
 }

@@ -80,6 +80,7 @@ impl World {
         let cov = Arc::new(Coverage::default());
         let plan = Plan::draw(&dice);
         let stream = Arc::new(Stream::new(
+            plan.partitions,
             plan.ack_wait,
             dice.clone(),
             cov.clone(),
@@ -233,6 +234,7 @@ impl World {
             Later::Reconnect(slot) => {
                 let h = &self.hosts[slot];
                 h.dropping_acks.store(false, Ordering::Relaxed);
+                h.dropping_partitions.store(0, Ordering::Relaxed);
                 h.connects.fetch_add(1, Ordering::Relaxed);
             }
             Later::LagBack(slot) => self.hosts[slot]
@@ -324,6 +326,15 @@ impl World {
                 self.cov.hit(Reached::Freeze);
                 let thaw = self.dice.ms(ack_wait / 2, 3 * ack_wait);
                 self.due(thaw, Later::Unfreeze(slot));
+            }
+            58..=60 if self.plan.partitions > 1 && self.dice.chance(0.5) => {
+                let partition = self.dice.below(self.plan.partitions as u64);
+                self.hosts[slot]
+                    .dropping_partitions
+                    .fetch_or(1 << partition, Ordering::Relaxed);
+                self.cov.hit(Reached::PartitionAcksLost);
+                let back = self.dice.ms(20, 1_000);
+                self.due(back, Later::Reconnect(slot));
             }
             58..=60 => {
                 self.hosts[slot]

@@ -10,7 +10,8 @@
 //! Removed: (a) a manifest of an older incarnation of the ingest stream; (b) a settled
 //! one whose messages are all at or below the consumer's ack floor (every row acked:
 //! none comes back); (c) any one whose messages are all below the stream's first
-//! sequence (none is left to come back). On a NATS cluster the floor and the first
+//! sequence (none is left to come back). (b) and (c) only once the record has been in
+//! its state here for `keep_settled` (`ack_wait`: see `sluice_actors::keep_settled_for`). On a NATS cluster the floor and the first
 //! sequence are the lowest every pass read over the last minute (see
 //! [`super::trusted_floor`]). An open manifest with a message still in the
 //! stream is never removed: that message may come back and must join exactly that
@@ -172,6 +173,10 @@ pub async fn collect(shared: &Shared) -> Result<Collected, StoreError> {
             Some(Reason::OldIncarnation)
         } else if indexed.incarnation > incarnation {
             // Written for a stream newer than the one just read: not ours to judge.
+            None
+        } else if indexed.taken_at.elapsed() < s.keep_settled {
+            // Seen in this state too recently: a copy of its messages may still be
+            // held under a lease older than its settling.
             None
         } else {
             done_with(m, &floors, shared.deferred(&m.id))

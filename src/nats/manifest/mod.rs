@@ -100,6 +100,10 @@ pub struct ManifestSettings {
     /// How long the bucket keeps a record at most ([`MANIFEST_MAX_AGE`]; a test may
     /// shorten it): the collector tells records that expired.
     pub max_age: Duration,
+    /// How long a record stays once this instance saw it in its last state before the
+    /// collector may remove it: [`sluice_actors::keep_settled_for`] of `ack_wait`, so
+    /// that a copy of its messages still held somewhere meets it.
+    pub keep_settled: Duration,
 }
 
 impl From<&NatsConfig> for ManifestSettings {
@@ -119,6 +123,7 @@ impl From<&NatsConfig> for ManifestSettings {
             collect_every: COLLECT_EVERY,
             marker_age: MARKER_AGE,
             max_age: bucket::MAX_AGE,
+            keep_settled: sluice_actors::keep_settled_for(c.ack_wait),
         }
     }
 }
@@ -246,8 +251,24 @@ impl ManifestStore for JsManifestStore {
         Box::pin(self.shared.claim(manifest))
     }
 
-    fn earlier_claim(&self, manifest: &Manifest) -> Option<String> {
-        self.shared.index.earlier_claim(manifest)
+    fn earlier_claim<'a>(
+        &'a self,
+        manifest: &'a Manifest,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            if !self
+                .shared
+                .index
+                .wait_watched(manifest.claim_revision, CLAIM_WAIT)
+                .await
+            {
+                return Err(StoreError(format!(
+                    "the manifest index did not see batch {}'s claim within {CLAIM_WAIT:?}: its rows go back",
+                    manifest.id
+                )));
+            }
+            Ok(self.shared.index.earlier_claim(manifest))
+        })
     }
 
     fn update<'a>(

@@ -410,6 +410,10 @@ impl Delivery for JsDelivery {
         self.received + Duration::from_millis(self.progressed_ms.load(Ordering::Relaxed).into())
     }
 
+    fn received_at(&self) -> Instant {
+        self.received
+    }
+
     async fn nak(mut self, delay: Duration) -> Result<(), SettleError> {
         let kind = if delay.is_zero() {
             AckKind::Nak(None)
