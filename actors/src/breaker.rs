@@ -285,6 +285,15 @@ mod tests {
         Breaker::new(BackoffPolicy::default(), Jitter::seeded(42))
     }
 
+    /// A breaker opened by one failure at `t0`, and the moment its window ends.
+    fn opened() -> (Breaker, Instant, Instant) {
+        let mut b = breaker();
+        let t0 = Instant::now();
+        let t = go(b.admit(t0));
+        let f = b.on_failure(t, t0);
+        (b, t0, t0 + f.delay)
+    }
+
     fn go(a: Admission) -> Ticket {
         match a {
             Admission::Go(t) | Admission::Probe(t) => t,
@@ -346,11 +355,7 @@ mod tests {
 
     #[test]
     fn exactly_one_probe_and_the_rest_wait_half_a_second() {
-        let mut b = breaker();
-        let t0 = Instant::now();
-        let t = go(b.admit(t0));
-        let f = b.on_failure(t, t0);
-        let end = t0 + f.delay;
+        let (mut b, t0, end) = opened();
         // The window ended: arrivals are taken (the next flush probes).
         assert_eq!(b.arrival_delay(end), None);
         assert!(b.probe_due(end));
@@ -366,7 +371,7 @@ mod tests {
         assert_eq!(b.phase(), BreakerPhase::Probing);
         // The probe answers: closed, and the outage's length is reported.
         let lasted = b.on_success(probe, end + Duration::from_millis(10));
-        assert_eq!(lasted, Some(f.delay + Duration::from_millis(10)));
+        assert_eq!(lasted, Some(end - t0 + Duration::from_millis(10)));
         assert_eq!(b.phase(), BreakerPhase::Closed);
         // Next outage starts from the initial window again.
         let t = go(b.admit(end));
@@ -404,11 +409,7 @@ mod tests {
 
     #[test]
     fn a_new_owner_takes_over_the_window_and_gives_a_lost_probe_back() {
-        let mut b = breaker();
-        let t0 = Instant::now();
-        let t = go(b.admit(t0));
-        let f = b.on_failure(t, t0);
-        let end = t0 + f.delay;
+        let (mut b, t0, end) = opened();
         let probe = go(b.admit(end));
         // The owner dies with the probe out; its successor gets a copy.
         let mut successor = b.clone();
@@ -434,11 +435,7 @@ mod tests {
 
     #[test]
     fn a_probe_that_never_answers_gives_the_token_back() {
-        let mut b = breaker();
-        let t0 = Instant::now();
-        let t = go(b.admit(t0));
-        let f = b.on_failure(t, t0);
-        let end = t0 + f.delay;
+        let (mut b, _, end) = opened();
         let probe = go(b.admit(end));
         b.release(probe, end);
         assert!(b.probe_due(end));

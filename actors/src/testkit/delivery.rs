@@ -88,15 +88,27 @@ impl Journal {
                 .unwrap()
                 .insert(seq, (subject.clone(), payload.clone()));
         }
+        self.handed(seq, 1, subject.clone(), payload)
+    }
+
+    /// Delivery `deliveries` of message `seq`, handed out now.
+    fn handed(
+        self: &Arc<Self>,
+        seq: u64,
+        deliveries: u64,
+        subject: Arc<str>,
+        payload: Bytes,
+    ) -> FakeDelivery {
+        let now = tokio::time::Instant::now();
         FakeDelivery {
             seq,
-            deliveries: 1,
-            subject: subject.clone(),
+            deliveries,
+            subject,
             payload,
             journal: self.clone(),
             settled: false,
-            alive_since: Mutex::new(tokio::time::Instant::now()),
-            received_at: tokio::time::Instant::now(),
+            alive_since: Mutex::new(now),
+            received_at: now,
             parked_whole: Mutex::new(None),
             part: None,
             undecodable: None,
@@ -107,19 +119,7 @@ impl Journal {
     /// after a nak or `ack_wait`.
     pub fn redeliver(self: &Arc<Self>, seq: u64, deliveries: u64) -> FakeDelivery {
         let (subject, payload) = self.payload(seq).expect("a message this journal made");
-        FakeDelivery {
-            seq,
-            deliveries,
-            subject,
-            payload,
-            journal: self.clone(),
-            settled: false,
-            alive_since: Mutex::new(tokio::time::Instant::now()),
-            received_at: tokio::time::Instant::now(),
-            parked_whole: Mutex::new(None),
-            part: None,
-            undecodable: None,
-        }
+        self.handed(seq, deliveries, subject, payload)
     }
 
     /// The subject and payload of message `seq`, as the stream holds it.
