@@ -197,11 +197,27 @@ pub async fn create_cluster_table(
 /// Waits until every one of a cluster's `nodes` fetched what its shard's other
 /// replicas took of `table` (`SYSTEM SYNC REPLICA`): replication is asynchronous, and a
 /// `Distributed` read takes a shard's rows from one of its replicas.
+///
+/// A failure names the node's tables and the tail of its log: once, after a kill -9 and
+/// a restart of both replicas of a shard on 18.16, a node answered that `table` did not
+/// exist (chaos `cluster_shard_down`, not reproduced since), and what it held then is the
+/// only evidence of why.
 pub async fn sync_replicas(nodes: &[&ClickHouseServer], table: &str) -> Result<()> {
     for node in nodes {
-        node.exec(&format!("SYSTEM SYNC REPLICA {table}"))
-            .await
-            .with_context(|| format!("syncing {table} on {}", node.http_url()))?;
+        if let Err(e) = node.exec(&format!("SYSTEM SYNC REPLICA {table}")).await {
+            let tables = node
+                .exec("SHOW TABLES")
+                .await
+                .unwrap_or_else(|e| format!("(SHOW TABLES failed: {e:#})"));
+            return Err(e).with_context(|| {
+                format!(
+                    "syncing {table} on {}; its tables: [{}]; its log's tail:\n{}",
+                    node.http_url(),
+                    tables.split_whitespace().collect::<Vec<_>>().join(", "),
+                    node.log_tail(40)
+                )
+            });
+        }
     }
     Ok(())
 }
