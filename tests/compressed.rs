@@ -13,7 +13,8 @@ use async_nats::jetstream;
 use async_nats::jetstream::stream::Compression;
 use async_nats::HeaderMap;
 use serde_json::{json, Value};
-use sluice::nats::{ensure_streams, StreamSettings};
+use sluice::config::{StreamCompression, StreamSettings};
+use sluice::nats::ensure_streams;
 use sluice_harness::{
     available, wait_for, Mode, NatsFlavor, NatsServer, Respond, Rule, Stack, StackOptions, TENANT,
 };
@@ -324,7 +325,7 @@ async fn stream_compression_is_set_where_the_server_has_it_and_refused_by_name_w
         ack_wait: Duration::from_secs(30),
         max_ack_pending: 1000,
         replicas: 1,
-        s2: true,
+        stream_compression: StreamCompression::S2,
         partitions: 1,
     };
     let version = js.client().server_info().version;
@@ -345,14 +346,14 @@ async fn stream_compression_is_set_where_the_server_has_it_and_refused_by_name_w
             "{e:#}"
         );
         // Nothing was made half-way: the setting off, the streams are made as before.
-        settings.s2 = false;
+        settings.stream_compression = StreamCompression::None;
         ensure_streams(&js, &settings).await?;
         return Ok(());
     }
     ensure_streams(&js, &settings).await?;
     assert_eq!(compression_of("INGEST").await?, Some(Compression::S2));
     assert_eq!(compression_of("DLQ").await?, Some(Compression::S2));
-    settings.s2 = false;
+    settings.stream_compression = StreamCompression::None;
     ensure_streams(&js, &settings).await?;
     assert_eq!(compression_of("INGEST").await?, Some(Compression::None));
     assert_eq!(compression_of("DLQ").await?, Some(Compression::None));

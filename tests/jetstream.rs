@@ -12,9 +12,10 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use async_nats::jetstream::{self, consumer, message::StreamMessage, stream};
 use bytes::Bytes;
 use serde_json::json;
+use sluice::config::{StreamCompression, StreamSettings};
 use sluice::nats::{
     ensure_consumer, ensure_streams, remove_stranded, AckedHere, Dlq, DlqWriter, IngestStreams,
-    JetStreamSource, JetStreamSourceFactory, JsDelivery, PublishError, Publisher, StreamSettings,
+    JetStreamSource, JetStreamSourceFactory, JsDelivery, PublishError, Publisher,
     ORIGINAL_LINE_HEADER,
 };
 use sluice_actors::{Class, Delivery, Parking, Position, Source, SourceFactory, TableKey};
@@ -56,7 +57,7 @@ fn settings(max_bytes: u64, ack_wait: Duration) -> StreamSettings {
         ack_wait,
         max_ack_pending: 1000,
         replicas: 1,
-        s2: false,
+        stream_compression: StreamCompression::None,
         partitions: 1,
     }
 }

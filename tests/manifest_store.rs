@@ -14,10 +14,11 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use async_nats::jetstream::{self, consumer, kv, stream};
 use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
+use sluice::config::{StreamCompression, StreamSettings};
 use sluice::nats::{
     bucket_stream_name, decode_manifest, ensure_consumer, ensure_streams, DlqWriter,
     JetStreamSource, JetStreamSourceFactory, JsDelivery, JsManifestStore, ManifestSettings,
-    Publisher, StreamSettings, MANIFEST_MAX_AGE,
+    Publisher, MANIFEST_MAX_AGE,
 };
 use sluice_actors::{
     ClaimError, Class, ClickHouseError, Dedup, Delivery, FetchError, InsertRequest, Inserter,
@@ -48,7 +49,7 @@ fn stream_settings() -> StreamSettings {
         ack_wait: Duration::from_secs(30),
         max_ack_pending: 1000,
         replicas: 1,
-        s2: false,
+        stream_compression: StreamCompression::None,
         partitions: 1,
     }
 }

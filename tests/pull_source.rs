@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use async_nats::jetstream;
+use sluice::config::{StreamCompression, StreamSettings};
 use sluice::nats::{
     ensure_consumer, ensure_streams, DlqWriter, JetStreamSource, JetStreamSourceFactory,
-    JsDelivery, Publisher, StreamSettings,
+    JsDelivery, Publisher,
 };
 use sluice_actors::{Delivery, Source, SourceFactory};
 use sluice_harness::{available, NatsFlavor, NatsServer};
@@ -34,7 +35,7 @@ fn settings(ack_wait: Duration) -> StreamSettings {
         ack_wait,
         max_ack_pending: 1000,
         replicas: 1,
-        s2: false,
+        stream_compression: StreamCompression::None,
         partitions: 1,
     }
 }

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backoff::Jitter;
 use crate::ledger::{Ledger, ManifestStore};
-use crate::observe::{Registry, Stats};
+use crate::observe::{Frame, Registry, Stats};
 use crate::settings::{PipelineSettings, TableSettingsResolver};
 
 pub struct Common {
@@ -39,6 +39,12 @@ pub struct Common {
 // === impl Common ===
 
 impl Common {
+    /// The observation frame of the actor `node_id`: it publishes into this pipeline's
+    /// registry, at most once a `snapshot_every`.
+    pub fn frame(&self, node_id: impl Into<String>) -> Frame {
+        Frame::new(node_id, self.registry.clone(), self.settings.snapshot_every)
+    }
+
     pub fn new(
         settings: PipelineSettings,
         tables: TableSettingsResolver,

@@ -18,7 +18,7 @@ mod settle;
 pub mod split_parts;
 pub mod turn;
 
-use self::judge::{judge_or_cancel, take_turn, Judging};
+use self::judge::{cut_off_at_deadline, judge, take_turn, unless_cut_off, Judging};
 use self::prepare::prepare;
 use self::report::report;
 use self::settle::{count, failure_text, record_verdicts, settle, struck_rows};
@@ -285,7 +285,10 @@ async fn fly<I: Inserter, D: Delivery>(
                     attempt,
                     at,
                 };
-                judge_or_cancel(ctx, replica, &batch, &mut verdicts, how).await
+                let judging = judge(ctx, replica, &batch, &mut verdicts, how);
+                unless_cut_off(ctx, judging)
+                    .await
+                    .unwrap_or_else(|| cut_off_at_deadline(ctx))
             }
             None => (Verdict::Unfinished, None, Vec::new()),
         };

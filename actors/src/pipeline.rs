@@ -367,18 +367,6 @@ impl<D: Delivery> PipelineHandle<D> {
         Ok(())
     }
 
-    /// Debug hook: panic inside the PoolActor of server `replica` of `target`.
-    pub async fn inject_replica_panic(&self, target: &str, replica: &str) -> Result<(), String> {
-        let actor = self.target_named(target).await?;
-        let name = replica.to_owned();
-        self.panic_child(
-            actor,
-            |tx| TargetDebug::PanicPool(name, PoolDebug::Panic, tx),
-            replica,
-        )
-        .await
-    }
-
     /// Debug hook: panic inside the TargetActor of `target` (its pools and tables go
     /// with it; the root respawns it with what they must not forget).
     pub async fn inject_target_panic(&self, target: &str) -> Result<(), String> {

@@ -213,30 +213,17 @@ mod tests {
 
     #[test]
     fn subjects_parse_only_with_identifier_tokens() {
-        assert_eq!(
-            parse_subject("ingest", "ingest.acme.events"),
-            Some(("acme", "events"))
-        );
-        assert_eq!(
-            parse_subject("ingest", "ingest.a-b_1.t_2"),
-            Some(("a-b_1", "t_2"))
-        );
-        // A publisher's spreading key after the table, and a partition's subjects.
-        assert_eq!(
-            parse_subject("ingest", "ingest.acme.events.user-42"),
-            Some(("acme", "events"))
-        );
-        assert_eq!(
-            parse_subject("ingest", "ingest_part.2.acme.events"),
-            Some(("acme", "events"))
-        );
-        assert_eq!(
-            parse_subject(
-                "ingest",
-                &format!("{}.acme.events.k", partition_prefix("ingest", 11))
-            ),
-            Some(("acme", "events"))
-        );
+        let eleventh = format!("{}.acme.events.k", partition_prefix("ingest", 11));
+        for (subject, parsed) in [
+            ("ingest.acme.events", ("acme", "events")),
+            ("ingest.a-b_1.t_2", ("a-b_1", "t_2")),
+            // A publisher's spreading key after the table, and a partition's subjects.
+            ("ingest.acme.events.user-42", ("acme", "events")),
+            ("ingest_part.2.acme.events", ("acme", "events")),
+            (eleventh.as_str(), ("acme", "events")),
+        ] {
+            assert_eq!(parse_subject("ingest", subject), Some(parsed), "{subject}");
+        }
         for bad in [
             "ingest.acme",
             "ingest.acme.events.x.y",

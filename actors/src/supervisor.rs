@@ -160,10 +160,9 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         if self.stopping {
             return;
         }
-        let fail_spawn = self.take_failing_spawn(c.kind());
         let spawned = match c {
-            Child::Consumer(p) => self.spawn_consumer(myself, p, fail_spawn).await,
-            Child::Target(i) => self.spawn_target(myself, i, fail_spawn).await,
+            Child::Consumer(p) => self.spawn_consumer(myself, p).await,
+            Child::Target(i) => self.spawn_target(myself, i).await,
         };
         match spawned {
             Ok(cell) => {
@@ -180,7 +179,6 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         &mut self,
         myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
         partition: usize,
-        fail_spawn: bool,
     ) -> Result<ActorCell, String> {
         let args = ConsumerArgs {
             factory: self.factory.clone(),
@@ -189,7 +187,7 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
             router: self.router.clone(),
             common: self.common.clone(),
             targets: self.target_links(),
-            fail_spawn,
+            fail_spawn: self.take_failing_spawn(Child::Consumer(partition).kind()),
         };
         let (actor, _) =
             Actor::spawn_linked(None, ConsumerActor::<F>::default(), args, myself.get_cell())
@@ -203,8 +201,8 @@ impl<F: SourceFactory, I: Inserter> RootState<F, I> {
         &mut self,
         myself: &ActorRef<RootMsg<DeliveryOf<F>>>,
         index: usize,
-        fail_spawn: bool,
     ) -> Result<ActorCell, String> {
+        let fail_spawn = self.take_failing_spawn(Child::Target(index).kind());
         let spec = &self.specs[index];
         let root: DerivedActorRef<TargetReport> = myself.get_derived();
         let orphans: DerivedActorRef<TableReport> = myself.get_derived();

@@ -209,7 +209,7 @@ impl Bench {
         let config_path = stack.write_config()?;
         let config = sluice::config::Config::load(Some(&config_path))
             .map_err(|e| anyhow!("the benchmark's sluice config: {e}"))?;
-        let settings = sluice::nats::StreamSettings::from(&config.nats);
+        let settings = config.nats.streams.clone();
         sluice::nats::ensure_streams(&js, &settings).await?;
         let ingest = js.get_stream(&settings.stream).await?.cached_info().clone();
         let mut reference = ingest.config.clone();

@@ -275,19 +275,25 @@ mod tests {
         }
     }
 
+    /// The history of `acme.events` sampled every 5 s from 0 to `until` s, its totals
+    /// at second `s` being `at_second(s)`; and the instant of second `s`.
+    fn sampled_every_5s(
+        until: u64,
+        at_second: impl Fn(u64) -> RowTotals,
+    ) -> (History, impl Fn(u64) -> Instant) {
+        let start = Instant::now();
+        let at = move |s: u64| start + Duration::from_secs(s);
+        let mut h = History::new(SAMPLES, MAX_TABLES);
+        for s in (0..=until).step_by(5) {
+            h.record(at(s), vec![(name("events"), at_second(s))]);
+        }
+        (h, at)
+    }
+
     #[test]
     fn rates_per_interval_and_over_the_last_minute() {
-        let start = Instant::now();
-        let at = |s: u64| start + Duration::from_secs(s);
-        let mut h = History::new(SAMPLES, MAX_TABLES);
         // 100 rows/s received for 80 s, 90 inserted and 10 parked of them.
-        for i in 0..=16u64 {
-            let s = i * 5;
-            h.record(
-                at(s),
-                vec![(name("events"), totals(100 * s, 90 * s, 10 * s))],
-            );
-        }
+        let (h, at) = sampled_every_5s(80, |s| totals(100 * s, 90 * s, 10 * s));
         let view = h.view(at(82));
         let t = &view.tables[0];
         assert_eq!((t.tenant.as_str(), t.table.as_str()), ("acme", "events"));
@@ -312,15 +318,8 @@ mod tests {
 
     #[test]
     fn the_last_minute_is_the_last_minute_not_the_whole_window() {
-        let start = Instant::now();
-        let at = |s: u64| start + Duration::from_secs(s);
-        let mut h = History::new(SAMPLES, MAX_TABLES);
         // 50 rows/s for 5 minutes, then nothing for a minute.
-        for i in 0..=72u64 {
-            let s = i * 5;
-            let received = 50 * s.min(300);
-            h.record(at(s), vec![(name("events"), totals(received, 0, 0))]);
-        }
+        let (h, at) = sampled_every_5s(360, |s| totals(50 * s.min(300), 0, 0));
         let t = &h.view(at(360)).tables[0];
         assert_eq!(t.last_minute.map(|r| r.received), Some(0.0));
         assert_eq!(t.series.received.first(), Some(&50.0));

@@ -8,7 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::nats::StreamSettings;
+use crate::config::StreamSettings;
+use crate::nats::PublisherRoutes;
 
 /// What the admin endpoint knows of the NATS connection.
 pub struct NatsView {
@@ -17,6 +18,8 @@ pub struct NatsView {
     /// configuration refuses them there).
     url: String,
     streams: StreamSettings,
+    /// What the last check of other publishers' subjects found (`nats::partitions`).
+    publisher_routes: tokio::sync::watch::Receiver<Option<PublisherRoutes>>,
 }
 
 /// The object `GET /admin/nats` answers.
@@ -53,6 +56,10 @@ pub struct NatsOverview {
     /// where its leaders are; the figures above are their sums. One entry when the
     /// queue is not partitioned.
     pub partitions: Vec<PartitionFacts>,
+    /// Whether what other publishers publish (`<subject_prefix>.<tenant>.<table>`)
+    /// reaches the queue, as last asked of the server (every minute; `null` before the
+    /// first answer): with partitions, only the server's subject mapping sends it there.
+    pub publishers: Option<PublisherRoutes>,
 }
 
 /// One partition of the queue: its stream and what its ConsumerActor last said.
@@ -96,11 +103,17 @@ struct ConsumerFacts {
 // === impl NatsView ===
 
 impl NatsView {
-    pub fn new(client: async_nats::Client, url: String, streams: StreamSettings) -> Self {
+    pub fn new(
+        client: async_nats::Client,
+        url: String,
+        streams: StreamSettings,
+        publisher_routes: tokio::sync::watch::Receiver<Option<PublisherRoutes>>,
+    ) -> Self {
         Self {
             client,
             url,
             streams,
+            publisher_routes,
         }
     }
 
@@ -160,6 +173,7 @@ impl NatsView {
             waiting_for: consumer.waiting_for,
             placement: consumer.nats,
             partitions,
+            publishers: self.publisher_routes.borrow().clone(),
         }
     }
 }

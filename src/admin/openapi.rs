@@ -277,6 +277,51 @@ fn paths() -> Value {
     })
 }
 
+/// `Nats.partitions`: each partition of the queue.
+fn nats_partitions() -> Value {
+    json!({
+        "type": "array",
+        "description": "Each partition of the queue ([nats] partitions; one when not partitioned): its stream, its consumer's lag and figures, where its leaders are.",
+        "items": {
+            "type": "object",
+            "required": ["stream", "subjects", "consumer_lag_messages", "pulled_messages", "pulled_rows", "stalls", "waiting_for", "placement"],
+            "properties": {
+                "stream": {"type": "string"},
+                "subjects": {"type": "string"},
+                "consumer_lag_messages": {"type": "integer", "nullable": true},
+                "pulled_messages": {"type": "integer", "minimum": 0},
+                "pulled_rows": {"type": "integer", "minimum": 0},
+                "stalls": {"type": "integer", "minimum": 0},
+                "waiting_for": {"type": "string", "nullable": true},
+                "placement": {"type": "object", "nullable": true},
+            },
+        },
+    })
+}
+
+/// `Nats.publishers`: whether other publishers' subjects reach the queue.
+fn nats_publishers() -> Value {
+    json!({
+        "type": "object",
+        "nullable": true,
+        "description": "Whether what other publishers publish (<subject_prefix>.<tenant>.<table>[.<key>]) reaches a stream of the queue, as last asked of the server (every minute; null before the first answer). With partitions only the server's subject mapping sends it there; `sluice check-config` prints the mapping to give.",
+        "required": ["asked", "astray", "examples", "unanswered"],
+        "properties": {
+            "asked": {"type": "integer", "minimum": 0, "description": "Subjects asked of."},
+            "astray": {"type": "integer", "minimum": 0, "description": "Those that reached no stream of the queue (sluice_nats_subjects_astray)."},
+            "examples": {"type": "array", "items": {
+                "type": "object",
+                "required": ["subject", "reached"],
+                "properties": {
+                    "subject": {"type": "string"},
+                    "reached": {"type": "string", "nullable": true, "description": "The stream that took it, one Sluice does not read; null: none did (publishers get \"no responders\")."},
+                },
+            }},
+            "unanswered": {"type": "integer", "minimum": 0, "description": "Asks with no answer (NATS away): the check says nothing of them."},
+        },
+    })
+}
+
 fn components() -> Value {
     let nullable_string = json!({"type": "string", "nullable": true});
     json!({
@@ -367,7 +412,7 @@ fn components() -> Value {
             },
             "Nats": {
                 "type": "object",
-                "required": ["connected", "url", "server", "stream", "subjects", "consumer", "dlq_stream", "consumer_lag_messages", "pulled_messages", "pulled_rows", "reconnects", "last_error", "stalls", "last_stall", "waiting_for", "placement"],
+                "required": ["connected", "url", "server", "stream", "subjects", "consumer", "dlq_stream", "consumer_lag_messages", "pulled_messages", "pulled_rows", "reconnects", "last_error", "stalls", "last_stall", "waiting_for", "placement", "partitions", "publishers"],
                 "properties": {
                     "connected": {"type": "boolean"},
                     "url": {"type": "string", "description": "The seeds of `[nats] url`, as configured."},
@@ -407,6 +452,8 @@ fn components() -> Value {
                             "consumer": schema("NatsGroup"),
                         },
                     },
+                    "partitions": nats_partitions(),
+                    "publishers": nats_publishers(),
                 },
             },
             "NatsGroup": {

@@ -85,11 +85,6 @@ impl<S: TableSource> Catalog<S> {
         }
     }
 
-    pub fn with_min_refresh(mut self, every: Duration) -> Self {
-        self.min_refresh = every;
-        self
-    }
-
     pub fn target(&self) -> &str {
         &self.target
     }

@@ -301,6 +301,17 @@ mod tests {
     }
 
     /// What Sluice makes of a `ReplicatedMergeTree` with `settings`, at its defaults.
+    /// `verdict`'s reason says each of `parts`.
+    fn says(verdict: &Dedup, parts: &[&str]) {
+        for part in parts {
+            assert!(
+                verdict.why.contains(part),
+                "{part:?} not in {}",
+                verdict.why
+            );
+        }
+    }
+
     fn replicated_with(settings: &str, server: &ServerDedup) -> Dedup {
         let full =
             format!("ReplicatedMergeTree('/p', '{{replica}}') ORDER BY id SETTINGS {settings}");
@@ -354,13 +365,12 @@ mod tests {
             &need(),
         );
         assert!(current.exactly_once, "{current:?}");
-        assert!(
-            current
-                .why
-                .contains("last 10000 blocks (replicated_deduplication_window) for 1h")
-                && current.why.contains("room for 74 times"),
-            "{}",
-            current.why
+        says(
+            &current,
+            &[
+                "last 10000 blocks (replicated_deduplication_window) for 1h",
+                "room for 74 times",
+            ],
         );
     }
 
@@ -375,24 +385,19 @@ mod tests {
             short.window.and_then(|w| w.seconds),
             Some(Duration::from_secs(60))
         );
-        assert!(
-            short.why.contains("it forgets a block after 1m, before a batch retried after a crash may come back (2m 1s)")
-                && short
-                    .why
-                    .contains("Set replicated_deduplication_window_seconds to at least 121"),
-            "{}",
-            short.why
+        says(
+            &short,
+            &[
+                "it forgets a block after 1m, before a batch retried after a crash may come back (2m 1s)",
+                "Set replicated_deduplication_window_seconds to at least 121",
+            ],
         );
         let both = replicated_with(
             "replicated_deduplication_window = 5, replicated_deduplication_window_seconds = 30",
             &server_1816(),
         );
-        assert!(
-            !both.exactly_once
-                && both.why.contains("Set replicated_deduplication_window to at least 135 for each instance writing it and replicated_deduplication_window_seconds to at least 121"),
-            "{}",
-            both.why
-        );
+        assert!(!both.exactly_once, "{both:?}");
+        says(&both, &["Set replicated_deduplication_window to at least 135 for each instance writing it and replicated_deduplication_window_seconds to at least 121"]);
     }
 
     #[test]

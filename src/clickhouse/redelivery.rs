@@ -115,7 +115,7 @@ impl Redelivery {
             .map(|(key, s)| (key.clone(), pace(s)))
             .collect();
         Redelivery {
-            ack_wait: config.nats.ack_wait,
+            ack_wait: config.nats.streams.ack_wait,
             // Not a `[pipeline]` key: the actors run with their default.
             reform_wait: PipelineSettings::default().reform_wait,
             backoff_max: config.pipeline.backoff_max,

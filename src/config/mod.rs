@@ -100,18 +100,9 @@ pub struct NatsConfig {
     /// credentials (refused there: they come from `auth`), so they can be printed and
     /// logged. Never empty once validated.
     pub seeds: Vec<String>,
-    pub stream: String,
-    pub subject_prefix: String,
-    pub consumer: String,
-    pub dlq_stream: String,
-    pub dlq_subject_prefix: String,
-    pub max_bytes: u64,
-    pub dlq_max_bytes: u64,
-    pub duplicate_window: Duration,
-    pub ack_wait: Duration,
-    pub max_ack_pending: i64,
+    /// What the streams and the durable consumer are made of.
+    pub streams: StreamSettings,
     pub auth: NatsAuth,
-    pub replicas: usize,
     /// The key-value bucket of batch manifests (exactly-once); its stream is
     /// `KV_<manifest_bucket>`.
     pub manifest_bucket: String,
@@ -123,6 +114,22 @@ pub struct NatsConfig {
     pub idempotency_bucket: String,
     /// The idempotency bucket's budget: past it a keyed request answers 503.
     pub idempotency_max_bytes: u64,
+}
+
+/// What the streams and the durable consumer are made of, from `[nats]`.
+#[derive(Clone, Debug)]
+pub struct StreamSettings {
+    pub stream: String,
+    pub subject_prefix: String,
+    pub consumer: String,
+    pub dlq_stream: String,
+    pub dlq_subject_prefix: String,
+    pub max_bytes: u64,
+    pub dlq_max_bytes: u64,
+    pub duplicate_window: Duration,
+    pub ack_wait: Duration,
+    pub max_ack_pending: i64,
+    pub replicas: usize,
     /// `[nats] stream_compression`: the server compresses the ingest and DLQ streams'
     /// blocks (2.10 and later; Sluice refuses to start on an older server).
     pub stream_compression: StreamCompression,

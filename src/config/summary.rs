@@ -21,37 +21,38 @@ pub fn summary(config: &Config) -> String {
 /// NATS: the streams, the ledger's and the keys' buckets, how messages are stored.
 fn nats_part(out: &mut String, config: &Config) {
     let n = &config.nats;
+    let s = &n.streams;
     let _ = writeln!(
         out,
         "nats: seeds {} replicas {} stream {} (subjects {}.<tenant>.<table>, max {}) dlq {} (subjects {}.<tenant>.<table>, max {}) consumer {} ack_wait {} max_ack_pending {}",
         n.seeds_text(),
-        n.replicas,
-        n.stream,
-        n.subject_prefix,
-        Size(n.max_bytes),
-        n.dlq_stream,
-        n.dlq_subject_prefix,
-        Size(n.dlq_max_bytes),
-        n.consumer,
-        humantime::format_duration(n.ack_wait),
-        n.max_ack_pending
+        s.replicas,
+        s.stream,
+        s.subject_prefix,
+        Size(s.max_bytes),
+        s.dlq_stream,
+        s.dlq_subject_prefix,
+        Size(s.dlq_max_bytes),
+        s.consumer,
+        humantime::format_duration(s.ack_wait),
+        s.max_ack_pending
     );
-    if n.partitions > 1 {
+    if s.partitions > 1 {
         let _ = writeln!(
             out,
             "partitions: {} streams {}_0..{}_{} (subjects {}_part.<n>.<tenant>.<table>, max {} each), a consumer {} on each; publishers other than the API publish on {}.<tenant>.<table>[.<key>] through this mapping in the nats-server configuration:",
-            n.partitions,
-            n.stream,
-            n.stream,
-            n.partitions - 1,
-            n.subject_prefix,
-            Size(n.max_bytes / n.partitions as u64),
-            n.consumer,
-            n.subject_prefix
+            s.partitions,
+            s.stream,
+            s.stream,
+            s.partitions - 1,
+            s.subject_prefix,
+            Size(s.max_bytes / s.partitions as u64),
+            s.consumer,
+            s.subject_prefix
         );
         out.push_str(&sluice_actors::server_mapping(
-            &n.subject_prefix,
-            n.partitions,
+            &s.subject_prefix,
+            s.partitions,
         ));
     }
     let _ = writeln!(
@@ -86,7 +87,7 @@ fn nats_part(out: &mut String, config: &Config) {
             ),
             None => "plain".into(),
         },
-        match n.stream_compression {
+        match s.stream_compression {
             super::StreamCompression::S2 => "compressed by the server (s2, nats-server 2.10+)",
             super::StreamCompression::None => "not compressed by the server",
         }
@@ -95,14 +96,9 @@ fn nats_part(out: &mut String, config: &Config) {
 
 /// Where rows go: the ClickHouse targets, the tenants, the tables' settings.
 fn routing_part(out: &mut String, config: &Config) {
-    let _ = writeln!(out, "targets:");
-    if config.targets.is_empty() {
-        let _ = writeln!(out, "  (none)");
-    }
-    for t in config.targets.values() {
-        let _ = writeln!(
-            out,
-            "  {}: {} user {} database {} password {} insert_timeout {} concurrency {}",
+    let targets = config.targets.values().map(|t| {
+        format!(
+            "{}: {} user {} database {} password {} insert_timeout {} concurrency {}",
             t.name,
             t.layout(),
             t.user,
@@ -114,25 +110,35 @@ fn routing_part(out: &mut String, config: &Config) {
             },
             humantime::format_duration(t.insert_timeout),
             t.insert_concurrency
-        );
-    }
-    let _ = writeln!(out, "tenants:");
-    if config.tenants.is_empty() {
-        let _ = writeln!(out, "  (none)");
-    }
-    for t in config.tenants.values() {
-        let _ = writeln!(
-            out,
-            "  {}: target {} token {}",
+        )
+    });
+    list(out, "targets", targets);
+    let tenants = config.tenants.values().map(|t| {
+        format!(
+            "{}: target {} token {}",
             t.name,
             t.target.as_deref().unwrap_or("(none: rows parked)"),
             if t.token.is_some() { "set" } else { "none" }
-        );
-    }
+        )
+    });
+    list(out, "tenants", tenants);
     let _ = writeln!(out, "tables:");
     let _ = writeln!(out, "  (default): {}", describe(&config.ingest));
     for ((tenant, table), s) in &config.tables {
         let _ = writeln!(out, "  {tenant}.{table}: {}", describe(s));
+    }
+}
+
+/// `title:` and its items indented below it, or `(none)`.
+fn list(out: &mut String, title: &str, items: impl Iterator<Item = String>) {
+    let _ = writeln!(out, "{title}:");
+    let mut none = true;
+    for item in items {
+        none = false;
+        let _ = writeln!(out, "  {item}");
+    }
+    if none {
+        let _ = writeln!(out, "  (none)");
     }
 }
 

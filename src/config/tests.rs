@@ -22,9 +22,9 @@ fn problems(text: &str, vars: &[(&str, &str)]) -> Vec<String> {
 fn the_example_config_is_valid() {
     let text = include_str!("../../config.toml");
     let config = Config::from_parts("config.toml", text, &env(&[])).expect("example config");
-    assert_eq!(config.nats.stream, "INGEST");
-    assert_eq!(config.nats.max_bytes, 1 << 30);
-    assert_eq!(config.nats.ack_wait, Duration::from_secs(60));
+    assert_eq!(config.nats.streams.stream, "INGEST");
+    assert_eq!(config.nats.streams.max_bytes, 1 << 30);
+    assert_eq!(config.nats.streams.ack_wait, Duration::from_secs(60));
     assert_eq!(
         config.targets["main"].insert_timeout,
         Duration::from_secs(30)
@@ -288,7 +288,7 @@ fn environment_overrides_every_section() {
     )
     .expect("env-only config");
     assert_eq!(config.nats.seeds, ["nats://10.0.0.1:4222"]);
-    assert_eq!(config.nats.max_bytes, 2 << 30);
+    assert_eq!(config.nats.streams.max_bytes, 2 << 30);
     assert_eq!(config.targets["main"].shards, vec![vec!["http://ch:8123"]]);
     assert!(config.targets["main"].password.is_some());
     assert_eq!(config.tenants["acme"].target.as_deref(), Some("main"));
@@ -1049,7 +1049,7 @@ fn partitions_are_counted_and_printed_with_the_server_mapping() {
         &env(&[]),
     )
     .expect("three partitions");
-    assert_eq!(config.nats.partitions, 3);
+    assert_eq!(config.nats.streams.partitions, 3);
     let summary = config.summary();
     assert!(
         summary.contains("partitions: 3 streams INGEST_0..INGEST_2 (subjects ingest_part.<n>.<tenant>.<table>, max 1GiB each)"),
@@ -1061,7 +1061,7 @@ fn partitions_are_counted_and_printed_with_the_server_mapping() {
     );
     assert_eq!(
         Config::from_parts("x", "", &env(&[]))
-            .map(|c| c.nats.partitions)
+            .map(|c| c.nats.streams.partitions)
             .ok(),
         Some(1),
         "one partition by default"
@@ -1077,7 +1077,7 @@ fn partitions_are_counted_and_printed_with_the_server_mapping() {
     // Exactly-once (on by default) holds across partitions.
     assert!(
         Config::from_parts("x", "[nats]\npartitions = 2\n", &env(&[]))
-            .is_ok_and(|c| c.exactly_once && c.nats.partitions == 2)
+            .is_ok_and(|c| c.exactly_once && c.nats.streams.partitions == 2)
     );
     // And so does a shard_key: each partition's stream has its split records.
     let keyed = Config::from_parts(

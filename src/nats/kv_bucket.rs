@@ -39,8 +39,21 @@ pub struct BucketShape<'a> {
     pub max_bytes: u64,
     /// How long a value is kept after its last write, whatever it says.
     pub max_age: Duration,
-    pub duplicate_window: Duration,
     pub replicas: usize,
+}
+
+/// JetStream's own default duplicate window, which `create_key_value` leaves in place.
+const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// A bucket's duplicate window (not used: records carry no message id): the server's
+/// default, but never longer than the age values are kept (JetStream refuses that); a
+/// zero age keeps values for good, and the default.
+fn duplicate_window(max_age: Duration) -> Duration {
+    if max_age.is_zero() {
+        DEFAULT_DUPLICATE_WINDOW
+    } else {
+        max_age.min(DEFAULT_DUPLICATE_WINDOW)
+    }
 }
 
 /// Create the bucket's stream (or bring it to this shape), then open the bucket.
@@ -61,7 +74,7 @@ pub async fn ensure(js: &jetstream::Context, shape: &BucketShape<'_>) -> anyhow:
         deny_delete: true,
         deny_purge: false,
         allow_direct: true,
-        duplicate_window: shape.duplicate_window,
+        duplicate_window: duplicate_window(shape.max_age),
         num_replicas: shape.replicas,
         ..Default::default()
     };

@@ -33,13 +33,15 @@ pub use manifest::{
     bucket_stream_name, decode_manifest, Collected, JsManifestStore, ManifestSettings,
     MANIFEST_MAX_AGE,
 };
-pub use partitions::{keep_retiring, partition_stream, IngestStreams};
+pub use partitions::{
+    check_routes, keep_checking_routes, keep_retiring, partition_stream, IngestStreams,
+    PublisherRoutes,
+};
 pub use publish::{PendingPublish, PublishError, Publisher};
 pub use pulling::delivery::{DlqWriter, JsDelivery, ORIGINAL_LINE_HEADER};
 pub use pulling::source::{JetStreamSource, JetStreamSourceFactory};
 pub use setup::{
     ensure_consumer, ensure_streams, replicas_beyond_server, replicas_refused_once_connected,
-    StreamSettings,
 };
 pub use split::{
     keep_collecting as keep_collecting_splits, split_bucket, SplitRecords, SplitSettings,

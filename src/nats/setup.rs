@@ -9,47 +9,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use super::version;
 use super::workarounds::budget::{discard_new_is_exact, server_max_bytes};
 use super::workarounds::stranded::remove_stranded;
-use crate::config::NatsConfig;
-
-/// What the streams and the consumer are made of, from `[nats]`.
-#[derive(Clone, Debug)]
-pub struct StreamSettings {
-    pub stream: String,
-    pub subject_prefix: String,
-    pub consumer: String,
-    pub dlq_stream: String,
-    pub dlq_subject_prefix: String,
-    pub max_bytes: u64,
-    pub dlq_max_bytes: u64,
-    pub duplicate_window: Duration,
-    pub ack_wait: Duration,
-    pub max_ack_pending: i64,
-    pub replicas: usize,
-    /// `[nats] stream_compression = "s2"`: the server compresses the streams' blocks.
-    pub s2: bool,
-    /// `[nats] partitions`: the queue in this many streams (see `super::partitions`).
-    pub partitions: usize,
-}
-
-impl From<&NatsConfig> for StreamSettings {
-    fn from(c: &NatsConfig) -> Self {
-        Self {
-            stream: c.stream.clone(),
-            subject_prefix: c.subject_prefix.clone(),
-            consumer: c.consumer.clone(),
-            dlq_stream: c.dlq_stream.clone(),
-            dlq_subject_prefix: c.dlq_subject_prefix.clone(),
-            max_bytes: c.max_bytes,
-            dlq_max_bytes: c.dlq_max_bytes,
-            duplicate_window: c.duplicate_window,
-            ack_wait: c.ack_wait,
-            max_ack_pending: c.max_ack_pending,
-            replicas: c.replicas,
-            s2: c.stream_compression == crate::config::StreamCompression::S2,
-            partitions: c.partitions,
-        }
-    }
-}
+use crate::config::{StreamCompression, StreamSettings};
 
 /// The INGEST stream (or each partition's: `super::partitions`): a work queue (an acked
 /// row leaves it, so `max_bytes` bounds the backlog, not the history) that refuses new
@@ -59,7 +19,7 @@ impl From<&NatsConfig> for StreamSettings {
 pub async fn ensure_streams(js: &jetstream::Context, s: &StreamSettings) -> anyhow::Result<()> {
     let version = js.client().server_info().version;
     let exact = discard_new_is_exact(&version);
-    let compression = stream_compression(s.s2, &version)?;
+    let compression = stream_compression(s.stream_compression == StreamCompression::S2, &version)?;
     for p in s.each_partition() {
         let ingest = stream::Config {
             name: p.stream.clone(),

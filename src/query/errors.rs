@@ -473,27 +473,15 @@ mod tests {
     #[test]
     fn the_action_line_is_read_off_the_mapping() {
         let line = |code: u32| query_action(&classify::from_code(code, Some(500), String::new()));
-        // 164 is Unavailable to the classifier, a refused write to the gateway.
-        assert!(
-            line(164).starts_with("403 denied, never retried"),
-            "{}",
-            line(164)
-        );
-        assert!(
-            line(159).starts_with("504 timeout, never retried"),
-            "{}",
-            line(159)
-        );
-        assert!(
-            line(60).starts_with("404 rejected, never retried"),
-            "{}",
-            line(60)
-        );
-        assert!(
-            line(745).starts_with("503 unavailable, retried"),
-            "{}",
-            line(745)
-        );
+        for (code, starts) in [
+            // 164 is Unavailable to the classifier, a refused write to the gateway.
+            (164, "403 denied, never retried"),
+            (159, "504 timeout, never retried"),
+            (60, "404 rejected, never retried"),
+            (745, "503 unavailable, retried"),
+        ] {
+            assert!(line(code).starts_with(starts), "{code}: {}", line(code));
+        }
         assert!(line(745).contains("retry budget"), "{}", line(745));
         let codeless = query_action(&classify::from_response(500, None, "<html>"));
         assert!(

@@ -277,6 +277,16 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    /// A write's outcome, counted as activity when it wrote anything.
+    fn wrote(&self, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.wrote();
+        }
+        polled
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -285,10 +295,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.wrote();
-        }
-        polled
+        this.wrote(polled)
     }
 
     fn poll_write_vectored(
@@ -298,10 +305,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.wrote();
-        }
-        polled
+        this.wrote(polled)
     }
 
     fn is_write_vectored(&self) -> bool {

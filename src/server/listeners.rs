@@ -22,7 +22,7 @@ use crate::clickhouse::clients::TargetCatalog;
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
 use crate::http::tenant::TenantResolver;
-use crate::nats::{Dlq, IngestStreams, KeyStore, KeyStoreSettings, LandedChunks, StreamSettings};
+use crate::nats::{Dlq, IngestStreams, KeyStore, KeyStoreSettings, LandedChunks, PublisherRoutes};
 use crate::telemetry::table_rows::TableRows;
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +63,8 @@ pub struct Parts {
     pub dlq: Dlq,
     pub pipeline: Arc<PipelineAdapter>,
     pub client: async_nats::Client,
+    /// What the last check of other publishers' subjects found (`GET /admin/nats`).
+    pub publisher_routes: tokio::sync::watch::Receiver<Option<PublisherRoutes>>,
     pub metrics: PrometheusHandle,
     /// Each table's row totals, sampled for the admin page's rates.
     pub table_rows: Arc<TableRows>,
@@ -81,8 +83,8 @@ pub fn idempotency_keys(config: &Config, js: async_nats::jetstream::Context) -> 
             description: "Sluice Idempotency-Key records: each keyed ingest request's body fingerprint and answer, and the keyed chunks settled",
             max_bytes: config.nats.idempotency_max_bytes,
             full_hint: "[nats] idempotency_max_bytes; its records expire after [nats] duplicate_window",
-            replicas: config.nats.replicas,
-            max_age: idempotency::record_age(config.nats.duplicate_window, key_lease),
+            replicas: config.nats.streams.replicas,
+            max_age: idempotency::record_age(config.nats.streams.duplicate_window, key_lease),
             no_leader_wait: config.api.publish_retry_for,
         },
     ))
@@ -99,6 +101,7 @@ pub async fn start(
         dlq,
         pipeline,
         client,
+        publisher_routes,
         metrics,
         table_rows,
     } = parts;
@@ -123,7 +126,8 @@ pub async fn start(
         nats: NatsView::new(
             client,
             config.nats.seeds_text(),
-            StreamSettings::from(&config.nats),
+            config.nats.streams.clone(),
+            publisher_routes,
         ),
         dlq,
         metrics,
@@ -207,7 +211,7 @@ fn ingest_state(
         catalogs: catalogs(config, inserters),
         tables: TenantTables::new(config.api.max_tables_per_tenant),
         landed: LandedChunks::new(keys.clone()),
-        keys: Idempotency::new(keys, key_lease, &config.nats.stream),
+        keys: Idempotency::new(keys, key_lease, &config.nats.streams.stream),
         key_lease,
     })
 }

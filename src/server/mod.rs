@@ -23,7 +23,8 @@ use anyhow::Context as _;
 
 use crate::clickhouse::clients::TargetClients;
 use crate::config::Config;
-use crate::nats::{self, IngestStreams, StreamSettings};
+use crate::config::StreamSettings;
+use crate::nats::{self, IngestStreams};
 use crate::telemetry;
 
 pub use pipeline::PipelineAdapter;
@@ -49,7 +50,7 @@ pub async fn run_until(
 
     let client = nats::connect(&config.nats, true).await?;
     let js = async_nats::jetstream::new(client.clone());
-    let streams = StreamSettings::from(&config.nats);
+    let streams = config.nats.streams.clone();
     let connected = nats_at_start(&config, &client, &js, &streams).await?;
     // The ingest API's own context: enough ack permits for every publishing request's
     // window at once (see `api::ingest`), apart from the pipeline's DLQ publishes.
@@ -81,6 +82,14 @@ pub async fn run_until(
         pipeline::start(&config, js.clone(), streams.clone(), &inserters, failpoint).await?;
     let adapter = Arc::new(PipelineAdapter::new(pipeline));
 
+    // Whether other publishers' subjects reach the queue, asked now and every minute.
+    let (routes, publisher_routes) = tokio::sync::watch::channel(None);
+    tokio::spawn(nats::keep_checking_routes(
+        client.clone(),
+        streams.clone(),
+        routes,
+    ));
+
     // The listeners' stop: cancelled once the signal came (one token tree with the
     // pipeline's own, which stops the actors).
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -90,6 +99,7 @@ pub async fn run_until(
         dlq: nats::Dlq::new(js.clone(), streams.clone(), ingest_publisher).crashing_at(failpoint),
         pipeline: adapter.clone(),
         client: client.clone(),
+        publisher_routes,
         metrics: installed.handle,
         table_rows: installed.table_rows,
     };

@@ -13,10 +13,10 @@ use sluice_actors::{
 
 use crate::admin::PipelineView;
 use crate::clickhouse::clients::TargetClients;
-use crate::config::{self, Config};
+use crate::config::{self, Config, StreamSettings};
 use crate::nats::{
     keep_collecting_splits, DlqWriter, JetStreamSourceFactory, JsDelivery, JsManifestStore,
-    LandedChunks, ManifestSettings, Publisher, SplitRecords, SplitSettings, StreamSettings,
+    LandedChunks, ManifestSettings, Publisher, SplitRecords, SplitSettings,
 };
 
 /// Start the actor tree: a target per configured one with a pool per server
@@ -102,13 +102,13 @@ pub fn pipeline_settings(config: &Config, failpoint: Option<Failpoint>) -> Pipel
         ..BackoffPolicy::default()
     };
     PipelineSettings {
-        subject_prefix: config.nats.subject_prefix.clone(),
-        stream: config.nats.stream.clone(),
+        subject_prefix: config.nats.streams.subject_prefix.clone(),
+        stream: config.nats.streams.stream.clone(),
         pull_batch: config.pipeline.pull_batch,
         max_inflight_flushes: config.pipeline.max_inflight_flushes,
         idle_table_after: config.pipeline.idle_table_after,
         shutdown_deadline: config.pipeline.shutdown_deadline,
-        ack_wait: config.nats.ack_wait,
+        ack_wait: config.nats.streams.ack_wait,
         pool_backoff: backoff,
         table_backoff: backoff,
         failpoint,

@@ -29,6 +29,9 @@ pub const INGEST_MEMORY_RESERVED: &str = "sluice_ingest_memory_reserved_bytes";
 /// `replayed`, `resumed`, `taken_over`, `in_progress`, `mismatch`, `unusable`; see
 /// `api::ingest::idempotency::KeyOutcome`, which registers each at 0).
 pub const INGEST_IDEMPOTENCY: &str = "sluice_ingest_idempotency_total";
+/// Subjects other publishers use (`<subject_prefix>.<tenant>.<table>[.<key>]`) that
+/// reached no stream of the queue when last asked (`nats::partitions::route_check`).
+pub const NATS_SUBJECTS_ASTRAY: &str = "sluice_nats_subjects_astray";
 /// Orphaned batch manifests the collector removed from the bucket, by reason
 /// (`old_incarnation`, `acked`, `forgotten_after_reconnect`, `gone_from_stream`).
 pub const MANIFESTS_COLLECTED: &str = "sluice_manifests_collected_total";
@@ -62,7 +65,7 @@ pub fn register_known(config: &Config) {
         .collect();
     sluice_actors::metrics::register_known(
         replicas.iter().map(|(t, r)| (t.as_str(), r.as_str())),
-        &config.nats.stream,
+        &config.nats.streams.stream,
         &tables,
     );
     // The ingest API's series of the tables configured by name: a table's first request
@@ -77,6 +80,7 @@ pub fn register_known(config: &Config) {
         metrics::counter!(INGEST_REQUESTS, "status" => status.to_string()).increment(0);
     }
     metrics::gauge!(INGEST_MEMORY_RESERVED).set(0.0);
+    metrics::gauge!(NATS_SUBJECTS_ASTRAY).set(0.0);
     if config.query.is_some() {
         for status in QUERY_STATUSES {
             metrics::counter!(QUERY_TOTAL, "status" => status.to_string()).increment(0);
@@ -97,6 +101,7 @@ pub const BINARY_METRICS: &[Described] = &[
     counter(MANIFESTS_COLLECTED, "Orphaned batch manifests removed by the collector, by reason."),
     counter(INGEST_MESSAGES, "Messages the ingest API stored in the stream (each carries up to [api] chunk_rows rows), by tenant and table."),
     counter(INGEST_ROWS_REJECTED, "Rows the ingest API refused, by tenant and table."),
+    gauge(NATS_SUBJECTS_ASTRAY, "Subjects other publishers use that reached no stream of the queue when last asked (the nats-server's subject mapping does not match [nats] partitions)."),
     counter(INGEST_IDEMPOTENCY, "Keyed ingest requests by what became of their Idempotency-Key (claimed, replayed, resumed, taken_over, in_progress, mismatch, unusable)."),
     counter(QUERY_TOTAL, "Queries through the gateway, by status."),
     counter(QUERY_RETRIES, "Query retries spent from the retry budget."),

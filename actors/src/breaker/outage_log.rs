@@ -37,10 +37,6 @@ impl OutageLog {
         }
     }
 
-    pub fn in_outage(&self) -> bool {
-        self.started.is_some()
-    }
-
     /// A failure was seen (any failure of the outage, late ones included).
     pub fn on_failure(&mut self, now: Instant) -> Option<OutageEvent> {
         match (self.started, self.last_warn) {

@@ -398,11 +398,7 @@ impl<F: SourceFactory> Behaviour for ConsumerState<F> {
             return Err("injected spawn failure of the consumer".into());
         }
         let node = consumer_id(args.partition);
-        let frame = Frame::new(
-            &node,
-            args.common.registry.clone(),
-            args.common.settings.snapshot_every,
-        );
+        let frame = args.common.frame(&node);
         let gauge = metrics::consumer_pending(&args.stream);
         Ok(ConsumerState {
             args,

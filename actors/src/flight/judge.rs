@@ -69,26 +69,20 @@ pub(super) async fn unless_cut_off<I, T>(
     }
 }
 
-/// [`judge`], unless the shutdown deadline cancels it first. Returns the verdict, the
-/// last error's text and, when the isolation stopped short, the ranges it had not
-/// judged.
-pub(super) async fn judge_or_cancel<I: Inserter, D: Delivery>(
+/// What a flight still judging comes to when the shutdown deadline cuts it off: its
+/// rows are handed back, nothing judged.
+pub(super) fn cut_off_at_deadline<I>(
     ctx: &FlightCtx<I>,
-    replica: &Replica<I>,
-    batch: &Batch<D>,
-    verdicts: &mut [RowVerdict],
-    how: Judging<'_>,
 ) -> (Verdict, Option<String>, Vec<RowRange>) {
-    let judging = judge(ctx, replica, batch, verdicts, how);
-    unless_cut_off(ctx, judging).await.unwrap_or_else(|| {
-        tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
-            "shutdown deadline: handing back the rows of a flight still running");
-        (Verdict::Unfinished, None, Vec::new())
-    })
+    tracing::info!(tenant = %ctx.key.tenant, table = %ctx.key.table,
+        "shutdown deadline: handing back the rows of a flight still running");
+    (Verdict::Unfinished, None, Vec::new())
 }
 
 /// Insert the batch into `replica` (or resume its recorded split), isolating rejected
-/// rows; fills `verdicts` and says how it ended.
+/// rows; fills `verdicts` and says how it ended: the verdict, the last error's text and,
+/// when the isolation stopped short, the ranges it had not judged. Run under
+/// [`unless_cut_off`], with [`cut_off_at_deadline`] what a cut-off flight comes to.
 pub(super) async fn judge<I: Inserter, D: Delivery>(
     ctx: &FlightCtx<I>,
     replica: &Replica<I>,

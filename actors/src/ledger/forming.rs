@@ -227,7 +227,18 @@ pub async fn reform<D: Delivery>(
         match io.store.fetch(&missing).await {
             Ok(payloads) => missing.into_iter().zip(payloads).collect(),
             Err(FetchError::Gone { stream_sequence }) => {
-                return gone_while_gathered(io, manifest, stream_sequence, held).await;
+                // A message of the batch left the stream after its record was read open.
+                // Another instance gathering the same batch (each holds some of its
+                // messages, and reads the others from the stream) may have sent and settled
+                // it meanwhile, then acked what it held: acks come only after a batch's
+                // verdicts are recorded, so the record read again says so, and what is held
+                // here is settled by it. Taken for a lost message, the record was withdrawn
+                // and what is held here inserted again as new rows (chaos
+                // `cluster_consumer_leader_sigstop`, 14 rows twice in the twin).
+                return match unsettled_record(io, &manifest.id, held).await {
+                    Ok((now, held)) => incomplete(io, &now, stream_sequence, held).await,
+                    Err(formed) => formed,
+                };
             }
             Err(FetchError::Unavailable(e)) => {
                 return Formed::Refused {
@@ -331,25 +342,6 @@ async fn lost_its_claim<D: Delivery>(
         earlier = %earlier,
         "a recorded batch that lost its claim to an earlier one was left behind: withdrawn, its messages come again");
     withdrawn(io, recorded, held).await
-}
-
-/// A message of the batch left the stream after its record was read open. Another
-/// instance gathering the same batch (each holds some of its messages, and reads the
-/// others from the stream) may have sent and settled it meanwhile, then acked what it
-/// held: acks come only after a batch's verdicts are recorded, so the record read
-/// again says so, and what is held here is settled by it. Taken for a lost message,
-/// the record was withdrawn and what is held here inserted again as new rows (chaos
-/// `cluster_consumer_leader_sigstop`, 14 rows twice in the twin).
-async fn gone_while_gathered<D: Delivery>(
-    io: &LedgerIo<'_>,
-    read: &Manifest,
-    gone: u64,
-    held: Vec<D>,
-) -> Formed<D> {
-    match unsettled_record(io, &read.id, held).await {
-        Ok((now, held)) => incomplete(io, &now, gone, held).await,
-        Err(formed) => formed,
-    }
 }
 
 /// A message of an open (or split) batch left the stream, and its record, read again,

@@ -70,14 +70,8 @@ impl Ledger {
         held_since: Instant,
         shard: usize,
     ) -> Result<(Formed<D>, Vec<D>), Vec<D>> {
-        let Some(store) = &self.store else {
+        let Some(io) = self.io(key, ack_wait) else {
             return Err(deliveries);
-        };
-        let io = LedgerIo {
-            store,
-            key,
-            ack_wait,
-            clock: &self.clock,
         };
         Ok(claim_fresh(&io, deliveries, held_since, shard).await)
     }
@@ -91,15 +85,20 @@ impl Ledger {
         held: Vec<D>,
         held_since: Instant,
     ) -> Result<Formed<D>, Vec<D>> {
-        let Some(store) = &self.store else {
+        let Some(io) = self.io(key, ack_wait) else {
             return Err(held);
         };
-        let io = LedgerIo {
+        Ok(reform(&io, id, held, held_since).await)
+    }
+
+    /// What forming a batch of `key` talks to; `None` without a store.
+    fn io<'a>(&'a self, key: &'a TableKey, ack_wait: Duration) -> Option<LedgerIo<'a>> {
+        let store = self.store.as_ref()?;
+        Some(LedgerIo {
             store,
             key,
             ack_wait,
             clock: &self.clock,
-        };
-        Ok(reform(&io, id, held, held_since).await)
+        })
     }
 }

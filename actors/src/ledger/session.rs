@@ -356,17 +356,37 @@ mod tests {
         TableKey::new("acme", "events")
     }
 
-    /// A batch of `rows` one-row messages, claimed in `fake`.
-    async fn claimed(
-        journal: &Arc<Journal>,
-        fake: &Arc<FakeManifestStore>,
-        rows: usize,
-    ) -> (Batch<crate::testkit::FakeDelivery>, Recorded) {
-        let batch = Batch::new(journal.rows("acme.events", rows), Instant::now());
+    /// What each test starts from: a batch of four one-row messages, claimed in a fake
+    /// store.
+    struct Claimed {
+        _journal: Arc<Journal>,
+        fake: Arc<FakeManifestStore>,
+        store: Arc<dyn ManifestStore>,
+        batch: Batch<crate::testkit::FakeDelivery>,
+        recorded: Recorded,
+    }
+
+    impl Claimed {
+        /// A flight's session of the claimed batch, as `sent`.
+        fn session(&self, sent: Sent) -> LedgerSession {
+            LedgerSession::recorded(self.store.clone(), self.recorded.clone(), sent)
+        }
+    }
+
+    async fn four_claimed() -> Claimed {
+        let journal = Journal::new();
+        let fake = FakeManifestStore::new(&journal);
+        let batch = Batch::new(journal.rows("acme.events", 4), Instant::now());
         let manifest = Manifest::new(key(), 1, batch.sequences());
         let revision = fake.claim(&manifest).await.expect("claimed");
         let manifest = manifest.claimed_as(revision);
-        (batch, Recorded { manifest, revision })
+        Claimed {
+            _journal: journal,
+            store: fake.clone(),
+            fake,
+            batch,
+            recorded: Recorded { manifest, revision },
+        }
     }
 
     /// Two flights hold one batch (each formed it again from the record it read). The
@@ -375,16 +395,13 @@ mod tests {
     /// state its writer read.
     #[tokio::test]
     async fn a_write_over_a_record_another_flight_moved_on_writes_nothing() {
-        let journal = Journal::new();
-        let fake = FakeManifestStore::new(&journal);
-        let store: Arc<dyn ManifestStore> = fake.clone();
-        let (batch, recorded) = claimed(&journal, &fake, 4).await;
-        let mut fast = LedgerSession::recorded(store.clone(), recorded.clone(), Sent::Maybe);
-        let mut slow = LedgerSession::recorded(store.clone(), recorded, Sent::Maybe);
+        let claimed = four_claimed().await;
+        let mut fast = claimed.session(Sent::Maybe);
+        let mut slow = claimed.session(Sent::Maybe);
         fast.mark_attempt().await.expect("the first mark");
         let mut verdicts = vec![RowVerdict::Inserted; 4];
         let judged = fast
-            .record_verdicts(&batch, &mut verdicts, Vec::new())
+            .record_verdicts(&claimed.batch, &mut verdicts, Vec::new())
             .await
             .expect("recorded");
         assert_eq!(judged, Judged::Whole);
@@ -396,7 +413,7 @@ mod tests {
             "{late:?}"
         );
         let id = fast.record().expect("recorded").id.clone();
-        assert!(fake.get(&id).expect("still there").is_settled());
+        assert!(claimed.fake.get(&id).expect("still there").is_settled());
     }
 
     /// The flight that claimed a batch sends it first, and may split it on an
@@ -404,12 +421,9 @@ mod tests {
     /// split is refused (that other attempt may be in ClickHouse).
     #[tokio::test]
     async fn a_claimer_cannot_split_a_batch_another_flight_has_marked_as_attempted() {
-        let journal = Journal::new();
-        let fake = FakeManifestStore::new(&journal);
-        let store: Arc<dyn ManifestStore> = fake.clone();
-        let (_batch, recorded) = claimed(&journal, &fake, 4).await;
-        let mut claimer = LedgerSession::recorded(store.clone(), recorded.clone(), Sent::Never);
-        let mut other = LedgerSession::recorded(store.clone(), recorded, Sent::Maybe);
+        let claimed = four_claimed().await;
+        let mut claimer = claimed.session(Sent::Never);
+        let mut other = claimed.session(Sent::Maybe);
         assert!(claimer.whole_never_sent());
         assert!(!other.whole_never_sent());
         claimer
@@ -435,16 +449,13 @@ mod tests {
     /// before is kept.
     #[tokio::test]
     async fn a_cancelled_isolation_leaves_the_recorded_split_as_it_was() {
-        let journal = Journal::new();
-        let fake = FakeManifestStore::new(&journal);
-        let store: Arc<dyn ManifestStore> = fake.clone();
-        let (batch, recorded) = claimed(&journal, &fake, 4).await;
+        let claimed = four_claimed().await;
         let split = Split {
             untried: vec![RowRange::new(2, 4)],
             inserted: vec![RowRange::new(0, 2)],
             rejected: Vec::new(),
         };
-        let mut session = LedgerSession::recorded(store.clone(), recorded, Sent::Never);
+        let mut session = claimed.session(Sent::Never);
         let mut verdicts = vec![
             RowVerdict::Inserted,
             RowVerdict::Inserted,
@@ -456,12 +467,12 @@ mod tests {
             .await
             .expect("the split recorded");
         let judged = session
-            .record_verdicts(&batch, &mut verdicts, Vec::new())
+            .record_verdicts(&claimed.batch, &mut verdicts, Vec::new())
             .await
             .expect("nothing to write");
         assert_eq!(judged, Judged::Partly);
         let id = session.record().expect("recorded").id.clone();
-        let stored = fake.get(&id).expect("still recorded");
+        let stored = claimed.fake.get(&id).expect("still recorded");
         assert_eq!(stored.state, ManifestState::Split(split));
         assert!(verdicts.iter().all(|v| *v == RowVerdict::Pending));
     }

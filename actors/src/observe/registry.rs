@@ -115,13 +115,6 @@ impl Registry {
         }
     }
 
-    pub fn set_status(&self, id: &str, status: NodeStatus) {
-        if let Some(n) = self.lock().get_mut(id) {
-            n.status = status;
-            n.updated = Instant::now();
-        }
-    }
-
     /// A failure seen by the supervisor: status, error and the restart count.
     pub fn failed(&self, id: &str, error: &str, restarting: bool) {
         if let Some(n) = self.lock().get_mut(id) {

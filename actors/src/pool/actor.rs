@@ -82,11 +82,7 @@ impl<I: Inserter> PoolState<I> {
         Self {
             replica: args.replica,
             servers: args.servers,
-            frame: Frame::new(
-                node_id,
-                args.common.registry.clone(),
-                args.common.settings.snapshot_every,
-            ),
+            frame: args.common.frame(node_id),
             turns: Turns::default(),
             common: args.common,
             target: args.target,

@@ -77,12 +77,6 @@ impl StallReason {
     pub fn ended_by_heartbeat(self) -> bool {
         matches!(self, Self::HeartbeatsMissed | Self::LeadershipChange)
     }
-
-    /// Whether the consumer's own state on the server is at fault, not the request: a
-    /// new request cannot help, a new consumer leader can (`$JS.API.CONSUMER.LEADER.STEPDOWN`).
-    pub fn needs_new_consumer_leader(self) -> bool {
-        matches!(self, Self::StreamAheadOfConsumer | Self::AcksHeldByNobody)
-    }
 }
 
 /// What a source waits for before it pulls again.

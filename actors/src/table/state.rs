@@ -170,11 +170,7 @@ impl<I: Inserter, D: Delivery> TableState<I, D> {
         let routes = TableRoutes::new(&ctx, &args.node_id, args.pools, carried, now);
         let lanes = Lanes::new(ctx.settings.shard_key.clone(), ctx.servers.layout.shards());
         Self {
-            frame: Frame::new(
-                args.node_id,
-                ctx.common.registry.clone(),
-                ctx.common.settings.snapshot_every,
-            ),
+            frame: ctx.common.frame(args.node_id),
             ctx,
             links: TableLinks {
                 target: args.target,

@@ -8,6 +8,8 @@
 //! messages, respawns a failed pool or table with backoff, reaps idle tables, keeps
 //! what each must not forget, and tells its tables where the pools are.
 
+use std::time::Duration;
+
 use ractor::{ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use tokio::time::Instant;
 
@@ -190,33 +192,20 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
     /// Every table flushes now; answered (from a task, off the mailbox) once each table
     /// answered or the call timed out.
     pub(super) fn on_flush_all(&self, reply: RpcReplyPort<()>) {
-        let tables = self.live_tables();
         let timeout = self.common.settings.shutdown_deadline;
+        let asked = ask_every_table(self.live_tables(), TableMsg::FlushAll, timeout);
         tokio::spawn(async move {
-            let calls = tables
-                .iter()
-                .map(|t| t.call(TableMsg::FlushAll, Some(timeout)));
-            futures::future::join_all(calls).await;
+            asked.await;
             let _ = reply.send(());
         });
     }
 
     pub(super) fn on_hand_back_all(&self, reply: RpcReplyPort<usize>) {
-        let tables = self.live_tables();
         let timeout = self.common.settings.call_timeout;
+        let asked = ask_every_table(self.live_tables(), TableMsg::HandBackAll, timeout);
         tokio::spawn(async move {
-            let calls = tables
-                .iter()
-                .map(|t| t.call(TableMsg::HandBackAll, Some(timeout)));
-            let n = futures::future::join_all(calls)
-                .await
-                .into_iter()
-                .filter_map(|r| match r {
-                    Ok(ractor::rpc::CallResult::Success(n)) => Some(n),
-                    _ => None,
-                })
-                .sum();
-            let _ = reply.send(n);
+            let handed_back = asked.await.into_iter().sum();
+            let _ = reply.send(handed_back);
         });
     }
 
@@ -287,4 +276,22 @@ impl<I: Inserter, D: Delivery> Behaviour for TargetState<I, D> {
         self.remember();
         self.publish(false);
     }
+}
+
+/// Every table in `tables` asked at once, each answer awaited up to `timeout`: the
+/// answers that came (a table that stopped or timed out has none).
+async fn ask_every_table<D: Delivery, T: Send + 'static>(
+    tables: Vec<ActorRef<TableMsg<D>>>,
+    ask: fn(RpcReplyPort<T>) -> TableMsg<D>,
+    timeout: Duration,
+) -> Vec<T> {
+    let calls = tables.iter().map(|t| t.call(ask, Some(timeout)));
+    futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter_map(|answer| match answer {
+            Ok(ractor::rpc::CallResult::Success(value)) => Some(value),
+            _ => None,
+        })
+        .collect()
 }

@@ -94,11 +94,7 @@ impl<I: Inserter, D: Delivery> TargetState<I, D> {
         let mut state = Self {
             index: args.index,
             servers: args.servers,
-            frame: Frame::new(
-                node_id,
-                args.common.registry.clone(),
-                args.common.settings.snapshot_every,
-            ),
+            frame: args.common.frame(node_id),
             common: args.common,
             root: args.root,
             orphans: args.orphans,

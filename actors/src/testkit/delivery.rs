@@ -164,16 +164,16 @@ impl Journal {
     }
 
     pub fn acked(&self) -> u64 {
-        self.acks.load(Ordering::Relaxed)
+        count(&self.acks)
     }
     pub fn naked(&self) -> u64 {
-        self.naks.load(Ordering::Relaxed)
+        count(&self.naks)
     }
     pub fn parked(&self) -> u64 {
-        self.parks.load(Ordering::Relaxed)
+        count(&self.parks)
     }
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        count(&self.dropped)
     }
     /// Rows settled one way or another (acked, naked, parked, dropped).
     pub fn settled(&self) -> u64 {
@@ -198,17 +198,6 @@ impl Journal {
                 _ => None,
             })
             .collect()
-    }
-
-    pub fn seqs_where(&self, f: impl Fn(&Event) -> bool) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .events()
-            .into_iter()
-            .filter(|(_, e)| f(e))
-            .map(|(s, _)| s)
-            .collect();
-        v.sort_unstable();
-        v
     }
 
     /// The terminal events of one delivery.
@@ -402,4 +391,8 @@ impl Delivery for FakeDelivery {
         self.settle(Event::Parked(parking.clone()));
         Ok(())
     }
+}
+
+fn count(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }

@@ -120,7 +120,7 @@ impl ScriptedInserter {
 
     /// Answers Ok to everything and records only counts (throughput runs).
     pub fn instant() -> Arc<Self> {
-        Arc::new(Self::default())
+        Arc::default()
     }
 
     /// The next inserts answer these, in order.

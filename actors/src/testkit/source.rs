@@ -50,12 +50,7 @@ impl Source for FakeSource {
     type Delivery = FakeDelivery;
 
     async fn pull(&mut self, max: usize) -> Result<Vec<FakeDelivery>, SourceError> {
-        if self
-            .queue
-            .fail_pulls
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.queue.fail_pulls) {
             return Err(SourceError("connection lost (scripted)".into()));
         }
         loop {
@@ -90,16 +85,17 @@ impl SourceFactory for FakeSourceFactory {
 
     async fn connect(&self, _partition: usize) -> Result<FakeSource, SourceError> {
         self.queue.connects.fetch_add(1, Ordering::Relaxed);
-        if self
-            .queue
-            .fail_connects
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_one(&self.queue.fail_connects) {
             return Err(SourceError("connection refused (scripted)".into()));
         }
         Ok(FakeSource {
             queue: self.queue.clone(),
         })
     }
+}
+
+/// One scripted failure taken from `left`, if any is left.
+fn take_one(left: &AtomicU32) -> bool {
+    left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
 }

@@ -89,6 +89,8 @@ fn verbose() -> bool {
 
 /// Log lines of each sluice process in a failure message.
 const LOG_LINES: usize = 200;
+/// Lines of each nats-server's log in a failure.
+const NATS_LOG_LINES: usize = 60;
 /// Consecutive quiet looks needed.
 const QUIET_LOOKS: u32 = 3;
 /// Half-second looks for acked messages a crashed nats-server left in the stream to be
@@ -727,6 +729,12 @@ impl Scenario {
                 p.log_tail(LOG_LINES)
             ));
         }
+        // nats-server's own account of a crash and its recovery (a stream or consumer
+        // state it restored) is what explains a row lost across it.
+        text.push_str(&format!(
+            "--- nats-server log tail ---\n{}\n",
+            self.stack.nats.log_tail(NATS_LOG_LINES)
+        ));
         text
     }
 }

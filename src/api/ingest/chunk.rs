@@ -179,24 +179,14 @@ mod tests {
             rows: 100,
             bytes: 15,
         };
-        assert_eq!(
-            split(&rows, fits_two)
-                .iter()
-                .map(|c| c.1)
-                .collect::<Vec<_>>(),
-            vec![2, 1]
-        );
         let one_short = ChunkLimits {
-            rows: 100,
             bytes: 14,
+            ..fits_two
         };
-        assert_eq!(
-            split(&rows, one_short)
-                .iter()
-                .map(|c| c.1)
-                .collect::<Vec<_>>(),
-            vec![1, 1, 1]
-        );
+        let rows_per_chunk =
+            |limits| -> Vec<usize> { split(&rows, limits).iter().map(|c| c.1).collect() };
+        assert_eq!(rows_per_chunk(fits_two), vec![2, 1]);
+        assert_eq!(rows_per_chunk(one_short), vec![1, 1, 1]);
         // Every chunk stays within the limit.
         for (_, _, payload) in split(&rows, fits_two) {
             assert!(payload.len() <= 15, "{payload:?}");

@@ -31,15 +31,8 @@ pub(super) fn api(
     }
     let max_row_bytes = row_limit(c, a, &section);
     sizes(c, a, &section, max_row_bytes);
-    if !(1..=MAX_JSON_DEPTH).contains(&a.max_json_depth) {
-        c.problem(
-            &[&k("max_json_depth")],
-            format!(
-                "[api] max_json_depth = {}: must be 1 to {MAX_JSON_DEPTH} (a row is level 1; ClickHouse's parser recurses once per level)",
-                a.max_json_depth
-            ),
-        );
-    }
+    let why = "a row is level 1; ClickHouse's parser recurses once per level";
+    c.one_to(&k("max_json_depth"), a.max_json_depth, MAX_JSON_DEPTH, why);
     c.at_least(&k("max_tables_per_tenant"), a.max_tables_per_tenant, 1);
     let held = descriptors_held(&file.clickhouse, &file.query);
     if a.fd_reserve < held {
@@ -94,15 +87,8 @@ fn sizes(c: &mut Check, a: &ApiFile, section: &Key, max_row_bytes: Size) {
             ),
         );
     }
-    if !(1..=MAX_CHUNK_ROWS).contains(&a.chunk_rows) {
-        c.problem(
-            &[&k("chunk_rows")],
-            format!(
-                "[api] chunk_rows = {}: must be 1 to {MAX_CHUNK_ROWS} (the rows of a request published together as one NATS message)",
-                a.chunk_rows
-            ),
-        );
-    }
+    let why = "the rows of a request published together as one NATS message";
+    c.one_to(&k("chunk_rows"), a.chunk_rows, MAX_CHUNK_ROWS, why);
     if a.chunk_bytes < max_row_bytes {
         c.problem(
             &[&k("chunk_bytes"), &k("max_row_bytes"), &k("max_request_bytes")],

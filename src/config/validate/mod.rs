@@ -58,8 +58,34 @@ impl Check<'_> {
     }
 
     fn at_least(&mut self, key: &Key, value: usize, min: usize) {
+        self.at_least_for(key, value, min, "");
+    }
+
+    /// `value` at least `min`; `why` says what the bound is for ("" for nothing).
+    fn at_least_for<T: PartialOrd + std::fmt::Display>(
+        &mut self,
+        key: &Key,
+        value: T,
+        min: T,
+        why: &str,
+    ) {
         if value < min {
-            self.problem(&[key], format!("{key} = {value}: must be at least {min}"));
+            self.problem(
+                &[key],
+                format!("{key} = {value}: must be at least {min}{}", because(why)),
+            );
+        }
+    }
+
+    /// `value` from 1 to `max`; `why` says what the bound is for ("" for nothing).
+    fn one_to(&mut self, key: &Key, value: usize, max: usize, why: &str) {
+        if !(1..=max).contains(&value) {
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({why})")
+            };
+            self.problem(&[key], format!("{key} = {value}: must be 1 to {max}{why}"));
         }
     }
 
@@ -76,6 +102,15 @@ impl Check<'_> {
                 SocketAddr::from(([127, 0, 0, 1], 0))
             }
         }
+    }
+}
+
+/// A bound's reason as a problem ends with it: ` (why)`, or nothing.
+fn because(why: &str) -> String {
+    if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({why})")
     }
 }
 
@@ -113,17 +148,17 @@ pub(super) fn validate(
         .map(|t| t.insert_timeout)
         .max()
         .unwrap_or_default();
-    if nats.ack_wait <= ingest.batch_age + slowest_insert {
+    if nats.streams.ack_wait <= ingest.batch_age + slowest_insert {
         c.warn(format!(
             "[nats] ack_wait = {} is not longer than batch_age + insert_timeout ({}): a row could be redelivered while one slow insert still holds it (Sluice sends in-progress signals, but a longer ack_wait is safer)",
-            humantime::format_duration(nats.ack_wait),
+            humantime::format_duration(nats.streams.ack_wait),
             humantime::format_duration(ingest.batch_age + slowest_insert)
         ));
     }
-    if (nats.max_ack_pending as u64) < ingest.batch_rows as u64 {
+    if (nats.streams.max_ack_pending as u64) < ingest.batch_rows as u64 {
         c.warn(format!(
             "[nats] max_ack_pending = {} is below [ingest] batch_rows = {}: batches will be flushed by age, never full",
-            nats.max_ack_pending, ingest.batch_rows
+            nats.streams.max_ack_pending, ingest.batch_rows
         ));
     }
 

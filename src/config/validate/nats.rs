@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use super::{Check, Key};
 use crate::config::file::{FileConfig, NatsFile};
 use crate::config::nats_url::{self, hide_credentials};
-use crate::config::{NatsAuth, NatsConfig, StreamCompression};
+use crate::config::units::Size;
+use crate::config::{NatsAuth, NatsConfig, StreamCompression, StreamSettings};
 
 pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let n = &file.nats;
@@ -14,15 +15,13 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
     let seeds = seeds(c, n, &section);
     names(c, n, &section);
     idempotency_bucket(c, n, &section);
-    if n.manifest_max_bytes.bytes() < MIN_MANIFEST_BYTES {
-        c.problem(
-            &[&k("manifest_max_bytes")],
-            format!(
-                "[nats] manifest_max_bytes = {}: must be at least 1MiB (one manifest of a 10,000-row batch takes about 10KiB)",
-                n.manifest_max_bytes
-            ),
-        );
-    }
+    let why = "one manifest of a 10,000-row batch takes about 10KiB";
+    c.at_least_for(
+        &k("manifest_max_bytes"),
+        n.manifest_max_bytes,
+        MIN_MANIFEST_BYTES,
+        why,
+    );
     if n.subject_prefix == n.dlq_subject_prefix
         || n.subject_prefix
             .starts_with(&format!("{}.", n.dlq_subject_prefix))
@@ -51,27 +50,14 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
             ),
         );
     }
-    if n.replicas == 0 || n.replicas > 5 {
-        c.problem(
-            &[&k("replicas")],
-            format!("[nats] replicas = {}: must be 1 to 5", n.replicas),
-        );
-    }
-    if n.partitions == 0 || n.partitions > MAX_PARTITIONS {
-        c.problem(
-            &[&k("partitions")],
-            format!(
-                "[nats] partitions = {}: must be 1 to {MAX_PARTITIONS} (each is a stream with its own consumer and leader)",
-                n.partitions
-            ),
-        );
-    }
+    c.one_to(&k("replicas"), n.replicas, 5, "");
+    let why = "each is a stream with its own consumer and leader";
+    c.one_to(&k("partitions"), n.partitions, MAX_PARTITIONS, why);
     let auth = nats_auth(c, file, &section);
     if n.stream_compression == StreamCompression::S2 {
         c.warn(STREAM_COMPRESSION_NEEDS_2_10);
     }
-    NatsConfig {
-        seeds,
+    let streams = StreamSettings {
         stream: n.stream.clone(),
         subject_prefix: n.subject_prefix.clone(),
         consumer: n.consumer.clone(),
@@ -82,14 +68,18 @@ pub(super) fn nats(c: &mut Check, file: &FileConfig) -> NatsConfig {
         duplicate_window: n.duplicate_window.get(),
         ack_wait: n.ack_wait.get(),
         max_ack_pending: n.max_ack_pending,
-        auth,
         replicas: n.replicas,
+        stream_compression: n.stream_compression,
+        partitions: n.partitions,
+    };
+    NatsConfig {
+        seeds,
+        streams,
+        auth,
         manifest_bucket: n.manifest_bucket.clone(),
         manifest_max_bytes: n.manifest_max_bytes.bytes(),
         idempotency_bucket: n.idempotency_bucket.clone(),
         idempotency_max_bytes: n.idempotency_max_bytes.bytes(),
-        stream_compression: n.stream_compression,
-        partitions: n.partitions,
     }
 }
 
@@ -119,36 +109,36 @@ fn seeds(c: &mut Check, n: &NatsFile, section: &Key) -> Vec<String> {
     seeds
 }
 
+/// What a name must be, and how a problem says it.
+struct NameRule {
+    valid: fn(&str) -> bool,
+    what: &'static str,
+}
+
+const JETSTREAM_NAME: NameRule = NameRule {
+    valid: is_nats_name,
+    what: "a valid JetStream name (letters, digits, _ and -)",
+};
+
+const SUBJECT_PREFIX: NameRule = NameRule {
+    valid: is_subject_prefix,
+    what: "a subject prefix like \"ingest\" (tokens of letters, digits, _ and -, separated by dots; no wildcards)",
+};
+
 /// The streams', consumer's, prefixes' and bucket's names: valid, and apart.
 fn names(c: &mut Check, n: &NatsFile, section: &Key) {
     let k = |name: &str| section.key(name);
-    for (name, value) in [
-        ("stream", &n.stream),
-        ("consumer", &n.consumer),
-        ("dlq_stream", &n.dlq_stream),
-    ] {
-        if !is_nats_name(value) {
+    let each = [
+        ("stream", &n.stream, &JETSTREAM_NAME),
+        ("consumer", &n.consumer, &JETSTREAM_NAME),
+        ("dlq_stream", &n.dlq_stream, &JETSTREAM_NAME),
+        ("subject_prefix", &n.subject_prefix, &SUBJECT_PREFIX),
+        ("dlq_subject_prefix", &n.dlq_subject_prefix, &SUBJECT_PREFIX),
+    ];
+    for (name, value, rule) in each {
+        if !(rule.valid)(value) {
             let key = k(name);
-            c.problem(
-                &[&key],
-                format!(
-                    "{key} = \"{value}\" is not a valid JetStream name (letters, digits, _ and -)"
-                ),
-            );
-        }
-    }
-    for (name, prefix) in [
-        ("subject_prefix", &n.subject_prefix),
-        ("dlq_subject_prefix", &n.dlq_subject_prefix),
-    ] {
-        if !is_subject_prefix(prefix) {
-            let key = k(name);
-            c.problem(
-                &[&key],
-                format!(
-                    "{key} = \"{prefix}\" is not a subject prefix like \"ingest\" (tokens of letters, digits, _ and -, separated by dots; no wildcards)"
-                ),
-            );
+            c.problem(&[&key], format!("{key} = \"{value}\" is not {}", rule.what));
         }
     }
     if n.stream == n.dlq_stream {
@@ -157,23 +147,32 @@ fn names(c: &mut Check, n: &NatsFile, section: &Key) {
             "[nats] stream and dlq_stream must differ",
         );
     }
-    if !is_nats_name(&n.manifest_bucket) {
+    let streams = [
+        ("stream", n.stream.clone()),
+        ("dlq_stream", n.dlq_stream.clone()),
+    ];
+    bucket_name(c, section, "manifest_bucket", &n.manifest_bucket, &streams);
+}
+
+/// `[nats] <name> = "<bucket>"`: a key-value bucket's name, valid, and whose stream
+/// (`KV_<bucket>`) is none of `others` (the keys naming Sluice's other streams, with
+/// the streams they name).
+fn bucket_name(c: &mut Check, section: &Key, name: &str, bucket: &str, others: &[(&str, String)]) {
+    let keys: Vec<Key> = std::iter::once(name)
+        .chain(others.iter().map(|(key, _)| *key))
+        .map(|key| section.key(key))
+        .collect();
+    if !is_nats_name(bucket) {
         c.problem(
-            &[&k("manifest_bucket")],
-            format!(
-                "[nats] manifest_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
-                n.manifest_bucket
-            ),
+            &[&keys[0]],
+            format!("[nats] {name} = \"{bucket}\" is not a valid key-value bucket name (letters, digits, _ and -)"),
         );
     }
-    let bucket_stream = format!("KV_{}", n.manifest_bucket);
-    if bucket_stream == n.stream || bucket_stream == n.dlq_stream {
+    let stream = format!("KV_{bucket}");
+    if others.iter().any(|(_, other)| *other == stream) {
         c.problem(
-            &[&k("manifest_bucket"), &k("stream"), &k("dlq_stream")],
-            format!(
-                "[nats] manifest_bucket = \"{}\" is kept in stream {bucket_stream}, which is the name of another of Sluice's streams",
-                n.manifest_bucket
-            ),
+            &keys.iter().collect::<Vec<_>>(),
+            format!("[nats] {name} = \"{bucket}\" is kept in stream {stream}, which is the name of another of Sluice's streams"),
         );
     }
 }
@@ -186,39 +185,25 @@ pub const STREAM_COMPRESSION_NEEDS_2_10: &str = "[nats] stream_compression = \"s
 /// is none of Sluice's others, and room for more than a handful of records.
 fn idempotency_bucket(c: &mut Check, n: &NatsFile, section: &Key) {
     let k = |name: &str| section.key(name);
-    if !is_nats_name(&n.idempotency_bucket) {
-        c.problem(
-            &[&k("idempotency_bucket")],
-            format!(
-                "[nats] idempotency_bucket = \"{}\" is not a valid key-value bucket name (letters, digits, _ and -)",
-                n.idempotency_bucket
-            ),
-        );
-    }
-    let stream = format!("KV_{}", n.idempotency_bucket);
-    if stream == n.stream || stream == n.dlq_stream || n.idempotency_bucket == n.manifest_bucket {
-        c.problem(
-            &[
-                &k("idempotency_bucket"),
-                &k("stream"),
-                &k("dlq_stream"),
-                &k("manifest_bucket"),
-            ],
-            format!(
-                "[nats] idempotency_bucket = \"{}\" is kept in stream {stream}, which is the name of another of Sluice's streams",
-                n.idempotency_bucket
-            ),
-        );
-    }
-    if n.idempotency_max_bytes.bytes() < MIN_IDEMPOTENCY_BYTES {
-        c.problem(
-            &[&k("idempotency_max_bytes")],
-            format!(
-                "[nats] idempotency_max_bytes = {}: must be at least 1MiB (a record takes about 300 bytes, up to 16KiB with refused rows listed)",
-                n.idempotency_max_bytes
-            ),
-        );
-    }
+    let others = [
+        ("stream", n.stream.clone()),
+        ("dlq_stream", n.dlq_stream.clone()),
+        ("manifest_bucket", format!("KV_{}", n.manifest_bucket)),
+    ];
+    bucket_name(
+        c,
+        section,
+        "idempotency_bucket",
+        &n.idempotency_bucket,
+        &others,
+    );
+    let why = "a record takes about 300 bytes, up to 16KiB with refused rows listed";
+    c.at_least_for(
+        &k("idempotency_max_bytes"),
+        n.idempotency_max_bytes,
+        MIN_IDEMPOTENCY_BYTES,
+        why,
+    );
 }
 
 /// The one way of authenticating to NATS the section chooses.
@@ -274,9 +259,9 @@ fn nats_auth(c: &mut Check, file: &FileConfig, section: &Key) -> NatsAuth {
 }
 
 /// The smallest manifest bucket budget taken.
-const MIN_MANIFEST_BYTES: u64 = 1 << 20;
+const MIN_MANIFEST_BYTES: Size = Size(1 << 20);
 /// The smallest idempotency bucket budget taken.
-const MIN_IDEMPOTENCY_BYTES: u64 = 1 << 20;
+const MIN_IDEMPOTENCY_BYTES: Size = Size(1 << 20);
 /// JetStream stream and consumer names: no whitespace, dots, wildcards or separators.
 fn is_nats_name(s: &str) -> bool {
     !s.is_empty()

@@ -102,11 +102,11 @@ pub(super) fn chunk_advice(
     ingest: &TableSettings,
     tables: &BTreeMap<(String, String), TableSettings>,
 ) {
-    if api.chunk_bytes as u64 > nats.max_bytes / 4 {
+    if api.chunk_bytes as u64 > nats.streams.max_bytes / 4 {
         c.warn(format!(
             "[api] chunk_bytes = {} is more than a quarter of [nats] max_bytes = {}: a request's message that big is refused (503) long before the stream is full",
             Size(api.chunk_bytes as u64),
-            Size(nats.max_bytes)
+            Size(nats.streams.max_bytes)
         ));
     }
     let smallest = tables
@@ -127,9 +127,11 @@ pub(super) fn pipeline(c: &mut Check, file: &FileConfig, nats: &NatsConfig) -> P
     let section = Key::table(["pipeline"]);
     let k = |name: &str| section.key(name);
     c.at_least(&k("pull_batch"), p.pull_batch, 1);
-    let max_held_rows = p
-        .max_held_rows
-        .unwrap_or(usize::try_from(nats.max_ack_pending).unwrap_or(1).max(1));
+    let max_held_rows = p.max_held_rows.unwrap_or(
+        usize::try_from(nats.streams.max_ack_pending)
+            .unwrap_or(1)
+            .max(1),
+    );
     c.at_least(&k("max_held_rows"), max_held_rows, 1);
     if max_held_rows < file.ingest.batch_rows {
         c.warn(format!(

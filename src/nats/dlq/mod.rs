@@ -19,7 +19,7 @@ use sluice_actors::Failpoint;
 
 use super::key_store::KeyStore;
 use super::partitions::IngestStreams;
-use super::setup::StreamSettings;
+use crate::config::StreamSettings;
 
 mod replay;
 

@@ -1,15 +1,10 @@
 //! A key store's bucket, created by Sluice itself (`kv_bucket`, as the manifest
 //! bucket's), idempotently, the first time a record needs it and again after a failure.
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, kv};
 
 use super::KeyStoreSettings;
 use crate::nats::kv_bucket::{self, BucketShape};
-
-/// JetStream's own default duplicate window.
-const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Create the bucket's stream (or bring it to this shape), then open the bucket. A
 /// full bucket refuses new records, never prunes them.
@@ -24,13 +19,6 @@ pub async fn ensure_bucket(
         max_bytes: s.max_bytes,
         // The promise lasts as long as a record: from its last write.
         max_age: s.max_age,
-        // Not used (records carry no message id), but never longer than `max_age`
-        // (zero: records kept for good, and the server's default window).
-        duplicate_window: if s.max_age.is_zero() {
-            DEFAULT_DUPLICATE_WINDOW
-        } else {
-            s.max_age.min(DEFAULT_DUPLICATE_WINDOW)
-        },
         replicas: s.replicas,
     };
     kv_bucket::ensure(js, &shape).await

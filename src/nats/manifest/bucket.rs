@@ -17,9 +17,6 @@ pub use crate::nats::kv_bucket::{stream_name, subject};
 /// once. See docs/operations.md, "Manifest store".
 pub const MAX_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The duplicate window `create_key_value` leaves to the server's default.
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
-
 /// Create the bucket's stream (or bring it to this shape), then open the bucket. Like
 /// the queue, a full bucket refuses records (batches then wait), never prunes them.
 pub async fn ensure_bucket(
@@ -32,8 +29,6 @@ pub async fn ensure_bucket(
         description: "Sluice batch manifests: which rows each insert carried, for exactly-once",
         max_bytes: s.max_bytes,
         max_age: s.max_age,
-        // JetStream refuses a duplicate window longer than the age it keeps messages.
-        duplicate_window: DUPLICATE_WINDOW.min(s.max_age),
         replicas: s.replicas,
     };
     kv_bucket::ensure(js, &shape).await

@@ -111,19 +111,19 @@ impl From<&NatsConfig> for ManifestSettings {
         Self {
             bucket: c.manifest_bucket.clone(),
             max_bytes: c.manifest_max_bytes,
-            replicas: c.replicas,
-            stream: c.stream.clone(),
-            consumer: c.consumer.clone(),
-            partitions: match c.partitions {
+            replicas: c.streams.replicas,
+            stream: c.streams.stream.clone(),
+            consumer: c.streams.consumer.clone(),
+            partitions: match c.streams.partitions {
                 0 | 1 => Vec::new(),
                 n => (0..n)
-                    .map(|p| crate::nats::partition_stream(&c.stream, p))
+                    .map(|p| crate::nats::partition_stream(&c.streams.stream, p))
                     .collect(),
             },
             collect_every: COLLECT_EVERY,
             marker_age: MARKER_AGE,
             max_age: bucket::MAX_AGE,
-            keep_settled: sluice_actors::keep_settled_for(c.ack_wait),
+            keep_settled: sluice_actors::keep_settled_for(c.streams.ack_wait),
         }
     }
 }

@@ -16,11 +16,15 @@
 //! deterministically (`sluice_actors::server_mapping`, printed by `sluice
 //! check-config`). A partition's own subjects may also be published on directly.
 //!
+//! Whether other publishers' subjects reach the queue (the mapping present, made for
+//! this N): `route_check.rs` asks the server every minute.
+//!
 //! Changing N: `retire.rs` drains the streams of the layout before (`INGEST` when
 //! partitioned now, `INGEST_<n>` for n past the new count) into the current streams,
 //! then removes them.
 
 mod retire;
+mod route_check;
 
 use std::sync::Arc;
 
@@ -28,9 +32,12 @@ use async_nats::jetstream;
 use sluice_actors::{parse_subject, partition_prefix};
 
 use super::publish::Publisher;
-use super::setup::StreamSettings;
+use crate::config::StreamSettings;
 
 pub use retire::keep_retiring;
+pub use route_check::{
+    check as check_routes, keep_checking as keep_checking_routes, PublisherRoutes,
+};
 
 // === impl StreamSettings: the partitions ===
 

@@ -24,8 +24,8 @@ use async_nats::jetstream::{self, consumer, AckKind};
 use futures::StreamExt as _;
 
 use super::IngestStreams;
+use crate::config::StreamSettings;
 use crate::nats::publish::PublishError;
-use crate::nats::setup::StreamSettings;
 
 /// How often the streams are listed for old ones.
 const EVERY: Duration = Duration::from_secs(5);

@@ -233,45 +233,34 @@ mod tests {
             ack_pending: 0,
             max_ack_pending: 20_000,
         };
-        assert!(undelivered(stuck, true, t0, t0, later, SILENCE));
-        assert!(
-            !undelivered(stuck, false, t0, t0, later, SILENCE),
-            "nothing asked"
-        );
         let full = ConsumerCounts {
             ack_pending: 20_000,
             ..stuck
         };
-        assert!(
-            !undelivered(full, true, t0, t0, later, SILENCE),
-            "max_ack_pending reached: the server holds them back on purpose"
-        );
         let empty = ConsumerCounts {
             num_pending: 0,
             ..stuck
         };
-        assert!(!undelivered(empty, true, t0, t0, later, SILENCE));
-        assert!(
-            !undelivered(
-                stuck,
+        let t15 = t0 + Duration::from_secs(15);
+        assert!(undelivered(stuck, true, t0, t0, later, SILENCE));
+        // (counts, a request out, the last row, the last request): why it is no stall.
+        for (counts, asked, last_row, last_pull, why) in [
+            (stuck, false, t0, t0, "nothing asked"),
+            (
+                full,
                 true,
                 t0,
-                t0 + Duration::from_secs(15),
-                later,
-                SILENCE
-            ),
-            "asked only 5 s ago"
-        );
-        assert!(
-            !undelivered(
-                stuck,
-                true,
-                t0 + Duration::from_secs(15),
                 t0,
-                later,
-                SILENCE
+                "max_ack_pending reached: the server holds them back on purpose",
             ),
-            "a row 5 s ago"
-        );
+            (empty, true, t0, t0, "nothing pending"),
+            (stuck, true, t0, t15, "asked only 5 s ago"),
+            (stuck, true, t15, t0, "a row 5 s ago"),
+        ] {
+            assert!(
+                !undelivered(counts, asked, last_row, last_pull, later, SILENCE),
+                "{why}"
+            );
+        }
     }
 }

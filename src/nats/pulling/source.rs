@@ -42,9 +42,10 @@ use super::lost_pull::{self, ConsumerCounts, Heard, LostPull, Replace, StallTall
 use super::pull_status::{self, EndedBy, PullStatus};
 use super::requests::{Requests, Times, IDLE_WAIT, PAUSE_MIN};
 use super::stuck_consumer::{self, ConsumerState, StuckWatch};
+use crate::config::StreamSettings;
 use crate::nats::manifest::JsManifestStore;
 use crate::nats::placement;
-use crate::nats::setup::{ensure_consumer, ensure_streams, StreamSettings};
+use crate::nats::setup::{ensure_consumer, ensure_streams};
 use crate::nats::workarounds::stranded::remove_stranded;
 
 /// The most buffered rows handed back when a source is dropped (the client buffers at

@@ -69,9 +69,9 @@ pub struct SplitSettings {
 impl From<&NatsConfig> for SplitSettings {
     fn from(c: &NatsConfig) -> Self {
         Self {
-            stream: c.stream.clone(),
-            consumer: c.consumer.clone(),
-            replicas: c.replicas,
+            stream: c.streams.stream.clone(),
+            consumer: c.streams.consumer.clone(),
+            replicas: c.streams.replicas,
             max_bytes: c.manifest_max_bytes,
         }
     }

@@ -79,17 +79,9 @@ pub async fn remove_stranded(
     let first = stream.cached_info().state.first_sequence;
     let mut removed = 0;
     if done > 0 && first > 0 && first <= done {
-        removed += remove_range(stream, first, done, MAX_REMOVED_PER_PASS)
-            .await
-            .removed;
-        if removed > 0 {
-            tracing::warn!(
-                stream = %stream.cached_info().config.name,
-                removed,
-                done_through = done,
-                "removed rows the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)"
-            );
-        }
+        let pass = remove_range(stream, first, done, MAX_REMOVED_PER_PASS).await;
+        removed += pass.removed;
+        warn_removed(stream, &pass, consumer, "the consumer had already acked but the stream still kept (a nats-server crash leaves them behind)");
     }
     if let Some((acked, partition)) = acked {
         // The stream keeps no more than the consumer accounts for: nothing acked is
@@ -100,7 +92,7 @@ pub async fn remove_stranded(
         let kept = stream.cached_info().state.messages.saturating_sub(removed);
         let floor = done.max(first.saturating_sub(1));
         if kept > accounted {
-            removed += remove_acked_here(stream, (acked, partition), floor).await;
+            removed += remove_acked_here(stream, (acked, partition), consumer, floor).await;
         } else if let Some(cutoff) = Instant::now().checked_sub(ACKED_GRACE) {
             acked.take_acked_before_in(partition, cutoff);
         }
@@ -113,6 +105,7 @@ pub async fn remove_stranded(
 async fn remove_acked_here(
     stream: &Stream,
     (acked, partition): (&AckedHere, usize),
+    consumer: &consumer::Info,
     done: u64,
 ) -> u64 {
     let cutoff = Instant::now().checked_sub(ACKED_GRACE);
@@ -127,75 +120,105 @@ async fn remove_acked_here(
         .collect();
     let (now, later) = spans.split_at(spans.len().min(MAX_SPANS_PER_PASS));
     acked.put_back_in(partition, later, cutoff);
-    let mut removed = 0;
+    let mut all = Removal::default();
     for (i, &(first, last)) in now.iter().enumerate() {
-        let pass = remove_range(stream, first, last, MAX_REMOVED_PER_PASS - removed).await;
-        removed += pass.removed;
+        let pass = remove_range(stream, first, last, MAX_REMOVED_PER_PASS - all.removed).await;
+        all.add(&pass);
         if pass.failed {
             acked.put_back_in(partition, &now[i..], cutoff);
             break;
         }
-        if removed >= MAX_REMOVED_PER_PASS {
+        if all.removed >= MAX_REMOVED_PER_PASS {
             acked.put_back_in(partition, &now[i + 1..], cutoff);
             break;
         }
     }
-    if removed > 0 {
-        tracing::warn!(
-            stream = %stream.cached_info().config.name,
-            removed,
-            ack_floor = done,
-            "removed rows this instance had acked that the stream still kept above the consumer's ack floor (a replicated stream after a leader change)"
-        );
+    warn_removed(stream, &all, consumer, "this instance had acked that the stream still kept above the consumer's ack floor (a replicated stream after a leader change)");
+    all.removed
+}
+
+/// Rows removed from `stream` that `what` (logged when there were any), with the
+/// sequences and the consumer's counts they were judged by: each a row JetStream would
+/// otherwise deliver again, and, were the judgement wrong, rows that never reached
+/// ClickHouse (the log is how that would be traced).
+fn warn_removed(stream: &Stream, removal: &Removal, consumer: &consumer::Info, what: &str) {
+    if removal.removed > 0 {
+        tracing::warn!(stream = %stream.cached_info().config.name, removed = removal.removed,
+            sequences = %format!("{}..={}", removal.lowest, removal.highest),
+            ack_floor = consumer.ack_floor.stream_sequence,
+            delivered = consumer.delivered.stream_sequence,
+            ack_pending = consumer.num_ack_pending,
+            "removed rows {what}");
     }
-    removed
 }
 
 /// What one range's removal did.
+#[derive(Default)]
 struct Removal {
     removed: u64,
+    /// The lowest and highest sequence removed (0 when none was).
+    lowest: u64,
+    highest: u64,
     /// The stream could not be read or a delete failed (logged): the pass ends.
     failed: bool,
 }
 
+impl Removal {
+    fn removed_one(&mut self, seq: u64) {
+        self.removed += 1;
+        self.widen(seq, seq);
+    }
+
+    fn add(&mut self, other: &Removal) {
+        if other.removed > 0 {
+            self.removed += other.removed;
+            self.widen(other.lowest, other.highest);
+        }
+        self.failed |= other.failed;
+    }
+
+    /// The span removed now reaches `lowest..=highest` too.
+    fn widen(&mut self, lowest: u64, highest: u64) {
+        self.lowest = if self.lowest == 0 {
+            lowest
+        } else {
+            self.lowest.min(lowest)
+        };
+        self.highest = self.highest.max(highest);
+    }
+}
+
 /// Deletes what `stream` keeps from `first` through `last`, at most `most`.
 async fn remove_range(stream: &Stream, first: u64, last: u64, most: u64) -> Removal {
-    let mut removed = 0;
+    let mut removal = Removal::default();
     let mut next = first;
     // Bounded by `most` deletions (each step moves past one message).
-    while next <= last && removed < most {
+    while next <= last && removal.removed < most {
         let seq = match stream.get_first_raw_message_by_subject(">", next).await {
             Ok(message) => message.sequence,
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
             Err(e) => {
                 tracing::warn!(error = %e, "could not look for already-acked rows left in the stream");
-                return Removal {
-                    removed,
-                    failed: true,
-                };
+                removal.failed = true;
+                return removal;
             }
         };
         if seq > last {
             break;
         }
         match stream.delete_message(seq).await {
-            Ok(_) => removed += 1,
+            Ok(_) => removal.removed_one(seq),
             // Gone between the look and the delete: on a cluster the work queue's own
             // removal of an acked message reaches the stream a moment after the ack
             // floor shows it. What this pass wanted; nothing to say.
             Err(e) if is_no_message_found(&e) => {}
             Err(e) => {
                 tracing::warn!(error = %e, seq, "could not delete an already-acked row left in the stream");
-                return Removal {
-                    removed,
-                    failed: true,
-                };
+                removal.failed = true;
+                return removal;
             }
         }
         next = seq + 1;
     }
-    Removal {
-        removed,
-        failed: false,
-    }
+    removal
 }
